@@ -1,0 +1,108 @@
+"""The one exception tree of launcher. Only the CLI turns these into exit codes.
+
+    LauncherError                      base; carries a remedy
+    ├── ConfigError                    bad config.toml / env; lists every problem (exit 2)
+    ├── UsageError                     bad CLI input (exit 2)
+    ├── LogFormatError                 a log or remote output we cannot read (names the line)
+    ├── PolicyError                    the backoff policy was asked something impossible
+    ├── TransportError                 running a command on a host failed
+    │   ├── HostUnreachable            refused / timed out / lost (transient: retried)
+    │   ├── AuthenticationFailed       wrong user key (fatal at once)
+    │   └── HostKeyError               unknown or changed host key (fatal at once)
+    ├── RemoteCommandError             a remote command exited non-zero
+    ├── PreflightError                 GPUs / port / model path not usable for a launch
+    ├── StateError                     the attempt ledger / state dir (lock held, corrupt)
+    └── IllegalTransition              the start-up state machine got an impossible event
+"""
+
+from __future__ import annotations
+
+
+class LauncherError(Exception):
+    """Base of every error launcher raises on purpose.
+
+    ``remedy`` says what the operator can do about it; the CLI prints it.
+    """
+
+    remedy: str = ""
+
+    def __init__(self, message: str, *, remedy: str = "") -> None:
+        super().__init__(message)
+        if remedy:
+            self.remedy = remedy
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text}\n  fix: {self.remedy}" if self.remedy else text
+
+
+class ConfigError(LauncherError):
+    """The configuration is invalid. ``problems`` holds one line per problem, each with its path."""
+
+    def __init__(self, problems: list[str], *, source: str = "config") -> None:
+        self.problems = problems
+        self.source = source
+        lines = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
+
+
+class UsageError(LauncherError):
+    """The command line is wrong."""
+
+
+class LogFormatError(LauncherError):
+    """A log or a remote command's output could not be understood."""
+
+
+class PolicyError(LauncherError):
+    """The backoff policy got inputs it cannot act on."""
+
+
+class TransportError(LauncherError):
+    """Running something on a host failed."""
+
+    def __init__(self, message: str, *, host: str = "", remedy: str = "") -> None:
+        self.host = host
+        super().__init__(message, remedy=remedy)
+
+
+class HostUnreachable(TransportError):
+    """Connection refused, timed out or lost. Transient: the only transport error retried."""
+
+
+class AuthenticationFailed(TransportError):
+    """The host rejected our credentials. Fatal at once; retrying cannot help."""
+
+
+class HostKeyError(TransportError):
+    """The host key is unknown or has changed. Fatal at once."""
+
+
+class RemoteCommandError(LauncherError):
+    """A command on a host exited with a non-zero status."""
+
+    def __init__(
+        self, message: str, *, host: str = "", command: str = "", exit_status: int | None = None,
+        stderr: str = "", remedy: str = "",
+    ) -> None:
+        self.host = host
+        self.command = command
+        self.exit_status = exit_status
+        self.stderr = stderr
+        super().__init__(message, remedy=remedy)
+
+
+class PreflightError(LauncherError):
+    """A server cannot be launched now (GPUs missing or busy, port taken, model path missing)."""
+
+    def __init__(self, message: str, *, transient: bool = False, remedy: str = "") -> None:
+        self.transient = transient
+        super().__init__(message, remedy=remedy)
+
+
+class StateError(LauncherError):
+    """The local state directory or attempt ledger cannot be used."""
+
+
+class IllegalTransition(LauncherError):
+    """The start-up state machine got an event that cannot happen in its current state."""

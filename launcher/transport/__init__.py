@@ -1,0 +1,1 @@
+"""How launcher runs things on a host: locally (``local``) or over SSH (``ssh``)."""

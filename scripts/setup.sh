@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh machine: a venv in .venv with launcher and its dev tools, and
+# (when run as root on Debian and missing) OpenSSH's sshd, which the SSH tests start on loopback.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing openssh-server (for the SSH tests)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq openssh-server >/dev/null
+fi
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+  touch "$stamp"
+fi
