@@ -1,0 +1,1005 @@
+"""The configuration: a TOML file, overridden by ``LAUNCHER_*`` environment variables.
+
+Entry points:
+
+- ``load_config(path, environ=...)`` reads the file, applies the environment overrides and
+  validates everything. Bad input of any kind raises one ``ConfigError`` whose ``problems``
+  list every problem found, each as ``toml.path: message`` (``servers[1].gpus: ...``).
+- ``config_from_dict(data, environ=...)`` does the same for an already parsed table.
+- ``resolve_secret_env(server, environ)`` reads the values of a server's ``secret_env``.
+
+Environment overrides follow pydantic-settings' conventions: prefix ``LAUNCHER_``, nested
+delimiter ``__``, names matched case-insensitively. Array entries are addressed by index or by
+their ``name``: ``LAUNCHER_SERVERS__0__PORT`` and ``LAUNCHER_SERVERS__LLAMA__PORT`` both set the
+port of the server named ``llama`` when it is the first one. Values beginning with ``[`` or ``{``
+are JSON (``LAUNCHER_SERVERS__0__GPUS='[0, 1]'``); everything else is a string that validation
+converts like any TOML value. A variable without ``__`` is only read when it names a top-level
+key (``LAUNCHER_STATE_DIR``), so unrelated variables such as ``LAUNCHER_SLACK_WEBHOOK`` are left
+alone. The overrides are applied here, not by a ``BaseSettings`` source, because problems must
+name the variable they came from, arrays must be addressable, and the environment must be
+injectable for tests; pydantic-settings' env source can do none of these.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import math
+import os
+import re
+import shlex
+import tomllib
+import types
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+from pydantic_core import ErrorDetails
+
+from launcher.durations import format_duration, parse_duration
+from launcher.errors import ConfigError
+from launcher.phases import Phase
+
+__all__ = [
+    "ENV_PREFIX",
+    "SGLANG_HEALTH_TIMEOUT_S",
+    "Config",
+    "HostConfig",
+    "MetricsConfig",
+    "PolicyConfig",
+    "PolicyOverride",
+    "ServerConfig",
+    "SlackConfig",
+    "StallBudgets",
+    "StallOverride",
+    "config_from_dict",
+    "default_state_dir",
+    "load_config",
+    "resolve_secret_env",
+]
+
+ENV_PREFIX = "LAUNCHER_"
+ENV_DELIMITER = "__"
+# SGLang's /health answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s); a probe that gives up
+# sooner would call a slow-but-healthy server dead.
+SGLANG_HEALTH_TIMEOUT_S = 20.0
+
+Loc = tuple[str | int, ...]
+_M = TypeVar("_M", bound=BaseModel)
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
+_SECRET_KEY_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+_SECRET_REF_RE = re.compile(r"^(?:env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$")
+
+# SGLang flags whose value launcher decides, and the config field that sets each one.
+_OWNED_FLAGS = {
+    "--model-path": "model_path",
+    "--model": "model_path",
+    "--served-model-name": "served_model_name",
+    "--tp": "tp",
+    "--tp-size": "tp",
+    "--tensor-parallel-size": "tp",
+    "--dp": "dp",
+    "--dp-size": "dp",
+    "--data-parallel-size": "dp",
+    "--port": "port",
+    "--host": "listen",
+    "--mem-fraction-static": "mem_fraction_static",
+    "--cuda-graph-max-bs": "cuda_graph_max_bs",
+    "--cuda-graph-max-bs-decode": "cuda_graph_max_bs",
+    "--cuda-graph-max-bs-prefill": "cuda_graph_max_bs",
+}
+
+
+# --- field types -------------------------------------------------------------------------
+
+
+def _duration(value: object) -> float:
+    if not isinstance(value, str | int | float):
+        return parse_duration(repr(value))  # raises, naming the accepted forms
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"duration {value!r} must be more than 0 s")
+    return seconds
+
+
+def _above_health_timeout(seconds: float) -> float:
+    if seconds <= SGLANG_HEALTH_TIMEOUT_S:
+        raise ValueError(
+            f"{format_duration(seconds)} is not > 20s: SGLang's /health itself waits "
+            "up to 20 s (SGLANG_HEALTH_CHECK_TIMEOUT) before answering, so a shorter probe "
+            "calls a busy server dead; use e.g. '30s'"
+        )
+    return seconds
+
+
+def _name(value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise ValueError(f"{value!r} is not a valid name: use letters, digits, '_', '.' and '-'")
+    return value
+
+
+def _argv(value: object) -> object:
+    if isinstance(value, str):
+        try:
+            return shlex.split(value)
+        except ValueError as exc:  # unbalanced quotes
+            raise ValueError(f"cannot split {value!r} into arguments: {exc}") from None
+    return value
+
+
+def _non_empty_argv(value: list[str]) -> list[str]:
+    if not value or not value[0]:
+        raise ValueError("must name a program (a non-empty list of strings)")
+    return value
+
+
+def _env_values(value: object) -> object:
+    # TOML writes OMP_NUM_THREADS = 8 naturally; the process environment only holds strings.
+    if isinstance(value, Mapping):
+        return {
+            k: str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+            for k, v in value.items()
+        }
+    return value
+
+
+def _env_names(value: dict[str, str]) -> dict[str, str]:
+    bad = [key for key in value if not _ENV_NAME_RE.match(key)]
+    if bad:
+        raise ValueError(f"{', '.join(map(repr, bad))}: not a valid environment variable name")
+    return value
+
+
+def _expand(path: Path) -> Path:
+    return path.expanduser()
+
+
+Duration = Annotated[float, BeforeValidator(_duration)]
+ProbeTimeout = Annotated[float, BeforeValidator(_duration), AfterValidator(_above_health_timeout)]
+Fraction = Annotated[float, Field(gt=0, lt=1)]
+AtLeastOne = Annotated[int, Field(ge=1)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+GpuIndex = Annotated[int, Field(ge=0)]
+Name = Annotated[str, AfterValidator(_name)]
+Argv = Annotated[list[str], BeforeValidator(_argv)]
+Program = Annotated[list[str], BeforeValidator(_argv), AfterValidator(_non_empty_argv)]
+EnvMap = Annotated[dict[str, str], BeforeValidator(_env_values), AfterValidator(_env_names)]
+LocalPath = Annotated[Path, AfterValidator(_expand)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- policy ------------------------------------------------------------------------------
+
+
+class StallBudgets(_Model):
+    """How long (seconds) a server may stay silent in each start-up phase before it is a hang."""
+
+    init: Duration = 300.0
+    weights: Duration = 1200.0
+    kv_cache: Duration = 300.0
+    cuda_graph: Duration = 1200.0
+    warmup: Duration = 600.0
+
+    def for_phase(self, phase: Phase) -> float:
+        """The silence budget of ``phase``; ``math.inf`` for READY (no start-up stall there)."""
+        if phase is Phase.READY:
+            return math.inf
+        budget: float = getattr(self, phase.value)
+        return budget
+
+
+class PolicyConfig(_Model):
+    """Retry, stall, probe and restart policy. Durations are seconds.
+
+    Invariants checked at load: ``mem_fraction_floor < mem_fraction_ceiling``,
+    ``restart_backoff_initial <= restart_backoff_max``, ``probe_timeout > 20 s``.
+    """
+
+    mem_fraction_floor: Fraction = 0.50
+    mem_fraction_ceiling: Fraction = 0.95
+    graph_bs_floor: AtLeastOne = 1
+    max_attempts: AtLeastOne = 6
+    start_deadline: Duration = 1800.0
+    max_stalls: Annotated[int, Field(ge=0)] = 2
+    gpu_free_timeout: Duration = 120.0
+    probe_interval: Duration = 10.0
+    probe_timeout: ProbeTimeout = 30.0
+    probe_failures: AtLeastOne = 3
+    restart_backoff_initial: Duration = 10.0
+    restart_backoff_max: Duration = 600.0
+    restart_budget: Annotated[int, Field(ge=0)] = 5
+    restart_window: Duration = 3600.0
+    healthy_reset: Duration = 1800.0
+    stall: StallBudgets = Field(default_factory=StallBudgets)
+
+
+class StallOverride(_Model):
+    """A server's ``[servers.policy.stall]``: only the phases it sets replace the global ones."""
+
+    init: Duration | None = None
+    weights: Duration | None = None
+    kv_cache: Duration | None = None
+    cuda_graph: Duration | None = None
+    warmup: Duration | None = None
+
+
+class PolicyOverride(_Model):
+    """A server's ``policy`` table: any ``[policy]`` key; unset keys keep the global value."""
+
+    mem_fraction_floor: Fraction | None = None
+    mem_fraction_ceiling: Fraction | None = None
+    graph_bs_floor: AtLeastOne | None = None
+    max_attempts: AtLeastOne | None = None
+    start_deadline: Duration | None = None
+    max_stalls: Annotated[int, Field(ge=0)] | None = None
+    gpu_free_timeout: Duration | None = None
+    probe_interval: Duration | None = None
+    probe_timeout: ProbeTimeout | None = None
+    probe_failures: AtLeastOne | None = None
+    restart_backoff_initial: Duration | None = None
+    restart_backoff_max: Duration | None = None
+    restart_budget: Annotated[int, Field(ge=0)] | None = None
+    restart_window: Duration | None = None
+    healthy_reset: Duration | None = None
+    stall: StallOverride = Field(default_factory=StallOverride)
+
+    def applied_to(self, base: PolicyConfig) -> PolicyConfig:
+        """``base`` with every key this override sets replaced, field by field."""
+        changes = self.model_dump(exclude_none=True)
+        stall_changes = changes.pop("stall", {})
+        merged = base.model_dump()
+        merged.update(changes)
+        merged["stall"].update(stall_changes)
+        return PolicyConfig.model_validate(merged)
+
+
+# --- hosts and servers -------------------------------------------------------------------
+
+
+class HostConfig(_Model):
+    """One GPU host. ``transport = "local"`` runs commands on this machine without SSH.
+
+    ``identity_file`` and ``known_hosts`` are paths on this machine (``~`` expanded);
+    ``run_dir`` is a path on the host, kept as written (its ``~`` is the remote user's).
+    """
+
+    name: Name
+    transport: Literal["ssh", "local"] = "ssh"
+    address: str | None = None
+    port: Port | None = None
+    user: str | None = None
+    identity_file: LocalPath | None = None
+    known_hosts: LocalPath | None = None
+    use_ssh_config: bool = True
+    jump_host: str | None = None
+    trust_on_first_use: bool = False
+    connect_timeout: Duration = 10.0
+    keepalive_interval: Duration = 15.0
+    nvidia_smi: Program = Field(default_factory=lambda: ["nvidia-smi"])
+    env: EnvMap = Field(default_factory=dict)
+    run_dir: Annotated[str, Field(min_length=1)] = "~/.launcher/runs"
+
+
+class ServerConfig(_Model):
+    """One SGLang server. ``gpus`` become CUDA_VISIBLE_DEVICES; ``len(gpus) == tp * dp``.
+
+    ``mem_fraction_static`` / ``cuda_graph_max_bs`` of ``None`` leave SGLang's auto choice.
+    ``secret_env`` values are references, ``env:VAR`` or ``file:/path`` on this machine; read
+    them with ``resolve_secret_env``. ``run_dir`` ``None`` means the host's.
+    """
+
+    name: Name
+    host: str
+    model_path: Annotated[str, Field(min_length=1)]
+    served_model_name: str | None = None
+    tp: AtLeastOne = 1
+    dp: AtLeastOne = 1
+    port: Port = 30000
+    listen: Annotated[str, Field(min_length=1)] = "127.0.0.1"
+    gpus: list[GpuIndex]
+    mem_fraction_static: Fraction | None = None
+    cuda_graph_max_bs: AtLeastOne | None = None
+    extra_args: Argv = Field(default_factory=list)
+    env: EnvMap = Field(default_factory=dict)
+    secret_env: EnvMap = Field(default_factory=dict)
+    command: Program = Field(default_factory=lambda: ["python3", "-m", "sglang.launch_server"])
+    sglang_version: str | None = None
+    run_dir: Annotated[str, Field(min_length=1)] | None = None
+    probe: Literal["tunnel", "direct"] = "tunnel"
+    policy: PolicyOverride = Field(default_factory=PolicyOverride)
+
+    @field_validator("gpus")
+    @classmethod
+    def _unique_gpus(cls, gpus: list[int]) -> list[int]:
+        repeated = sorted({gpu for gpu in gpus if gpus.count(gpu) > 1})
+        if repeated:
+            raise ValueError(f"GPU {', '.join(map(str, repeated))} listed more than once")
+        return gpus
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_owned_flags(cls, args: list[str]) -> list[str]:
+        clashes = []
+        for arg in args:
+            field = _owned_flag_field(arg)
+            if field is not None:
+                clashes.append(f"{arg.split('=', 1)[0]!r} is set by launcher; use {field} = ...")
+        if clashes:
+            raise ValueError("; ".join(clashes))
+        return args
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_references(cls, refs: dict[str, str]) -> dict[str, str]:
+        bad = [key for key, ref in refs.items() if not _SECRET_REF_RE.match(ref)]
+        if bad:
+            # Never echo the value: it may be the secret itself.
+            raise ValueError(
+                f"{', '.join(bad)}: a secret_env value must be 'env:VARIABLE' (read from this "
+                "machine's environment) or 'file:/path' (read from a file on this machine), "
+                "never the secret itself"
+            )
+        return refs
+
+    @field_validator("sglang_version")
+    @classmethod
+    def _version_shape(cls, version: str | None) -> str | None:
+        if version is not None and not _VERSION_RE.match(version):
+            raise ValueError(f"{version!r} is not a version like '0.5.23' or '0.5.6.post2'")
+        return version
+
+
+def _owned_flag_field(arg: str) -> str | None:
+    """The config field that owns SGLang flag ``arg`` (``--tp-size=4`` too), or None."""
+    if not arg.startswith("--"):
+        return None
+    flag = arg.split("=", 1)[0]
+    if flag in _OWNED_FLAGS:
+        return _OWNED_FLAGS[flag]
+    if flag.startswith("--cuda-graph-max-bs"):
+        return "cuda_graph_max_bs"
+    # argparse accepts unambiguous abbreviations, so "--mem-frac" is --mem-fraction-static.
+    if len(flag) >= 4:
+        for owned, field in _OWNED_FLAGS.items():
+            if owned.startswith(flag):
+                return field
+    return None
+
+
+# --- optional sections -------------------------------------------------------------------
+
+
+class SlackConfig(_Model):
+    """Where the Slack webhook URL comes from: ``webhook_url_file`` if set, else the variable."""
+
+    webhook_url_env: Annotated[str, Field(pattern=_ENV_NAME_RE.pattern)] = "LAUNCHER_SLACK_WEBHOOK"
+    webhook_url_file: LocalPath | None = None
+
+    def webhook_url(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The webhook URL, or None when the variable is unset or empty.
+
+        Raises ConfigError when ``webhook_url_file`` is set but cannot be read or is empty.
+        """
+        if self.webhook_url_file is not None:
+            return _read_secret_file(self.webhook_url_file, "slack.webhook_url_file", "slack")
+        env = os.environ if environ is None else environ
+        return env.get(self.webhook_url_env) or None
+
+
+class MetricsConfig(_Model):
+    """The Prometheus endpoint: ``listen = "HOST:PORT"`` (IPv6 as ``[::1]:9400``)."""
+
+    listen: str = "127.0.0.1:9400"
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, listen: str) -> str:
+        host, sep, port = listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"{listen!r} is not HOST:PORT with a port in 1..65535")
+        return listen
+
+    @property
+    def host(self) -> str:
+        """The address to bind, without IPv6 brackets."""
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        """The TCP port to bind."""
+        return int(self.listen.rpartition(":")[2])
+
+
+# --- root --------------------------------------------------------------------------------
+
+
+def default_state_dir(environ: Mapping[str, str]) -> Path:
+    """$STATE_DIRECTORY (systemd, first entry), else $XDG_STATE_HOME/launcher, else
+    ~/.local/state/launcher (with ~ from $HOME in ``environ``)."""
+    systemd = environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if systemd:
+        return Path(systemd)
+    xdg = environ.get("XDG_STATE_HOME", "")
+    # The XDG spec says relative values are invalid and must be ignored.
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "launcher"
+    home = environ.get("HOME")
+    return (Path(home) if home else Path.home()) / ".local" / "state" / "launcher"
+
+
+class Config(_Model):
+    """The whole configuration. Build it with ``load_config`` or ``config_from_dict``, which
+    check the cross-entry rules (unique names, known hosts, GPU and port clashes, ...) that
+    ``Config.model_validate`` alone does not."""
+
+    state_dir: LocalPath = Field(default_factory=lambda: default_state_dir(os.environ))
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    hosts: list[HostConfig] = Field(default_factory=list)
+    servers: list[ServerConfig] = Field(default_factory=list)
+    slack: SlackConfig | None = None
+    metrics: MetricsConfig | None = None
+
+    def server(self, name: str) -> ServerConfig:
+        """The server called ``name``; ConfigError (with did-you-mean) if there is none."""
+        for server in self.servers:
+            if server.name == name:
+                return server
+        raise ConfigError(
+            [f"servers: no server named {name!r}; {_known([s.name for s in self.servers], name)}"]
+        )
+
+    def host(self, name: str) -> HostConfig:
+        """The host called ``name``; ConfigError (with did-you-mean) if there is none."""
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise ConfigError(
+            [f"hosts: no host named {name!r}; {_known([h.name for h in self.hosts], name)}"]
+        )
+
+    def policy_for(self, server_name: str) -> PolicyConfig:
+        """The global ``[policy]`` with the server's ``policy`` table applied field by field."""
+        return self.server(server_name).policy.applied_to(self.policy)
+
+
+# --- loading -----------------------------------------------------------------------------
+
+
+def load_config(path: Path, *, environ: Mapping[str, str] | None = None) -> Config:
+    """Read, override from ``environ`` (default ``os.environ``) and validate the TOML at ``path``.
+
+    Error handling: any problem with the input (unreadable file, TOML syntax, not UTF-8, bad
+    values, bad overrides, cross-entry clashes) raises one ConfigError with ``source=str(path)``
+    and every problem found in ``problems``. Nothing else is raised for bad input.
+    """
+    source = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError([f"cannot read the file: {exc.strerror or exc}"], source=source) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError([f"line {line}: not UTF-8 text ({exc.reason})"], source=source) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([_toml_problem(exc)], source=source) from None
+    return config_from_dict(data, environ=environ, source=source)
+
+
+def config_from_dict(
+    data: Mapping[str, Any], *, environ: Mapping[str, str] | None = None, source: str = "config"
+) -> Config:
+    """Validate an already parsed TOML table; same overrides and errors as ``load_config``."""
+    env = os.environ if environ is None else environ
+    tree: dict[str, Any] = copy.deepcopy(dict(data))
+    loose: list[str] = []  # problems with an override itself, already worded with the variable
+    overrides = _apply_env_overrides(tree, env, loose)
+    tree.setdefault("state_dir", str(default_state_dir(env)))
+
+    found: list[tuple[Loc, str]] = []
+    config: Config | None = None
+    try:
+        config = Config.model_validate(tree)
+    except ValidationError as exc:
+        found.extend(_pydantic_problem(error) for error in exc.errors())
+    found.extend(_cross_checks(tree))
+
+    problems = list(loose)
+    for loc, message in found:
+        line = f"{_path(loc)}: {message}"
+        vars_ = [var for path, var in overrides.items() if _related(path, loc)]
+        if vars_:
+            line += f" (from {', '.join(sorted(set(vars_)))})"
+        if line not in problems:
+            problems.append(line)
+    if problems:
+        raise ConfigError(problems, source=source)
+    assert config is not None  # no problems means pydantic accepted it
+    return config
+
+
+def resolve_secret_env(
+    server: ServerConfig, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The values of ``server.secret_env``: ``env:VAR`` from ``environ`` (default
+    ``os.environ``), ``file:PATH`` from that file on this machine (``~`` expanded, surrounding
+    whitespace stripped).
+
+    Error handling: raises one ConfigError listing every secret that is unset, empty or
+    unreadable, naming the field and the variable or file. Values never appear in errors.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, str] = {}
+    problems: list[str] = []
+    for key, ref in server.secret_env.items():
+        field = f"servers[{server.name}].secret_env.{key}"
+        kind, _, target = ref.partition(":")
+        if kind == "env":
+            value = env.get(target, "")
+            if not value:
+                state = "is empty" if target in env else "is not set"
+                problems.append(f"{field}: environment variable {target} {state} on this machine")
+                continue
+            values[key] = value
+        else:
+            try:
+                values[key] = _read_secret_file(Path(target), field, server.name)
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems, source="secret_env")
+    return values
+
+
+def _read_secret_file(path: Path, field: str, source: str) -> str:
+    path = path.expanduser()
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError([f"{field}: cannot read {path}: {reason}"], source=source) from None
+    if not value:
+        raise ConfigError([f"{field}: file {path} is empty"], source=source)
+    return value
+
+
+def _toml_problem(exc: tomllib.TOMLDecodeError) -> str:
+    text = str(exc)
+    match = re.search(r"\s*\(at line (\d+), column (\d+)\)$", text)
+    if match:
+        return f"line {match[1]}, column {match[2]}: TOML syntax: {text[: match.start()]}"
+    match = re.search(r"\s*\(at end of document\)$", text)
+    if match:
+        return f"end of file: TOML syntax: {text[: match.start()]}"
+    return f"TOML syntax: {text}"
+
+
+# --- problems ----------------------------------------------------------------------------
+
+
+def _path(loc: Loc) -> str:
+    """('servers', 1, 'gpus') -> 'servers[1].gpus'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _related(override: Loc, loc: Loc) -> bool:
+    shorter = min(len(override), len(loc))
+    return shorter > 0 and override[:shorter] == loc[:shorter]
+
+
+_COMPARISONS = {
+    "greater_than": ("gt", ">"),
+    "greater_than_equal": ("ge", ">="),
+    "less_than": ("lt", "<"),
+    "less_than_equal": ("le", "<="),
+}
+
+
+def _pydantic_problem(error: ErrorDetails) -> tuple[Loc, str]:
+    loc: Loc = tuple(error["loc"])
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    value = error.get("input")
+    if kind == "extra_forbidden":
+        return loc, _unknown_key(loc)
+    if kind == "missing":
+        return loc, "required key is missing"
+    if kind in _COMPARISONS:
+        key, op = _COMPARISONS[kind]
+        limit = ctx.get(key)
+        shown = f"{limit:g}" if isinstance(limit, float) else str(limit)
+        return loc, f"{_show(value)} is not {op} {shown}"
+    if kind in ("value_error", "assertion_error"):
+        return loc, error["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return loc, f"expected a table, got {_show(value, loc)}"
+    if kind == "list_type":
+        return loc, f"expected an array, got {_show(value, loc)}"
+    message = error["msg"]
+    return loc, f"{message[:1].lower()}{message[1:]} (got {_show(value, loc)})"
+
+
+def _show(value: object, loc: Loc = ()) -> str:
+    if "env" in loc or "secret_env" in loc:
+        return "a value not shown"  # may hold a secret
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _known(names: Sequence[str], wanted: str) -> str:
+    unique = list(dict.fromkeys(names))
+    close = difflib.get_close_matches(wanted, unique, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    listed = ", ".join(unique) if unique else "none"
+    return f"{hint}known: {listed}"
+
+
+def _unknown_key(loc: Loc) -> str:
+    key = str(loc[-1])
+    model = _model_at(loc[:-1])
+    choices = list(model.model_fields) if model is not None else []
+    close = difflib.get_close_matches(key, choices, n=1)
+    if close:
+        return f"unknown key; did you mean {close[0]!r}?"
+    return f"unknown key; expected one of: {', '.join(choices)}" if choices else "unknown key"
+
+
+def _unwrap(annotation: Any) -> Any:
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _unwrap(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        args = [arg for arg in get_args(annotation) if arg is not type(None)]
+        if len(args) == 1:
+            return _unwrap(args[0])
+    return annotation
+
+
+def _annotation_at(loc: Sequence[str | int]) -> Any:
+    """The (unwrapped) type that lives at ``loc`` inside ``Config``, or None if none does."""
+    current: Any = Config
+    for part in loc:
+        current = _unwrap(current)
+        origin = get_origin(current)
+        if isinstance(part, int):
+            if origin is not list:
+                return None
+            current = get_args(current)[0]
+        elif isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(part)
+            if field is None:
+                return None
+            current = field.annotation
+        elif origin is dict:
+            current = get_args(current)[1]
+        else:
+            return None
+    return _unwrap(current)
+
+
+def _model_at(loc: Sequence[str | int]) -> type[BaseModel] | None:
+    found = _annotation_at(loc)
+    if isinstance(found, type) and issubclass(found, BaseModel):
+        return found
+    return None
+
+
+# --- cross-entry checks ------------------------------------------------------------------
+
+
+def _cross_checks(tree: Mapping[str, Any]) -> Iterator[tuple[Loc, str]]:
+    """Rules spanning several fields or entries.
+
+    Each entry is validated on its own, with the keys pydantic rejected dropped, so one bad
+    value does not hide the other problems of its entry or of the others. A rule is skipped
+    when a key it reads was dropped (the default standing in would give false alarms).
+    """
+    policy = _partial(PolicyConfig, tree.get("policy", {}))
+    global_problems = set(_policy_problems(*policy)) if policy else set()
+    for loc, message in sorted(global_problems, key=str):
+        yield ("policy", *loc), message
+    raw_hosts = tree.get("hosts", [])
+    host_entries = raw_hosts if isinstance(raw_hosts, list) else []
+    host_names = [h["name"] for h in host_entries if isinstance(h, dict) and "name" in h]
+    hosts = yield from _check_hosts(host_entries)
+    yield from _check_servers(tree.get("servers", []), host_names, hosts, policy, global_problems)
+
+
+def _check_hosts(entries: list[Any]) -> Generator[tuple[Loc, str], None, dict[str, HostConfig]]:
+    hosts: dict[str, HostConfig] = {}
+    yield from _duplicate_names("hosts", entries)
+    for index, raw in enumerate(entries):
+        partial = _partial(HostConfig, raw)
+        if partial is None:
+            continue
+        host, bad = partial
+        hosts.setdefault(host.name, host)
+        if host.transport == "ssh" and not host.address and not bad & {"transport", "address"}:
+            yield ("hosts", index, "address"), "required when transport = 'ssh'"
+        if "env" not in bad:
+            yield from _inline_secrets(host.env, ("hosts", index, "env"))
+    return hosts
+
+
+def _check_servers(
+    raw_servers: object,
+    host_names: list[Any],
+    hosts: Mapping[str, HostConfig],
+    policy: tuple[PolicyConfig, frozenset[str]] | None,
+    global_problems: set[tuple[Loc, str]],
+) -> Iterator[tuple[Loc, str]]:
+    entries = raw_servers if isinstance(raw_servers, list) else []
+    yield from _duplicate_names("servers", entries)
+    ports: dict[tuple[str, int], tuple[int, str]] = {}
+    gpus_in_use: dict[tuple[str, int], tuple[int, str]] = {}
+    for index, raw in enumerate(entries):
+        at: Loc = ("servers", index)
+        host_ref = raw.get("host") if isinstance(raw, dict) else None
+        if isinstance(host_ref, str) and host_ref not in host_names:
+            known = [str(name) for name in host_names]
+            yield (*at, "host"), f"unknown host {host_ref!r}; {_known(known, host_ref)}"
+        partial = _partial(ServerConfig, raw)
+        if partial is None:
+            continue
+        server, bad = partial
+        need = server.tp * server.dp
+        if len(server.gpus) != need and not bad & {"tp", "dp", "gpus"}:
+            yield (
+                (*at, "gpus"),
+                f"lists {len(server.gpus)} GPU(s) but tp*dp = {server.tp}*{server.dp} = {need}; "
+                f"list exactly {need}",
+            )
+        if "env" not in bad:
+            yield from _inline_secrets(server.env, (*at, "env"))
+        if "port" not in bad:
+            other = ports.setdefault((server.host, server.port), (index, server.name))
+            if other[0] != index:
+                yield (
+                    (*at, "port"),
+                    f"port {server.port} on host {server.host!r} is also used by "
+                    f"servers[{other[0]}] ({other[1]!r})",
+                )
+        for gpu in server.gpus if "gpus" not in bad else []:
+            other = gpus_in_use.setdefault((server.host, gpu), (index, server.name))
+            if other[0] != index:
+                yield (
+                    (*at, "gpus"),
+                    f"GPU {gpu} on host {server.host!r} is also used by "
+                    f"servers[{other[0]}] ({other[1]!r})",
+                )
+        host = hosts.get(server.host)
+        if (
+            server.probe == "direct"
+            and host is not None
+            and host.transport == "ssh"
+            and server.listen in ("127.0.0.1", "localhost", "::1")
+            and not bad & {"probe", "listen"}
+        ):
+            yield (
+                (*at, "probe"),
+                f"'direct' probes connect from this machine, but listen = {server.listen!r} "
+                "only accepts connections on the host itself; use probe = 'tunnel' or a "
+                "reachable listen address",
+            )
+        if policy is not None and "policy" not in bad:
+            merged = server.policy.applied_to(policy[0])
+            for loc, message in _policy_problems(merged, policy[1]):
+                if (loc, message) not in global_problems:
+                    yield (*at, "policy", *loc), message
+
+
+def _duplicate_names(section: str, entries: Sequence[object]) -> Iterator[tuple[Loc, str]]:
+    seen: dict[str, int] = {}
+    for index, raw in enumerate(entries):
+        name = raw.get("name") if isinstance(raw, dict) else None
+        if isinstance(name, str):
+            first = seen.setdefault(name, index)
+            if first != index:
+                yield (
+                    (section, index, "name"),
+                    f"{name!r} is already the name of {section}[{first}]",
+                )
+
+
+def _partial(model: type[_M], raw: object) -> tuple[_M, frozenset[str]] | None:
+    """``raw`` validated as ``model`` after dropping the top-level keys that fail, with the set
+    of dropped keys; None when it is not a table or a required key fails."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return model.model_validate(raw), frozenset()
+    except ValidationError as exc:
+        bad = frozenset(str(error["loc"][0]) for error in exc.errors() if error["loc"])
+    try:
+        return model.model_validate({k: v for k, v in raw.items() if k not in bad}), bad
+    except ValidationError:
+        return None  # a required key was bad; its problem is reported by the full validation
+
+
+def _policy_problems(policy: PolicyConfig, bad: frozenset[str]) -> list[tuple[Loc, str]]:
+    problems: list[tuple[Loc, str]] = []
+    if policy.mem_fraction_ceiling <= policy.mem_fraction_floor and not bad & {
+        "mem_fraction_floor",
+        "mem_fraction_ceiling",
+    }:
+        problems.append(
+            (
+                ("mem_fraction_ceiling",),
+                f"{policy.mem_fraction_ceiling} is not > mem_fraction_floor "
+                f"({policy.mem_fraction_floor})",
+            )
+        )
+    if policy.restart_backoff_max < policy.restart_backoff_initial and not bad & {
+        "restart_backoff_initial",
+        "restart_backoff_max",
+    }:
+        problems.append(
+            (
+                ("restart_backoff_max",),
+                f"{format_duration(policy.restart_backoff_max)} is less than "
+                f"restart_backoff_initial ({format_duration(policy.restart_backoff_initial)})",
+            )
+        )
+    return problems
+
+
+def _inline_secrets(env: Mapping[str, str], at: Loc) -> Iterator[tuple[Loc, str]]:
+    for key in env:
+        if _SECRET_KEY_RE.search(key):
+            yield (
+                (*at, key),
+                "looks like a secret written inline; put it in secret_env instead "
+                f'({key} = "env:{key}" or "file:/path") so it is read on this machine '
+                "and never stored in the config",
+            )
+
+
+# --- environment overrides ---------------------------------------------------------------
+
+
+def _apply_env_overrides(
+    tree: dict[str, Any], environ: Mapping[str, str], problems: list[str]
+) -> dict[Loc, str]:
+    """Write every ``LAUNCHER_*`` override into ``tree``; return {path set: variable}.
+
+    Overrides that cannot be placed (bad index, unknown name, JSON that does not parse,
+    descending into a non-table) are appended to ``problems``, worded with the variable.
+    """
+    applied: dict[Loc, str] = {}
+    for var in sorted(environ):
+        if not var.upper().startswith(ENV_PREFIX):
+            continue
+        segments = var[len(ENV_PREFIX) :].split(ENV_DELIMITER)
+        if len(segments) == 1 and segments[0].lower() not in Config.model_fields:
+            continue  # not a config key (e.g. LAUNCHER_SLACK_WEBHOOK)
+        if any(not segment for segment in segments):
+            problems.append(f"{var}: empty key between '__' delimiters")
+            continue
+        try:
+            value = _env_value(environ[var])
+        except ValueError as exc:
+            problems.append(f"{var}: {exc}")
+            continue
+        try:
+            loc = _place(tree, segments, value)
+        except _PlacementError as exc:
+            problems.append(f"{var}: {exc}")
+            continue
+        applied[loc] = var
+    return applied
+
+
+class _PlacementError(Exception):
+    pass
+
+
+def _env_value(text: str) -> Any:
+    if text.lstrip().startswith(("[", "{")):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"value starts like JSON but does not parse: {exc}") from None
+    return text
+
+
+def _place(tree: dict[str, Any], segments: Sequence[str], value: Any) -> Loc:
+    node: Any = tree
+    loc: Loc = ()
+    for position, segment in enumerate(segments):
+        last = position == len(segments) - 1
+        kind = _annotation_at(loc)
+        key: str | int
+        if get_origin(kind) is list:
+            if not isinstance(node, list) or not node:
+                raise _PlacementError(f"{_path(loc)} has no entries to override")
+            key = _entry_index(node, segment, loc)
+        elif get_origin(kind) is dict:
+            key = segment  # free-form tables (env) keep the variable's spelling
+        else:
+            key = segment.lower()
+        if last:
+            if isinstance(node[key] if _has(node, key) else None, dict) and isinstance(value, dict):
+                _deep_merge(node[key], value)
+            else:
+                node[key] = value
+        else:
+            child_kind = _annotation_at((*loc, key))
+            if _is_scalar(child_kind):
+                raise _PlacementError(f"{_path((*loc, key))} is not a table")
+            if not _has(node, key):
+                if get_origin(child_kind) is list:
+                    raise _PlacementError(f"{_path((*loc, key))} has no entries to override")
+                node[key] = {}
+            child = node[key]
+            if not isinstance(child, dict | list):
+                raise _PlacementError(f"{_path((*loc, key))} is not a table or an array")
+            node = child
+        loc = (*loc, key)
+    return loc
+
+
+def _is_scalar(annotation: Any) -> bool:
+    """True for a known key that holds a plain value (not a table, array or free-form map)."""
+    if annotation is None:
+        return False  # unknown key: pydantic reports it, with did-you-mean
+    if get_origin(annotation) in (list, dict):
+        return False
+    return not (isinstance(annotation, type) and issubclass(annotation, BaseModel))
+
+
+def _has(node: Any, key: str | int) -> bool:
+    if isinstance(node, list):
+        return isinstance(key, int) and 0 <= key < len(node)
+    return isinstance(node, dict) and key in node
+
+
+def _entry_index(entries: list[Any], segment: str, loc: Loc) -> int:
+    names = [entry.get("name") if isinstance(entry, dict) else None for entry in entries]
+    if segment.isdigit():
+        index = int(segment)
+        if index < len(entries):
+            return index
+        raise _PlacementError(f"{_path(loc)} has no entry {index} (there are {len(entries)})")
+    for index, name in enumerate(names):
+        if isinstance(name, str) and name.lower() == segment.lower():
+            return index
+    known = [n for n in names if isinstance(n, str)]
+    raise _PlacementError(
+        f"{_path(loc)} has no entry named {segment.lower()!r}; "
+        f"{_known(known, segment.lower())} (or use an index)"
+    )
+
+
+def _deep_merge(target: dict[str, Any], changes: Mapping[str, Any]) -> None:
+    for key, value in changes.items():
+        if isinstance(target.get(key), dict) and isinstance(value, dict):
+            _deep_merge(target[key], value)
+        else:
+            target[key] = value
