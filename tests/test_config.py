@@ -1,9 +1,10 @@
-# ruff: noqa: SIM300  (the team convention is `assert expected == actual`)
+
 """Tests of launcher.config and launcher.durations: real TOML files in tmp_path, real loading."""
 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from launcher.config import (
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
 from launcher.phases import Phase
+from launcher.placeholders import expand_placeholders
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = """
@@ -91,15 +93,17 @@ def test_example_config_loads() -> None:
 
 def test_demo_config_loads() -> None:
     """The shipped demo names the local simulated host and one simulated tp2 server."""
-    config = load_config(REPO / "configs" / "demo.toml", environ={"HOME": "/home/op"})
+    path = REPO / "configs" / "demo.toml"
+    config = expand_placeholders(load_config(path, environ={"HOME": "/home/op"}), path)
     host, server = config.host("sim"), config.server("demo")
-    assert ("local", ["python3", "-m", "launcher.sim.nvidia_smi"], "run/demo") == (
+    configs = str(path.parent.resolve())
+    assert ("local", [sys.executable, "-m", "launcher.sim.nvidia_smi"]) == (
         host.transport,
         host.nvidia_smi,
-        host.run_dir,
     )
-    assert {"SGLANG_SIM_HOST": "configs/sim/host.json"} == host.env
-    assert ("configs/sim/models/llama-70b-sim", [0, 1], 30123, 0.88, 256, "0.5.23") == (
+    assert f"{configs}/../run/demo" == host.run_dir
+    assert {"SGLANG_SIM_HOST": f"{configs}/sim/host.json"} == host.env
+    assert (f"{configs}/sim/models/llama-70b-sim", [0, 1], 30123, 0.88, 256, "0.5.23") == (
         server.model_path,
         server.gpus,
         server.port,
@@ -107,7 +111,7 @@ def test_demo_config_loads() -> None:
         server.cuda_graph_max_bs,
         server.sglang_version,
     )
-    assert ["python3", "-m", "launcher.sim.server"] == server.command
+    assert [sys.executable, "-m", "launcher.sim.server"] == server.command
     policy = config.policy_for("demo")
     assert 1.0 == policy.probe_interval
     assert [20.0] * 5 == [policy.stall.for_phase(p) for p in Phase if p is not Phase.READY]

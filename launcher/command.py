@@ -1,0 +1,79 @@
+"""The SGLang command line and environment of one attempt, in the dialect of its version."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from launcher.params import LaunchParams
+from launcher.sim.memory import version_tuple
+
+# Versions from which --cuda-graph-max-bs is spelled --cuda-graph-max-bs-decode. 0.5.15 still
+# accepts the old spelling as a deprecated alias; 0.5.23 rejects it as an ambiguous prefix.
+DECODE_SPELLING_FROM = (0, 5, 15)
+MASK = "***"
+
+
+def graph_bs_flag(sglang_version: str) -> str:
+    """The flag that sets the decode CUDA-graph max batch size in ``sglang_version``."""
+    if version_tuple(sglang_version) >= DECODE_SPELLING_FROM:
+        return "--cuda-graph-max-bs-decode"
+    return "--cuda-graph-max-bs"
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    """Everything needed to start one attempt: argv, plain env, secret env (never in argv)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    secret_env: dict[str, str]
+
+    def masked_env(self) -> dict[str, str]:
+        """Plain env plus secret names with masked values, for display."""
+        return {**self.env, **{k: MASK for k in self.secret_env}}
+
+
+def build_command(
+    *,
+    command: list[str],
+    model_path: str,
+    tp: int,
+    dp: int,
+    port: int,
+    listen: str,
+    gpus: list[int],
+    params: LaunchParams,
+    sglang_version: str,
+    served_model_name: str | None = None,
+    extra_args: list[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    secret_env: Mapping[str, str] | None = None,
+    attempt: int = 1,
+    server_name: str = "",
+) -> ServerCommand:
+    """Build the attempt's command line. Explicit params only; None leaves SGLang's auto value.
+
+    ``--log-level info`` is forced: at warning and above SGLang prints neither progress nor the
+    ready line, and launcher would be blind.
+    """
+    argv = [*command, "--model-path", model_path]
+    if served_model_name:
+        argv += ["--served-model-name", served_model_name]
+    argv += ["--tp-size", str(tp)]
+    if dp > 1:
+        argv += ["--dp-size", str(dp)]
+    argv += ["--host", listen, "--port", str(port)]
+    if params.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", f"{params.mem_fraction_static:.3f}".rstrip("0")]
+    if params.cuda_graph_max_bs is not None:
+        argv += [graph_bs_flag(sglang_version), str(params.cuda_graph_max_bs)]
+    argv += ["--log-level", "info"]
+    argv += list(extra_args or [])
+    full_env = {
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+        **dict(env or {}),
+        "LAUNCHER_SERVER": server_name,
+        "LAUNCHER_ATTEMPT": str(attempt),
+    }
+    return ServerCommand(argv=argv, env=full_env, secret_env=dict(secret_env or {}))
