@@ -1,0 +1,61 @@
+"""The SGLang command line of an attempt, in the flag dialect of its version."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.command import build_command, graph_bs_flag
+from launcher.params import LaunchParams
+
+
+def cmd(version: str, params: LaunchParams, **kw: object) -> list[str]:
+    base: dict[str, object] = dict(
+        command=["python3", "-m", "sglang.launch_server"], model_path="/m", tp=4, dp=1,
+        port=30000, listen="127.0.0.1", gpus=[0, 1, 2, 3], params=params, sglang_version=version,
+    )
+    base.update(kw)
+    return build_command(**base).argv  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("version", "flag"),
+    [("0.4.10.post2", "--cuda-graph-max-bs"), ("0.5.6.post2", "--cuda-graph-max-bs"),
+     ("0.5.10", "--cuda-graph-max-bs"), ("0.5.15", "--cuda-graph-max-bs-decode"),
+     ("0.5.23", "--cuda-graph-max-bs-decode")],
+)
+def test_graph_bs_flag_follows_version(version: str, flag: str) -> None:
+    """Up to 0.5.10 the flag is --cuda-graph-max-bs; from 0.5.15 it is -decode."""
+    assert flag == graph_bs_flag(version)
+    argv = cmd(version, LaunchParams(0.6, 16))
+    assert [flag, "16"] == argv[argv.index(flag):argv.index(flag) + 2]
+
+
+def test_auto_params_pass_no_flag() -> None:
+    """None (auto) leaves both memory flags out so SGLang picks its defaults."""
+    argv = cmd("0.5.23", LaunchParams(None, None))
+    assert not [a for a in argv if "mem-fraction" in a or "cuda-graph" in a]
+
+
+def test_fraction_is_written_compactly() -> None:
+    """0.600 is passed as 0.6 and 0.835 stays 0.835."""
+    assert "0.6" == cmd("0.5.23", LaunchParams(0.6, None))[-3]
+    assert "0.835" == cmd("0.5.23", LaunchParams(0.835, None))[-3]
+
+
+def test_log_level_info_is_forced_and_extra_args_follow() -> None:
+    """--log-level info precedes the extra args (a later flag would win in argparse)."""
+    argv = cmd("0.5.23", LaunchParams(), extra_args=["--context-length", "8192"])
+    assert ["--log-level", "info", "--context-length", "8192"] == argv[-4:]
+
+
+def test_env_has_gpus_and_attempt_and_secrets_stay_out_of_argv() -> None:
+    """GPUs become CUDA_VISIBLE_DEVICES; secret values live only in secret_env."""
+    c = build_command(
+        command=["sglang", "serve"], model_path="/m", tp=2, dp=1, port=1, listen="0.0.0.0",
+        gpus=[4, 5], params=LaunchParams(), sglang_version="0.5.23",
+        secret_env={"HF_TOKEN": "hf_secret"}, attempt=3, server_name="llama",
+    )
+    assert "4,5" == c.env["CUDA_VISIBLE_DEVICES"]
+    assert ("3", "llama") == (c.env["LAUNCHER_ATTEMPT"], c.env["LAUNCHER_SERVER"])
+    assert not any("hf_secret" in a for a in c.argv)
+    assert "***" == c.masked_env()["HF_TOKEN"]
