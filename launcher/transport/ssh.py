@@ -1,0 +1,698 @@
+"""The SSH transport: one shared asyncssh connection per host.
+
+:class:`SSHTransport` implements :class:`launcher.transport.base.Transport` over OpenSSH-compatible
+servers. Every caller on a host shares one connection, opened lazily on first use and reopened on
+the next call after it drops.
+
+Resource handling: the connection (and the jump-host connection, if any) lives until
+:meth:`SSHTransport.aclose` or until it is lost; every command runs on its own channel, which is
+closed when the command finishes, times out or its stream is cancelled. Nothing on the host is
+ever killed on purpose: closing a channel only closes the remote command's stdio (it sees EOF or
+SIGPIPE).
+
+Error handling: connection problems become :class:`~launcher.errors.HostUnreachable` (retried
+here, with jittered exponential backoff bounded by attempts and total seconds, and only while
+connecting), a rejected user key becomes :class:`~launcher.errors.AuthenticationFailed` and an
+unknown or changed host key :class:`~launcher.errors.HostKeyError` (both fatal at once). Host keys
+are always verified against a known_hosts file; trust-on-first-use only records the key of a host
+that has no entry yet, and only when the host opted in.
+
+Commands are sent as one string of shell-quoted words, so the remote login shell must be a POSIX
+shell (sh, bash, dash, zsh); environment variables travel as ``env -- K=V`` words because sshd's
+AcceptEnv is usually off.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shlex
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import asyncssh
+import structlog
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+from tenacity.stop import stop_base
+
+from launcher.errors import (
+    AuthenticationFailed,
+    HostKeyError,
+    HostUnreachable,
+    RemoteCommandError,
+    TransportError,
+)
+from launcher.transport.base import CommandResult
+
+log = structlog.get_logger(__name__)
+
+KEEPALIVE_COUNT_MAX = 3
+STREAM_CHUNK = 64 * 1024
+STDERR_TAIL = 2000
+# Backoff between connection attempts: 0.5 s, 1 s, 2 s, ... plus up to JITTER_S of random jitter,
+# never more than MAX_WAIT_S (and never past the total budget, see _RetryBudget).
+INITIAL_WAIT_S = 0.5
+MAX_WAIT_S = 10.0
+JITTER_S = 0.5
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+Sleep = Callable[[float], Awaitable[Any]]
+
+
+class HostConfigLike(Protocol):
+    """The fields of a host's config entry the SSH transport reads (duck-typed HostConfig)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def address(self) -> str | None: ...
+    @property
+    def port(self) -> int | None: ...
+    @property
+    def user(self) -> str | None: ...
+    @property
+    def identity_file(self) -> str | Path | None: ...
+    @property
+    def known_hosts(self) -> str | Path | None: ...
+    @property
+    def use_ssh_config(self) -> bool: ...
+    @property
+    def jump_host(self) -> str | None: ...
+    @property
+    def trust_on_first_use(self) -> bool: ...
+    @property
+    def connect_timeout(self) -> float: ...
+    @property
+    def keepalive_interval(self) -> float: ...
+    @property
+    def env(self) -> Mapping[str, str] | None: ...
+
+
+def build_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """Return the one shell command string that runs ``argv`` with ``env`` set, nothing else.
+
+    Every word is quoted with :func:`shlex.quote`, so no element can start a second command.
+    Raises ValueError for an empty argv or an environment name that ``env`` could not set.
+    """
+    if not argv:
+        raise ValueError("argv must not be empty")
+    words: list[str] = []
+    if env:
+        words += ["env", "--"]
+        for key, value in env.items():
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"invalid environment variable name: {key!r}")
+            words.append(f"{key}={value}")
+    words += argv
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def _known_hosts_pattern(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+@dataclass
+class _HostKeyCheck:
+    """Per-attempt state of host key verification (what was offered, what TOFU accepted)."""
+
+    known_hosts_file: Path
+    trust_on_first_use: bool
+    offered_fingerprint: str | None = None
+    known_entry: bool = False
+    recorded_line: str | None = None
+    recorded_fingerprint: str | None = None
+    host_label: str = ""
+
+    def validate(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
+        """Called by asyncssh only for a key that known_hosts does not trust."""
+        self.offered_fingerprint = key.get_fingerprint("sha256")
+        self.host_label = _known_hosts_pattern(host, port)
+        self.known_entry = _has_entry(self.known_hosts_file, host, addr, port)
+        if self.known_entry or not self.trust_on_first_use:
+            return False
+        public = key.export_public_key("openssh").decode().split()
+        self.recorded_line = f"{self.host_label} {public[0]} {public[1]}\n"
+        self.recorded_fingerprint = self.offered_fingerprint
+        return True
+
+
+def _read_known_hosts(path: Path) -> asyncssh.SSHKnownHosts:
+    if not path.exists():
+        return asyncssh.import_known_hosts("")
+    return asyncssh.read_known_hosts(str(path))
+
+
+def _has_entry(path: Path, host: str, addr: str, port: int) -> bool:
+    """True if known_hosts says anything (keys, CAs, revocations) about this host."""
+    match = _read_known_hosts(path).match(host, addr, None if port == 22 else port)
+    return any(match)
+
+
+class _Client(asyncssh.SSHClient):
+    """Verifies host keys through ``check`` and logs the end of an established connection."""
+
+    def __init__(self, check: _HostKeyCheck, host: str) -> None:
+        self._check = check
+        self._host = host
+        self._established = False
+
+    def auth_completed(self) -> None:
+        self._established = True
+
+    def validate_host_public_key(
+        self, host: str, addr: str, port: int, key: asyncssh.SSHKey
+    ) -> bool:
+        return self._check.validate(host, addr, port, key)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # A failed attempt is reported by the error it raises; only a live connection "ends".
+        if self._established:
+            log.info("ssh.disconnected", host=self._host, error=str(exc) if exc else None)
+
+
+class _RetryBudget(stop_base):
+    """Stop after ``attempts`` tries, or before a wait would take the total past ``seconds``.
+
+    Total time is the larger of wall time and the sum of the waits, so an injected sleep that
+    returns at once is bounded the same way as a real one.
+    """
+
+    def __init__(self, attempts: int, seconds: float) -> None:
+        self.attempts = attempts
+        self.seconds = seconds
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        if retry_state.attempt_number >= self.attempts:
+            return True
+        spent = max(retry_state.seconds_since_start or 0.0, retry_state.idle_for)
+        return spent + retry_state.upcoming_sleep > self.seconds
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    """Where one SSH hop goes; ``role`` names it in errors ("host gpu1", "jump host of gpu1")."""
+
+    address: str
+    port: int | None
+    user: str | None
+    role: str
+
+    @property
+    def login(self) -> str:
+        port = f":{self.port}" if self.port else ""
+        return f"{self.user or '(default user)'}@{self.address}{port}"
+
+
+@dataclass
+class _Connection:
+    conn: asyncssh.SSHClientConnection
+    tunnel: asyncssh.SSHClientConnection | None = None
+    fresh: bool = True
+
+    def close(self) -> None:
+        self.conn.close()
+        if self.tunnel is not None:
+            self.tunnel.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.conn.is_closed() or (self.tunnel is not None and self.tunnel.is_closed())
+
+
+class SSHTransport:
+    """A :class:`~launcher.transport.base.Transport` to one host over SSH.
+
+    ``address`` is what to connect to (a name or IP, possibly a ``~/.ssh/config`` alias when
+    ``use_ssh_config``); ``port``, ``user`` and ``identity_file`` default to the SSH config and
+    then to OpenSSH's defaults (port 22, the local user, ssh-agent and ``~/.ssh/id_*``). An
+    explicit ``identity_file`` is the only key offered (like IdentitiesOnly). ``known_hosts``
+    defaults to ``~/.ssh/known_hosts``. ``jump_host`` is ``[user@]host[:port]``, reached with
+    the same identity and known_hosts. ``env`` is set for every command on the host (per-call
+    env wins). ``sleep`` is awaited between connection attempts (tests inject a recorder).
+
+    Resource handling and errors: see the module docstring.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        *,
+        port: int | None = None,
+        user: str | None = None,
+        identity_file: str | Path | None = None,
+        known_hosts: str | Path | None = None,
+        use_ssh_config: bool = True,
+        jump_host: str | None = None,
+        trust_on_first_use: bool = False,
+        connect_timeout: float = 10.0,
+        keepalive_interval: float = 15.0,
+        env: Mapping[str, str] | None = None,
+        retry_attempts: int = 5,
+        retry_max_seconds: float = 60.0,
+        sleep: Sleep = anyio.sleep,
+    ) -> None:
+        if retry_attempts < 1:
+            raise ValueError("retry_attempts must be at least 1")
+        self.name = name
+        self.address = address
+        self.port = port
+        self.user = user
+        self.identity_file = Path(identity_file).expanduser() if identity_file else None
+        self.known_hosts = Path(known_hosts or "~/.ssh/known_hosts").expanduser()
+        self.use_ssh_config = use_ssh_config
+        self.jump_host = jump_host
+        self.trust_on_first_use = trust_on_first_use
+        self.connect_timeout = connect_timeout
+        self.keepalive_interval = keepalive_interval
+        self.env = dict(env or {})
+        self.retry_attempts = retry_attempts
+        self.retry_max_seconds = retry_max_seconds
+        self._sleep = sleep
+        self._lock = anyio.Lock()
+        self._current: _Connection | None = None
+        self._client_keys: Sequence[asyncssh.SSHKeyPair] | None = None
+
+    @classmethod
+    def from_host_config(cls, host: HostConfigLike, **overrides: Any) -> SSHTransport:
+        """Build a transport from a host's config entry; ``overrides`` (e.g. sleep) win.
+
+        An entry without ``address`` connects to its ``name`` (e.g. an ``~/.ssh/config`` alias).
+        """
+        fields: dict[str, Any] = {
+            name: getattr(host, name)
+            for name in (
+                "port",
+                "user",
+                "identity_file",
+                "known_hosts",
+                "use_ssh_config",
+                "jump_host",
+                "trust_on_first_use",
+                "connect_timeout",
+                "keepalive_interval",
+                "env",
+            )
+            if hasattr(host, name)
+        }
+        fields.update(overrides)
+        return cls(host.name, host.address or host.name, **fields)
+
+    @property
+    def host_name(self) -> str:
+        """The host's name from the config."""
+        return self.name
+
+    # -- connecting -------------------------------------------------------------------------
+
+    def _endpoints(self) -> tuple[_Endpoint | None, _Endpoint]:
+        """The jump host (if any) and the host itself."""
+        target = _Endpoint(self.address, self.port, self.user, f"host {self.name}")
+        if not self.jump_host:
+            return None, target
+        user, _, hostport = self.jump_host.rpartition("@")
+        address, sep, port_text = hostport.rpartition(":")
+        if not sep:
+            address, port_text = hostport, ""
+        port = int(port_text) if port_text else None
+        return _Endpoint(address, port, user or None, f"jump host of {self.name}"), target
+
+    def _load_client_keys(self, endpoint: _Endpoint) -> Sequence[asyncssh.SSHKeyPair] | None:
+        """Load the explicit identity file once; None means "agent and default keys"."""
+        if self.identity_file is None:
+            return None
+        if self._client_keys is None:
+            try:
+                self._client_keys = asyncssh.load_keypairs([str(self.identity_file)])
+            except (OSError, asyncssh.KeyImportError, asyncssh.KeyEncryptionError) as exc:
+                raise AuthenticationFailed(
+                    f"cannot use identity file {self.identity_file} for {endpoint.login}: {exc}",
+                    host=self.name,
+                    remedy="point identity_file at a readable, unencrypted private key "
+                    "(or leave it unset to use ssh-agent)",
+                ) from exc
+        return self._client_keys
+
+    def _host_key_error(
+        self, endpoint: _Endpoint, check: _HostKeyCheck, exc: Exception
+    ) -> HostKeyError:
+        fingerprint = check.offered_fingerprint or "(unknown)"
+        port = endpoint.port or 22
+        label = check.host_label or _known_hosts_pattern(endpoint.address, port)
+        keyscan = f"`ssh-keyscan -p {port} {endpoint.address} >> {self.known_hosts}`"
+        if check.known_entry:
+            return HostKeyError(
+                f"host key of {endpoint.role} ({label}) does not match {self.known_hosts}: "
+                f"it offered {fingerprint}",
+                host=self.name,
+                remedy=(
+                    "this may be an attack; if the host was really reinstalled, check the new "
+                    "fingerprint out of band, then "
+                    f"`ssh-keygen -R '{label}' -f {self.known_hosts}` and {keyscan} "
+                    "(trust_on_first_use never replaces a changed key)"
+                ),
+            )
+        return HostKeyError(
+            f"host key of {endpoint.role} ({label}) is not in {self.known_hosts}: "
+            f"it offered {fingerprint} ({exc})",
+            host=self.name,
+            remedy=(
+                f"check the fingerprint {fingerprint} out of band, then {keyscan}, "
+                f"or set trust_on_first_use = true for host {self.name}"
+            ),
+        )
+
+    def _map_connect_error(
+        self, endpoint: _Endpoint, exc: BaseException, check: _HostKeyCheck
+    ) -> TransportError:
+        login = endpoint.login
+        if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+            return self._host_key_error(endpoint, check, exc)
+        if isinstance(exc, asyncssh.PermissionDenied | asyncssh.IllegalUserName):
+            key = self.identity_file or "ssh-agent / default keys"
+            return AuthenticationFailed(
+                f"{login} ({endpoint.role}) rejected our key ({key}): {exc.reason}",
+                host=self.name,
+                remedy=f"add the public half of {key} to the authorized_keys of {login}, "
+                "or fix user / identity_file for this host",
+            )
+        if isinstance(exc, asyncssh.KeyExchangeFailed):
+            return TransportError(
+                f"key exchange with {login} ({endpoint.role}) failed: {exc.reason}",
+                host=self.name,
+                remedy="the host offers no host key type or cipher we accept; "
+                f"compare its keys with {self.known_hosts}",
+            )
+        if isinstance(exc, asyncssh.ChannelOpenError) and (
+            exc.code == asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED
+        ):
+            return TransportError(
+                f"jump host {self.jump_host} refused to forward to {login}: {exc.reason}",
+                host=self.name,
+                remedy="allow TCP forwarding (AllowTcpForwarding) on the jump host",
+            )
+        if isinstance(exc, TimeoutError):
+            reason = f"timed out after {self.connect_timeout} s"
+        elif isinstance(exc, asyncssh.DisconnectError | asyncssh.ChannelOpenError):
+            reason = exc.reason
+        else:
+            reason = str(exc) or type(exc).__name__
+        return HostUnreachable(
+            f"cannot reach {endpoint.role} ({login}): {reason}",
+            host=self.name,
+            remedy="check that the host is up and sshd listens on that port",
+        )
+
+    async def _connect_direct(
+        self, endpoint: _Endpoint, tunnel: asyncssh.SSHClientConnection | None
+    ) -> asyncssh.SSHClientConnection:
+        """One connection attempt to ``endpoint`` (through ``tunnel``), errors mapped."""
+        client_keys = self._load_client_keys(endpoint)
+        try:
+            known = _read_known_hosts(self.known_hosts)
+        except (OSError, ValueError) as exc:
+            raise HostKeyError(
+                f"cannot read known_hosts {self.known_hosts} for {self.name}: {exc}",
+                host=self.name,
+                remedy="fix or remove the malformed file",
+            ) from exc
+        check = _HostKeyCheck(self.known_hosts, self.trust_on_first_use)
+        options: dict[str, Any] = {
+            "known_hosts": known,
+            "config": () if self.use_ssh_config else None,
+            "connect_timeout": self.connect_timeout,
+            "keepalive_interval": self.keepalive_interval,
+            "keepalive_count_max": KEEPALIVE_COUNT_MAX,
+            "client_factory": lambda: _Client(check, self.name),
+        }
+        if endpoint.port is not None:
+            options["port"] = endpoint.port
+        if endpoint.user is not None:
+            options["username"] = endpoint.user
+        if client_keys is not None:
+            options["client_keys"] = client_keys
+        if tunnel is not None:
+            options["tunnel"] = tunnel
+        try:
+            conn = await asyncssh.connect(endpoint.address, **options)
+        except (OSError, TimeoutError, asyncssh.DisconnectError, asyncssh.ChannelOpenError) as exc:
+            raise self._map_connect_error(endpoint, exc, check) from exc
+        if check.recorded_line is not None:
+            self._record_host_key(check)
+        return conn
+
+    def _record_host_key(self, check: _HostKeyCheck) -> None:
+        """Append the key trust-on-first-use accepted to known_hosts (created 0600 if missing)."""
+        assert check.recorded_line is not None
+        path = self.known_hosts
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        prefix = ""
+        if path.exists():
+            text = path.read_bytes()
+            if text and not text.endswith(b"\n"):
+                prefix = "\n"
+        else:
+            path.touch(mode=0o600)
+        with path.open("a") as fh:
+            fh.write(prefix + check.recorded_line)
+        log.warning(
+            "ssh.host_key_recorded",
+            host=self.name,
+            known_hosts_entry=check.host_label,
+            fingerprint=check.recorded_fingerprint,
+            known_hosts=str(path),
+        )
+
+    async def _open_once(self) -> _Connection:
+        jump, target = self._endpoints()
+        tunnel = None if jump is None else await self._connect_direct(jump, None)
+        try:
+            conn = await self._connect_direct(target, tunnel)
+        except BaseException:
+            if tunnel is not None:
+                tunnel.close()
+            raise
+        return _Connection(conn, tunnel)
+
+    def _backoff(self, retry_state: RetryCallState) -> float:
+        """Wait before the next attempt: exponential from INITIAL_WAIT_S plus random jitter."""
+        exponential = INITIAL_WAIT_S * 2.0 ** (retry_state.attempt_number - 1)
+        return min(MAX_WAIT_S, exponential + random.uniform(0, JITTER_S))
+
+    def _log_retry(self, retry_state: RetryCallState) -> None:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        log.warning(
+            "ssh.connect_retry",
+            host=self.name,
+            attempt=retry_state.attempt_number,
+            wait_s=round(retry_state.upcoming_sleep, 3),
+            error=str(exc),
+        )
+
+    async def _connect(self) -> _Connection:
+        retrying = AsyncRetrying(
+            sleep=self._sleep,
+            retry=retry_if_exception_type(HostUnreachable),
+            stop=_RetryBudget(self.retry_attempts, self.retry_max_seconds),
+            wait=self._backoff,
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                current = await self._open_once()
+        log.info(
+            "ssh.connected",
+            host=self.name,
+            address=self.address,
+            port=self.port,
+            via=self.jump_host,
+        )
+        return current
+
+    async def _connection(self) -> _Connection:
+        """Return the shared connection, opening it (with retries) if there is none or it died."""
+        async with self._lock:
+            current = self._current
+            if current is not None and not current.closed:
+                current.fresh = False
+                return current
+            if current is not None:
+                current.close()
+            self._current = None
+            self._current = await self._connect()
+            return self._current
+
+    def _discard(self, current: _Connection) -> None:
+        current.close()
+        if self._current is current:
+            self._current = None
+
+    def _lost(self, exc: BaseException, what: str) -> HostUnreachable:
+        return HostUnreachable(
+            f"connection to {self.name} lost {what}: {exc}",
+            host=self.name,
+            remedy="the next call reconnects; check the host and network if this repeats",
+        )
+
+    async def _open_process(
+        self, command: str, **kwargs: Any
+    ) -> tuple[_Connection, asyncssh.SSHClientProcess[bytes]]:
+        """Open a channel running ``command``; a stale cached connection is replaced once.
+
+        If opening the channel fails, the command never started, so one retry on a fresh
+        connection is safe.
+        """
+        for _ in range(2):
+            current = await self._connection()
+            try:
+                process = await current.conn.create_process(command, encoding=None, **kwargs)
+            except (OSError, asyncssh.DisconnectError, asyncssh.ChannelOpenError) as exc:
+                fresh = current.fresh
+                if not current.closed and isinstance(exc, asyncssh.ChannelOpenError):
+                    raise TransportError(
+                        f"{self.name} refused a session: {exc.reason}",
+                        host=self.name,
+                        remedy="raise MaxSessions in the host's sshd_config",
+                    ) from exc
+                self._discard(current)
+                if fresh:
+                    raise self._lost(exc, "while opening a session") from exc
+                continue
+            return current, process
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- Transport --------------------------------------------------------------------------
+
+    def _merged_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        merged = dict(self.env)
+        merged.update(env or {})
+        return merged
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 30.0,  # noqa: ASYNC109 (part of the Transport protocol)
+        check: bool = False,
+    ) -> CommandResult:
+        """Run ``argv`` on the host and return its status and output (see Transport.run).
+
+        Exit by signal N reports 128+N. On ``timeout`` the channel is closed and
+        RemoteCommandError raised; a connection lost while the command runs raises
+        HostUnreachable (whether the command finished is unknown).
+        """
+        command = build_command(argv, self._merged_env(env))
+        current, process = await self._open_process(command)
+        try:
+            if stdin:
+                process.stdin.write(stdin)
+            process.stdin.write_eof()
+            with anyio.fail_after(timeout):
+                stdout, stderr = await process.communicate()
+        except TimeoutError:
+            raise RemoteCommandError(
+                f"{self.name}: command timed out after {timeout} s: {command}",
+                host=self.name,
+                command=command,
+                stderr=_tail(process.collect_output()[1]),
+                remedy="the command's channel was closed; raise the timeout if it is just slow",
+            ) from None
+        except (OSError, asyncssh.DisconnectError) as exc:
+            self._discard(current)
+            raise self._lost(exc, f"while running {command}") from exc
+        finally:
+            process.close()
+        code = process.returncode
+        if code is None:
+            if current.closed:
+                self._discard(current)
+                raise self._lost(ConnectionError("no exit status"), f"while running {command}")
+            code = 255  # closed without a status, as OpenSSH's client reports it
+        status = 128 - code if code < 0 else code
+        result = CommandResult(exit_status=status, stdout=_bytes(stdout), stderr=_bytes(stderr))
+        if check and not result.ok:
+            raise RemoteCommandError(
+                f"{self.name}: command exited with status {status}: {command}",
+                host=self.name,
+                command=command,
+                exit_status=status,
+                stderr=_tail(result.stderr),
+            )
+        return result
+
+    async def stream(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> AsyncGenerator[bytes, None]:
+        """Yield the command's stdout in chunks as it arrives, until it exits (see Transport).
+
+        stderr is discarded; stdin stays open, so closing the stream gives the command EOF on
+        stdin. Leaving the iteration (break, cancel, aclose) closes the channel. A connection
+        lost mid-stream raises HostUnreachable.
+        """
+        command = build_command(argv, self._merged_env(env))
+        current, process = await self._open_process(command, stderr=asyncssh.DEVNULL)
+        try:
+            while True:
+                try:
+                    chunk = await process.stdout.read(STREAM_CHUNK)
+                except (OSError, asyncssh.DisconnectError) as exc:
+                    self._discard(current)
+                    raise self._lost(exc, f"while streaming {command}") from exc
+                if not chunk:
+                    break
+                yield _bytes(chunk)
+            await process.wait_closed()
+            if process.returncode is None and current.closed:
+                self._discard(current)
+                lost = ConnectionError("stream ended without an exit status")
+                raise self._lost(lost, f"while streaming {command}")
+        finally:
+            process.close()
+
+    @asynccontextmanager
+    async def forward_port(self, remote_port: int) -> AsyncIterator[int]:
+        """Forward 127.0.0.1:<local> here to 127.0.0.1:``remote_port`` on the host; yield local."""
+        current = await self._connection()
+        try:
+            listener = await current.conn.forward_local_port(
+                "127.0.0.1", 0, "127.0.0.1", remote_port
+            )
+        except (OSError, asyncssh.DisconnectError) as exc:
+            self._discard(current)
+            raise self._lost(exc, "while forwarding a port") from exc
+        try:
+            yield listener.get_port()
+        finally:
+            listener.close()
+            with anyio.move_on_after(5, shield=True):
+                await listener.wait_closed()
+
+    async def aclose(self) -> None:
+        """Close the connection (and jump connection). Never kills anything on the host."""
+        async with self._lock:
+            current, self._current = self._current, None
+        if current is not None:
+            current.close()
+            with anyio.move_on_after(5, shield=True):
+                await current.conn.wait_closed()
+                if current.tunnel is not None:
+                    await current.tunnel.wait_closed()
+
+
+def _bytes(data: bytes | str) -> bytes:
+    return data.encode() if isinstance(data, str) else data
+
+
+def _tail(data: bytes | str) -> str:
+    text = data.decode(errors="replace") if isinstance(data, bytes) else data
+    return text[-STDERR_TAIL:]
