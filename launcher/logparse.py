@@ -1,0 +1,976 @@
+"""Reading an SGLang server's output: records, line prefixes, start-up progress, failure texts.
+
+No I/O here: callers hand in bytes or lines. Three layers, each usable alone:
+
+- ``split_records`` / ``LineSplitter``: raw output -> lines. Logging lines end with ``\\n``;
+  tqdm bars (weight shards, graph capture) redraw with ``\\r``; both end a record.
+- ``parse_line``: one line -> ``ParsedLine`` (timestamp, rank prefix, uvicorn level, message).
+- ``LogFollower``: lines -> ``LogEvent`` values (phase changes, progress, memory figures,
+  readiness, failure signatures, whole tracebacks), keeping the figures and the resolved
+  settings the log has shown so far in ``follower.numbers``.
+
+Following a live log (what the supervisor does)::
+
+    splitter, follower = LineSplitter(), LogFollower()
+    for chunk in chunks:                      # bytes, cut anywhere
+        for line in splitter.feed(chunk):
+            for event in follower.feed_line(line):
+                ...                           # PhaseEntered, Progress, ReadyLine, ...
+    for line in splitter.flush():             # the process ended
+        follower.feed_line(line)
+    follower.finish()
+    verdict = launcher.classify.diagnose(follower, exit_status)
+
+Formats are those of SGLang 0.4.10 .. 0.5.23 (see shared/sglang-reference.md, sections 0-3).
+Patterns are searched, never anchored to a version, so spelling drift between versions is
+tolerated where the reference lists both spellings.
+"""
+
+from __future__ import annotations
+
+import codecs
+import enum
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from launcher.outcome import Numbers
+from launcher.params import LaunchParams
+from launcher.phases import Phase
+
+__all__ = [
+    "DEFAULT_TAIL",
+    "MAX_FAILURES",
+    "MAX_LINE_CHARS",
+    "FailureSignature",
+    "Figure",
+    "LineSplitter",
+    "LogEvent",
+    "LogFollower",
+    "MemoryFigure",
+    "OomFigures",
+    "ParsedLine",
+    "PhaseEntered",
+    "Progress",
+    "RaisedException",
+    "ReadyLine",
+    "Signature",
+    "Source",
+    "Traceback",
+    "fill_error_figures",
+    "match_signatures",
+    "parse_line",
+    "parse_oom",
+    "parse_size_gib",
+    "split_records",
+]
+
+MAX_LINE_CHARS = 1 << 20  # a line longer than this is cut into pieces (a runaway writer)
+DEFAULT_TAIL = 400  # lines kept in LogFollower.last_lines
+MAX_FAILURES = 64  # failure records kept by LogFollower (the first ones: the root cause is early)
+
+# ---------------------------------------------------------------------------------------------
+# Records
+
+_TERMINATOR = re.compile(r"\r\n|\r|\n")
+
+
+def _cut(segment: str, max_line: int) -> list[str]:
+    pieces = []
+    while len(segment) > max_line:
+        pieces.append(segment[:max_line])
+        segment = segment[max_line:]
+    pieces.append(segment)
+    return pieces
+
+
+def _split(text: str, *, final: bool, max_line: int) -> tuple[list[str], str]:
+    """Split ``text`` into complete lines and the unterminated rest.
+
+    ``\\r\\n``, ``\\r`` and ``\\n`` each end a line. An empty record ended by a bare ``\\r`` is
+    dropped: tqdm writes ``\\r`` before every redraw, so ``"...\\n\\rbar"`` must not yield a
+    blank line (blank lines are meaningful inside tracebacks). Unless ``final``, a trailing
+    ``\\r`` is held back because it may be the first half of a ``\\r\\n`` cut by a chunk border.
+    """
+    hold = ""
+    if not final and text.endswith("\r"):
+        text, hold = text[:-1], "\r"
+    lines: list[str] = []
+    pos = 0
+    for m in _TERMINATOR.finditer(text):
+        segment = text[pos : m.start()]
+        pos = m.end()
+        if segment or m.group() != "\r":
+            lines.extend(_cut(segment, max_line))
+    rest = text[pos:]
+    if final:
+        if rest:
+            lines.extend(_cut(rest, max_line))
+        rest = ""
+    else:
+        # Cut only beyond the limit (not at it), so the pieces do not depend on the chunking.
+        while len(rest) > max_line:
+            lines.append(rest[:max_line])
+            rest = rest[max_line:]
+    return lines, rest + hold
+
+
+def split_records(chunk: str, *, max_line: int = MAX_LINE_CHARS) -> list[str]:
+    """All lines of a complete piece of output, split on ``\\r`` and ``\\n``.
+
+    A final line without a terminator is included. Gives exactly what ``LineSplitter`` gives
+    for the same text fed in any chunking, followed by ``flush()``.
+    """
+    return _split(chunk, final=True, max_line=max_line)[0]
+
+
+class LineSplitter:
+    """Incremental ``split_records`` over bytes that arrive in arbitrary chunks.
+
+    Chunks may end mid-line, between ``\\r`` and ``\\n``, or inside a UTF-8 sequence. Invalid
+    UTF-8 is replaced by U+FFFD rather than raising: a log is evidence, not input to reject.
+    """
+
+    def __init__(self, *, max_line: int = MAX_LINE_CHARS) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._rest = ""
+        self._max_line = max_line
+
+    def feed(self, data: bytes) -> list[str]:
+        """Lines completed by ``data`` (possibly none)."""
+        text = self._rest + self._decoder.decode(data, final=False)
+        lines, self._rest = _split(text, final=False, max_line=self._max_line)
+        return lines
+
+    def flush(self) -> list[str]:
+        """The last, unterminated line if any; the splitter is then empty and reusable."""
+        text = self._rest + self._decoder.decode(b"", final=True)
+        self._rest = ""
+        self._decoder.reset()
+        return _split(text, final=True, max_line=self._max_line)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Line prefixes
+
+_PREFIX = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.(\d{3}))?((?: [A-Z][A-Z_]*\d+)*)\] ?(.*)$", re.S
+)
+_RANK_PART = re.compile(r"([A-Z][A-Z_]*?)(\d+)")
+_UVICORN_LEVEL = re.compile(r"^(TRACE|DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+(.*)$", re.S)
+
+
+class Source(enum.StrEnum):
+    """Who wrote a line, judged by its shape."""
+
+    SGLANG = "sglang"  # "[ts( TPn...)] message" from SGLang's logging
+    UVICORN = "uvicorn"  # "[ts] INFO:     message" from uvicorn, reformatted by SGLang
+    BARE = "bare"  # no prefix: traceback, tqdm bar, warning, shell or NCCL output
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedLine:
+    """One line split into its prefix parts and message.
+
+    ``rank`` is the prefix's rank parts as written, e.g. ``"TP1"`` or ``"DP0 TP1 EP1"``; None
+    when the line has no rank (TP=1, the main process, or a bare line).
+    """
+
+    raw: str
+    message: str
+    source: Source
+    timestamp: str | None = None  # "2025-10-16 09:06:10" as written
+    millis: int | None = None  # only with SGLANG_LOG_MS
+    rank: str | None = None
+    level: str | None = None  # uvicorn lines only
+
+    @property
+    def ranks(self) -> dict[str, int]:
+        """The rank parts as a dict, e.g. ``{"DP": 0, "TP": 1}``; empty when there are none."""
+        if self.rank is None:
+            return {}
+        return {name: int(n) for name, n in _RANK_PART.findall(self.rank)}
+
+    @property
+    def when(self) -> datetime | None:
+        """The timestamp as a naive datetime (SGLang logs local time without a zone)."""
+        if self.timestamp is None:
+            return None
+        stamp = datetime.strptime(self.timestamp, "%Y-%m-%d %H:%M:%S")
+        return stamp.replace(microsecond=(self.millis or 0) * 1000)
+
+
+def parse_line(line: str) -> ParsedLine:
+    """Split one line (without its terminator) into prefix and message. Never raises."""
+    m = _PREFIX.match(line)
+    if m is None:
+        return ParsedLine(raw=line, message=line, source=Source.BARE)
+    stamp, millis, ranks, message = m.groups()
+    rank = ranks.strip() or None
+    level = None
+    source = Source.SGLANG
+    if rank is None:
+        u = _UVICORN_LEVEL.match(message)
+        if u is not None:
+            level, message = u.groups()
+            source = Source.UVICORN
+    return ParsedLine(
+        raw=line,
+        message=message,
+        source=source,
+        timestamp=stamp,
+        millis=int(millis) if millis else None,
+        rank=rank,
+        level=level,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Failure texts
+
+
+class Signature(enum.StrEnum):
+    """A known failure text. Values are stable (events, JSON)."""
+
+    CUDA_OOM = "cuda_oom"  # torch "CUDA out of memory" / OutOfMemoryError
+    NCCL_OOM = "nccl_oom"  # NCCL could not get GPU memory ("Failed to CUDA calloc")
+    KV_TOO_SMALL = "kv_too_small"  # "Not enough memory. Please try to increase ..."
+    GRAPH_CAPTURE_FAILED = "graph_capture_failed"  # wraps the real error in its message
+    PORT_IN_USE = "port_in_use"
+    BAD_ARGUMENT = "bad_argument"  # argparse error or a known config ValueError
+    MODEL_NOT_FOUND = "model_not_found"
+    NCCL_ERROR = "nccl_error"  # NCCL failure that is not a memory one
+    CUDA_ERROR = "cuda_error"  # CUDA error that is not a memory one
+    HOST_OOM = "host_oom"  # host RAM, not GPU ([Errno 12])
+    GPU_BUSY = "gpu_busy"  # "The memory capacity is unbalanced": another process on a GPU
+    HEALTH_CHECK_FAILED = "health_check_failed"
+    WATCHDOG_TIMEOUT = "watchdog_timeout"
+    WARMUP_FAILED = "warmup_failed"  # "Initialization failed. warmup error: ..."
+    CHILD_FAILED = "child_failed"  # the parent's follow-on lines after a child died
+    KILLED = "killed"  # a shell's bare "Killed" line
+
+
+_SIGNATURES: tuple[tuple[Signature, re.Pattern[str]], ...] = tuple(
+    (sig, re.compile(pattern))
+    for sig, pattern in (
+        (
+            Signature.CUDA_OOM,
+            r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"
+            r"|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED",
+        ),
+        (
+            Signature.NCCL_OOM,
+            r"Failed to CUDA calloc|NCCL.*\bout of memory|Cuda failure.*out of memory",
+        ),
+        (
+            Signature.KV_TOO_SMALL,
+            r"Not enough memory\. Please try to increase --mem-fraction-static"
+            r"|Loaded weights leave no GPU memory for the KV cache"
+            r"|Memory pool size is too small|max_running_request is zero",
+        ),
+        (
+            Signature.GRAPH_CAPTURE_FAILED,
+            r"(?i:capture\b[^.:]*\bgraph failed)|Fail when using backend: \S+ for \w+ runner",
+        ),
+        (
+            Signature.PORT_IN_USE,
+            r"(?i:address already in use)|EADDRINUSE|is not available in \d+ seconds"
+            r"|Port is already in use",
+        ),
+        (
+            Signature.BAD_ARGUMENT,
+            r"error: (?:unrecognized arguments|ambiguous option"
+            r"|the following arguments are required|argument -|invalid choice)"
+            r"|User-specified context_length \(\d+\) is greater than the derived context_length"
+            r"|is not compatible with (?:radix cache|--)|is incompatible with",
+        ),
+        (
+            Signature.MODEL_NOT_FOUND,
+            r"Repo id must be in the form|We couldn't connect to 'https://huggingface\.co'"
+            r"|is not a local folder and is not a valid model identifier|Unrecognized model in"
+            r"|does not appear to have a file named config\.json"
+            r"|No such file or directory: \S*config\.json|RepositoryNotFoundError",
+        ),
+        (
+            Signature.NCCL_ERROR,
+            r"NCCL error|nccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage|InvalidArgument)"
+            r"Error|NCCL WARN|DistBackendError|Watchdog caught collective operation timeout",
+        ),
+        (
+            Signature.CUDA_ERROR,
+            r"CUDA error: (?!out of memory)|no kernel image is available|illegal memory access"
+            r"|device-side assert|CUDA driver version is insufficient|No accelerator \(CUDA"
+            r"|no CUDA-capable device|Found no NVIDIA driver|invalid device ordinal"
+            r"|unspecified launch failure|CUBLAS_STATUS_(?!ALLOC_FAILED)[A-Z_]+"
+            r"|cudaError(?!MemoryAllocation)[A-Z]\w*",
+        ),
+        (
+            Signature.HOST_OOM,
+            r"\[Errno 12\] Cannot allocate memory|^MemoryError\b|std::bad_alloc"
+            r"|DefaultCPUAllocator: can't allocate memory",
+        ),
+        (Signature.GPU_BUSY, r"The memory capacity is unbalanced"),
+        (Signature.HEALTH_CHECK_FAILED, r"Health check failed"),
+        (Signature.WATCHDOG_TIMEOUT, r"[Ww]atchdog timeout \(self\.watchdog_timeout"),
+        (Signature.WARMUP_FAILED, r"Initialization failed\. warmup error"),
+        (
+            Signature.CHILD_FAILED,
+            r"Received sigquit from a child process|SIGQUIT received\. signum="
+            r"|scheduler is dead|scheduler died during initialization"
+            r"|Initialization failed\. Please see the error messages above"
+            r"|crashed with exit code|unexpectedly failed with an? exit code"
+            r"|kill_process_tree called|^Exit code: -?\d+",
+        ),
+        (Signature.KILLED, r"^Killed\s*$"),
+    )
+)
+
+
+def match_signatures(message: str) -> list[Signature]:
+    """Every known failure text in one line's message (the part after any prefix).
+
+    "Decode out of memory happened" (a scheduler retracting requests) matches nothing: it is
+    normal operation, not a failure.
+    """
+    return [sig for sig, pattern in _SIGNATURES if pattern.search(message)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes and the torch OOM message
+
+_SIZE_UNITS = {
+    "b": 1 / 2**30, "bytes": 1 / 2**30, "byte": 1 / 2**30,
+    "kib": 1 / 2**20, "kb": 1 / 2**20,
+    "mib": 1 / 2**10, "mb": 1 / 2**10,
+    "gib": 1.0, "gb": 1.0,
+    "tib": 2.0**10, "tb": 2.0**10,
+}  # fmt: skip
+_SIZE = r"(\d+(?:\.\d+)?) ?([KMGT]?i?B|bytes?)"
+_OOM_TRIED = re.compile(r"Tried to allocate " + _SIZE)
+_OOM_NEW = re.compile(
+    r"GPU (\d+) has a total capac(?:i)?ty of " + _SIZE + r" of which " + _SIZE + r" is free"
+)
+_OOM_OLD = re.compile(
+    r"\(GPU (\d+); " + _SIZE + r" total capacity;(?:[^;)]*;)*? " + _SIZE + r" free"
+)
+
+
+def parse_size_gib(number: str, unit: str) -> float:
+    """``("448.00", "MiB")`` -> 0.4375. torch's ``format_size`` units, and the "GB" SGLang
+    prints for what is really GiB. Raises ValueError for an unknown unit."""
+    factor = _SIZE_UNITS.get(unit.lower())
+    if factor is None:
+        raise ValueError(f"unknown size unit {unit!r}")
+    return float(number) * factor
+
+
+@dataclass(frozen=True)
+class OomFigures:
+    """Figures of one torch OOM message; a field is None when the message lacks it."""
+
+    tried_gib: float | None = None
+    free_gib: float | None = None
+    total_gib: float | None = None
+    gpu: int | None = None
+
+
+def parse_oom(text: str) -> OomFigures | None:
+    """The figures of a torch CUDA OOM message, new or old torch format; None if no figure.
+
+    New: ``Tried to allocate 7.50 GiB. GPU 1 has a total capacity of 94.97 GiB of which
+    2.30 GiB is free.`` Old: ``Tried to allocate 20.00 MiB (GPU 0; 79.35 GiB total capacity;
+    77.80 GiB already allocated; 3.06 MiB free; ...)``.
+    """
+    tried = _OOM_TRIED.search(text)
+    new = _OOM_NEW.search(text)
+    old = None if new else _OOM_OLD.search(text)
+    if tried is None and new is None and old is None:
+        return None
+    figures = OomFigures(tried_gib=parse_size_gib(*tried.groups()) if tried else None)
+    for m in (new, old):
+        if m is not None:
+            gpu, total_n, total_u, free_n, free_u = m.groups()
+            return OomFigures(
+                tried_gib=figures.tried_gib,
+                free_gib=parse_size_gib(free_n, free_u),
+                total_gib=parse_size_gib(total_n, total_u),
+                gpu=int(gpu),
+            )
+    return figures
+
+
+_NUM = r"(\d+(?:\.\d+)?)"
+_MIN_VIABLE = re.compile(r"minimum viable = [^)]*?" + _NUM + r"\)")
+_RAISE_ABOVE = re.compile(r"Raise --mem-fraction-static above " + _NUM)
+_MFS_STATED = re.compile(r"mem_fraction_static=" + _NUM + r"|--mem-fraction-static=" + _NUM)
+
+
+def fill_error_figures(numbers: Numbers, message: str, *, overwrite: bool) -> None:
+    """Copy the figures an error message states into ``numbers``.
+
+    OOM sizes (only when ``overwrite`` or none were read yet), the minimum viable
+    ``--mem-fraction-static`` and the current one stated by a "Not enough memory" error.
+    """
+    oom = parse_oom(message)
+    if oom is not None and (overwrite or numbers.tried_gib is None):
+        numbers.tried_gib, numbers.free_gib = oom.tried_gib, oom.free_gib
+        numbers.total_gib, numbers.gpu = oom.total_gib, oom.gpu
+    m = _MIN_VIABLE.search(message) or _RAISE_ABOVE.search(message)
+    if m is not None:
+        numbers.min_mem_fraction = float(m.group(1))
+    m = _MFS_STATED.search(message)
+    if m is not None:
+        numbers.mem_fraction_static = float(m.group(1) or m.group(2))
+
+
+# ---------------------------------------------------------------------------------------------
+# Events
+
+
+@dataclass(frozen=True)
+class PhaseEntered:
+    """The server entered ``phase`` (phases only move forward)."""
+
+    phase: Phase
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress bar of ``phase`` showed ``done`` of ``total`` steps (rank 0 only)."""
+
+    phase: Phase
+    done: int
+    total: int
+
+
+class Figure(enum.StrEnum):
+    """Names of the memory figures SGLang logs. All are GiB (SGLang labels them "GB")."""
+
+    DIST_INIT_USAGE = "dist_init_usage"  # "Init torch distributed ends. mem usage="
+    BASELINE_USAGE = "baseline_usage"  # 0.5.23 "Memory baseline taken. mem usage="
+    WEIGHT_BEGIN_AVAIL = "weight_begin_avail"  # "Load weight begin. avail mem="
+    WEIGHT_END_AVAIL = "weight_end_avail"  # "Load weight end. ... avail mem="
+    WEIGHT_END_USAGE = "weight_end_usage"  # "Load weight end. ... mem usage="
+    KV_K_SIZE = "kv_k_size"
+    KV_V_SIZE = "kv_v_size"
+    KV_SIZE = "kv_size"  # MLA: "KV size:"
+    POOL_END_AVAIL = "pool_end_avail"  # "Memory pool end. avail mem="
+    GRAPH_BEGIN_AVAIL = "graph_begin_avail"  # "Capture ... graph begin ... avail mem="
+    GRAPH_PROGRESS_AVAIL = "graph_progress_avail"  # "Capturing batches (... avail_mem=X GB)"
+    GRAPH_END_USAGE = "graph_end_usage"
+    GRAPH_END_AVAIL = "graph_end_avail"
+    SUMMARY_AVAIL = "summary_avail"  # "max_total_num_tokens=... available_gpu_mem="
+
+
+@dataclass(frozen=True)
+class MemoryFigure:
+    """One memory figure from the log, with the rank that printed it (None: no rank prefix)."""
+
+    name: Figure
+    gib: float
+    rank: str | None
+
+
+@dataclass(frozen=True)
+class ReadyLine:
+    """``The server is fired up and ready to roll!`` was printed."""
+
+    line: str
+    line_no: int
+
+
+@dataclass(frozen=True)
+class FailureSignature:
+    """A line matched a known failure text.
+
+    ``in_traceback`` is True for exception lines and their continuation inside a traceback
+    (the same failure also arrives as part of a ``Traceback`` event when it closes).
+    ``phase`` is the phase of the printing rank at that moment.
+    """
+
+    kind: Signature
+    line: str
+    line_no: int
+    rank: str | None
+    phase: Phase | None
+    in_traceback: bool
+
+
+@dataclass(frozen=True)
+class RaisedException:
+    """One exception of a traceback: ``type`` as printed (``torch.OutOfMemoryError``) and its
+    message including continuation lines, joined with ``\\n``."""
+
+    type: str
+    message: str
+    line: str  # the ``Type: message`` line verbatim
+
+
+@dataclass(frozen=True)
+class Traceback:
+    """A whole Python traceback, chained exceptions included, emitted once it has ended.
+
+    ``exceptions`` are in printed order: for ``During handling of the above exception`` chains
+    the inner one comes first and the last one is what was finally raised. ``rank`` and
+    ``phase`` come from a prefixed header such as ``[ts TP3] Scheduler hit an exception:
+    Traceback (most recent call last):``; a bare header has rank None and the global phase.
+    """
+
+    line_no: int  # of the header line
+    header: str  # the header line verbatim
+    rank: str | None
+    phase: Phase | None
+    exceptions: tuple[RaisedException, ...]
+    frames: tuple[str, ...]  # the indented lines (the last ones if there were very many)
+    signatures: frozenset[Signature]
+
+    @property
+    def exc_type(self) -> str | None:
+        return self.exceptions[-1].type if self.exceptions else None
+
+    @property
+    def message(self) -> str | None:
+        return self.exceptions[-1].message if self.exceptions else None
+
+    @property
+    def text(self) -> str:
+        """Header and exception texts (no frames): what the traceback says, for searching."""
+        parts = [self.header]
+        parts.extend(f"{e.type}: {e.message}" for e in self.exceptions)
+        return "\n".join(parts)
+
+    @property
+    def evidence(self) -> list[str]:
+        """The header and each exception line, verbatim."""
+        return [self.header, *(e.line for e in self.exceptions)]
+
+
+LogEvent = PhaseEntered | Progress | MemoryFigure | ReadyLine | FailureSignature | Traceback
+
+# ---------------------------------------------------------------------------------------------
+# Traceback assembly
+
+_TB_HEADER = "Traceback (most recent call last):"
+_CHAIN_SEPARATORS = frozenset(
+    {
+        "During handling of the above exception, another exception occurred:",
+        "The above exception was the direct cause of the following exception:",
+    }
+)
+# The final line of a traceback starts at column 0 with a class name, dotted or not.
+_EXC_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Z]\w*)(:(?: (.*))?)?$", re.S)
+_EXC_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt")
+
+
+def _exception_line(text: str) -> tuple[str, str] | None:
+    """``(type, message)`` if ``text`` is a traceback's ``Type: message`` line.
+
+    Without a colon the name must look like an exception class, so a stray bare word written
+    in the middle of a traceback is not taken for its end.
+    """
+    m = _EXC_LINE.match(text)
+    if m is None or (m.group(2) is None and not m.group(1).endswith(_EXC_SUFFIXES)):
+        return None
+    return m.group(1), m.group(3) or ""
+
+
+_MAX_FRAMES = 200
+# "Capture cuda graph failed: {e}\nPossible solutions:..." where {e} (a CUDA error) itself ends
+# with a newline: the message resumes after a blank line.
+_MESSAGE_RESUMES = ("Possible solutions:", "Possible suggestions:")
+
+
+class _TbState(enum.Enum):
+    FRAMES = enum.auto()  # reading "  File ..." lines
+    MESSAGE = enum.auto()  # after "Type: message": further bare lines continue the message
+    AFTER_BLANK = enum.auto()  # a blank line: the end, unless a chain separator follows
+    CHAIN = enum.auto()  # saw a chain separator: the next traceback header continues this one
+
+
+class _Role(enum.Enum):
+    OUTSIDE = enum.auto()  # not part of the open traceback (interleaved, or it ended)
+    FRAME = enum.auto()  # part of it; not searched for failure texts (source code lines)
+    TEXT = enum.auto()  # part of it; an exception line or message continuation
+
+
+@dataclass
+class _OpenTraceback:
+    line_no: int
+    header: str
+    rank: str | None
+    phase: Phase | None
+    state: _TbState = _TbState.FRAMES
+    frames: deque[str] = field(default_factory=lambda: deque(maxlen=_MAX_FRAMES))
+    exceptions: list[tuple[str, list[str], str]] = field(default_factory=list)
+    signatures: set[Signature] = field(default_factory=set)
+
+    def close(self) -> Traceback:
+        return Traceback(
+            line_no=self.line_no,
+            header=self.header,
+            rank=self.rank,
+            phase=self.phase,
+            exceptions=tuple(
+                RaisedException(type=t, message="\n".join(msg), line=line)
+                for t, msg, line in self.exceptions
+            ),
+            frames=tuple(self.frames),
+            signatures=frozenset(self.signatures),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Start-up progress patterns (sglang-reference.md section 2)
+
+_F = _NUM + r" GB"
+_INIT_MARK = re.compile(r"^(?:server_args=|Init torch distributed|Init parallel)")
+_ARGS_MFS = re.compile(r"""['"]?mem_fraction_static['"]?\s*[=:]\s*""" + _NUM)
+_ARGS_GRAPH_BS = re.compile(r"""['"]?cuda_graph_max_bs(?:_decode)?['"]?\s*[=:]\s*(\d+)""")
+_DIST_USAGE = re.compile(r"^Init torch distributed ends\..*?mem usage=" + _F)
+_BASELINE = re.compile(r"^Memory baseline taken\. mem usage=" + _F)
+_WEIGHT_BEGIN = re.compile(r"Load weight begin\. avail mem=" + _F)
+_WEIGHT_END = re.compile(r"Load weight end\..*?avail mem=" + _F + r", mem usage=" + _F)
+_KV_MARK = re.compile(r"(?:KV|Mamba) Cache is allocated|^Memory pool end")
+_KV_ALLOC = re.compile(
+    r"KV Cache (?:is allocated|VA upper bound)\.(?: dtype: \S+,)? #tokens: (\d+), "
+    r"(?:K size: " + _F + r", V size: " + _F + r"|KV size: " + _F + r")"
+)
+_POOL_END = re.compile(r"^Memory pool end\. avail mem=" + _F)
+_GRAPH_BEGIN = re.compile(r"(?i)^capture .*?graph begin\b")
+_AVAIL = re.compile(r"avail mem=" + _F)
+_GRAPH_END = re.compile(r"(?i)^capture .*?graph end\..*?mem usage=" + _F + r".*?avail mem=" + _F)
+_GRAPH_BAR = re.compile(
+    r"^(?:Capturing batches|Capturing num tokens|Capturing prefill shape|Compiling num tokens)"
+    r" \(([^)]*)\):.*?\|\s*(\d+)/(\d+)"
+)
+_BAR_BS = re.compile(r"\bbs=(\d+)")
+_BAR_AVAIL = re.compile(r"avail_mem=" + _F)
+_SHARD_BAR = re.compile(
+    r"^(?:Loading \S+ checkpoint shards|Multi-thread loading shards):\s+\d+% Completed"
+    r" \| (\d+)/(\d+)"
+)
+_SUMMARY = re.compile(r"^max_total_num_tokens=(\d+),.*?available_(?:gpu|cpu)_mem=" + _F)
+_HTTP_UP = re.compile(r"^(?:Uvicorn running on|Application startup complete)")
+READY_TEXT = "The server is fired up and ready to roll!"
+# A tqdm bar that is not finished has no line end, so another process's log line lands right
+# after it: "...| 42/163 [01:04<03:05,  1.53s/it][2025-10-05 03:34:41 TP5] Scheduler hit...".
+_GLUED_PREFIX = re.compile(
+    r"(?<=it/s\]|s/it\])(?=\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{3})?(?: [A-Z][A-Z_]*\d+)*\] )"
+)
+
+# Figure -> (Numbers field, take the largest over ranks rather than the smallest). Each
+# rank's *first* value is used: later ones belong to a draft model (speculative decoding).
+# Avail figures take the minimum because SGLang sizes its pools from the minimum over ranks.
+_FIGURE_FIELDS: dict[Figure, tuple[str, bool]] = {
+    Figure.WEIGHT_BEGIN_AVAIL: ("pre_load_avail_gib", False),
+    Figure.WEIGHT_END_AVAIL: ("post_weights_avail_gib", False),
+    Figure.WEIGHT_END_USAGE: ("weights_gib", True),
+    Figure.POOL_END_AVAIL: ("pool_end_avail_gib", False),
+    Figure.GRAPH_BEGIN_AVAIL: ("graph_begin_avail_gib", False),
+}
+
+
+class LogFollower:
+    """Follows one attempt's log line by line and says what happened, as events.
+
+    Pure and stateful: feed lines in order with ``feed_line`` and call ``finish`` at the end
+    of the log (it closes a traceback still open). State exposed between calls:
+
+    - ``phase``: the furthest phase any line has shown, None before the first start-up line;
+      it only moves forward (a draft model's ``Load weight begin`` does not move it back).
+    - ``progress``: fraction 0..1 of the current phase's progress bar, None if none shown.
+    - ``numbers``: figures and resolved settings read so far (``launcher.outcome.Numbers``).
+    - ``last_lines``: the most recent ``tail`` lines, verbatim, for a tail in reports.
+    - ``line_count``: records read; a log line glued to an unfinished progress bar counts as
+      a record of its own (``line_no`` in events counts records).
+    - ``ready_line_no`` / ``ready_line``: index and text of the first readiness line.
+    - ``failures()``: the failure records that count (see there); ``port_in_use``: the first
+      "address already in use" signature, kept even when a readiness line follows it.
+
+    Memory is bounded: nothing grows with the length of the log.
+    """
+
+    def __init__(self, *, tail: int = DEFAULT_TAIL) -> None:
+        self.phase: Phase | None = None
+        self.numbers = Numbers()
+        self.last_lines: deque[str] = deque(maxlen=tail)
+        self.ready_line_no: int | None = None
+        self.ready_line: str | None = None
+        self.line_count = 0
+        self._rank_phase: dict[str, Phase] = {}
+        self._progress: tuple[Phase, float] | None = None
+        self._firsts: dict[Figure, dict[str, float]] = {f: {} for f in _FIGURE_FIELDS}
+        self._tb: _OpenTraceback | None = None
+        self._failures: list[Traceback | FailureSignature] = []
+        self.port_in_use: FailureSignature | None = None
+
+    @property
+    def progress(self) -> float | None:
+        if self._progress is None or self._progress[0] is not self.phase:
+            return None
+        return self._progress[1]
+
+    @property
+    def resolved_params(self) -> LaunchParams:
+        """The memory settings the args dump (or an error) showed; None fields if not shown."""
+        return LaunchParams(
+            mem_fraction_static=self.numbers.mem_fraction_static,
+            cuda_graph_max_bs=self.numbers.cuda_graph_max_bs,
+        )
+
+    def failures(self) -> list[Traceback | FailureSignature]:
+        """Tracebacks and failure lines outside tracebacks since the last readiness line.
+
+        Failures printed before a readiness line did not stop the server, so a readiness line
+        drops them. Only the first ``MAX_FAILURES`` are kept. A traceback still being read is
+        included as it stands, so this can be asked mid-stream without disturbing the follower.
+        """
+        if self._tb is None or len(self._failures) >= MAX_FAILURES:
+            return list(self._failures)
+        return [*self._failures, self._tb.close()]
+
+    def phase_of(self, rank: str | None) -> Phase | None:
+        """The phase a line from ``rank`` belongs to.
+
+        Ranks load and allocate at their own pace, so before warmup a rank's own lines count;
+        from warmup on only TP0 and the main process print progress, so the global phase holds.
+        """
+        if rank is None or self.phase is None or self.phase.order >= Phase.WARMUP.order:
+            return self.phase
+        return self._rank_phase.get(rank, self.phase)
+
+    def feed_line(self, line: str) -> list[LogEvent]:
+        """Events for one line (without its terminator), in order."""
+        self.last_lines.append(line)
+        pieces = _GLUED_PREFIX.split(line) if line[:1] != "[" else [line]
+        if len(pieces) == 1:
+            return self._feed(line)
+        return [event for piece in pieces for event in self._feed(piece)]
+
+    def _feed(self, line: str) -> list[LogEvent]:
+        line_no = self.line_count
+        self.line_count += 1
+        parsed = parse_line(line)
+        events: list[LogEvent] = []
+        role = _Role.OUTSIDE
+        if self._tb is not None:
+            role, closed = self._tb_step(parsed)
+            if closed is not None:
+                events.append(closed)
+        if role is _Role.OUTSIDE and parsed.message.endswith(_TB_HEADER):
+            if self._tb is not None:  # a header while one is open: the first was cut short
+                events.append(self._tb.close())
+            self._tb = _OpenTraceback(
+                line_no=line_no, header=line, rank=parsed.rank, phase=self.phase_of(parsed.rank)
+            )
+            role = _Role.TEXT
+        if role is not _Role.FRAME:
+            events.extend(self._signatures(parsed, line_no, in_traceback=role is _Role.TEXT))
+            if role is _Role.OUTSIDE:
+                events.extend(self._startup(parsed, line_no))
+        self._record(events)
+        return events
+
+    def finish(self) -> list[LogEvent]:
+        """Events still pending at the end of the log: a traceback that never ended."""
+        if self._tb is None:
+            return []
+        closed, self._tb = self._tb.close(), None
+        self._record([closed])
+        return [closed]
+
+    def _record(self, events: list[LogEvent]) -> None:
+        for ev in events:
+            if isinstance(ev, ReadyLine):
+                self._failures.clear()
+                continue
+            if isinstance(ev, FailureSignature):
+                if ev.kind is Signature.PORT_IN_USE and self.port_in_use is None:
+                    self.port_in_use = ev
+                if ev.in_traceback:  # the Traceback event carries it
+                    continue
+            elif not isinstance(ev, Traceback):
+                continue
+            if len(self._failures) < MAX_FAILURES:
+                self._failures.append(ev)
+
+    # -- tracebacks ------------------------------------------------------------------------
+
+    def _tb_step(self, p: ParsedLine) -> tuple[_Role, Traceback | None]:
+        tb = self._tb
+        assert tb is not None
+        text = p.raw
+        if tb.state is _TbState.FRAMES:
+            if p.source is not Source.BARE:  # another process's log line, interleaved
+                return _Role.OUTSIDE, None
+            if text == _TB_HEADER:
+                return self._tb_close()
+            if text[:1].isspace() or not text:
+                tb.frames.append(text)
+                return _Role.FRAME, None
+            exc = _exception_line(text)
+            if exc is None:  # a tqdm bar or an NCCL line written in the middle
+                return _Role.OUTSIDE, None
+            tb.exceptions.append((exc[0], [exc[1]], text))
+            tb.state = _TbState.MESSAGE
+            return _Role.TEXT, None
+        if tb.state is _TbState.MESSAGE:
+            if p.source is not Source.BARE or text == _TB_HEADER:
+                return self._tb_close()
+            if not text.strip():
+                tb.state = _TbState.AFTER_BLANK
+                return _Role.FRAME, None
+            tb.exceptions[-1][1].append(text)
+            return _Role.TEXT, None
+        # AFTER_BLANK or CHAIN
+        if p.source is Source.BARE and not text.strip():
+            return _Role.FRAME, None
+        if text in _CHAIN_SEPARATORS:
+            tb.state = _TbState.CHAIN
+            return _Role.FRAME, None
+        if tb.state is _TbState.AFTER_BLANK and text.startswith(_MESSAGE_RESUMES):
+            # SGLang appends its advice to a wrapped message that ended with a newline.
+            tb.state = _TbState.MESSAGE
+            tb.exceptions[-1][1].append(text)
+            return _Role.TEXT, None
+        if tb.state is _TbState.CHAIN and text == _TB_HEADER:
+            tb.state = _TbState.FRAMES
+            return _Role.FRAME, None
+        return self._tb_close()
+
+    def _tb_close(self) -> tuple[_Role, Traceback]:
+        assert self._tb is not None
+        closed, self._tb = self._tb.close(), None
+        return _Role.OUTSIDE, closed
+
+    def _signatures(
+        self, p: ParsedLine, line_no: int, *, in_traceback: bool
+    ) -> list[FailureSignature]:
+        kinds = match_signatures(p.message)
+        if not kinds:
+            return []
+        if in_traceback and self._tb is not None:
+            self._tb.signatures.update(kinds)
+            rank, phase = self._tb.rank, self._tb.phase
+        else:
+            rank, phase = p.rank, self.phase_of(p.rank)
+        if Signature.CUDA_OOM in kinds or Signature.KV_TOO_SMALL in kinds:
+            fill_error_figures(self.numbers, p.message, overwrite=False)
+        if p.source is not Source.BARE and Signature.KILLED in kinds:
+            kinds.remove(Signature.KILLED)  # only a shell's own bare line means that
+        return [FailureSignature(kind, p.raw, line_no, rank, phase, in_traceback) for kind in kinds]
+
+    # -- start-up progress -----------------------------------------------------------------
+
+    def _startup(self, p: ParsedLine, line_no: int) -> list[LogEvent]:
+        msg = p.message
+        events: list[LogEvent] = []
+        rank = p.rank
+
+        def enter(phase: Phase) -> None:
+            events.extend(self._enter(phase, rank))
+
+        def figure(name: Figure, value: str) -> None:
+            events.append(self._figure(name, float(value), rank))
+
+        if p.source is Source.UVICORN:
+            if _HTTP_UP.match(msg):
+                enter(Phase.WARMUP)
+            return events
+        if p.source is Source.BARE:
+            return self._bars(msg)
+        if msg.startswith(READY_TEXT):
+            enter(Phase.READY)
+            if self.ready_line_no is None:
+                self.ready_line_no, self.ready_line = line_no, p.raw
+            events.append(ReadyLine(p.raw, line_no))
+        elif _INIT_MARK.match(msg):
+            enter(Phase.INIT)
+            if msg.startswith("server_args="):
+                self._args_dump(msg)
+            elif m := _DIST_USAGE.match(msg):
+                figure(Figure.DIST_INIT_USAGE, m.group(1))
+        elif m := _BASELINE.match(msg):
+            figure(Figure.BASELINE_USAGE, m.group(1))
+        elif m := _WEIGHT_BEGIN.search(msg):
+            enter(Phase.WEIGHTS)
+            figure(Figure.WEIGHT_BEGIN_AVAIL, m.group(1))
+        elif m := _WEIGHT_END.search(msg):
+            enter(Phase.KV_CACHE)
+            figure(Figure.WEIGHT_END_AVAIL, m.group(1))
+            figure(Figure.WEIGHT_END_USAGE, m.group(2))
+        elif _KV_MARK.search(msg):
+            enter(Phase.KV_CACHE)
+            if m := _KV_ALLOC.search(msg):
+                if self.numbers.kv_tokens is None:
+                    self.numbers.kv_tokens = int(m.group(1))
+                sizes = zip(
+                    (Figure.KV_K_SIZE, Figure.KV_V_SIZE, Figure.KV_SIZE),
+                    m.groups()[1:],
+                    strict=True,
+                )
+                for name, value in sizes:
+                    if value is not None:
+                        figure(name, value)
+            elif m := _POOL_END.match(msg):
+                figure(Figure.POOL_END_AVAIL, m.group(1))
+        elif _GRAPH_BEGIN.match(msg):
+            enter(Phase.CUDA_GRAPH)
+            if m := _AVAIL.search(msg):
+                figure(Figure.GRAPH_BEGIN_AVAIL, m.group(1))
+        elif m := _GRAPH_END.match(msg):
+            figure(Figure.GRAPH_END_USAGE, m.group(1))
+            figure(Figure.GRAPH_END_AVAIL, m.group(2))
+        elif m := _SUMMARY.match(msg):
+            enter(Phase.WARMUP)
+            self.numbers.max_total_num_tokens = int(m.group(1))
+            figure(Figure.SUMMARY_AVAIL, m.group(2))
+        return events
+
+    def _bars(self, msg: str) -> list[LogEvent]:
+        events: list[LogEvent] = []
+        if m := _SHARD_BAR.match(msg):
+            phase, done, total = Phase.WEIGHTS, int(m.group(1)), int(m.group(2))
+        elif m := _GRAPH_BAR.match(msg):
+            phase, done, total = Phase.CUDA_GRAPH, int(m.group(2)), int(m.group(3))
+            self.numbers.graph_steps_done, self.numbers.graph_steps_total = done, total
+            if bs := _BAR_BS.search(m.group(1)):
+                self.numbers.graph_last_bs = int(bs.group(1))
+            if avail := _BAR_AVAIL.search(m.group(1)):
+                gib = float(avail.group(1))
+                events.append(self._figure(Figure.GRAPH_PROGRESS_AVAIL, gib, None))
+                self.numbers.graph_last_avail_gib = gib
+        else:
+            return events
+        events[:0] = self._enter(phase, None)  # a bar implies its phase, even if a line was lost
+        if total > 0:
+            self._progress = (phase, min(done / total, 1.0))
+        events.append(Progress(phase, done, total))
+        return events
+
+    def _enter(self, phase: Phase, rank: str | None) -> list[LogEvent]:
+        if rank is not None:
+            current = self._rank_phase.get(rank)
+            if current is None or phase.order > current.order:
+                self._rank_phase[rank] = phase
+        if self.phase is not None and phase.order <= self.phase.order:
+            return []
+        self.phase = phase
+        return [PhaseEntered(phase)]
+
+    def _figure(self, name: Figure, gib: float, rank: str | None) -> MemoryFigure:
+        target = _FIGURE_FIELDS.get(name)
+        if target is not None:
+            firsts = self._firsts[name]
+            firsts.setdefault(rank or "", gib)
+            field_name, largest = target
+            values = firsts.values()
+            setattr(self.numbers, field_name, max(values) if largest else min(values))
+        return MemoryFigure(name, gib, rank)
+
+    def _args_dump(self, msg: str) -> None:
+        if m := _ARGS_MFS.search(msg):
+            self.numbers.mem_fraction_static = float(m.group(1))
+        if m := _ARGS_GRAPH_BS.search(msg):
+            self.numbers.cuda_graph_max_bs = int(m.group(1))
