@@ -1,0 +1,619 @@
+"""The pure start-up/keep-up state machine of one server.
+
+The supervisor feeds it events (from the log, the process, the HTTP probe, the clock) and
+executes the actions it returns. It does no I/O and reads no clock: ``now`` comes with every
+event, so tests replay histories exactly.
+
+    PREFLIGHT ─ok─▶ LAUNCHING ─launched─▶ INIT ▶ WEIGHTS ▶ KV_CACHE ▶ CUDA_GRAPH ▶ WARMUP
+        │ busy                                  (log phases only move forward)       │ ready line
+        ▼                                                                            ▼ + probe ok
+    WAITING_FOR_GPUS ◀─cleaned─ CLEANING_UP ◀─died / stalled / fatal line──────── READY
+        │ free: policy picks the next params                       ▲  (N failed probes, death)
+        ├──▶ LAUNCHING (start-up failure, retryable)               │
+        ├──▶ BACKING_OFF ──elapsed──▶ PREFLIGHT  (after ready)      │
+        └──▶ GAVE_UP (fatal outcome, policy gave up, deadline, budget)
+    any ─stop─▶ STOPPED
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.backoff import RestartBackoff
+from launcher.errors import IllegalTransition
+from launcher.outcome import Diagnosis, Outcome
+from launcher.params import LaunchParams
+from launcher.phases import Phase
+from launcher.policy import AttemptRecord, Bounds, next_params
+
+
+class State(enum.StrEnum):
+    """Where one server's supervision is. Values are stable (status output, metrics)."""
+
+    IDLE = "idle"  # not started yet
+    PREFLIGHT = "preflight"  # checking GPUs, port, model path before an attempt
+    LAUNCHING = "launching"  # the launch command is running on the host
+    INIT = "init"  # process up, distributed init
+    WEIGHTS = "weights"  # loading weights
+    KV_CACHE = "kv_cache"  # allocating the KV pool
+    CUDA_GRAPH = "cuda_graph"  # capturing CUDA graphs
+    WARMUP = "warmup"  # HTTP up, warmup request / waiting for the ready line and probe
+    READY = "ready"  # ready line seen and /health answered 200
+    CLEANING_UP = "cleaning_up"  # killing what is left of a failed attempt
+    WAITING_FOR_GPUS = "waiting_for_gpus"  # waiting until the GPUs are released
+    BACKING_OFF = "backing_off"  # waiting before relaunching a server that had been ready
+    GAVE_UP = "gave_up"  # terminal: a person must act (reason says what)
+    STOPPED = "stopped"  # terminal: supervision ended on request
+
+    @property
+    def running(self) -> bool:
+        return self in _RUNNING
+
+    @property
+    def terminal(self) -> bool:
+        return self in (State.GAVE_UP, State.STOPPED)
+
+
+_RUNNING = frozenset(
+    {State.INIT, State.WEIGHTS, State.KV_CACHE, State.CUDA_GRAPH, State.WARMUP, State.READY}
+)
+_PHASE_STATE = {
+    Phase.INIT: State.INIT,
+    Phase.WEIGHTS: State.WEIGHTS,
+    Phase.KV_CACHE: State.KV_CACHE,
+    Phase.CUDA_GRAPH: State.CUDA_GRAPH,
+    Phase.WARMUP: State.WARMUP,
+}
+
+
+# --- events -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    """Begin supervising (first preflight)."""
+
+
+@dataclass(frozen=True)
+class PreflightPassed:
+    """GPUs, port, model path and version are fine."""
+
+
+@dataclass(frozen=True)
+class PreflightBlocked:
+    """Preflight found a problem. Transient ones (GPUs busy) wait; others are fatal."""
+
+    reason: str
+    transient: bool
+
+
+@dataclass(frozen=True)
+class Launched:
+    """The server process started (detached)."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """A running server from an earlier launcher was found and is followed instead."""
+
+    pid: int
+    attempt: int
+    params: LaunchParams
+
+
+@dataclass(frozen=True)
+class PhaseSeen:
+    """The log entered a start-up phase."""
+
+    phase: Phase
+
+
+@dataclass(frozen=True)
+class ReadyLineSeen:
+    """The log printed SGLang's ready line."""
+
+
+@dataclass(frozen=True)
+class FatalLineSeen:
+    """The log shows a fatal error while the process still lives (e.g. port in use)."""
+
+    diagnosis: Diagnosis
+
+
+@dataclass(frozen=True)
+class Exited:
+    """The server process ended; ``diagnosis`` classifies its log tail and exit status."""
+
+    status: int | None
+    diagnosis: Diagnosis
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """The log has not advanced for the current phase's budget while the process lives."""
+
+    silent_s: float
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One HTTP /health probe."""
+
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CleanedUp:
+    """What was left of the attempt has been killed."""
+
+
+@dataclass(frozen=True)
+class GpusFree:
+    """The server's GPUs are free again."""
+
+
+@dataclass(frozen=True)
+class GpuWaitTimedOut:
+    """The GPUs stayed held for the whole wait; ``holder`` names who holds them."""
+
+    holder: str
+
+
+@dataclass(frozen=True)
+class BackoffElapsed:
+    """The restart backoff is over."""
+
+
+@dataclass(frozen=True)
+class DeadlineExceeded:
+    """The total start-up deadline passed."""
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """Stop supervising; ``kill`` also stops the server."""
+
+    kill: bool
+
+
+Event = (
+    Start
+    | PreflightPassed
+    | PreflightBlocked
+    | Launched
+    | Adopted
+    | PhaseSeen
+    | ReadyLineSeen
+    | FatalLineSeen
+    | Exited
+    | Stalled
+    | ProbeResult
+    | CleanedUp
+    | GpusFree
+    | GpuWaitTimedOut
+    | BackoffElapsed
+    | DeadlineExceeded
+    | StopRequested
+)
+
+
+# --- actions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunPreflight:
+    pass
+
+
+@dataclass(frozen=True)
+class Launch:
+    attempt: int
+    params: LaunchParams
+
+
+@dataclass(frozen=True)
+class Kill:
+    reason: str
+
+
+@dataclass(frozen=True)
+class WaitForGpus:
+    pass
+
+
+@dataclass(frozen=True)
+class StartProbing:
+    pass
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Emit:
+    """A structured event for the log / notifications: stable dotted name, data in keys."""
+
+    name: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+Action = RunPreflight | Launch | Kill | WaitForGpus | StartProbing | Sleep | Emit
+
+
+@dataclass
+class Limits:
+    """The parts of the policy the machine enforces itself."""
+
+    bounds: Bounds
+    max_stalls: int = 2
+    probe_failures: int = 3
+    start_deadline: float = 1800.0
+
+
+@dataclass
+class ServerMachine:
+    """State of one server's supervision. Feed events with :meth:`handle`."""
+
+    initial: LaunchParams
+    limits: Limits
+    restart: RestartBackoff
+    state: State = State.IDLE
+    attempt: int = 0
+    params: LaunchParams | None = None  # params of the current / last attempt
+    last_good: LaunchParams | None = None  # params that reached ready
+    history: list[AttemptRecord] = field(default_factory=list)
+    reason: str = ""  # why it gave up / stopped
+    pid: int | None = None
+    ready_line: bool = False
+    was_ready: bool = False  # the current attempt reached READY
+    probe_failures: int = 0
+    stalls: int = 0
+    started_at: float | None = None  # of the current start-up sequence (deadline)
+    attempt_started_at: float | None = None
+    ready_at: float | None = None
+    _pending: Diagnosis | None = None  # failure being cleaned up
+    _pending_fatal: str = ""
+    _stop_after_cleanup: bool = False
+
+    # -- public -----------------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        """Apply ``event`` at time ``now``; return what the supervisor must do next."""
+        if isinstance(event, StopRequested):
+            return self._stop(event, now)
+        if self.state.terminal and not isinstance(event, Start):
+            return []  # late events after the end (a probe in flight, a follower exiting)
+        method = getattr(self, "_on_" + type(event).__name__)
+        actions: list[Action] = method(event, now)
+        return actions
+
+    @property
+    def phase(self) -> Phase | None:
+        for ph, st in _PHASE_STATE.items():
+            if st is self.state:
+                return ph
+        return Phase.READY if self.state is State.READY else None
+
+    # -- handlers ---------------------------------------------------------------------
+
+    def _illegal(self, event: Event) -> IllegalTransition:
+        return IllegalTransition(f"{type(event).__name__} in state {self.state.value}")
+
+    def _on_Start(self, event: Start, now: float) -> list[Action]:
+        if self.state not in (State.IDLE, State.STOPPED, State.GAVE_UP):
+            raise self._illegal(event)
+        self.state = State.PREFLIGHT
+        self.started_at = now
+        self.params = self.params or self.initial
+        return [RunPreflight()]
+
+    def _on_PreflightPassed(self, event: PreflightPassed, now: float) -> list[Action]:
+        if self.state is not State.PREFLIGHT:
+            raise self._illegal(event)
+        return self._launch(now)
+
+    def _on_PreflightBlocked(self, event: PreflightBlocked, now: float) -> list[Action]:
+        if self.state is not State.PREFLIGHT:
+            raise self._illegal(event)
+        if event.transient:
+            self.state = State.WAITING_FOR_GPUS
+            return [Emit("gpu.waiting", {"reason": event.reason}), WaitForGpus()]
+        return self._give_up(f"preflight: {event.reason}")
+
+    def _on_Launched(self, event: Launched, now: float) -> list[Action]:
+        if self.state is not State.LAUNCHING:
+            raise self._illegal(event)
+        self.pid = event.pid
+        self.state = State.INIT
+        return [Emit("phase.entered", {"phase": Phase.INIT.value, "attempt": self.attempt})]
+
+    def _on_Adopted(self, event: Adopted, now: float) -> list[Action]:
+        if self.state not in (State.IDLE, State.PREFLIGHT):
+            raise self._illegal(event)
+        self.pid = event.pid
+        self.attempt = event.attempt
+        self.params = event.params
+        self.started_at = self.attempt_started_at = now
+        self.state = State.INIT
+        self._reset_attempt()
+        return [
+            Emit(
+                "server.adopted",
+                {"pid": event.pid, "attempt": event.attempt, "params": _pdict(event.params)},
+            )
+        ]
+
+    def _on_PhaseSeen(self, event: PhaseSeen, now: float) -> list[Action]:
+        if event.phase is Phase.READY:
+            return self._on_ReadyLineSeen(ReadyLineSeen(), now)
+        target = _PHASE_STATE[event.phase]
+        if not self.state.running or self.state is State.READY:
+            return []  # phases only matter during start-up
+        if list(_PHASE_STATE.values()).index(target) <= list(_PHASE_STATE.values()).index(
+            self.state
+        ):
+            return []  # phases only move forward (another rank's late line)
+        self.state = target
+        return [Emit("phase.entered", {"phase": event.phase.value, "attempt": self.attempt})]
+
+    def _on_ReadyLineSeen(self, event: ReadyLineSeen, now: float) -> list[Action]:
+        if not self.state.running or self.state is State.READY:
+            return []
+        self.ready_line = True
+        actions: list[Action] = []
+        if self.state is not State.WARMUP:
+            self.state = State.WARMUP
+            actions.append(Emit("phase.entered", {"phase": "warmup", "attempt": self.attempt}))
+        return [*actions, StartProbing()]
+
+    def _on_FatalLineSeen(self, event: FatalLineSeen, now: float) -> list[Action]:
+        if not self.state.running:
+            return []
+        return self._fail(event.diagnosis, now, kill_reason=event.diagnosis.outcome.value)
+
+    def _on_Exited(self, event: Exited, now: float) -> list[Action]:
+        if self.state is State.CLEANING_UP:
+            return []  # we killed it; the cleanup reports back separately
+        if not self.state.running and self.state is not State.LAUNCHING:
+            return []
+        died = [
+            Emit(
+                "process.died",
+                {"exit_status": event.status, "phase": _ph(self), "attempt": self.attempt},
+            )
+        ]
+        return died + self._fail(event.diagnosis, now, kill_reason="")
+
+    def _on_Stalled(self, event: Stalled, now: float) -> list[Action]:
+        if not self.state.running or self.state is State.READY:
+            return []
+        self.stalls += 1
+        phase = self.phase or Phase.INIT
+        diag = Diagnosis(
+            outcome=Outcome.HANG,
+            phase=phase,
+            retryable=True,
+            advice=f"no log progress for {event.silent_s:.0f}s in {phase.value}",
+        )
+        emit = Emit(
+            "stall.detected",
+            {"phase": phase.value, "silent_s": round(event.silent_s, 2), "attempt": self.attempt},
+        )
+        return [emit, *self._fail(diag, now, kill_reason="stall")]
+
+    def _on_ProbeResult(self, event: ProbeResult, now: float) -> list[Action]:
+        if self.state is State.WARMUP and self.ready_line:
+            if not event.ok:
+                return []  # keep probing: warm-up probes may fail until the server is Up
+            return self._ready(now)
+        if self.state is not State.READY:
+            return []
+        if event.ok:
+            self.probe_failures = 0
+            self.restart.on_healthy(now)
+            return []
+        self.probe_failures += 1
+        if self.probe_failures < self.limits.probe_failures:
+            return [
+                Emit("probe.failed", {"consecutive": self.probe_failures, "detail": event.detail})
+            ]
+        diag = Diagnosis(
+            outcome=Outcome.HANG,
+            phase=Phase.READY,
+            retryable=True,
+            advice=f"{self.probe_failures} failed /health probes in a row",
+        )
+        emit = Emit(
+            "server.unhealthy",
+            {"consecutive_failures": self.probe_failures, "detail": event.detail},
+        )
+        return [emit, *self._fail(diag, now, kill_reason="unhealthy")]
+
+    def _on_CleanedUp(self, event: CleanedUp, now: float) -> list[Action]:
+        if self.state is not State.CLEANING_UP:
+            raise self._illegal(event)
+        if self._stop_after_cleanup:
+            self.state = State.STOPPED
+            return [Emit("server.stopped", {"reason": self.reason})]
+        if self._pending_fatal:
+            return self._give_up(self._pending_fatal)
+        self.state = State.WAITING_FOR_GPUS
+        return [WaitForGpus()]
+
+    def _on_GpusFree(self, event: GpusFree, now: float) -> list[Action]:
+        if self.state is not State.WAITING_FOR_GPUS:
+            raise self._illegal(event)
+        if self.attempt == 0 or self.params is None:  # waited in the first preflight
+            self.state = State.PREFLIGHT
+            return [RunPreflight()]
+        return self._after_failure(now)
+
+    def _on_GpuWaitTimedOut(self, event: GpuWaitTimedOut, now: float) -> list[Action]:
+        if self.state is not State.WAITING_FOR_GPUS:
+            raise self._illegal(event)
+        return self._give_up(f"GPUs still in use after waiting: {event.holder}")
+
+    def _on_BackoffElapsed(self, event: BackoffElapsed, now: float) -> list[Action]:
+        if self.state is not State.BACKING_OFF:
+            raise self._illegal(event)
+        self.state = State.PREFLIGHT
+        self.started_at = now
+        return [RunPreflight()]
+
+    def _on_DeadlineExceeded(self, event: DeadlineExceeded, now: float) -> list[Action]:
+        if self.state in (State.READY, State.BACKING_OFF) or self.state.terminal:
+            return []
+        reason = f"start-up deadline of {self.limits.start_deadline:.0f}s passed"
+        if self.state.running or self.state is State.LAUNCHING:
+            self._pending_fatal = reason
+            self.state = State.CLEANING_UP
+            return [Kill("deadline")]
+        return self._give_up(reason)
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _reset_attempt(self) -> None:
+        self.ready_line = False
+        self.was_ready = False
+        self.probe_failures = 0
+        self._pending = None
+        self._pending_fatal = ""
+
+    def _launch(self, now: float) -> list[Action]:
+        assert self.params is not None
+        self.attempt += 1
+        self.state = State.LAUNCHING
+        self.attempt_started_at = now
+        self._reset_attempt()
+        return [
+            Emit("attempt.started", {"attempt": self.attempt, "params": _pdict(self.params)}),
+            Launch(self.attempt, self.params),
+        ]
+
+    def _ready(self, now: float) -> list[Action]:
+        self.state = State.READY
+        self.was_ready = True
+        self.ready_at = now
+        self.last_good = self.params
+        self.restart.on_healthy(now)
+        elapsed = now - (self.started_at if self.started_at is not None else now)
+        return [
+            Emit(
+                "server.ready",
+                {
+                    "attempts": self.attempt,
+                    "seconds": round(elapsed, 2),
+                    "params": _pdict(self.params),
+                    "history": [_rdict(r) for r in self.history],
+                },
+            )
+        ]
+
+    def _fail(self, diag: Diagnosis, now: float, *, kill_reason: str) -> list[Action]:
+        """Record the attempt's failure and start cleaning up."""
+        assert self.params is not None
+        self.history.append(AttemptRecord(self.params, diag.outcome, diag.phase, diag.numbers))
+        self._pending = diag
+        after_ready = self.was_ready
+        self.state = State.CLEANING_UP
+        fail = Emit(
+            "attempt.failed",
+            {
+                "attempt": self.attempt,
+                "outcome": diag.outcome.value,
+                "phase": diag.phase.value,
+                "numbers": diag.numbers.as_dict(),
+                "retryable": diag.retryable,
+                "after_ready": after_ready,
+                "evidence": diag.evidence[-3:],
+            },
+        )
+        if (
+            diag.outcome is Outcome.HANG
+            and not after_ready
+            and self.stalls > self.limits.max_stalls
+        ):
+            self._pending_fatal = f"stalled {self.stalls} times (last in {diag.phase.value})"
+        elif not diag.retryable and not after_ready:
+            self._pending_fatal = f"{diag.outcome.value} in {diag.phase.value}: {diag.advice}"
+        return [fail, Kill(kill_reason or diag.outcome.value)]
+
+    def _after_failure(self, now: float) -> list[Action]:
+        diag = self._pending
+        assert diag is not None and self.params is not None
+        if self.was_ready:  # relaunch with the last good params under restart backoff
+            delay = self.restart.on_failure(now)
+            if delay is None:
+                return self._give_up("restart budget exhausted after ready")
+            self.params = self.last_good or self.params
+            self.state = State.BACKING_OFF
+            self.stalls = 0
+            return [
+                Emit(
+                    "restart.scheduled", {"delay_s": round(delay, 2), "params": _pdict(self.params)}
+                ),
+                Sleep(delay),
+            ]
+        if self.started_at is not None and now - self.started_at > self.limits.start_deadline:
+            return self._give_up(f"start-up deadline of {self.limits.start_deadline:.0f}s passed")
+        decision = next_params(self.initial, self.limits.bounds, self.history)
+        if decision.params is None:
+            return self._give_up(decision.reason)
+        self.params = decision.params
+        return [
+            Emit("policy.decided", {"params": _pdict(decision.params), "reason": decision.reason}),
+            *self._launch(now),
+        ]
+
+    def _give_up(self, reason: str) -> list[Action]:
+        self.state = State.GAVE_UP
+        self.reason = reason
+        return [
+            Emit(
+                "server.gave_up",
+                {
+                    "reason": reason,
+                    "attempts": self.attempt,
+                    "history": [_rdict(r) for r in self.history],
+                },
+            )
+        ]
+
+    def _stop(self, event: StopRequested, now: float) -> list[Action]:
+        self.reason = "stop requested"
+        if event.kill and (self.state.running or self.state is State.LAUNCHING):
+            self._stop_after_cleanup = True
+            self.state = State.CLEANING_UP
+            return [Kill("stop")]
+        if self.state is State.CLEANING_UP:
+            self._stop_after_cleanup = True
+            return []
+        self.state = State.STOPPED
+        return [
+            Emit(
+                "server.stopped",
+                {"reason": self.reason, "left_running": self.pid if not event.kill else None},
+            )
+        ]
+
+
+def _ph(m: ServerMachine) -> str:
+    phase = m.phase
+    return phase.value if phase else m.state.value
+
+
+def _pdict(p: LaunchParams | None) -> dict[str, Any]:
+    if p is None:
+        return {}
+    return {"mem_fraction_static": p.mem_fraction_static, "cuda_graph_max_bs": p.cuda_graph_max_bs}
+
+
+def _rdict(r: AttemptRecord) -> dict[str, Any]:
+    return {"params": _pdict(r.params), "outcome": r.outcome.value, "phase": r.phase.value}

@@ -1,0 +1,597 @@
+"""Which ``--mem-fraction-static`` / CUDA-graph max batch size to try after a failed start-up.
+
+Pure: a function of (initial params, bounds, the attempts so far). The supervisor does the I/O.
+
+The arithmetic is SGLang's own (shared/sglang-reference.md §3-4). The fraction ``mfs``
+multiplies ``pre``, the free memory before weight load (``Load weight begin. avail mem``).
+The KV pool gets ``mfs x pre - weights``, and exactly ``(1 - mfs) x pre`` is left after it for
+CUDA graphs and warmup activations. So a setting fits iff
+
+    weights + kv_min  <  mfs x pre                   else kv_too_small ("Not enough memory")
+    graphs(bs) + warmup  <=  (1 - mfs) x pre         else an OOM in capture or at warmup
+
+Graphs are captured largest batch size first: the first step allocates about ``a x max_bs``
+(activations), each later step a small ``c``. From a capture OOM's numbers the policy reads
+``a`` and ``c`` (``c`` is what a later step tried; ``a x bs`` is what the steps before it
+consumed, less their ``c``), and from a warmup OOM the whole graph memory and the warmup need.
+It then proposes the highest fraction estimated to fit at the largest batch size whose
+estimate still leaves a useful KV pool (``KV_CUSHION``)::
+
+    need(bs) = gone + a x bs + c x steps(bs) + warmup + margin     fraction = 1 - need(bs) / pre
+
+``gone`` is headroom a real log shows missing when capture began (0 in the simulator); with
+no capture figures it makes this the plain deficit rule, ``mfs - (tried - free + ...) / pre``.
+Unknowns take documented defaults (``DEFAULT_STEP_GIB``, ``default_warmup_gib``); a wrong
+guess costs one more attempt, whose log then has the exact figure.
+
+KV too small: above SGLang's stated minimum (or weights / pre) plus ``KV_CUSHION``, and at
+least the fraction that keeps what SGLang's auto rule keeps for graphs; once a pool > 0 was
+too small, the most the brackets allow (an OOM there brings the graph figures). Without
+figures at all, fixed steps of ``STEP_FRACTION`` (SGLang's own advice), halving the graph bs
+where the fraction would cross its floor.
+
+Facts are kept as brackets, in thousandths: a fraction too small at any bs bounds all lower
+fractions out; an OOM at (mfs, bs) bounds out every (>= mfs, >= bs). A proposal is always
+strictly inside the brackets, so a setting known to fail (or dominated by one) is never tried
+again. The policy gives up on a weight-load OOM, on a non-memory fatal outcome, when the
+brackets are empty even at the graph-bs floor, and at ``max_attempts``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from launcher.errors import PolicyError
+from launcher.outcome import Numbers, Outcome
+from launcher.params import LaunchParams
+from launcher.phases import Phase
+from launcher.sim.memory import auto_cuda_graph_max_bs, auto_mem_fraction_static, capture_bs_list
+
+# SGLang's own fallbacks when it cannot read the GPU size (0.5.6 mfs 0.88; max_bs 160): the
+# values assumed for an auto param when neither the log nor the GPU size tells us better.
+ASSUMED_MEM_FRACTION = 0.88
+ASSUMED_GRAPH_BS = 160
+# Assumed when the caller does not say (the newest auto table, the smallest server).
+ASSUMED_TP = 1
+ASSUMED_VERSION = "0.5.23"
+
+STEP_FRACTION = 0.05  # fraction step when a failure came without numbers (SGLang: 0.05-0.1)
+DEFAULT_STEP_GIB = 0.02  # per captured graph after the first, until a log shows a later step
+ROUNDING_GIB = 0.005  # SGLang prints GiB to 2 decimals: each figure is within half a hundredth
+# Smallest KV pool worth proposing when no minimum is known, as a fraction of pre.
+KV_CUSHION = 0.02
+KV_GROWTH = 4.0  # a pool found too small is multiplied by this for the next estimate
+
+_MILLI = 1000
+
+
+def margin_gib(pre: float) -> float:
+    """Safety margin added to an estimated need: 0.1 GiB, or 0.25% of ``pre`` when larger."""
+    return max(0.1, 0.0025 * pre)
+
+
+def default_warmup_gib(pre: float) -> float:
+    """Warmup activations assumed until a warmup OOM shows them: 2% of ``pre``, 0.5-2.5 GiB.
+
+    Bigger GPUs get bigger auto chunked-prefill sizes, hence bigger activations; 2% keeps the
+    KV left on the table by a wrong guess under 0.03 of ``pre``.
+    """
+    return min(2.5, max(0.5, 0.02 * pre))
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Limits of the search: fractions in [floor, ceiling], graph bs >= floor, attempts."""
+
+    mem_fraction_floor: float = 0.5
+    mem_fraction_ceiling: float = 0.95
+    graph_bs_floor: int = 1
+    max_attempts: int = 6
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One finished attempt: params as launched (``None`` = auto), how it ended, its numbers."""
+
+    params: LaunchParams
+    outcome: Outcome
+    phase: Phase
+    numbers: Numbers
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to launch next (``params``), or give up (``params is None``) and why (``reason``)."""
+
+    params: LaunchParams | None
+    reason: str
+
+    @property
+    def give_up(self) -> bool:
+        return self.params is None
+
+
+_FATAL_REASONS = {
+    Outcome.BAD_ARGUMENT: "a command-line or config argument is invalid; fix it (see the log)"
+    " and relaunch, retrying unchanged cannot help",
+    Outcome.MODEL_NOT_FOUND: "the model path or repo id was not found; fix model_path or make the"
+    " model available on the host (offline HF cache?)",
+    Outcome.PORT_IN_USE: "the port is already in use; stop what holds it (a leftover server?)"
+    " or configure another port",
+    Outcome.CUDA_ERROR_OTHER: "a CUDA error that is not out-of-memory (driver, kernel image,"
+    " illegal access); check the GPU and the SGLang/torch build",
+    Outcome.OTHER: "failed with an error launcher does not know; read the log's last traceback",
+}
+_TRANSIENT = frozenset({Outcome.HANG, Outcome.KILLED, Outcome.NCCL_ERROR, Outcome.INCOMPLETE})
+_LOWER = frozenset({Outcome.OOM_GRAPH_CAPTURE, Outcome.OOM_KV_CACHE, Outcome.OOM_RUNTIME})
+_MORE_HARDWARE = "needs more GPUs (higher tp) or a quantized model"
+
+
+def _down(fraction: float) -> int:
+    """Largest thousandth <= fraction."""
+    return math.floor(fraction * _MILLI + 1e-6)
+
+
+def _up(fraction: float) -> int:
+    """Smallest thousandth >= fraction."""
+    return math.ceil(fraction * _MILLI - 1e-6)
+
+
+def _f(milli: int) -> float:
+    return round(milli / _MILLI, 3)
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What SGLang's auto rules need: the GPU size (if known), tp, version."""
+
+    total: float | None
+    tp: int
+    version: str
+
+
+@dataclass
+class _Facts:
+    """What the history says, in the units the search uses (GiB, thousandths of a fraction)."""
+
+    ctx: _Context
+    pre: float | None = None
+    weights: float | None = None  # per rank
+    lo: int = 0  # smallest fraction not known to leave too small a KV pool
+    ooms: list[tuple[int, int]] = field(default_factory=list)  # (highest allowed, from bs)
+    stated_min: float | None = None
+    small_pool: float = 0.0  # largest KV pool (GiB) known to be too small
+    a: float | None = None  # GiB per unit of max bs in the first capture step
+    c: float | None = None  # GiB per later capture step, when a log showed one
+    graph_at: dict[int, float] = field(default_factory=dict)  # exact graph GiB per max bs
+    warmup: float | None = None
+    hidden: float = 0.0  # GiB of (1 - mfs) x pre already gone when capture began (latest seen)
+
+    def hi(self, bs: int, ceiling: int) -> int:
+        """Highest fraction (thousandths) not known to OOM at ``bs``."""
+        return min([ceiling, *(h for h, b in self.ooms if b <= bs)])
+
+    def has_model(self) -> bool:
+        return self.pre is not None and (self.a is not None or bool(self.graph_at))
+
+    def need(self, bs: int) -> float:
+        """Estimated GiB needed after the KV pool at graph max ``bs`` (margin included)."""
+        assert self.pre is not None
+        step = self.c if self.c is not None else DEFAULT_STEP_GIB
+        if bs in self.graph_at:
+            graphs = self.graph_at[bs]
+        else:
+            graphs = (self.a or 0.0) * bs + step * len(capture_bs_list(bs))
+        warmup = self.warmup if self.warmup is not None else default_warmup_gib(self.pre)
+        return self.hidden + graphs + warmup + margin_gib(self.pre)
+
+    def estimate(self, bs: int, *, optimistic: bool = False) -> int:
+        """Highest fraction (thousandths) estimated to fit graphs and warmup at ``bs``.
+
+        ``optimistic`` drops the safety margin and the warmup guess (keeps a seen warmup).
+        """
+        assert self.pre is not None
+        need = self.need(bs)
+        if optimistic:
+            need -= margin_gib(self.pre)
+            if self.warmup is None:
+                need -= default_warmup_gib(self.pre)
+        return _down(1 - need / self.pre)
+
+    def soft_lo(self) -> int:
+        """Smallest fraction estimated to leave a useful KV pool (>= the hard bound)."""
+        if self.pre is not None and self.weights is not None:
+            pool = max(KV_CUSHION * self.pre, KV_GROWTH * self.small_pool)
+            return max(self.lo, _up((self.weights + pool) / self.pre))
+        if self.stated_min is not None:
+            return max(self.lo, _up(self.stated_min + KV_CUSHION))
+        return self.lo
+
+    def knows_kv(self) -> bool:
+        """Whether the KV lower bound comes from figures rather than a guess."""
+        return (self.pre is not None and self.weights is not None) or self.stated_min is not None
+
+    def auto_target(self, bs: int) -> int | None:
+        """The fraction that keeps what SGLang's auto rule keeps after the pool (thousandths)."""
+        if self.pre is None:
+            return None
+        gpu = self.ctx.total or self.pre
+        keep = gpu * (1 - auto_mem_fraction_static(gpu, self.ctx.tp, self.ctx.version, bs))
+        return _down(1 - keep / self.pre)
+
+
+def resolve_params(
+    params: LaunchParams,
+    numbers: Numbers,
+    *,
+    gpu_total_gib: float | None = None,
+    tp: int | None = None,
+    sglang_version: str | None = None,
+) -> tuple[float, int]:
+    """The (mem_fraction_static, cuda_graph_max_bs) an attempt ran with.
+
+    Explicit params win; then the server_args dump in ``numbers``; then what the log implies
+    (the first capture step is max bs; ``1 - pool_end/pre`` is the fraction); then SGLang's
+    auto rules for the GPU size (``numbers.total_gib`` or ``gpu_total_gib``); then SGLang's own
+    fallbacks for an unknown GPU (``ASSUMED_MEM_FRACTION``, ``ASSUMED_GRAPH_BS``).
+    """
+    total = numbers.total_gib if numbers.total_gib is not None else gpu_total_gib
+    ctx = _Context(total, tp or ASSUMED_TP, sglang_version or ASSUMED_VERSION)
+    return _resolve(params, numbers, ctx)
+
+
+def _resolve(params: LaunchParams, n: Numbers, ctx: _Context) -> tuple[float, int]:
+    bs = params.cuda_graph_max_bs
+    if bs is None:
+        bs = n.cuda_graph_max_bs
+    if bs is None and n.graph_steps_done == 0 and n.graph_last_bs is not None:
+        bs = n.graph_last_bs
+    if bs is None:
+        bs = (
+            auto_cuda_graph_max_bs(ctx.total, ctx.tp, ctx.version)
+            if ctx.total is not None
+            else ASSUMED_GRAPH_BS
+        )
+    mfs = params.mem_fraction_static
+    if mfs is None:
+        mfs = n.mem_fraction_static
+    if mfs is None and n.pre_load_avail_gib and n.pool_end_avail_gib is not None:
+        mfs = round(1 - n.pool_end_avail_gib / n.pre_load_avail_gib, 3)
+    if mfs is None:
+        mfs = (
+            auto_mem_fraction_static(ctx.total, ctx.tp, ctx.version, bs)
+            if ctx.total is not None
+            else ASSUMED_MEM_FRACTION
+        )
+    return mfs, bs
+
+
+def _learn(history: Sequence[AttemptRecord], ctx: _Context, bounds: Bounds) -> _Facts:
+    facts = _Facts(ctx, lo=_up(bounds.mem_fraction_floor))
+    for rec in history:
+        n = rec.numbers
+        if n.pre_load_avail_gib is not None and n.pre_load_avail_gib > 0:
+            facts.pre = n.pre_load_avail_gib
+            if n.post_weights_avail_gib is not None:
+                facts.weights = n.pre_load_avail_gib - n.post_weights_avail_gib
+            elif n.weights_gib is not None:
+                facts.weights = n.weights_gib
+    a_values: list[float] = []
+    for rec in history:
+        mfs, bs = _resolve(rec.params, rec.numbers, ctx)
+        n = rec.numbers
+        pre = n.pre_load_avail_gib
+        if rec.outcome is Outcome.KV_TOO_SMALL:
+            facts.lo = max(facts.lo, _down(mfs) + 1)
+            if n.min_mem_fraction is not None:
+                facts.stated_min = max(facts.stated_min or 0.0, n.min_mem_fraction)
+                facts.lo = max(facts.lo, _down(n.min_mem_fraction) + 1)
+            if pre and n.post_weights_avail_gib is not None:
+                pool = mfs * pre - (pre - n.post_weights_avail_gib)
+                facts.small_pool = max(facts.small_pool, pool)
+        elif rec.outcome in _LOWER:
+            # A KV-pool OOM comes before any graph: it rules out the fraction at every bs.
+            from_bs = 0 if rec.outcome is Outcome.OOM_KV_CACHE else bs
+            facts.ooms.append((_up(mfs) - 1, from_bs))
+        if rec.outcome in (Outcome.OOM_GRAPH_CAPTURE, Outcome.OOM_RUNTIME):
+            hidden = _hidden(n, mfs)
+            if hidden is not None:
+                facts.hidden = hidden
+        if rec.outcome is Outcome.OOM_GRAPH_CAPTURE:
+            a = _graph_slope(n, bs, facts)
+            if a is not None:
+                a_values.append(a)
+        elif rec.outcome is Outcome.OOM_RUNTIME and n.tried_gib is not None:
+            facts.warmup = max(facts.warmup or 0.0, n.tried_gib + ROUNDING_GIB)
+            start = n.graph_begin_avail_gib
+            if start is None:
+                start = n.pool_end_avail_gib
+            if start is not None and n.free_gib is not None and n.graph_last_bs is not None:
+                graphs = start - n.free_gib + 2 * ROUNDING_GIB
+                facts.graph_at[bs] = max(facts.graph_at.get(bs, 0.0), graphs)
+    if facts.weights is not None and facts.pre:
+        # A pool must be > 0; the weights figure is a difference of two rounded ones.
+        facts.lo = max(facts.lo, _down((facts.weights - 2 * ROUNDING_GIB) / facts.pre) + 1)
+    step = facts.c if facts.c is not None else DEFAULT_STEP_GIB
+    for bs, graphs in facts.graph_at.items():
+        a_values.append(max(0.0, graphs - step * len(capture_bs_list(bs))) / bs)
+    if a_values:
+        facts.a = max(a_values)
+    return facts
+
+
+def _hidden(n: Numbers, mfs: float) -> float | None:
+    """GiB of the ``(1 - mfs) x pre`` headroom gone before capture began (0 in the simulator).
+
+    Real logs can show less free memory at capture than SGLang's arithmetic leaves (other
+    allocations, another process): that memory is needed again next time, at any bs. When
+    the log shows no capture start, the OOM's own ``free`` stands for it, which turns the
+    estimate into plain deficit arithmetic.
+    """
+    pre = n.pre_load_avail_gib
+    start = n.graph_begin_avail_gib
+    if start is None:
+        start = n.pool_end_avail_gib if n.pool_end_avail_gib is not None else n.free_gib
+    if not pre or start is None:
+        return None
+    return max(0.0, pre * (1 - mfs) - start - ROUNDING_GIB)
+
+
+def _graph_slope(n: Numbers, bs: int, facts: _Facts) -> float | None:
+    """GiB per unit of max bs of the first capture step, from a capture OOM (also sets ``c``)."""
+    if n.tried_gib is None or bs <= 0:
+        return None
+    done = n.graph_steps_done or 0
+    if done == 0:
+        # The failing step is the first: it tried a x bs + c.
+        return (n.tried_gib + ROUNDING_GIB) / bs
+    step = n.tried_gib + ROUNDING_GIB  # a later step tried just its own c
+    facts.c = max(facts.c or 0.0, step)
+    start = n.graph_begin_avail_gib if n.graph_begin_avail_gib is not None else n.pool_end_avail_gib
+    if start is None or n.graph_last_avail_gib is None:
+        return None
+    consumed = start - n.graph_last_avail_gib + 2 * ROUNDING_GIB
+    return max(0.0, consumed - n.tried_gib * done) / bs
+
+
+def _bs_ladder(current: int, bounds: Bounds) -> list[int]:
+    """Graph bs to consider, largest first: ``current``, smaller captured sizes, the floor."""
+    floor = bounds.graph_bs_floor
+    if current <= floor:
+        return [floor]
+    smaller = [b for b in capture_bs_list(current) if floor <= b < current]
+    ladder = [current, *sorted(smaller, reverse=True)]
+    if ladder[-1] != floor:
+        ladder.append(floor)
+    return ladder
+
+
+def _check(bounds: Bounds) -> None:
+    if not 0 < bounds.mem_fraction_floor < bounds.mem_fraction_ceiling <= 1:
+        raise PolicyError(
+            f"bounds need 0 < mem_fraction_floor ({bounds.mem_fraction_floor}) < "
+            f"mem_fraction_ceiling ({bounds.mem_fraction_ceiling}) <= 1",
+            remedy="fix [policy] mem_fraction_floor / mem_fraction_ceiling",
+        )
+    if bounds.graph_bs_floor < 1 or bounds.max_attempts < 1:
+        raise PolicyError(
+            f"bounds need graph_bs_floor >= 1 and max_attempts >= 1, got "
+            f"{bounds.graph_bs_floor} and {bounds.max_attempts}",
+            remedy="fix [policy] graph_bs_floor / max_attempts",
+        )
+
+
+def next_params(
+    initial: LaunchParams,
+    bounds: Bounds,
+    history: Sequence[AttemptRecord],
+    *,
+    tp: int | None = None,
+    sglang_version: str | None = None,
+) -> Decision:
+    """What to launch after ``history`` (oldest first), or give up.
+
+    - No history: ``initial`` as configured.
+    - Last attempt ready: its params again (made explicit where the log showed them).
+    - bad_argument / model_not_found / port_in_use / cuda_error_other / other: give up.
+    - hang / killed / nccl_error / incomplete: the same params again.
+    - oom_weights: give up (mem-fraction cannot make weights fit).
+    - Memory outcomes: new explicit params from the numbers, strictly inside the known brackets,
+      within ``bounds``; give up when no bracket is left even at the bs floor.
+    - Give up once ``bounds.max_attempts`` attempts have run since the last ready one.
+
+    ``tp`` and ``sglang_version`` only serve SGLang's auto rules when an auto param was launched
+    and the log did not show its value (assumed 1 and 0.5.23 when not given).
+    Raises ``PolicyError`` for impossible bounds.
+    """
+    _check(bounds)
+    if not history:
+        return Decision(initial, "first attempt: as configured")
+    ctx = _Context(
+        next((r.numbers.total_gib for r in reversed(history) if r.numbers.total_gib), None),
+        tp or ASSUMED_TP,
+        sglang_version or ASSUMED_VERSION,
+    )
+    last = history[-1]
+    mfs, bs = _resolve(last.params, last.numbers, ctx)
+    if last.outcome is Outcome.READY:
+        return Decision(_same(last), "last attempt was ready: relaunch with its settings")
+    if last.outcome in _FATAL_REASONS:
+        return Decision(None, f"{last.outcome.value}: {_FATAL_REASONS[last.outcome]}")
+    if last.outcome is Outcome.OOM_WEIGHTS:
+        return Decision(None, _weights_reason(last.numbers, last.phase, ctx.tp))
+    since_ready = len(history) - max(
+        (i + 1 for i, r in enumerate(history) if r.outcome is Outcome.READY), default=0
+    )
+    if since_ready >= bounds.max_attempts:
+        return Decision(
+            None,
+            f"gave up after {since_ready} attempts (max_attempts), last {last.outcome.value} "
+            f"at {LaunchParams(mfs, bs).describe()}; raise [policy] max_attempts, or the "
+            f"model {_MORE_HARDWARE}",
+        )
+    if last.outcome in _TRANSIENT:
+        return Decision(_same(last), f"{last.outcome.value}: retry with the same settings")
+    return _memory_decision(last, mfs, bs, bounds, _learn(history, ctx, bounds))
+
+
+def _same(rec: AttemptRecord) -> LaunchParams:
+    """The record's params, with auto values replaced by what its log showed (if it did)."""
+    p, n = rec.params, rec.numbers
+    mfs = p.mem_fraction_static if p.mem_fraction_static is not None else n.mem_fraction_static
+    bs = p.cuda_graph_max_bs if p.cuda_graph_max_bs is not None else n.cuda_graph_max_bs
+    return LaunchParams(mfs, bs)
+
+
+def _weights_reason(n: Numbers, phase: Phase, tp: int) -> str:
+    if phase is Phase.INIT:
+        return (
+            f"out of memory before weight load ({_gib(n.free_gib)} GiB free of "
+            f"{_gib(n.total_gib)}): other processes hold the GPU; free it, or the model "
+            f"{_MORE_HARDWARE}"
+        )
+    return (
+        f"weights do not fit: loading needed {_gib(n.tried_gib)} GiB more with "
+        f"{_gib(n.free_gib)} free of {_gib(n.pre_load_avail_gib)} pre-load per GPU at tp={tp}; "
+        f"mem-fraction cannot help, the model {_MORE_HARDWARE}"
+    )
+
+
+def _gib(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f}"
+
+
+def _memory_decision(
+    last: AttemptRecord, mfs: float, bs: int, bounds: Bounds, facts: _Facts
+) -> Decision:
+    ceiling = _down(bounds.mem_fraction_ceiling)
+    if facts.lo > ceiling:
+        return Decision(
+            None,
+            f"the KV cache needs mem_fraction_static > {_f(facts.lo - 1)}, above the ceiling "
+            f"{bounds.mem_fraction_ceiling:.3f}: the weights leave too little room; the model "
+            f"{_MORE_HARDWARE}",
+        )
+    ladder = _bs_ladder(bs, bounds)
+    open_bs = [b for b in ladder if facts.lo <= facts.hi(b, ceiling)]
+    if not open_bs:
+        floor_bs = ladder[-1]
+        return Decision(
+            None,
+            f"no mem_fraction_static fits even at cuda_graph_max_bs={floor_bs}: the KV cache "
+            f"needs > {_f(facts.lo - 1)}, graphs and warmup OOM at >= "
+            f"{_f(facts.hi(floor_bs, ceiling) + 1)} (floor {bounds.mem_fraction_floor:.3f}); "
+            f"the model {_MORE_HARDWARE}, or disable CUDA graphs",
+        )
+    if facts.has_model():
+        pick = _by_model(facts, open_bs, ceiling)
+    else:
+        pick = _by_step(last, mfs, ladder[0], facts, bounds, ladder, ceiling)
+    milli, new_bs = pick
+    return Decision(LaunchParams(_f(milli), new_bs), _why(last, mfs, bs, milli, new_bs, facts))
+
+
+def _by_model(facts: _Facts, open_bs: list[int], ceiling: int) -> tuple[int, int]:
+    """Highest estimated-fitting fraction at the largest bs that leaves a useful KV pool."""
+    want = max(facts.lo, facts.soft_lo())
+    for b in open_bs:
+        est = facts.estimate(b)
+        if est >= want:
+            return min(est, facts.hi(b, ceiling)), b
+    # Nothing is estimated to fit with a useful pool. At the smallest open bs, try the most KV
+    # the brackets allow without the estimate's guesses: if a window exists it is at the top,
+    # and a failure there narrows the brackets with exact figures.
+    b = open_bs[-1]
+    return max(facts.lo, min(facts.estimate(b, optimistic=True), facts.hi(b, ceiling))), b
+
+
+def _by_step(
+    last: AttemptRecord,
+    mfs: float,
+    bs: int,
+    facts: _Facts,
+    bounds: Bounds,
+    ladder: list[int],
+    ceiling: int,
+) -> tuple[int, int]:
+    """Without a graph model: SGLang's stated minimum, the deficit, or a fixed step."""
+    n = last.numbers
+    pre = facts.pre
+    if last.outcome is Outcome.KV_TOO_SMALL:
+        # SGLang's stated minimum (or weights / pre) plus a cushion; at least what SGLang's auto
+        # rule would keep for graphs, since a pool at the bare minimum serves little. Once a
+        # pool > 0 was too small, the need is unknown: take the most the brackets allow (an
+        # OOM there brings the graph figures).
+        target = facts.soft_lo() if facts.knows_kv() else max(facts.lo, _down(mfs + STEP_FRACTION))
+        auto = facts.auto_target(bs)
+        if auto is not None:
+            target = max(target, auto)
+        if facts.small_pool > 0:
+            target = facts.hi(bs, ceiling)
+    else:
+        # The deficit in fraction terms; without ``pre`` the GPU size stands in for it, and
+        # before warmup the warmup guess is added. No figures at all: SGLang's own advice.
+        step = STEP_FRACTION
+        size = pre or n.total_gib
+        if n.tried_gib is not None and n.free_gib is not None and size:
+            deficit = n.tried_gib - n.free_gib + margin_gib(size)
+            if last.outcome is not Outcome.OOM_RUNTIME:
+                deficit += default_warmup_gib(size)
+            step = deficit / size
+        target = _down(mfs - step)
+    if target >= facts.lo and facts.lo <= facts.hi(bs, ceiling):
+        return min(target, facts.hi(bs, ceiling)), bs
+    # The fraction would cross the floor or the too-small bound (or nothing is open at this
+    # bs): halve the graph bs. hi() only grows as bs shrinks, so the floor is open if any is.
+    half = max(bounds.graph_bs_floor, bs // 2)
+    b = next(x for x in ladder if x <= half and facts.lo <= facts.hi(x, ceiling))
+    return max(facts.lo, min(target, facts.hi(b, ceiling))), b
+
+
+def _why(last: AttemptRecord, mfs: float, bs: int, milli: int, new_bs: int, facts: _Facts) -> str:
+    n = last.numbers
+    pre = f"{facts.pre:.2f}" if facts.pre is not None else "?"
+    if last.outcome is Outcome.KV_TOO_SMALL:
+        stated = (
+            f", SGLang's minimum {n.min_mem_fraction:.4f}" if n.min_mem_fraction is not None else ""
+        )
+        head = f"KV cache too small{stated}"
+    else:
+        label = {
+            Outcome.OOM_GRAPH_CAPTURE: "capture OOM",
+            Outcome.OOM_KV_CACHE: "KV-pool OOM",
+            Outcome.OOM_RUNTIME: f"{last.phase.value} OOM",
+        }[last.outcome]
+        head = f"{label}: needed {_gib(n.tried_gib)} GiB, {_gib(n.free_gib)} free of {pre} pre-load"
+    kept = f"{bs} kept" if new_bs == bs else f"{bs}→{new_bs}"
+    return f"{head}; fraction {mfs:.3f}→{_f(milli):.3f}, graph bs {kept}"
+
+
+def capture_oom_ladder(
+    initial: LaunchParams,
+    bounds: Bounds,
+    *,
+    gpu_total_gib: float | None,
+    tp: int,
+    sglang_version: str,
+) -> list[LaunchParams]:
+    """The params ``next_params`` would try after successive capture OOMs with no numbers.
+
+    What ``launcher plan`` shows. Auto params are resolved with SGLang's auto rules when the
+    GPU size is known, else assumed (see ``resolve_params``). The list holds the retries only
+    (not ``initial``) and ends where the policy would give up.
+    """
+    _check(bounds)
+    history: list[AttemptRecord] = []
+    params = initial
+    ladder: list[LaunchParams] = []
+    while True:
+        numbers = Numbers(total_gib=gpu_total_gib)
+        history.append(AttemptRecord(params, Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH, numbers))
+        decision = next_params(initial, bounds, history, tp=tp, sglang_version=sglang_version)
+        if decision.params is None:
+            return ladder
+        ladder.append(decision.params)
+        params = decision.params

@@ -1,0 +1,118 @@
+"""What the log of a simulated start-up shows, read the way the classifier reads a real one.
+
+``observed`` turns a :class:`~launcher.sim.memory.StartupTrace` into the (outcome, phase,
+numbers) triple that the log classifier would produce from SGLang's output for that start-up;
+only figures SGLang actually prints before the failure are filled in, rounded as SGLang
+prints them (GiB to 2 decimals, ``mem_fraction_static`` to 3).
+
+``run_policy`` drives the loop simulate -> observed -> ``next_params`` for one scenario; the
+property tests and the benchmark script share it.
+"""
+
+from __future__ import annotations
+
+from launcher.outcome import Numbers, Outcome
+from launcher.params import LaunchParams
+from launcher.phases import Phase
+from launcher.policy import AttemptRecord, Bounds, next_params
+from launcher.sim.memory import (
+    MemoryScenario,
+    StartupTrace,
+    capture_bs_list,
+    simulate,
+    version_tuple,
+)
+
+# 0.5.23's kv_cache_configurator says "Loaded weights leave no GPU memory ... minimum viable =
+# 1 - available/pre = X"; older versions only say "Not enough memory" with the current value.
+STATED_MINIMUM_SINCE = (0, 5, 23)
+
+
+def _gib(value: float) -> float:
+    return round(value, 2)
+
+
+def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Phase, Numbers]:
+    """The classifier's reading of the log SGLang prints for ``trace``.
+
+    Contract, by how far the start-up got:
+
+    - always: the resolved ``mem_fraction_static`` / ``cuda_graph_max_bs`` (server_args dump);
+    - weight load began (``Load weight begin. avail mem=``): ``pre_load_avail_gib``;
+    - weights loaded: ``post_weights_avail_gib`` and ``weights_gib`` (per rank "mem usage");
+    - KV pool allocated (a pool > 0): ``kv_tokens``; pool done: ``pool_end_avail_gib``;
+    - capture began: ``graph_begin_avail_gib`` and the last "Capturing batches" progress line,
+      which SGLang prints before each capture step (``graph_last_*``, ``graph_steps_done`` = the
+      steps finished before it, ``graph_steps_total``);
+    - any CUDA OOM: ``tried_gib``, ``free_gib``, ``total_gib`` from torch's message;
+    - kv_too_small with a pool <= 0 on SGLang >= 0.5.23: ``min_mem_fraction`` as stated
+      (4 decimals, ``1 - post_weights/pre``); never for 0.5.6's "Not enough memory";
+    - past capture (warmup failure, ready): ``max_total_num_tokens`` from the TP0 summary.
+    """
+    fail = trace.failure
+    numbers = Numbers(
+        mem_fraction_static=round(trace.mem_fraction_static, 3),
+        cuda_graph_max_bs=trace.cuda_graph_max_bs,
+    )
+    pre = trace.pre_load_free_gib
+    if fail is None or fail.phase is not Phase.INIT:
+        numbers.pre_load_avail_gib = _gib(pre)
+    post = trace.post_weights_free_gib
+    if post is not None:
+        numbers.post_weights_avail_gib = _gib(post)
+        numbers.weights_gib = _gib(pre - post)
+    if trace.kv_pool_gib is not None and trace.kv_pool_gib > 0:
+        numbers.kv_tokens = trace.kv_tokens
+    if trace.pool_end_free_gib is not None:
+        numbers.pool_end_avail_gib = _gib(trace.pool_end_free_gib)
+    if trace.graph_steps:
+        numbers.graph_begin_avail_gib = _gib(trace.graph_steps[0][1])
+        last_bs, last_free = trace.graph_steps[-1]
+        numbers.graph_last_avail_gib = _gib(last_free)
+        numbers.graph_last_bs = last_bs
+        numbers.graph_steps_done = len(trace.graph_steps) - 1
+        numbers.graph_steps_total = len(capture_bs_list(trace.cuda_graph_max_bs))
+    if trace.graph_end_free_gib is not None:
+        numbers.max_total_num_tokens = trace.kv_tokens
+    if fail is None:
+        return Outcome.READY, Phase.READY, numbers
+    if fail.tried_gib is not None and fail.free_gib is not None:
+        numbers.tried_gib = _gib(fail.tried_gib)
+        numbers.free_gib = _gib(fail.free_gib)
+        numbers.total_gib = _gib(scenario.gpu_total_gib)
+    pool = trace.kv_pool_gib
+    if (
+        fail.outcome is Outcome.KV_TOO_SMALL
+        and pool is not None
+        and pool <= 0
+        and post is not None
+        and version_tuple(scenario.sglang_version) >= STATED_MINIMUM_SINCE
+    ):
+        numbers.min_mem_fraction = round(1 - post / pre, 4)
+    return fail.outcome, fail.phase, numbers
+
+
+def run_policy(
+    scenario: MemoryScenario,
+    initial: LaunchParams,
+    bounds: Bounds,
+) -> list[AttemptRecord]:
+    """Launch ``initial`` in the simulator and follow ``next_params`` until ready or give-up.
+
+    Returns every attempt in order; the last one is READY, or the policy gave up after it
+    (``next_params`` on the returned history then says why). At most ``bounds.max_attempts``
+    attempts, since the policy gives up there.
+    """
+    history: list[AttemptRecord] = []
+    params: LaunchParams | None = initial
+    while params is not None:
+        trace = simulate(scenario, params)
+        outcome, phase, numbers = observed(scenario, trace)
+        history.append(AttemptRecord(params, outcome, phase, numbers))
+        if outcome is Outcome.READY:
+            break
+        decision = next_params(
+            initial, bounds, history, tp=scenario.tp, sglang_version=scenario.sglang_version
+        )
+        params = decision.params
+    return history

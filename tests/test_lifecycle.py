@@ -1,0 +1,280 @@
+"""The pure start-up state machine, driven by replayed event histories (no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.backoff import RestartBackoff
+from launcher.errors import IllegalTransition
+from launcher.lifecycle import (
+    Adopted,
+    BackoffElapsed,
+    CleanedUp,
+    DeadlineExceeded,
+    Emit,
+    Exited,
+    FatalLineSeen,
+    GpusFree,
+    GpuWaitTimedOut,
+    Kill,
+    Launch,
+    Launched,
+    Limits,
+    PhaseSeen,
+    PreflightBlocked,
+    PreflightPassed,
+    ProbeResult,
+    ReadyLineSeen,
+    RunPreflight,
+    ServerMachine,
+    Sleep,
+    Stalled,
+    Start,
+    StartProbing,
+    State,
+    StopRequested,
+    WaitForGpus,
+)
+from launcher.outcome import Diagnosis, Numbers, Outcome
+from launcher.params import LaunchParams
+from launcher.phases import Phase
+from launcher.policy import Bounds
+
+
+def machine(**limits: object) -> ServerMachine:
+    lim = Limits(bounds=Bounds(0.5, 0.95, 1, 6), **limits)  # type: ignore[arg-type]
+    return ServerMachine(
+        initial=LaunchParams(0.70, 32),
+        limits=lim,
+        restart=RestartBackoff(initial=10, maximum=600, healthy_reset=1800, budget=3,
+                               window=3600),
+    )
+
+
+def names(actions: list[object]) -> list[str]:
+    return [a.name if isinstance(a, Emit) else type(a).__name__ for a in actions]
+
+
+def emitted(actions: list[object], name: str) -> dict[str, object]:
+    for a in actions:
+        if isinstance(a, Emit) and a.name == name:
+            return a.data
+    raise AssertionError(f"{name} not in {names(actions)}")
+
+
+def capture_oom() -> Diagnosis:
+    return Diagnosis(
+        outcome=Outcome.OOM_GRAPH_CAPTURE, phase=Phase.CUDA_GRAPH, retryable=True,
+        numbers=Numbers(tried_gib=7.5, free_gib=2.3, total_gib=94.97, pre_load_avail_gib=85.0,
+                        mem_fraction_static=0.70, cuda_graph_max_bs=32,
+                        graph_begin_avail_gib=2.4, graph_steps_done=0, graph_steps_total=10),
+    )
+
+
+def to_ready(m: ServerMachine, t: float = 0.0) -> float:
+    """Drive ``m`` from launch to READY; return the time reached."""
+    m.handle(PreflightPassed(), t)
+    m.handle(Launched(pid=100), t + 1)
+    for i, ph in enumerate([Phase.WEIGHTS, Phase.KV_CACHE, Phase.CUDA_GRAPH, Phase.WARMUP]):
+        m.handle(PhaseSeen(ph), t + 2 + i)
+    assert [StartProbing()] == m.handle(ReadyLineSeen(), t + 7)
+    m.handle(ProbeResult(ok=True), t + 8)
+    return t + 8
+
+
+def test_start_runs_preflight_then_launches_first_attempt() -> None:
+    """Start asks for a preflight; passing it launches attempt 1 with the initial params."""
+    m = machine()
+    assert [RunPreflight()] == m.handle(Start(), 0)
+    actions = m.handle(PreflightPassed(), 1)
+    assert Launch(1, LaunchParams(0.70, 32)) in actions
+    assert State.LAUNCHING == m.state
+    assert 1 == emitted(actions, "attempt.started")["attempt"]
+
+
+def test_phases_only_move_forward() -> None:
+    """A late line of an earlier phase (another rank) does not move the state back."""
+    m = machine()
+    m.handle(Start(), 0)
+    m.handle(PreflightPassed(), 0)
+    m.handle(Launched(pid=1), 0)
+    m.handle(PhaseSeen(Phase.CUDA_GRAPH), 1)
+    assert [] == m.handle(PhaseSeen(Phase.WEIGHTS), 2)
+    assert State.CUDA_GRAPH == m.state
+
+
+def test_ready_needs_ready_line_and_probe() -> None:
+    """The ready line alone is not ready: a 200 from /health is needed too."""
+    m = machine()
+    m.handle(Start(), 0)
+    m.handle(PreflightPassed(), 0)
+    m.handle(Launched(pid=1), 0)
+    m.handle(ReadyLineSeen(), 5)
+    assert State.WARMUP == m.state
+    assert [] == m.handle(ProbeResult(ok=False, detail="HTTP 503"), 6)
+    actions = m.handle(ProbeResult(ok=True), 7)
+    assert State.READY == m.state
+    assert {"attempts": 1, "seconds": 7.0} == {
+        k: emitted(actions, "server.ready")[k] for k in ("attempts", "seconds")}
+
+
+def test_capture_oom_relaunches_with_policy_params() -> None:
+    """A capture OOM is cleaned up, GPUs are awaited, and attempt 2 gets lower params."""
+    m = machine()
+    m.handle(Start(), 0)
+    m.handle(PreflightPassed(), 0)
+    m.handle(Launched(pid=1), 1)
+    m.handle(PhaseSeen(Phase.CUDA_GRAPH), 2)
+    actions = m.handle(Exited(status=137, diagnosis=capture_oom()), 3)
+    assert ["process.died", "attempt.failed", "Kill"] == names(actions)
+    assert [WaitForGpus()] == m.handle(CleanedUp(), 4)
+    actions = m.handle(GpusFree(), 5)
+    launch = next(a for a in actions if isinstance(a, Launch))
+    assert 2 == launch.attempt
+    p = launch.params
+    assert p.mem_fraction_static is not None and p.cuda_graph_max_bs is not None
+    assert LaunchParams(0.70, 32) != p
+    assert p.mem_fraction_static <= 0.70 and p.cuda_graph_max_bs <= 32
+
+
+def test_non_retryable_failure_gives_up_after_one_attempt() -> None:
+    """A bad argument is fatal: after cleanup the machine gives up, no second launch."""
+    m = machine()
+    m.handle(Start(), 0)
+    m.handle(PreflightPassed(), 0)
+    m.handle(Launched(pid=1), 1)
+    diag = Diagnosis(outcome=Outcome.BAD_ARGUMENT, phase=Phase.INIT, advice="fix the flag")
+    m.handle(Exited(status=2, diagnosis=diag), 2)
+    actions = m.handle(CleanedUp(), 3)
+    assert State.GAVE_UP == m.state
+    assert "bad_argument" in str(emitted(actions, "server.gave_up")["reason"])
+    assert 1 == m.attempt
+
+
+def test_port_in_use_line_is_fatal_while_alive() -> None:
+    """"address already in use" kills the attempt even before the process exits."""
+    m = machine()
+    m.handle(Start(), 0)
+    m.handle(PreflightPassed(), 0)
+    m.handle(Launched(pid=1), 1)
+    diag = Diagnosis(outcome=Outcome.PORT_IN_USE, phase=Phase.WARMUP, advice="port taken")
+    actions = m.handle(FatalLineSeen(diag), 2)
+    assert Kill("port_in_use") in actions
+    m.handle(CleanedUp(), 3)
+    assert State.GAVE_UP == m.state
+
+
+def test_stalls_are_bounded() -> None:
+    """Each stall kills and retries; one more than max_stalls gives up."""
+    m = machine(max_stalls=1)
+    m.handle(Start(), 0)
+    m.handle(PreflightPassed(), 0)
+    for attempt in (1, 2):
+        m.handle(Launched(pid=attempt), attempt * 10)
+        actions = m.handle(Stalled(silent_s=20.0), attempt * 10 + 5)
+        assert {"phase": "init", "silent_s": 20.0, "attempt": attempt} == emitted(
+            actions, "stall.detected")
+        m.handle(CleanedUp(), attempt * 10 + 6)
+        if attempt == 1:
+            m.handle(GpusFree(), attempt * 10 + 7)
+            assert State.LAUNCHING == m.state
+    assert State.GAVE_UP == m.state
+    assert "stalled 2 times" in m.reason
+
+
+def test_crash_after_ready_relaunches_with_last_good_params_after_backoff() -> None:
+    """Death after ready backs off, then relaunches with the params that reached ready."""
+    m = machine()
+    m.handle(Start(), 0)
+    t = to_ready(m)
+    diag = Diagnosis(outcome=Outcome.KILLED, phase=Phase.READY, retryable=True)
+    m.handle(Exited(status=137, diagnosis=diag), t + 100)
+    m.handle(CleanedUp(), t + 101)
+    actions = m.handle(GpusFree(), t + 102)
+    sleep = next(a for a in actions if isinstance(a, Sleep))
+    assert 0 < sleep.seconds <= 10
+    assert State.BACKING_OFF == m.state
+    assert [RunPreflight()] == m.handle(BackoffElapsed(), t + 120)
+    actions = m.handle(PreflightPassed(), t + 121)
+    assert Launch(2, LaunchParams(0.70, 32)) in actions
+
+
+def test_unhealthy_after_consecutive_probe_failures() -> None:
+    """N failed probes in a row after ready mark the server unhealthy and kill it."""
+    m = machine(probe_failures=3)
+    m.handle(Start(), 0)
+    t = to_ready(m)
+    assert ["probe.failed"] == names(m.handle(ProbeResult(ok=False), t + 1))
+    m.handle(ProbeResult(ok=True), t + 2)  # a success resets the count
+    m.handle(ProbeResult(ok=False), t + 3)
+    m.handle(ProbeResult(ok=False), t + 4)
+    actions = m.handle(ProbeResult(ok=False), t + 5)
+    assert ["server.unhealthy", "attempt.failed", "Kill"] == names(actions)
+
+
+def test_transient_preflight_waits_for_gpus_then_retries_preflight() -> None:
+    """Busy GPUs at the first preflight wait, then preflight runs again."""
+    m = machine()
+    m.handle(Start(), 0)
+    actions = m.handle(PreflightBlocked("GPU 0 busy", transient=True), 1)
+    assert ["gpu.waiting", "WaitForGpus"] == names(actions)
+    assert [RunPreflight()] == m.handle(GpusFree(), 5)
+
+
+def test_gpu_wait_timeout_gives_up_naming_holder() -> None:
+    """GPUs that stay held make the machine give up with the holder in the reason."""
+    m = machine()
+    m.handle(Start(), 0)
+    m.handle(PreflightBlocked("GPU 0 busy", transient=True), 1)
+    m.handle(GpuWaitTimedOut(holder="pid 4242 (30000 MiB)"), 100)
+    assert State.GAVE_UP == m.state
+    assert "pid 4242" in m.reason
+
+
+def test_deadline_kills_running_attempt_and_gives_up() -> None:
+    """Past the start deadline a running attempt is killed and the server gives up."""
+    m = machine(start_deadline=60.0)
+    m.handle(Start(), 0)
+    m.handle(PreflightPassed(), 0)
+    m.handle(Launched(pid=1), 1)
+    assert [Kill("deadline")] == m.handle(DeadlineExceeded(), 61)
+    m.handle(CleanedUp(), 62)
+    assert State.GAVE_UP == m.state
+
+
+def test_stop_without_kill_leaves_server_running() -> None:
+    """A stop without kill ends supervision at once and reports the server left running."""
+    m = machine()
+    m.handle(Start(), 0)
+    to_ready(m)
+    actions = m.handle(StopRequested(kill=False), 50)
+    assert State.STOPPED == m.state
+    assert 100 == emitted(actions, "server.stopped")["left_running"]
+
+
+def test_stop_with_kill_stops_server_first() -> None:
+    """A stop with kill kills the server, then ends in STOPPED (not GAVE_UP)."""
+    m = machine()
+    m.handle(Start(), 0)
+    to_ready(m)
+    assert [Kill("stop")] == m.handle(StopRequested(kill=True), 50)
+    m.handle(CleanedUp(), 51)
+    assert State.STOPPED == m.state
+
+
+def test_adopted_server_is_followed_not_relaunched() -> None:
+    """Adopting a running server enters INIT with its attempt and params, launching nothing."""
+    m = machine()
+    actions = m.handle(Adopted(pid=7, attempt=3, params=LaunchParams(0.6, 16)), 0)
+    assert ["server.adopted"] == names(actions)
+    assert (State.INIT, 3, LaunchParams(0.6, 16)) == (m.state, m.attempt, m.params)
+    m.handle(ReadyLineSeen(), 1)
+    m.handle(ProbeResult(ok=True), 2)
+    assert State.READY == m.state
+
+
+def test_illegal_transition_names_state() -> None:
+    """An impossible event raises IllegalTransition naming the state."""
+    m = machine()
+    with pytest.raises(IllegalTransition, match="CleanedUp in state idle"):
+        m.handle(CleanedUp(), 0)

@@ -1,0 +1,408 @@
+"""Unit tests of the OOM policy (``next_params``, ``capture_oom_ladder``) and of ``observed``."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.errors import PolicyError
+from launcher.outcome import Numbers, Outcome
+from launcher.params import LaunchParams
+from launcher.phases import Phase
+from launcher.policy import (
+    ASSUMED_GRAPH_BS,
+    ASSUMED_MEM_FRACTION,
+    STEP_FRACTION,
+    AttemptRecord,
+    Bounds,
+    capture_oom_ladder,
+    next_params,
+    resolve_params,
+)
+from launcher.sim.memory import (
+    MemoryScenario,
+    auto_cuda_graph_max_bs,
+    auto_mem_fraction_static,
+    simulate,
+)
+from launcher.sim.observe import observed, run_policy
+
+CAPTURE = (Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH)
+TOO_SMALL = (Outcome.KV_TOO_SMALL, Phase.KV_CACHE)
+
+
+def record(
+    params: LaunchParams, kind: tuple[Outcome, Phase], **numbers: float | int
+) -> AttemptRecord:
+    return AttemptRecord(params, kind[0], kind[1], Numbers(**numbers))  # type: ignore[arg-type]
+
+
+def decide(*history: AttemptRecord, bounds: Bounds | None = None) -> tuple[float, int]:
+    """The next params of ``history``, asserting the policy did not give up."""
+    decision = next_params(history[0].params, bounds or Bounds(), list(history))
+    assert decision.params is not None, decision.reason
+    mfs, bs = decision.params.mem_fraction_static, decision.params.cuda_graph_max_bs
+    assert mfs is not None and bs is not None
+    return mfs, bs
+
+
+# --- the engineer's capture OOM --------------------------------------------------------------
+
+
+def test_seed_capture_oom_lowers_the_fraction_by_at_least_the_deficit() -> None:
+    """Tried 7.50 GiB with 2.30 free of 85 pre-load at (0.70, 32): the fraction drops >= 5.2/85."""
+    seed = LaunchParams(0.70, 32)
+    rec = record(
+        seed, CAPTURE, tried_gib=7.5, free_gib=2.3, total_gib=93.0, pre_load_avail_gib=85.0
+    )
+    decision = next_params(seed, Bounds(), [rec])
+    assert decision.params is not None
+    mfs, bs = decision.params.mem_fraction_static, decision.params.cuda_graph_max_bs
+    assert mfs is not None and bs is not None
+    # Next time the capture starts with (1 - mfs) x 85 less what was already gone (25.5 - 2.3);
+    # it must hold the 7.50 GiB capture, the six smaller ones and warmup.
+    free_next = (1 - mfs) * 85.0 - (0.30 * 85.0 - 2.3)
+    assert free_next >= 7.5 + 6 * 0.02 + 0.5
+    assert (32, True) == (bs, 0.5 <= mfs <= 0.70 - 5.2 / 85)
+    assert "capture OOM: needed 7.50 GiB, 2.30 free of 85.00 pre-load" in decision.reason
+    assert f"fraction 0.700→{mfs:.3f}, graph bs 32 kept" in decision.reason
+
+
+def engineer_scenario(warmup_gib: float = 0.5) -> MemoryScenario:
+    """A GPU where (0.70, 32) fails its first capture trying 7.50 GiB with 2.30 GiB free."""
+    return MemoryScenario(
+        gpu_total_gib=24.0,
+        other_used_gib=24.0 - 1.0 - 2.3 / 0.3,  # pre-load free = 2.3 / (1 - 0.70)
+        context_gib=1.0,
+        weights_gib=3.0,
+        graph_gib_per_bs=7.49 / 32,
+        graph_overhead_gib=0.01,
+        warmup_gib=warmup_gib,
+    )
+
+
+def test_engineer_scenario_reproduces_the_log_numbers() -> None:
+    """The simulator's log for (0.70, 32) shows the engineer's figures."""
+    s = engineer_scenario()
+    outcome, phase, n = observed(s, simulate(s, LaunchParams(0.70, 32)))
+    assert (Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH) == (outcome, phase)
+    assert (7.5, 2.3, 0, 32) == (n.tried_gib, n.free_gib, n.graph_steps_done, n.graph_last_bs)
+
+
+def test_capture_too_big_for_any_fraction_lowers_the_graph_bs_and_comes_up() -> None:
+    """When even the floor fraction cannot hold the first capture, bs drops; one retry is ready."""
+    s = engineer_scenario()
+    history = run_policy(s, LaunchParams(0.70, 32), Bounds())
+    assert [Outcome.OOM_GRAPH_CAPTURE, Outcome.READY] == [r.outcome for r in history]
+    retry = history[1].params
+    assert retry.cuda_graph_max_bs is not None and retry.cuda_graph_max_bs < 32
+    assert retry.mem_fraction_static is not None and 0.5 <= retry.mem_fraction_static <= 0.95
+
+
+def test_capture_oom_with_total_but_no_pre_load_uses_the_gpu_size() -> None:
+    """Without the pre-load figure the deficit is taken over the GPU size, plus a warmup guess."""
+    seed = LaunchParams(0.70, 32)
+    mfs, bs = decide(record(seed, CAPTURE, tried_gib=7.5, free_gib=2.3, total_gib=93.0))
+    assert 32 == bs
+    assert mfs <= 0.70 - 5.2 / 93
+
+
+def test_capture_oom_without_numbers_steps_down_by_sglangs_advice() -> None:
+    """No figures at all: lower the fraction by the fixed step and keep the bs."""
+    assert (round(0.70 - STEP_FRACTION, 3), 32) == decide(record(LaunchParams(0.70, 32), CAPTURE))
+
+
+def test_capture_oom_at_a_later_step_counts_the_steps_left() -> None:
+    """Failing at step 10 of 36, the remaining 25 steps of that size are reserved too."""
+    p = LaunchParams(0.85, 256)
+    numbers = dict(
+        tried_gib=0.05, free_gib=0.03, total_gib=80.0, pre_load_avail_gib=78.0,
+        post_weights_avail_gib=40.0, pool_end_avail_gib=11.7, graph_begin_avail_gib=11.7,
+        graph_last_avail_gib=0.03, graph_last_bs=176, graph_steps_done=10, graph_steps_total=36,
+    )  # fmt: skip
+    mfs, bs = decide(record(p, CAPTURE, **numbers))
+    still_needed = (0.05 - 0.03) + 25 * 0.05
+    assert 256 == bs
+    assert mfs <= 0.85 - still_needed / 78.0
+
+
+# --- kv too small ----------------------------------------------------------------------------
+
+
+def test_kv_too_small_with_stated_minimum_raises_above_it() -> None:
+    """0.5.23 states the minimum: the next fraction is above it and within the ceiling."""
+    p = LaunchParams(0.6, 32)
+    rec = record(
+        p, TOO_SMALL, min_mem_fraction=0.7123, pre_load_avail_gib=70.0,
+        post_weights_avail_gib=20.14, mem_fraction_static=0.6,
+    )  # fmt: skip
+    decision = next_params(p, Bounds(), [rec])
+    assert decision.params is not None and decision.params.mem_fraction_static is not None
+    assert 0.7123 < decision.params.mem_fraction_static <= 0.95
+    assert 32 == decision.params.cuda_graph_max_bs
+    assert "SGLang's minimum 0.7123" in decision.reason
+
+
+def test_kv_too_small_without_stated_minimum_uses_weights_over_pre() -> None:
+    """0.5.6 says only "Not enough memory": weights/pre-load bounds the next fraction."""
+    p = LaunchParams(0.6, 32)
+    rec = record(p, TOO_SMALL, pre_load_avail_gib=70.0, post_weights_avail_gib=20.0)
+    mfs, bs = decide(rec)
+    assert (32, True) == (bs, mfs > 50.0 / 70.0)
+
+
+def test_kv_too_small_without_figures_raises_by_a_step() -> None:
+    """Nothing known but the fraction: raise it by the fixed step."""
+    assert (round(0.6 + STEP_FRACTION, 3), 32) == decide(record(LaunchParams(0.6, 32), TOO_SMALL))
+
+
+def test_kv_too_small_stays_below_a_fraction_that_oomed_at_that_bs() -> None:
+    """Too small at 0.70 after a capture OOM at 0.80: the next fraction is inside (0.70, 0.80)."""
+    oom = record(LaunchParams(0.80, 32), CAPTURE)
+    small = record(LaunchParams(0.70, 32), TOO_SMALL)
+    mfs, bs = decide(oom, small)
+    assert (32, True) == (bs, 0.70 < mfs < 0.80)
+
+
+def test_kv_too_small_above_the_ceiling_gives_up() -> None:
+    """A stated minimum above the ceiling cannot be met: give up naming more GPUs."""
+    p = LaunchParams(0.9, 32)
+    decision = next_params(p, Bounds(), [record(p, TOO_SMALL, min_mem_fraction=0.9612)])
+    assert decision.params is None
+    assert "more GPUs" in decision.reason and "quantized" in decision.reason
+
+
+# --- brackets ----------------------------------------------------------------------------------
+
+
+def test_empty_bracket_at_the_bs_floor_gives_up() -> None:
+    """Too small at 0.700 and OOM at 0.701 at bs 1 (the floor): nothing fits, give up."""
+    small = record(LaunchParams(0.700, 1), TOO_SMALL)
+    oom = record(LaunchParams(0.701, 1), CAPTURE)
+    decision = next_params(small.params, Bounds(), [small, oom])
+    assert decision.params is None
+    assert "no mem_fraction_static fits even at cuda_graph_max_bs=1" in decision.reason
+
+
+def test_capture_oom_at_the_floor_fraction_lowers_bs_not_below_its_floor() -> None:
+    """A capture OOM at the fraction floor halves bs; at the bs floor it gives up."""
+    bounds = Bounds(graph_bs_floor=8)
+    assert (0.5, 16) == decide(record(LaunchParams(0.5, 32), CAPTURE), bounds=bounds)
+    at_floor = record(LaunchParams(0.5, 8), CAPTURE)
+    assert next_params(at_floor.params, bounds, [at_floor]).params is None
+
+
+def test_kv_cache_oom_rules_the_fraction_out_at_every_bs() -> None:
+    """An OOM allocating the KV pool bounds the fraction for smaller bs too."""
+    oom = record(LaunchParams(0.6, 32), (Outcome.OOM_KV_CACHE, Phase.KV_CACHE))
+    small = record(LaunchParams(0.5, 32), TOO_SMALL)
+    mfs, _ = decide(oom, small)
+    assert 0.5 < mfs < 0.6
+
+
+def test_warmup_oom_lowers_the_fraction_by_the_deficit() -> None:
+    """Warmup tried 1.20 GiB with 0.40 free of 50: the fraction drops by (0.80 + margin)/50."""
+    p = LaunchParams(0.85, 32)
+    rec = AttemptRecord(
+        p,
+        Outcome.OOM_RUNTIME,
+        Phase.WARMUP,
+        Numbers(
+            tried_gib=1.2, free_gib=0.4, pre_load_avail_gib=50.0, post_weights_avail_gib=30.0,
+            pool_end_avail_gib=7.5, graph_begin_avail_gib=7.5, graph_last_avail_gib=0.41,
+            graph_last_bs=1, graph_steps_done=6, graph_steps_total=7,
+        ),
+    )  # fmt: skip
+    mfs, bs = decide(rec)
+    assert 32 == bs
+    assert 0.85 - 0.8 / 50 - 0.01 <= mfs <= 0.85 - 0.8 / 50
+
+
+# --- give up / retry -------------------------------------------------------------------------
+
+
+def test_weights_oom_gives_up_at_once() -> None:
+    """An OOM while loading weights gives up on the first attempt: mem-fraction cannot help."""
+    p = LaunchParams(0.8, 32)
+    rec = AttemptRecord(
+        p, Outcome.OOM_WEIGHTS, Phase.WEIGHTS,
+        Numbers(tried_gib=1.1, free_gib=0.4, pre_load_avail_gib=78.0),
+    )  # fmt: skip
+    decision = next_params(p, Bounds(), [rec])
+    assert decision.params is None
+    assert "weights do not fit" in decision.reason and "quantized model" in decision.reason
+
+
+def test_oom_before_weight_load_names_other_processes() -> None:
+    """An OOM during init (GPU already full) gives up and says the GPU is held by others."""
+    p = LaunchParams(0.8, 32)
+    rec = AttemptRecord(
+        p, Outcome.OOM_WEIGHTS, Phase.INIT, Numbers(tried_gib=1.0, free_gib=0.2, total_gib=80.0)
+    )
+    decision = next_params(p, Bounds(), [rec])
+    assert decision.params is None
+    assert "other processes hold the GPU" in decision.reason
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        Outcome.BAD_ARGUMENT,
+        Outcome.MODEL_NOT_FOUND,
+        Outcome.PORT_IN_USE,
+        Outcome.CUDA_ERROR_OTHER,
+        Outcome.OTHER,
+    ],
+)
+def test_non_memory_fatal_outcomes_give_up(outcome: Outcome) -> None:
+    """A fatal outcome that is not about memory is never retried."""
+    p = LaunchParams(0.8, 32)
+    decision = next_params(p, Bounds(), [AttemptRecord(p, outcome, Phase.INIT, Numbers())])
+    assert decision.params is None
+    assert decision.reason.startswith(f"{outcome.value}: ")
+
+
+@pytest.mark.parametrize(
+    "outcome", [Outcome.HANG, Outcome.KILLED, Outcome.NCCL_ERROR, Outcome.INCOMPLETE]
+)
+def test_transient_outcomes_retry_the_same_resolved_params(outcome: Outcome) -> None:
+    """hang/killed/nccl/incomplete relaunch the same settings, made explicit from the dump."""
+    auto = LaunchParams()
+    rec = AttemptRecord(
+        auto, outcome, Phase.WEIGHTS, Numbers(mem_fraction_static=0.83, cuda_graph_max_bs=256)
+    )
+    assert LaunchParams(0.83, 256) == next_params(auto, Bounds(), [rec]).params
+
+
+def test_gives_up_at_max_attempts() -> None:
+    """After max_attempts attempts the policy gives up, whatever the last outcome."""
+    p = LaunchParams(0.8, 32)
+    history = [AttemptRecord(p, Outcome.HANG, Phase.WEIGHTS, Numbers())] * 3
+    decision = next_params(p, Bounds(max_attempts=3), history)
+    assert decision.params is None
+    assert "gave up after 3 attempts (max_attempts)" in decision.reason
+
+
+def test_no_history_launches_initial_and_ready_relaunches_its_params() -> None:
+    """The first attempt is the configured params; after a ready one, the same again."""
+    auto = LaunchParams()
+    assert auto == next_params(auto, Bounds(), []).params
+    ready = AttemptRecord(
+        auto, Outcome.READY, Phase.READY, Numbers(mem_fraction_static=0.9, cuda_graph_max_bs=64)
+    )
+    assert LaunchParams(0.9, 64) == next_params(auto, Bounds(), [ready]).params
+
+
+def test_impossible_bounds_raise_policy_error() -> None:
+    """A floor at or above the ceiling is refused with a PolicyError."""
+    with pytest.raises(PolicyError, match="mem_fraction_floor"):
+        next_params(LaunchParams(), Bounds(0.9, 0.8), [])
+
+
+# --- auto params -----------------------------------------------------------------------------
+
+
+def test_auto_params_resolve_from_the_server_args_dump() -> None:
+    """Launched as auto, the dump's values are the ones lowered and proposed explicitly."""
+    auto = LaunchParams()
+    rec = record(auto, CAPTURE, mem_fraction_static=0.83, cuda_graph_max_bs=256)
+    decision = next_params(auto, Bounds(), [rec])
+    assert LaunchParams(round(0.83 - STEP_FRACTION, 3), 256) == decision.params
+    assert "fraction 0.830→0.780, graph bs 256 kept" in decision.reason
+
+
+def test_auto_params_resolve_from_the_gpu_size() -> None:
+    """Without a dump, SGLang's auto rules for the OOM message's GPU size apply."""
+    bs = auto_cuda_graph_max_bs(80.0, 4, "0.5.6")
+    mfs = auto_mem_fraction_static(80.0, 4, "0.5.6", bs)
+    resolved = resolve_params(LaunchParams(), Numbers(total_gib=80.0), tp=4, sglang_version="0.5.6")
+    assert (mfs, bs) == resolved
+
+
+def test_auto_params_without_any_figure_use_sglangs_fallbacks() -> None:
+    """Nothing known: SGLang's own unknown-GPU values are assumed and proposals are explicit."""
+    assert (ASSUMED_MEM_FRACTION, ASSUMED_GRAPH_BS) == resolve_params(LaunchParams(), Numbers())
+    expected = (round(ASSUMED_MEM_FRACTION - STEP_FRACTION, 3), ASSUMED_GRAPH_BS)
+    assert expected == decide(record(LaunchParams(), CAPTURE))
+
+
+# --- ladder ------------------------------------------------------------------------------------
+
+
+def test_capture_oom_ladder_steps_down_then_halves_bs() -> None:
+    """Without numbers the ladder lowers the fraction by the step, then halves bs at the floor."""
+    ladder = capture_oom_ladder(
+        LaunchParams(0.6, 32), Bounds(), gpu_total_gib=None, tp=1, sglang_version="0.5.23"
+    )
+    expected = [
+        LaunchParams(0.55, 32),
+        LaunchParams(0.5, 32),
+        LaunchParams(0.5, 16),
+        LaunchParams(0.5, 8),
+        LaunchParams(0.5, 4),
+    ]
+    assert expected == ladder
+
+
+def test_capture_oom_ladder_resolves_auto_with_the_gpu_size() -> None:
+    """An auto start on a known GPU begins from SGLang's auto values, all retries explicit."""
+    bs = auto_cuda_graph_max_bs(80.0, 1, "0.5.23")
+    mfs = auto_mem_fraction_static(80.0, 1, "0.5.23", bs)
+    ladder = capture_oom_ladder(
+        LaunchParams(), Bounds(), gpu_total_gib=80.0, tp=1, sglang_version="0.5.23"
+    )
+    assert LaunchParams(round(mfs - STEP_FRACTION, 3), bs) == ladder[0]
+    assert Bounds().max_attempts - 1 == len(ladder)
+
+
+# --- observed --------------------------------------------------------------------------------
+
+
+def test_observed_capture_oom_has_the_progress_line_before_the_failing_step() -> None:
+    """A capture OOM shows pre/post/pool figures and the last "Capturing batches" line."""
+    s = MemoryScenario(gpu_total_gib=80.0, weights_gib=40.0, graph_gib_per_bs=0.1)
+    trace = simulate(s, LaunchParams(0.9, 256))
+    outcome, phase, n = observed(s, trace)
+    assert (Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH) == (outcome, phase)
+    assert (0.9, 256) == (n.mem_fraction_static, n.cuda_graph_max_bs)
+    assert (79.0, 39.0, 40.0) == (n.pre_load_avail_gib, n.post_weights_avail_gib, n.weights_gib)
+    assert (7.9, 7.9, 7.9) == (n.pool_end_avail_gib, n.graph_begin_avail_gib, n.free_gib)
+    assert (256, 0, 36, 25.61, 80.0) == (
+        n.graph_last_bs, n.graph_steps_done, n.graph_steps_total, n.tried_gib, n.total_gib
+    )  # fmt: skip
+
+
+def test_observed_states_the_minimum_only_on_0_5_23_with_no_pool() -> None:
+    """0.5.23's "Loaded weights leave no GPU memory" (pool <= 0) states the minimum; 0.5.6's not."""
+    new = MemoryScenario(gpu_total_gib=80.0, weights_gib=60.0, context_gib=2.0)
+    _, _, n = observed(new, simulate(new, LaunchParams(0.7, 32)))
+    assert round(60.0 / 78.0, 4) == n.min_mem_fraction
+    assert n.kv_tokens is None
+    old = MemoryScenario(
+        gpu_total_gib=80.0, weights_gib=60.0, context_gib=2.0, sglang_version="0.5.6"
+    )
+    outcome, _, n = observed(old, simulate(old, LaunchParams(0.7, 32)))
+    assert (Outcome.KV_TOO_SMALL, None) == (outcome, n.min_mem_fraction)
+
+
+def test_observed_too_small_positive_pool_shows_tokens_not_minimum() -> None:
+    """A pool > 0 below the scenario's minimum shows its token count and no stated minimum."""
+    s = MemoryScenario(gpu_total_gib=80.0, weights_gib=60.0, context_gib=2.0, min_kv_tokens=50_000)
+    outcome, _, n = observed(s, simulate(s, LaunchParams(0.8, 32)))
+    assert (Outcome.KV_TOO_SMALL, None) == (outcome, n.min_mem_fraction)
+    assert n.kv_tokens is not None and 0 < n.kv_tokens < 50_000
+
+
+def test_observed_init_oom_has_no_pre_load_figure() -> None:
+    """An OOM before weight load shows the torch figures but no "Load weight begin" line."""
+    s = MemoryScenario(gpu_total_gib=24.0, weights_gib=10.0, other_used_gib=23.5, context_gib=1.0)
+    outcome, phase, n = observed(s, simulate(s, LaunchParams(0.8, 8)))
+    assert (Outcome.OOM_WEIGHTS, Phase.INIT, None) == (outcome, phase, n.pre_load_avail_gib)
+    assert (1.0, 0.5, 24.0) == (n.tried_gib, n.free_gib, n.total_gib)
+
+
+def test_observed_ready_has_the_token_summary() -> None:
+    """A ready start-up shows max_total_num_tokens and no OOM figures."""
+    s = MemoryScenario(gpu_total_gib=80.0, weights_gib=16.0)
+    outcome, phase, n = observed(s, simulate(s, LaunchParams(0.8, 32)))
+    assert (Outcome.READY, Phase.READY, None) == (outcome, phase, n.tried_gib)
+    assert n.max_total_num_tokens == n.kv_tokens and n.kv_tokens is not None
