@@ -255,6 +255,8 @@ class Limits:
     max_stalls: int = 2
     probe_failures: int = 3
     start_deadline: float = 1800.0
+    tp: int | None = None  # helps the policy resolve auto params the log did not show
+    sglang_version: str | None = None
 
 
 @dataclass
@@ -563,7 +565,8 @@ class ServerMachine:
             ]
         if self.started_at is not None and now - self.started_at > self.limits.start_deadline:
             return self._give_up(f"start-up deadline of {self.limits.start_deadline:.0f}s passed")
-        decision = next_params(self.initial, self.limits.bounds, self.history)
+        decision = next_params(self.initial, self.limits.bounds, self.history,
+                               tp=self.limits.tp, sglang_version=self.limits.sglang_version)
         if decision.params is None:
             return self._give_up(decision.reason)
         self.params = decision.params

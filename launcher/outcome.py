@@ -13,18 +13,18 @@ class Outcome(enum.StrEnum):
     """How one start-up attempt ended. Values are stable (events, JSON, ledger)."""
 
     READY = "ready"
-    OOM_GRAPH_CAPTURE = "oom_graph_capture"  # CUDA OOM while capturing CUDA graphs
+    OOM_GRAPH_CAPTURE = "oom_graph_capture"  # CUDA OOM capturing CUDA graphs
     OOM_WEIGHTS = "oom_weights"  # CUDA OOM before "Load weight end": weights do not fit
     OOM_KV_CACHE = "oom_kv_cache"  # CUDA OOM while allocating the KV pool
     OOM_RUNTIME = "oom_runtime"  # CUDA OOM at warmup or while serving
-    KV_TOO_SMALL = "kv_too_small"  # "Not enough memory. Please try to increase --mem-fraction-static"
+    KV_TOO_SMALL = "kv_too_small"  # "Not enough memory. ... increase --mem-fraction-static"
     PORT_IN_USE = "port_in_use"  # uvicorn / internal port "address already in use"
     BAD_ARGUMENT = "bad_argument"  # argparse or config ValueError
     MODEL_NOT_FOUND = "model_not_found"  # model path / repo id not found
     NCCL_ERROR = "nccl_error"  # NCCL failure that is not an out-of-memory
     HANG = "hang"  # alive but no log progress within the phase's budget
     KILLED = "killed"  # SIGKILLed from outside with no error of its own
-    CUDA_ERROR_OTHER = "cuda_error_other"  # CUDA error that is not memory (no kernel image, illegal access)
+    CUDA_ERROR_OTHER = "cuda_error_other"  # non-memory CUDA error (no kernel image, ...)
     OTHER = "other"  # failed with an error we do not know
     INCOMPLETE = "incomplete"  # log ends with no error and no ready line
 

@@ -133,7 +133,8 @@ class MemoryScenario:
         """(bs, GiB allocated) per capture step, in capture order (largest bs first)."""
         steps = list(reversed(capture_bs_list(max_bs)))
         first = self.graph_gib_per_bs * max_bs
-        return [(b, (first if i == 0 else 0.0) + self.graph_overhead_gib) for i, b in enumerate(steps)]
+        over = self.graph_overhead_gib
+        return [(b, (first if i == 0 else 0.0) + over) for i, b in enumerate(steps)]
 
     def graph_total_gib(self, max_bs: int) -> float:
         return sum(a for _, a in self.graph_allocations(max_bs))

@@ -1,0 +1,594 @@
+"""Running one server attempt detached on a host: launch, follow, probe, stop, adopt.
+
+One protocol for every transport: it only uses ``Transport.run`` and ``Transport.stream`` with
+POSIX ``sh`` scripts whose inputs travel as positional arguments (never interpolated), so the
+SSH and local transports behave alike.
+
+Each attempt owns a run directory ``<run_dir>/<server>/<attempt>/`` on the host::
+
+    cmd          the server's command line, shell-quoted (for humans)
+    env          mode 0600, ``export K='v'`` lines sourced just before exec (written via stdin)
+    log          stdout + stderr of the server
+    pid_start    "<boot id> <start time>" of the server process (guards against pid reuse)
+    pid          the server's pid, which is also its process-group and session id
+    exit_status  written atomically by the wrapper shell once the server has exited:
+                 the exit code, or 128+N when killed by signal N
+    started_at   UTC ISO-8601 time of the launch
+
+Process layout: ``launch``'s shell starts a *wrapper* shell in a new session; the wrapper starts
+the server in another new session (so pid == pgid == sid), waits for it and writes
+``exit_status``. Both have stdin from /dev/null and no terminal, so neither launcher's death nor
+an SSH drop reaches them. Stopping signals the server's group and session, never the wrapper.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+import structlog
+
+from launcher.errors import ConfigError, LogFormatError, RemoteCommandError, StateError
+from launcher.transport.base import CommandResult, Transport
+
+log = structlog.get_logger(__name__)
+
+# How often the remote follower (GNU tail --pid) checks that the server lives. In practice it
+# notices at once: the wrapper's rename of exit_status wakes tail's inotify watch on the dir.
+FOLLOW_POLL_S = 0.2
+_EXIT_STATUS_WAIT_S = 2.0  # the wrapper writes exit_status right after reaping the server
+_STOP_POLL_S = 0.1
+_PID_WAIT_TICKS = 200  # launch waits 200 × 50 ms for the server's pid file
+_EXISTS_STATUS = 17  # launch script: the attempt directory already exists
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_VERSION_REMEDY = "set sglang_version in the config"
+
+# Shell functions shared by the scripts below. ``ident`` reads the boot id and the start time
+# (field 22 of /proc/PID/stat, after the parenthesised command name) so that a recycled pid is
+# never mistaken for our server.
+_PRELUDE = r"""
+expand() { case $1 in "~") x=$HOME ;; "~/"*) x=$HOME/${1#"~/"} ;; *) x=$1 ;; esac; }
+ident() {
+  [ -r "/proc/$1/stat" ] || return 1
+  read -r l < "/proc/$1/stat" || return 1
+  set -- ${l##*) }; shift 19
+  printf '%s %s' "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)" "$1"
+}
+ours() {
+  [ -r "$1/pid_start" ] || return 0
+  i=$(ident "$2") || return 0
+  [ "$i" = "$(cat "$1/pid_start")" ]
+}
+alive() {
+  [ -e "$1/exit_status" ] && return 1
+  p=$(cat "$1/pid" 2>/dev/null) || return 1
+  [ -n "$p" ] && kill -0 "$p" 2>/dev/null || return 1
+  ours "$1" "$p"
+}
+members() {
+  ps -eo pid=,pgid=,sid=,stat= | awk -v g="$1" '($2 == g || $3 == g) && $4 !~ /^Z/ {print $1}'
+}
+strays() {
+  ps -eo pid=,pgid=,sid=,stat= | awk -v g="$1" '$3 == g && $2 != g && $4 !~ /^Z/ {print $1}'
+}
+"""
+
+# $1 dir, $2 cwd, rest: the server's argv. Becomes the server by exec. Its variables have odd
+# names because the env file is sourced in the same shell.
+_SHIM = r"""
+ident() {
+  [ -r "/proc/$1/stat" ] || return 1
+  read -r l < "/proc/$1/stat" || return 1
+  set -- ${l##*) }; shift 19
+  printf '%s %s' "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)" "$1"
+}
+_launcher_dir=$1; _launcher_cwd=$2; shift 2
+if ident $$ > "$_launcher_dir/pid_start.tmp"; then
+  mv -f "$_launcher_dir/pid_start.tmp" "$_launcher_dir/pid_start"
+fi
+printf '%s\n' $$ > "$_launcher_dir/pid.tmp" && mv -f "$_launcher_dir/pid.tmp" "$_launcher_dir/pid" \
+  || exit 126
+. "$_launcher_dir/env" || exit 126
+if [ -n "$_launcher_cwd" ]; then cd "$_launcher_cwd" || exit 126; fi
+exec "$@"
+"""
+
+# $1 dir, $2 shim, rest: passed on to the shim. Waits for the server and records its status.
+_WRAPPER = r"""
+d=$1; shim=$2; shift 2
+setsid sh -c "$shim" sh "$d" "$@" < /dev/null >> "$d/log" 2>&1 &
+wait $!
+st=$?
+printf '%s\n' "$st" > "$d/exit_status.tmp" && mv -f "$d/exit_status.tmp" "$d/exit_status"
+"""
+
+# $1 run_dir, $2 server, $3 attempt, $4 cwd, $5 human command line, $6 wrapper, $7 shim,
+# rest: the server's argv. stdin: the env file. Prints "<pid>\n--\n<absolute dir>".
+_LAUNCH = _PRELUDE + r"""
+set -u
+command -v setsid > /dev/null || { echo "setsid not found on this host" >&2; exit 127; }
+expand "$1"; base=$x
+mkdir -p "$base/$2" || exit 1
+d=$(cd "$base/$2" && pwd -P) || exit 1
+d=$d/$3
+if [ -e "$d" ]; then echo "attempt directory exists: $d" >&2; exit 17; fi
+mkdir "$d" || exit 1
+(umask 077 && cat > "$d/env") || exit 1
+printf '%s\n' "$5" > "$d/cmd"
+: > "$d/log"
+date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started_at"
+cwd=$4; wrapper=$6; shim=$7; shift 7
+if [ -n "$cwd" ]; then expand "$cwd"; cwd=$x; fi
+setsid sh -c "$wrapper" sh "$d" "$shim" "$cwd" "$@" < /dev/null > /dev/null 2>&1 &
+i=0
+while [ ! -s "$d/pid" ]; do
+  i=$((i + 1))
+  if [ "$i" -gt "$PID_TICKS" ]; then echo "server wrote no pid file in $d" >&2; exit 3; fi
+  sleep 0.05
+done
+printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
+""".replace("$PID_TICKS", str(_PID_WAIT_TICKS))
+
+# $1 dir. Prints "<alive 0|1> <exit status or -> <log size>".
+_PROBE = _PRELUDE + r"""
+d=$1
+if alive "$d"; then a=1; else a=0; fi
+st=$(cat "$d/exit_status" 2>/dev/null) || st=
+size=$(wc -c 2> /dev/null < "$d/log") || size=0
+printf '%s %s %s\n' "$a" "${st:--}" $size
+"""
+
+# $1 dir, $2 ticks of 50 ms. Prints the exit status once it exists, or nothing.
+_EXIT_STATUS = r"""
+i=0
+while [ ! -e "$1/exit_status" ] && [ "$i" -lt "$2" ]; do sleep 0.05; i=$((i + 1)); done
+cat "$1/exit_status" 2>/dev/null
+exit 0
+"""
+
+# $1 dir. Prints the pids left in the server's process group or session (zombies excluded),
+# or nothing when the recorded pid now belongs to someone else.
+_MEMBERS = _PRELUDE + r"""
+p=$(cat "$1/pid" 2>/dev/null) || exit 0
+[ -n "$p" ] && ours "$1" "$p" || exit 0
+members "$p"
+"""
+
+# $1 dir, $2 signal name. Signals the group, then the session's members outside the group
+# (each process gets the signal once: a second SIGTERM can hit Python after it has restored
+# the default handler on its way out, turning a clean exit into 143).
+_SIGNAL = _PRELUDE + r"""
+p=$(cat "$1/pid" 2>/dev/null) || exit 0
+[ -n "$p" ] && ours "$1" "$p" || exit 0
+[ -n "$(members "$p")" ] || exit 0
+kill -s "$2" -- "-$p" 2>/dev/null
+for q in $(strays "$p"); do kill -s "$2" "$q" 2>/dev/null; done
+echo sent
+"""
+
+# $1 run_dir, $2 server. Prints "<attempt> <alive 0|1> <pid or ->" lines, "@@", the absolute
+# server directory (nothing at all when it does not exist).
+_LIST = _PRELUDE + r"""
+expand "$1"
+[ -d "$x/$2" ] || exit 0
+cd "$x/$2" || exit 1
+for a in *; do
+  case $a in ''|*[!0-9]*) continue ;; esac
+  [ -d "$a" ] || continue
+  p=$(cat "$a/pid" 2>/dev/null) || p=
+  if alive "$PWD/$a"; then l=1; else l=0; fi
+  printf '%s %s %s\n' "$a" "$l" "${p:--}"
+done
+printf '@@\n%s' "$(pwd -P)"
+"""
+
+_READ = r"""
+if [ -n "$3" ]; then tail -c "+$2" "$1" | head -c "$3"; else tail -c "+$2" "$1"; fi
+"""
+
+_PORT_PY = """
+import errno, socket, sys
+port = int(sys.argv[1])
+busy = False
+for host in ("127.0.0.1", "0.0.0.0"):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        busy = busy or e.errno == errno.EADDRINUSE
+    finally:
+        s.close()
+print(1 if busy else 0)
+"""
+
+# $1 port, $2 the python probe. Prints 1 when something holds the port, else 0.
+_PORT = r"""
+if command -v python3 > /dev/null 2>&1; then exec python3 -c "$2" "$1"; fi
+if ss -ltnH "sport = :$1" | grep -q .; then echo 1; else echo 0; fi
+"""
+
+_PATH_EXISTS = _PRELUDE + r"""
+expand "$1"; test -e "$x"
+"""
+
+_VERSION_PY = "import importlib.metadata as m; print(m.version('sglang'))"
+_SIM_MODULE = "launcher.sim.server"
+_SIM_DEFAULT_VERSION = "0.5.23"
+
+
+@dataclass(frozen=True)
+class AttemptSpec:
+    """Everything needed to start one attempt of one server.
+
+    ``secret_env`` values are treated like ``env`` on the host but are kept out of every log
+    line and every process's argv.
+    """
+
+    server: str
+    attempt: int
+    run_dir: str
+    argv: list[str]
+    env: dict[str, str]
+    secret_env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class RunHandle:
+    """A launched attempt: its run directory (absolute on the host) and its server pid."""
+
+    server: str
+    attempt: int
+    dir: str
+    pid: int
+
+    @property
+    def log_path(self) -> str:
+        return f"{self.dir}/log"
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Bytes of the log; ``end_offset`` is the log offset just after them (resume from it)."""
+
+    data: bytes
+    end_offset: int
+
+
+@dataclass(frozen=True)
+class Exited:
+    """The server has exited: its status (128+N when killed by signal N), or None when nobody
+    recorded it (its wrapper shell was killed too, or the host rebooted)."""
+
+    status: int | None
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A one-off look at an attempt."""
+
+    alive: bool
+    exit_status: int | None
+    log_size: int
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What ``stop`` did: the signals it sent, in order, and what was left afterwards."""
+
+    signals_sent: list[str]
+    exit_status: int | None
+    leftover_pids: list[int]
+
+
+def _sh(script: str, *args: str) -> list[str]:
+    """argv running ``script`` with ``args`` as $1, $2, … (values are never interpolated)."""
+    return ["sh", "-c", script, "sh", *args]
+
+
+def _fail(transport: Transport, what: str, result: CommandResult, remedy: str = "") -> None:
+    if result.ok:
+        return
+    raise RemoteCommandError(
+        f"{what} failed on {transport.host_name} with exit status {result.exit_status}",
+        host=transport.host_name,
+        command=what,
+        exit_status=result.exit_status,
+        stderr=result.stderr[-2000:].decode("utf-8", "replace"),
+        remedy=remedy,
+    )
+
+
+def _env_file(spec: AttemptSpec) -> bytes:
+    """The ``env`` file: plain then secret values, then the two variables every server needs.
+
+    SGL_FORCE_SHUTDOWN=1 makes SGLang's SIGTERM exit instead of draining requests forever;
+    no_proxy keeps the server's warmup request to itself away from any HTTP proxy (the host's
+    own no_proxy entries are kept after ours).
+    """
+    problems = [
+        f"servers.{spec.server}.env: {name!r} is not a valid environment variable name"
+        for name in (*spec.env, *spec.secret_env)
+        if not _ENV_NAME.match(name)
+    ]
+    if problems:
+        raise ConfigError(problems)
+    values = {**spec.env, **spec.secret_env, "SGL_FORCE_SHUTDOWN": "1"}
+    given_no_proxy = values.pop("no_proxy", "")
+    no_proxy = ",".join(p for p in ("127.0.0.1,localhost", given_no_proxy) if p)
+    lines = [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
+    # Unquoted on purpose: the host's inherited no_proxy is appended when the file is sourced.
+    lines.append(f'export no_proxy={shlex.quote(no_proxy)}"${{no_proxy:+,$no_proxy}}"')
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+
+
+def _check_name(server: str) -> None:
+    if not server or server in (".", "..") or "/" in server or "\0" in server:
+        raise ConfigError([f"server name {server!r} cannot be used as a directory name"])
+
+
+async def launch(transport: Transport, spec: AttemptSpec) -> RunHandle:
+    """Start ``spec.argv`` detached on the host and return once its pid is recorded.
+
+    Resource handling: the server outlives this call, the transport and launcher itself; only
+    ``stop`` ends it. Error handling: StateError if the attempt directory already exists,
+    RemoteCommandError if the host could not start it (the server's own failures, such as a
+    missing program or a bad cwd, show up later as an exit status and in the log).
+    """
+    _check_name(spec.server)
+    if spec.attempt < 1:
+        raise StateError(f"attempt numbers start at 1, got {spec.attempt}")
+    if not spec.argv:
+        raise ConfigError([f"servers.{spec.server}.command is empty"])
+    args = [
+        spec.run_dir, spec.server, str(spec.attempt), spec.cwd or "", shlex.join(spec.argv),
+        _WRAPPER, _SHIM, *spec.argv,
+    ]
+    result = await transport.run(_sh(_LAUNCH, *args), stdin=_env_file(spec), timeout=60.0)
+    if result.exit_status == _EXISTS_STATUS:
+        raise StateError(
+            f"attempt {spec.attempt} of {spec.server} already exists on {transport.host_name}",
+            remedy="attempt numbers must increase; start from latest_attempt() + 1",
+        )
+    _fail(transport, "launch", result)
+    pid_text, sep, directory = result.stdout.decode("utf-8", "surrogateescape").partition(
+        "\n--\n")
+    if not sep or not pid_text.strip().isdigit():
+        raise LogFormatError(f"launch on {transport.host_name} printed {result.stdout[:200]!r}")
+    handle = RunHandle(spec.server, spec.attempt, directory, int(pid_text))
+    log.info("remote.launched", host=transport.host_name, server=spec.server,
+             attempt=spec.attempt, pid=handle.pid, dir=handle.dir)
+    return handle
+
+
+async def probe(transport: Transport, handle: RunHandle) -> RunStatus:
+    """Whether the server still runs, its exit status if recorded, and the log's size."""
+    result = await transport.run(_sh(_PROBE, handle.dir))
+    _fail(transport, "probe", result)
+    fields = result.stdout.split()
+    if len(fields) != 3:
+        raise LogFormatError(f"probe on {transport.host_name} printed {result.stdout[:200]!r}")
+    alive, status, size = (f.decode() for f in fields)
+    return RunStatus(alive == "1", None if status == "-" else int(status), int(size))
+
+
+async def _exit_status(transport: Transport, handle: RunHandle, wait_s: float) -> int | None:
+    ticks = str(math.ceil(wait_s / 0.05))
+    result = await transport.run(_sh(_EXIT_STATUS, handle.dir, ticks), timeout=wait_s + 30.0)
+    text = result.stdout.strip()
+    return int(text) if text.isdigit() else None
+
+
+async def read_log(
+    transport: Transport, handle: RunHandle, offset: int = 0, max_bytes: int | None = None,
+) -> bytes:
+    """The log's bytes from ``offset`` (at most ``max_bytes`` of them)."""
+    limit = "" if max_bytes is None else str(max_bytes)
+    result = await transport.run(_sh(_READ, handle.log_path, str(offset + 1), limit))
+    _fail(transport, "read_log", result)
+    return result.stdout
+
+
+async def tail_log(transport: Transport, handle: RunHandle, nbytes: int = 64 * 1024) -> bytes:
+    """The last ``nbytes`` bytes of the log."""
+    result = await transport.run(["tail", "-c", str(nbytes), handle.log_path])
+    _fail(transport, "tail_log", result)
+    return result.stdout
+
+
+async def _close(iterator: AsyncIterator[bytes]) -> None:
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        with anyio.CancelScope(shield=True):
+            await aclose()
+
+
+async def follow(
+    transport: Transport, handle: RunHandle, offset: int = 0,
+) -> AsyncGenerator[LogChunk | Exited, None]:
+    """Yield the log from byte ``offset`` as it grows, then ``Exited`` once the server is gone.
+
+    Every byte is yielded exactly once, in order; ``Exited`` comes after the last byte the
+    server wrote. Death is noticed within about FOLLOW_POLL_S (GNU ``tail --pid`` on the
+    host; without it this degrades to polling).
+
+    Error handling: HostUnreachable from the transport propagates; call ``follow`` again with
+    the ``end_offset`` of the last chunk received to resume without loss or repetition.
+    Resource handling: closing or cancelling the iteration stops the remote follower.
+    """
+    position = offset
+    while True:
+        stream = transport.stream([
+            "tail", "-c", f"+{position + 1}", "-F", f"--pid={handle.pid}",
+            "-s", str(FOLLOW_POLL_S), handle.log_path,
+        ])
+        try:
+            async for data in stream:
+                position += len(data)
+                yield LogChunk(data, position)
+        finally:
+            await _close(stream)
+        status = await probe(transport, handle)
+        if not status.alive:
+            break
+        # The follower ended while the server lives (no GNU tail, or it was killed): catch up
+        # by reading, and try again shortly so a missing --pid cannot turn into a busy loop.
+        data = await read_log(transport, handle, position)
+        if data:
+            position += len(data)
+            yield LogChunk(data, position)
+        await anyio.sleep(FOLLOW_POLL_S)
+    exit_status = status.exit_status
+    if exit_status is None:
+        exit_status = await _exit_status(transport, handle, _EXIT_STATUS_WAIT_S)
+    data = await read_log(transport, handle, position)
+    if data:
+        position += len(data)
+        yield LogChunk(data, position)
+    yield Exited(exit_status)
+
+
+async def _members(transport: Transport, handle: RunHandle) -> list[int]:
+    result = await transport.run(_sh(_MEMBERS, handle.dir))
+    _fail(transport, "process listing", result)
+    return [int(p) for p in result.stdout.split()]
+
+
+async def _wait_gone(transport: Transport, handle: RunHandle, seconds: float) -> list[int]:
+    """Poll until the server's group and session are empty or ``seconds`` pass; the leftovers."""
+    with anyio.move_on_after(seconds):
+        while True:
+            if not await _members(transport, handle):
+                return []
+            await anyio.sleep(_STOP_POLL_S)
+    return await _members(transport, handle)
+
+
+async def stop(
+    transport: Transport, handle: RunHandle, *, grace: float = 20.0, kill_wait: float = 5.0,
+) -> StopReport:
+    """SIGTERM the server's process group and session, SIGKILL what is left after ``grace``.
+
+    Idempotent: on a server that is already gone no signal is sent. ``leftover_pids`` lists
+    processes still in the group after the SIGKILL wait (typically stuck in a driver call,
+    still holding GPU memory). Never signals a process that merely reuses the server's pid.
+    """
+    sent: list[str] = []
+    for signal_name, wait_s in (("SIGTERM", grace), ("SIGKILL", kill_wait)):
+        result = await transport.run(_sh(_SIGNAL, handle.dir, signal_name.removeprefix("SIG")))
+        _fail(transport, "signal", result)
+        if not result.stdout.strip():
+            break
+        sent.append(signal_name)
+        log.info("remote.signal_sent", host=transport.host_name, server=handle.server,
+                 attempt=handle.attempt, pid=handle.pid, signal=signal_name)
+        if not await _wait_gone(transport, handle, wait_s):
+            break
+    leftovers = await _members(transport, handle)
+    # The wrapper records the status right after the server dies; nothing to wait for when
+    # no signal was needed.
+    exit_status = await _exit_status(transport, handle, 1.0 if sent else 0.0)
+    if leftovers:
+        log.warning("remote.stop_leftovers", host=transport.host_name, server=handle.server,
+                    attempt=handle.attempt, pids=leftovers)
+    return StopReport(sent, exit_status, leftovers)
+
+
+async def _list_attempts(
+    transport: Transport, run_dir: str, server: str,
+) -> tuple[str, list[tuple[int, bool, int | None]]]:
+    """The absolute server directory and its attempts as (attempt, alive, pid)."""
+    _check_name(server)
+    result = await transport.run(_sh(_LIST, run_dir, server))
+    _fail(transport, "listing attempts", result)
+    entries, sep, directory = result.stdout.decode("utf-8", "surrogateescape").partition(
+        "@@\n")
+    if not sep:
+        return "", []
+    attempts = []
+    for line in entries.splitlines():
+        parts = line.split()
+        if len(parts) != 3:
+            raise LogFormatError(f"attempt listing on {transport.host_name}: bad line {line!r}")
+        attempt, alive, pid = parts
+        attempts.append((int(attempt), alive == "1", None if pid == "-" else int(pid)))
+    return directory, attempts
+
+
+async def find_running(transport: Transport, run_dir: str, server: str) -> RunHandle | None:
+    """The newest attempt of ``server`` whose server still runs (for adoption), or None."""
+    directory, attempts = await _list_attempts(transport, run_dir, server)
+    for attempt, alive, pid in sorted(attempts, reverse=True):
+        if alive and pid is not None:
+            return RunHandle(server, attempt, f"{directory}/{attempt}", pid)
+    return None
+
+
+async def latest_attempt(transport: Transport, run_dir: str, server: str) -> int:
+    """The highest attempt number on the host for ``server`` (0 if none)."""
+    _, attempts = await _list_attempts(transport, run_dir, server)
+    return max((a for a, _, _ in attempts), default=0)
+
+
+async def port_in_use(transport: Transport, port: int) -> bool:
+    """Whether something on the host holds TCP ``port`` (on 127.0.0.1 or 0.0.0.0)."""
+    result = await transport.run(_sh(_PORT, str(port), _PORT_PY))
+    _fail(transport, "port check", result)
+    return result.stdout.strip() == b"1"
+
+
+async def path_exists(transport: Transport, path: str) -> bool:
+    """Whether ``path`` (``~`` expanded on the host) exists there."""
+    result = await transport.run(_sh(_PATH_EXISTS, path))
+    return result.ok
+
+
+def version_probe_argv(command: Sequence[str]) -> list[str]:
+    """The argv printing the sglang version with the interpreter ``command`` would use.
+
+    ``[prefix..., python, "-m", "sglang..."]`` keeps the prefix and the python (so ``docker
+    exec c python3 -m ...`` probes inside the container); a ``sglang`` console script is
+    replaced by the ``python3`` beside it (or on PATH). Nothing but importlib.metadata is
+    imported, so torch is never loaded.
+    """
+    for i, arg in enumerate(command[:-1]):
+        if arg == "-m" and command[i + 1].split(".")[0] == "sglang" and i > 0:
+            return [*command[:i], "-c", _VERSION_PY]
+    for i, arg in enumerate(command):
+        directory, _, name = arg.rpartition("/")
+        if name == "sglang":
+            python = f"{directory}/python3" if directory else "python3"
+            return [*command[:i], python, "-c", _VERSION_PY]
+    if command and command[0].rpartition("/")[2].startswith("python"):
+        return [command[0], "-c", _VERSION_PY]
+    raise ConfigError([
+        f"cannot tell which python runs {shlex.join(command)!r}; {_VERSION_REMEDY}",
+    ])
+
+
+async def detect_sglang_version(transport: Transport, command: list[str]) -> str:
+    """The sglang version installed where ``command`` would run.
+
+    For the simulator (``launcher.sim.server`` in the command) this is the host's
+    SGLANG_SIM_VERSION, or 0.5.23. Error handling: RemoteCommandError (with the stderr tail
+    and the remedy) when the probe fails or prints something that is not a version.
+    """
+    if any(_SIM_MODULE in arg for arg in command):
+        result = await transport.run(_sh('printf %s "${SGLANG_SIM_VERSION-}"'))
+        return result.stdout.decode().strip() or _SIM_DEFAULT_VERSION
+    argv = version_probe_argv(command)
+    result = await transport.run(argv, timeout=60.0)
+    _fail(transport, "sglang version probe", result, remedy=_VERSION_REMEDY)
+    version = result.stdout.decode("utf-8", "replace").strip()
+    if not re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version):
+        raise RemoteCommandError(
+            f"sglang version probe on {transport.host_name} printed {version[:200]!r}",
+            host=transport.host_name, command=shlex.join(argv), exit_status=0,
+            stderr=result.stderr[-2000:].decode("utf-8", "replace"), remedy=_VERSION_REMEDY,
+        )
+    return version

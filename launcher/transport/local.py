@@ -1,0 +1,207 @@
+"""The local transport: runs commands on this machine, with the same contract as SSH.
+
+Every command runs in a new session (``start_new_session``), so a timeout or a cancelled
+stream can kill the command *and* whatever it started in its process group, and a Ctrl-C
+aimed at launcher does not reach the commands it runs. Processes that a command detaches on
+purpose (``setsid``, as launcher.remote does for servers) leave that group and survive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+
+import anyio
+from anyio.abc import ByteReceiveStream, Process
+
+from launcher.errors import RemoteCommandError
+from launcher.transport.base import CommandResult
+
+_STDERR_TAIL = 2000
+
+
+def _status(returncode: int) -> int:
+    """Map a Popen return code to the shell convention: killed by signal N → 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _kill_group(process: Process) -> None:
+    """SIGKILL the command's process group (it leads its own session, so pgid == pid).
+
+    The kernel does not hand out a pid that is still some group's id, so this cannot hit a
+    stranger even after the command itself has been reaped.
+    """
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+async def _read_all(stream: ByteReceiveStream | None, sink: bytearray) -> None:
+    if stream is None:
+        return
+    async for chunk in stream:
+        sink += chunk
+
+
+class LocalTransport:
+    """A Transport for the machine launcher runs on.
+
+    ``env`` is the host-level environment from the config: it is laid over launcher's own
+    environment for every command, and a command's ``env`` is laid over that.
+
+    Resource handling: nothing is held between calls; ``aclose`` is a no-op kept for the
+    protocol. A command outliving its ``timeout`` (or a cancelled caller) gets its whole
+    process group SIGKILLed.
+
+    Error handling: a missing or non-executable program is reported like a shell would
+    (exit status 127 / 126), never as an OSError; a timeout raises RemoteCommandError with
+    ``exit_status=None``.
+    """
+
+    def __init__(self, name: str, env: Mapping[str, str] | None = None) -> None:
+        self._name = name
+        self._env = dict(env or {})
+
+    @property
+    def host_name(self) -> str:
+        return self._name
+
+    def _environment(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        merged = dict(os.environ)
+        merged.update(self._env)
+        if env:
+            merged.update(env)
+        return merged
+
+    def _error(
+        self,
+        message: str,
+        argv: Sequence[str],
+        status: int | None,
+        stderr: bytes,
+    ) -> RemoteCommandError:
+        return RemoteCommandError(
+            message,
+            host=self._name,
+            command=" ".join(argv),
+            exit_status=status,
+            stderr=stderr[-_STDERR_TAIL:].decode("utf-8", "replace"),
+        )
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 30.0,
+        check: bool = False,
+    ) -> CommandResult:
+        """Run ``argv`` (no shell) to completion; see Transport.run."""
+        try:
+            process = await anyio.open_process(
+                list(argv),
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self._environment(env),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            # Report it the way a remote shell would, so callers treat both transports alike.
+            status = 126 if isinstance(exc, PermissionError) else 127
+            result = CommandResult(status, b"", f"{argv[0]}: {exc.strerror}\n".encode())
+            if check:
+                raise self._error(
+                    f"command failed on {self._name} with exit status {status}",
+                    argv,
+                    status,
+                    result.stderr,
+                ) from exc
+            return result
+
+        out = bytearray()
+        err = bytearray()
+        try:
+            with anyio.move_on_after(timeout) as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_read_all, process.stdout, out)
+                    tg.start_soon(_read_all, process.stderr, err)
+                    if process.stdin is not None:
+                        assert stdin is not None
+                        # A command that exits without reading its input is not an error.
+                        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                            await process.stdin.send(stdin)
+                        await process.stdin.aclose()
+                    await process.wait()
+        finally:
+            with anyio.CancelScope(shield=True):
+                if process.returncode is None or scope.cancelled_caught:
+                    _kill_group(process)
+                await process.wait()
+                await process.aclose()
+
+        if scope.cancelled_caught:
+            raise self._error(
+                f"command on {self._name} timed out after {timeout}s and was killed",
+                argv,
+                None,
+                bytes(err),
+            )
+        assert process.returncode is not None
+        result = CommandResult(_status(process.returncode), bytes(out), bytes(err))
+        if check and not result.ok:
+            raise self._error(
+                f"command failed on {self._name} with exit status {result.exit_status}",
+                argv,
+                result.exit_status,
+                result.stderr,
+            )
+        return result
+
+    async def stream(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> AsyncGenerator[bytes, None]:
+        """Yield the stdout of ``argv`` as it arrives; see Transport.stream.
+
+        stderr is discarded. Closing or cancelling the iteration kills the command's group.
+        A program that cannot be started yields nothing (as a failing remote command would).
+        """
+        try:
+            process = await anyio.open_process(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=self._environment(env),
+                start_new_session=True,
+            )
+        except OSError:
+            return
+        try:
+            assert process.stdout is not None
+            async for chunk in process.stdout:
+                yield chunk
+        finally:
+            with anyio.CancelScope(shield=True):
+                if process.returncode is None:
+                    _kill_group(process)
+                await process.wait()
+                await process.aclose()
+
+    def forward_port(self, remote_port: int) -> AbstractAsyncContextManager[int]:
+        """The host *is* this machine: the port is reachable as it is."""
+        return _same_port(remote_port)
+
+    async def aclose(self) -> None:
+        """Nothing to close; never touches running commands."""
+
+
+@asynccontextmanager
+async def _same_port(port: int) -> AsyncIterator[int]:
+    yield port
