@@ -297,6 +297,11 @@ class ServerMachine:
         return actions
 
     @property
+    def pending(self) -> Diagnosis | None:
+        """The failure being cleaned up, if any."""
+        return self._pending
+
+    @property
     def phase(self) -> Phase | None:
         for ph, st in _PHASE_STATE.items():
             if st is self.state:

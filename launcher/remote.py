@@ -529,6 +529,15 @@ async def find_running(transport: Transport, run_dir: str, server: str) -> RunHa
     return None
 
 
+async def latest_handle(transport: Transport, run_dir: str, server: str) -> RunHandle | None:
+    """The newest attempt of ``server``, running or not (pid 0 when it never wrote one)."""
+    directory, attempts = await _list_attempts(transport, run_dir, server)
+    if not attempts:
+        return None
+    attempt, _, pid = max(attempts)
+    return RunHandle(server, attempt, f"{directory}/{attempt}", pid or 0)
+
+
 async def latest_attempt(transport: Transport, run_dir: str, server: str) -> int:
     """The highest attempt number on the host for ``server`` (0 if none)."""
     _, attempts = await _list_attempts(transport, run_dir, server)

@@ -1,0 +1,607 @@
+"""The `launcher` command line. The only place that prints for people or exits.
+
+Exit codes: 0 ok; 1 a server failed / gave up / a check found problems; 2 bad input
+(config, command line, unreadable log).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import anyio
+import httpx
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from launcher import remote
+from launcher.classify import diagnose_text
+from launcher.command import build_command
+from launcher.config import Config, ServerConfig, load_config, resolve_secret_env
+from launcher.errors import (
+    ConfigError,
+    LauncherError,
+    LogFormatError,
+    RemoteCommandError,
+    UsageError,
+)
+from launcher.eventlog import Format, configure
+from launcher.gpus import check_gpus
+from launcher.lifecycle import State
+from launcher.logparse import LineSplitter, LogFollower
+from launcher.outcome import Diagnosis
+from launcher.params import LaunchParams
+from launcher.placeholders import expand_placeholders
+from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
+from launcher.supervisor import ServerSupervisor, Snapshot, supervise_all
+from launcher.transport import make_transport
+from launcher.transport.base import Transport
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Bring SGLang servers up on GPU hosts over SSH and keep them up.",
+)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+T = TypeVar("T")
+
+ConfigArg = Annotated[Path, typer.Argument(help="config.toml", show_default=False)]
+ServerOpt = Annotated[
+    list[str] | None, typer.Option("--server", "-s", help="Only these servers (repeatable).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _fail(exc: LauncherError) -> NoReturn:
+    code = 2 if isinstance(exc, ConfigError | UsageError | LogFormatError) else 1
+    err.print(f"[bold red]{type(exc).__name__}[/]: {exc}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _guard(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except LauncherError as exc:
+        _fail(exc)
+
+
+def _open(path: Path) -> Config:
+    return expand_placeholders(load_config(path), path)
+
+
+def _selected(config: Config, names: list[str] | None) -> list[ServerConfig]:
+    if not names:
+        return list(config.servers)
+    return [config.server(n) for n in names]
+
+
+def _transports(config: Config, servers: list[ServerConfig]) -> dict[str, Transport]:
+    return {s.host: make_transport(config.host(s.host)) for s in servers}
+
+
+async def _close(transports: dict[str, Transport]) -> None:
+    with anyio.CancelScope(shield=True):
+        for t in transports.values():
+            await t.aclose()
+
+
+async def _version(server: ServerConfig, transport: Transport) -> str:
+    if server.sglang_version:
+        return server.sglang_version
+    return await remote.detect_sglang_version(transport, server.command)
+
+
+# --- diagnose / plan ------------------------------------------------------------------
+
+
+def _policy_next(config: Config | None, diag: Diagnosis) -> LaunchParams | str | None:
+    if not diag.outcome.is_memory:
+        return None
+    p = config.policy if config else None
+    bounds = (
+        Bounds()
+        if p is None
+        else Bounds(p.mem_fraction_floor, p.mem_fraction_ceiling, p.graph_bs_floor, p.max_attempts)
+    )
+    n = diag.numbers
+    launched = LaunchParams(n.mem_fraction_static, n.cuda_graph_max_bs)
+    decision = next_params(launched, bounds, [AttemptRecord(launched, diag.outcome, diag.phase, n)])
+    return decision.params if decision.params is not None else decision.reason
+
+
+@app.command()
+def diagnose(
+    logfile: Annotated[Path, typer.Argument(help="An SGLang log (or its tail).")],
+    as_json: JsonOpt = False,
+    exit_status: Annotated[
+        int | None, typer.Option("--exit-status", help="The process's exit status, if known.")
+    ] = None,
+) -> None:
+    """Classify an SGLang start-up log: outcome, phase, evidence, advice."""
+    try:
+        text = logfile.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        _fail(
+            UsageError(
+                f"{logfile}: cannot read: {exc.strerror}",
+                remedy="pass the path of an SGLang log file",
+            )
+        )
+    diag = diagnose_text(text, exit_status)
+    nxt = _policy_next(None, diag)
+    data = diag.as_dict()
+    if isinstance(nxt, LaunchParams):
+        data["next_params"] = {
+            "mem_fraction_static": nxt.mem_fraction_static,
+            "cuda_graph_max_bs": nxt.cuda_graph_max_bs,
+        }
+        data["advice"] = f"{diag.advice} Next attempt: {nxt.describe()}."
+    elif isinstance(nxt, str):
+        data["next_params"] = None
+        data["advice"] = f"{diag.advice} Policy: {nxt}"
+    if as_json:
+        out.print_json(json.dumps(data))
+    else:
+        out.print(
+            f"[bold]outcome[/]  {diag.outcome.value}  (phase {diag.phase.value}"
+            f"{', rank ' + diag.rank if diag.rank else ''})",
+            highlight=False,
+        )
+        out.print(f"[bold]retry[/]    {'yes' if diag.retryable else 'no'}")
+        if data["numbers"]:
+            nums = ", ".join(f"{k}={v}" for k, v in data["numbers"].items())
+            out.print(f"[bold]numbers[/]  {nums}", highlight=False)
+        out.print(f"[bold]advice[/]   {data['advice']}", highlight=False)
+        if diag.evidence:
+            out.print("[bold]evidence[/]")
+            for line in diag.evidence:
+                out.print(f"  {line}", highlight=False, markup=False)
+    raise typer.Exit(0 if diag.outcome.value == "ready" else 1)
+
+
+@app.command()
+def plan(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None:
+    """Show each server's exact command line, env (secrets masked), run dir and OOM ladder."""
+    config = _guard(lambda: _open(config_path))
+    rows: list[dict[str, Any]] = []
+    for s in _guard(lambda: _selected(config, server)):
+        host = config.host(s.host)
+        version = s.sglang_version or "0.5.23"
+        params = LaunchParams(s.mem_fraction_static, s.cuda_graph_max_bs)
+        secrets = {k: "***" for k in s.secret_env}
+        cmd = build_command(
+            command=s.command,
+            model_path=s.model_path,
+            tp=s.tp,
+            dp=s.dp,
+            port=s.port,
+            listen=s.listen,
+            gpus=s.gpus,
+            params=params,
+            sglang_version=version,
+            served_model_name=s.served_model_name,
+            extra_args=s.extra_args,
+            env=s.env,
+            secret_env=secrets,
+            attempt=1,
+            server_name=s.name,
+        )
+        p = config.policy_for(s.name)
+        ladder = capture_oom_ladder(
+            params,
+            Bounds(p.mem_fraction_floor, p.mem_fraction_ceiling, p.graph_bs_floor, p.max_attempts),
+            gpu_total_gib=None,
+            tp=s.tp,
+            sglang_version=version,
+        )
+        rows.append(
+            {
+                "server": s.name,
+                "host": s.host,
+                "sglang_version": version,
+                "version_source": "config"
+                if s.sglang_version
+                else "detected on the host at launch",
+                "argv": cmd.argv,
+                "command": shlex.join(cmd.argv),
+                "env": cmd.masked_env(),
+                "run_dir": f"{s.run_dir or host.run_dir}/{s.name}/<attempt>",
+                "oom_ladder": [
+                    {
+                        "mem_fraction_static": q.mem_fraction_static,
+                        "cuda_graph_max_bs": q.cuda_graph_max_bs,
+                    }
+                    for q in ladder
+                ],
+            }
+        )
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    for r in rows:
+        out.print(
+            f"[bold]{r['server']}[/] on {r['host']}  (SGLang {r['sglang_version']}, "
+            f"{r['version_source']})",
+            highlight=False,
+        )
+        out.print(f"  command  {r['command']}", highlight=False, markup=False)
+        for k, v in r["env"].items():
+            out.print(f"  env      {k}={v}", highlight=False, markup=False)
+        out.print(f"  run dir  {r['run_dir']}", highlight=False, markup=False)
+        steps = " → ".join(
+            f"{q['mem_fraction_static']}/{q['cuda_graph_max_bs']}" for q in r["oom_ladder"]
+        )
+        out.print(
+            f"  after capture OOMs (fraction/graph bs): {steps or 'gives up'}", highlight=False
+        )
+
+
+# --- up ---------------------------------------------------------------------------------
+
+
+def _view(snaps: list[Snapshot]) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for col in ("server", "host", "state", "progress", "attempt", "params", "elapsed", "note"):
+        table.add_column(col)
+    for s in snaps:
+        pct = "" if s.progress is None else f"{s.progress * 100:.0f}%"
+        color = {"ready": "green", "gave_up": "red"}.get(s.state, "yellow")
+        table.add_row(
+            s.server,
+            s.host,
+            f"[{color}]{s.state}[/]",
+            pct,
+            str(s.attempt),
+            s.params,
+            f"{s.elapsed_s:.0f}s",
+            s.reason,
+        )
+    return table
+
+
+@app.command()
+def up(
+    config_path: ConfigArg,
+    server: ServerOpt = None,
+    until_ready: Annotated[
+        bool,
+        typer.Option(
+            "--until-ready", help="Exit 0 once every server is ready (they keep running)."
+        ),
+    ] = False,
+    stop_on_exit: Annotated[
+        bool, typer.Option("--stop-on-exit", help="Stop the servers when launcher exits.")
+    ] = False,
+    log_format: Annotated[
+        str, typer.Option("--log-format", help="auto (live view on a TTY), json or console.")
+    ] = "auto",
+    fresh: Annotated[bool, typer.Option("--fresh", help="Ignore remembered good params.")] = False,
+) -> None:
+    """Launch every server and supervise it to ready; keep it up."""
+    if log_format not in ("auto", "json", "console"):
+        _fail(UsageError(f"--log-format {log_format!r}", remedy="use auto, json or console"))
+    config = _guard(lambda: _open(config_path))
+    servers = _guard(lambda: _selected(config, server))
+    secrets = _guard(lambda: {s.name: resolve_secret_env(s) for s in servers})
+    live = log_format == "auto" and sys.stdout.isatty()
+    fmt: Format = (
+        "json" if log_format == "json" or (log_format == "auto" and not live) else "console"
+    )
+    configure(fmt, stream=sys.stderr if live else sys.stdout)
+    code = anyio.run(_up, config, servers, secrets, until_ready, stop_on_exit, live)
+    raise typer.Exit(code)
+
+
+async def _up(
+    config: Config,
+    servers: list[ServerConfig],
+    secrets: dict[str, dict[str, str]],
+    until_ready: bool,
+    stop_on_exit: bool,
+    live: bool,
+) -> int:
+    transports = _transports(config, servers)
+    try:
+        sups = []
+        for s in servers:
+            version = await _version(s, transports[s.host])
+            sups.append(
+                ServerSupervisor(
+                    config,
+                    s,
+                    transports[s.host],
+                    sglang_version=version,
+                    secret_env=secrets[s.name],
+                    stop_on_exit=stop_on_exit,
+                )
+            )
+        interrupted = False
+
+        async def watch_signals() -> None:
+            nonlocal interrupted
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    interrupted = True
+                    for sup in sups:
+                        sup.request_stop(kill=stop_on_exit)
+                    return
+
+        view = (
+            Live(_view([s.snapshot() for s in sups]), console=out, refresh_per_second=4)
+            if live
+            else None
+        )
+
+        async def tick() -> None:
+            if view is not None:
+                view.update(_view([s.snapshot() for s in sups]))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch_signals)
+            if view is not None:
+                view.start()
+            try:
+                await supervise_all(sups, until_ready=until_ready, on_tick=tick)
+            finally:
+                if view is not None:
+                    view.stop()
+            tg.cancel_scope.cancel()
+        ready = [s.server.name for s in sups if s.machine.ready_at is not None]
+        gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
+        for sup in gave_up:
+            err.print(f"[red]{sup.server.name} gave up[/]: {sup.machine.reason}",
+                      highlight=False)
+        if interrupted or until_ready:
+            running = [
+                s.server.name
+                for s in sups
+                if s.machine.pid and not stop_on_exit and s.state is not State.GAVE_UP
+            ]
+            if running:
+                err.print(
+                    f"launcher exited; left running: {', '.join(running)} "
+                    "(stop them with `launcher down`)",
+                    highlight=False,
+                )
+        if gave_up:
+            return 1
+        return 0 if (ready or interrupted) else 1
+    except LauncherError as exc:
+        err.print(f"[bold red]{type(exc).__name__}[/]: {exc}", highlight=False)
+        return 1
+    finally:
+        await _close(transports)
+
+
+# --- down / status / logs / check ----------------------------------------------------
+
+
+def _run_dir(config: Config, s: ServerConfig) -> str:
+    return s.run_dir or config.host(s.host).run_dir
+
+
+async def _per_server(config: Config, servers: list[ServerConfig],
+                      fn: Callable[[ServerConfig, Transport], Any]) -> list[Any]:
+    """Run ``fn(server, transport)`` for every server concurrently, transports shared per host."""
+    transports = _transports(config, servers)
+    results: list[Any] = [None] * len(servers)
+    try:
+        async with anyio.create_task_group() as tg:
+            for i, s in enumerate(servers):
+                async def one(i: int = i, s: ServerConfig = s) -> None:
+                    try:
+                        results[i] = await fn(s, transports[s.host])
+                    except LauncherError as exc:
+                        results[i] = exc
+                tg.start_soon(one)
+    finally:
+        await _close(transports)
+    return results
+
+
+@app.command()
+def down(config_path: ConfigArg, server: ServerOpt = None) -> None:
+    """Stop servers cleanly (TERM, bounded wait, KILL) and check their GPUs were freed."""
+    config = _guard(lambda: _open(config_path))
+    servers = _guard(lambda: _selected(config, server))
+
+    async def stop_one(s: ServerConfig, t: Transport) -> str:
+        handle = await remote.find_running(t, _run_dir(config, s), s.name)
+        if handle is None:
+            return "not running"
+        report = await remote.stop(t, handle)
+        if report.leftover_pids:
+            raise RemoteCommandError(
+                f"processes left after SIGKILL: {report.leftover_pids}", host=s.host,
+                remedy="they are stuck in the driver (D state); check `nvidia-smi` on the host")
+        deadline = anyio.current_time() + config.policy_for(s.name).gpu_free_timeout
+        while True:
+            problems = await check_gpus(t, config.host(s.host).nvidia_smi, s.gpus)
+            if not problems or anyio.current_time() > deadline:
+                break
+            await anyio.sleep(1.0)
+        signals = "+".join(report.signals_sent) or "none needed"
+        if problems:
+            return f"stopped (pid {handle.pid}, {signals}) but GPUs not free: {'; '.join(problems)}"
+        return f"stopped (pid {handle.pid}, {signals}); GPUs {s.gpus} free"
+
+    results = anyio.run(_per_server, config, servers, stop_one)
+    code = 0
+    for s, r in zip(servers, results, strict=True):
+        if isinstance(r, LauncherError):
+            err.print(f"{s.name}: [red]{type(r).__name__}[/]: {r}", highlight=False)
+            code = 1
+        else:
+            out.print(f"{s.name}: {r}", highlight=False)
+            code = code or (1 if "not free" in r else 0)
+    raise typer.Exit(code)
+
+
+async def _server_status(config: Config, s: ServerConfig, t: Transport) -> dict[str, Any]:
+    run_dir = _run_dir(config, s)
+    handle = await remote.find_running(t, run_dir, s.name)
+    running = handle is not None
+    if handle is None:
+        handle = await remote.latest_handle(t, run_dir, s.name)
+    row: dict[str, Any] = {"server": s.name, "host": s.host, "running": running,
+                           "pid": None, "attempt": None, "params": None, "phase": None,
+                           "ready": False, "healthy": None, "uptime_s": None,
+                           "exit_status": None}
+    if handle is None:
+        return row
+    row["attempt"] = handle.attempt
+    st = await remote.probe(t, handle)
+    row["exit_status"] = st.exit_status
+    row["pid"] = handle.pid if running else None
+    follower = LogFollower()
+    splitter = LineSplitter()
+    for line in [*splitter.feed(await remote.read_log(t, handle)), *splitter.flush()]:
+        follower.feed_line(line)
+    row["phase"] = follower.phase.value if follower.phase else None
+    row["ready"] = follower.ready_line is not None
+    rp = follower.resolved_params
+    row["params"] = {"mem_fraction_static": rp.mem_fraction_static,
+                     "cuda_graph_max_bs": rp.cuda_graph_max_bs}
+    started = await t.run(["cat", f"{handle.dir}/started_at"], timeout=10)
+    if started.ok and running:
+        try:
+            since = datetime.fromisoformat(started.stdout.decode().strip())
+            row["uptime_s"] = round((datetime.now(UTC) - since).total_seconds(), 1)
+        except ValueError:
+            pass
+    if running and row["ready"]:
+        row["healthy"] = await _healthy(t, s.port)
+    return row
+
+
+async def _healthy(t: Transport, port: int) -> bool:
+    try:
+        async with t.forward_port(port) as local, httpx.AsyncClient(
+            timeout=25.0, trust_env=False
+        ) as client:
+            return (await client.get(f"http://127.0.0.1:{local}/health")).status_code == 200
+    except (httpx.HTTPError, LauncherError):
+        return False
+
+
+@app.command()
+def status(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None:
+    """Per server: running, pid, attempt, params, phase, ready, healthy, uptime."""
+    config = _guard(lambda: _open(config_path))
+    servers = _guard(lambda: _selected(config, server))
+    results = anyio.run(_per_server, config, servers,
+                        lambda s, t: _server_status(config, s, t))
+    rows = []
+    for s, r in zip(servers, results, strict=True):
+        if isinstance(r, LauncherError):
+            r = {"server": s.name, "host": s.host, "error": str(r)}
+        rows.append(r)
+    if as_json:
+        out.print_json(json.dumps(rows))
+    else:
+        table = Table(box=None, pad_edge=False)
+        for col in ("server", "host", "running", "pid", "attempt", "params", "phase", "ready",
+                    "healthy", "uptime"):
+            table.add_column(col)
+        for r in rows:
+            if "error" in r:
+                table.add_row(r["server"], r["host"], f"[red]{r['error']}[/]")
+                continue
+            p = r["params"] or {}
+            params = (f"{p.get('mem_fraction_static')}/{p.get('cuda_graph_max_bs')}"
+                      if p else "")
+            up_s = "" if r["uptime_s"] is None else f"{r['uptime_s']:.0f}s"
+            table.add_row(r["server"], r["host"], "yes" if r["running"] else "no",
+                          str(r["pid"] or ""), str(r["attempt"] or ""), params,
+                          r["phase"] or "", "yes" if r["ready"] else "no",
+                          {None: "", True: "yes", False: "no"}[r["healthy"]], up_s)
+        out.print(table)
+    raise typer.Exit(1 if any("error" in r for r in rows) else 0)
+
+
+@app.command()
+def logs(
+    config_path: ConfigArg,
+    server_name: Annotated[str, typer.Argument(metavar="SERVER")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following.")] = False,
+) -> None:
+    """Print the log of a server's current (or last) attempt."""
+    config = _guard(lambda: _open(config_path))
+    s = _guard(lambda: config.server(server_name))
+
+    async def show(s: ServerConfig, t: Transport) -> None:
+        handle = await remote.latest_handle(t, _run_dir(config, s), s.name)
+        if handle is None:
+            raise UsageError(f"{s.name} has no attempt on {s.host} yet",
+                             remedy="start it with `launcher up`")
+        if not follow:
+            sys.stdout.buffer.write(await remote.read_log(t, handle))
+            return
+        async for item in remote.follow(t, handle, 0):
+            if isinstance(item, remote.LogChunk):
+                sys.stdout.buffer.write(item.data)
+                sys.stdout.buffer.flush()
+
+    try:
+        results = anyio.run(_per_server, config, [s], show)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+    if isinstance(results[0], LauncherError):
+        _fail(results[0])
+
+
+@app.command()
+def check(config_path: ConfigArg, server: ServerOpt = None) -> None:
+    """Validate the config and preflight every server's host; launch nothing."""
+    config = _guard(lambda: _open(config_path))
+    servers = _guard(lambda: _selected(config, server))
+    _guard(lambda: [resolve_secret_env(s) for s in servers])
+
+    async def one(s: ServerConfig, t: Transport) -> list[str]:
+        problems = []
+        try:
+            version = await _version(s, t)
+        except LauncherError as exc:
+            problems.append(f"SGLang version: {exc}")
+            version = "?"
+        problems += await check_gpus(t, config.host(s.host).nvidia_smi, s.gpus)
+        if s.model_path.startswith("/") and not await remote.path_exists(t, s.model_path):
+            problems.append(f"model path {s.model_path} does not exist")
+        running = await remote.find_running(t, _run_dir(config, s), s.name)
+        if running is None and await remote.port_in_use(t, s.port):
+            problems.append(f"port {s.port} is already in use")
+        note = f" (running, pid {running.pid})" if running else ""
+        return [f"SGLang {version}{note}", *problems]
+
+    results = anyio.run(_per_server, config, servers, one)
+    code = 0
+    for s, r in zip(servers, results, strict=True):
+        if isinstance(r, LauncherError):
+            err.print(f"{s.name}: [red]{type(r).__name__}[/]: {r}", highlight=False)
+            code = 1
+            continue
+        head, *problems = r
+        mark = "[red]problems[/]" if problems else "[green]ok[/]"
+        out.print(f"{s.name} on {s.host}: {mark}  {head}", highlight=False)
+        for p in problems:
+            out.print(f"  - {p}", highlight=False, markup=False)
+        code = code or (1 if problems else 0)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

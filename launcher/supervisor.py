@@ -1,0 +1,592 @@
+"""Supervision of one server: the I/O around the pure state machine (launcher.lifecycle).
+
+Resource handling: every task of an attempt (log follower, stall watch, probes) lives in the
+attempt's own task group and is cancelled with it; killing a server is shielded from
+cancellation. Nothing here kills a server unless the machine says so or a stop with kill
+was requested: cancelling ``run`` leaves the server running (detached on its host).
+
+Error handling: transport outages while following are retried forever (reported as
+``host.unreachable``); everything the server does wrong arrives as an event and goes
+through the state machine; only bugs escape.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import structlog
+from anyio.abc import TaskGroup
+
+from launcher import remote
+from launcher.backoff import RestartBackoff
+from launcher.classify import classify, diagnose
+from launcher.command import ServerCommand, build_command
+from launcher.config import Config, ServerConfig
+from launcher.errors import HostUnreachable, LauncherError, PreflightError
+from launcher.gpus import check_gpus
+from launcher.lifecycle import (
+    Action,
+    Adopted,
+    BackoffElapsed,
+    CleanedUp,
+    DeadlineExceeded,
+    Emit,
+    Event,
+    Exited,
+    FatalLineSeen,
+    GpusFree,
+    GpuWaitTimedOut,
+    Kill,
+    Launch,
+    Launched,
+    Limits,
+    PhaseSeen,
+    PreflightBlocked,
+    PreflightPassed,
+    ProbeResult,
+    ReadyLineSeen,
+    RunPreflight,
+    ServerMachine,
+    Sleep,
+    Stalled,
+    Start,
+    StartProbing,
+    State,
+    StopRequested,
+    WaitForGpus,
+)
+from launcher.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
+from launcher.params import LaunchParams
+from launcher.phases import Phase
+from launcher.policy import Bounds
+from launcher.transport.base import Transport
+
+EventHook = Callable[[str, str, dict[str, Any]], None]
+
+
+@dataclass
+class Snapshot:
+    """What a live view / status line shows for one server."""
+
+    server: str
+    host: str
+    state: str
+    phase: str | None
+    progress: float | None
+    attempt: int
+    params: str
+    elapsed_s: float
+    pid: int | None
+    reason: str = ""
+
+
+@dataclass
+class _Attempt:
+    handle: remote.RunHandle
+    follower: LogFollower = field(default_factory=LogFollower)
+    offset: int = 0
+    last_advance: float = 0.0
+    port_reported: bool = False
+    started_wall: float = field(default_factory=time.time)
+    tg: TaskGroup | None = None
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+
+
+class ServerSupervisor:
+    """Brings one server up and keeps it there. Start with ``await tg.start(sup.run)``."""
+
+    def __init__(
+        self,
+        config: Config,
+        server: ServerConfig,
+        transport: Transport,
+        *,
+        sglang_version: str,
+        secret_env: dict[str, str] | None = None,
+        hooks: list[EventHook] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        initial: LaunchParams | None = None,
+        stop_on_exit: bool = False,
+        tick: float = 0.1,
+    ) -> None:
+        self.config = config
+        self.server = server
+        self.transport = transport
+        self.version = sglang_version
+        self.secret_env = secret_env or {}
+        self.hooks = hooks or []
+        self.clock = clock
+        self.stop_on_exit = stop_on_exit
+        self.tick = tick
+        self.policy = config.policy_for(server.name)
+        self.host = config.host(server.host)
+        self.log = structlog.get_logger("launcher").bind(server=server.name, host=server.host)
+        first = initial or LaunchParams(server.mem_fraction_static, server.cuda_graph_max_bs)
+        p = self.policy
+        self.machine = ServerMachine(
+            initial=first,
+            limits=Limits(
+                bounds=Bounds(
+                    p.mem_fraction_floor, p.mem_fraction_ceiling, p.graph_bs_floor, p.max_attempts
+                ),
+                max_stalls=p.max_stalls,
+                probe_failures=p.probe_failures,
+                start_deadline=p.start_deadline,
+                tp=server.tp,
+                sglang_version=sglang_version,
+            ),
+            restart=RestartBackoff(
+                p.restart_backoff_initial,
+                p.restart_backoff_max,
+                p.healthy_reset,
+                p.restart_budget,
+                p.restart_window,
+            ),
+        )
+        self._inbox_send, self._inbox = anyio.create_memory_object_stream[Event](1000)
+        self._attempt: _Attempt | None = None
+        self._tg: TaskGroup | None = None
+        self._started = clock()
+        self._attempt_base = 0  # attempts already on the host when this supervisor started
+        self.tail_path: Path | None = None  # local copy of the last failed attempt's log tail
+
+    # -- public ----------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self.machine.state
+
+    def snapshot(self) -> Snapshot:
+        m = self.machine
+        att = self._attempt
+        return Snapshot(
+            server=self.server.name,
+            host=self.server.host,
+            state=m.state.value,
+            phase=m.phase.value if m.phase else None,
+            progress=att.follower.progress if att and m.state.running else None,
+            attempt=m.attempt,
+            params=(m.params or m.initial).describe(),
+            elapsed_s=self.clock() - self._started,
+            pid=m.pid,
+            reason=m.reason,
+        )
+
+    async def run(
+        self,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+        adopt: bool = True,
+    ) -> State:
+        """Supervise until the server gave up or a stop is requested; return the final state."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            task_status.started()
+            try:
+                first: Event = Start()
+                if adopt:
+                    found = await self._find_running()
+                    if found is not None:
+                        first = found
+                if not isinstance(first, Adopted):
+                    # Attempt directories on the host are never reused: number on from the last.
+                    self._attempt_base = await self._latest_attempt()
+                await self._dispatch(first)
+                tg.start_soon(self._deadline_watch)
+                async for event in self._inbox:
+                    await self._dispatch(event)
+                    if self.machine.state.terminal:
+                        break
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._shutdown()
+                tg.cancel_scope.cancel()
+        return self.machine.state
+
+    def request_stop(self, *, kill: bool) -> None:
+        """Ask the loop to stop supervising (and stop the server when ``kill``)."""
+        self._post(StopRequested(kill=kill))
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _post(self, event: Event) -> None:
+        try:
+            self._inbox_send.send_nowait(event)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self.log.warning("event.dropped", event=type(event).__name__)
+
+    async def _dispatch(self, event: Event) -> None:
+        actions = self.machine.handle(event, self.clock())
+        for action in actions:
+            await self._execute(action)
+
+    async def _execute(self, action: Action) -> None:
+        assert self._tg is not None
+        if isinstance(action, Emit):
+            self._emit(action.name, action.data)
+            if action.name == "server.ready" and self._attempt is not None:
+                self._ready_attempt_ended(self._attempt)
+        elif isinstance(action, RunPreflight):
+            self._tg.start_soon(self._preflight)
+        elif isinstance(action, Launch):
+            self._tg.start_soon(self._launch, action)
+        elif isinstance(action, Kill):
+            self._tg.start_soon(self._kill, action.reason)
+        elif isinstance(action, WaitForGpus):
+            self._tg.start_soon(self._wait_for_gpus)
+        elif isinstance(action, StartProbing):
+            att = self._attempt
+            if att is not None and att.tg is not None:
+                att.tg.start_soon(self._probe_loop, att)
+        elif isinstance(action, Sleep):
+            self._tg.start_soon(self._sleep_then, action.seconds, BackoffElapsed())
+
+    def _emit(self, name: str, data: dict[str, Any]) -> None:
+        self.log.info(name, **data)
+        for hook in self.hooks:
+            hook(self.server.name, name, data)
+
+    # -- actions -----------------------------------------------------------------------
+
+    def _command(self, attempt: int, params: LaunchParams) -> ServerCommand:
+        s = self.server
+        return build_command(
+            command=s.command,
+            model_path=s.model_path,
+            tp=s.tp,
+            dp=s.dp,
+            port=s.port,
+            listen=s.listen,
+            gpus=s.gpus,
+            params=params,
+            sglang_version=self.version,
+            served_model_name=s.served_model_name,
+            extra_args=s.extra_args,
+            env=s.env,
+            secret_env=self.secret_env,
+            attempt=attempt,
+            server_name=s.name,
+        )
+
+    @property
+    def run_dir(self) -> str:
+        return self.server.run_dir or self.host.run_dir
+
+    async def _find_running(self) -> Adopted | None:
+        try:
+            handle = await remote.find_running(self.transport, self.run_dir, self.server.name)
+        except LauncherError as exc:
+            self._emit("adopt.failed", {"error": str(exc)})
+            return None
+        if handle is None:
+            return None
+        params = await self._params_of(handle)
+        self._attempt = _Attempt(handle=handle, last_advance=self.clock())
+        self._start_attempt_tasks(self._attempt)
+        return Adopted(pid=handle.pid, attempt=handle.attempt, params=params)
+
+    async def _latest_attempt(self) -> int:
+        try:
+            return await remote.latest_attempt(self.transport, self.run_dir, self.server.name)
+        except LauncherError as exc:
+            self._emit("attempt.numbering_failed", {"error": str(exc)})
+            return 0
+
+    async def _params_of(self, handle: remote.RunHandle) -> LaunchParams:
+        """Recover the params of an adopted attempt from its command file."""
+        try:
+            res = await self.transport.run(["cat", f"{handle.dir}/cmd"], timeout=10)
+            words = res.stdout.decode(errors="replace").split()
+        except LauncherError:
+            words = []
+        mfs: float | None = None
+        bs: int | None = None
+        for flag, value in itertools.pairwise(words):
+            value = value.strip("'\"")
+            if flag == "--mem-fraction-static":
+                mfs = float(value)
+            elif flag.startswith("--cuda-graph-max-bs"):
+                bs = int(value)
+        return LaunchParams(mfs, bs)
+
+    async def _preflight(self) -> None:
+        problems, transient = await self._preflight_problems()
+        if not problems:
+            self._post(PreflightPassed())
+        else:
+            self._post(PreflightBlocked("; ".join(problems), transient=transient))
+
+    async def _preflight_problems(self) -> tuple[list[str], bool]:
+        """(problems, all transient). GPUs busy is transient; the rest is fatal."""
+        s = self.server
+        fatal: list[str] = []
+        try:
+            busy = await self._busy_gpus()
+            if s.model_path.startswith("/") and not await remote.path_exists(
+                self.transport, s.model_path
+            ):
+                fatal.append(f"model path {s.model_path} does not exist on {s.host}")
+            if await remote.port_in_use(self.transport, s.port):
+                fatal.append(f"port {s.port} is already in use on {s.host}")
+        except HostUnreachable as exc:
+            return [f"host unreachable: {exc}"], True
+        except LauncherError as exc:
+            return [str(exc)], False
+        if fatal:
+            return fatal + busy, False
+        return busy, True
+
+    async def _busy_gpus(self) -> list[str]:
+        """Problems with the server's GPUs; a GPU that does not exist raises (fatal)."""
+        problems = await check_gpus(self.transport, self.host.nvidia_smi, self.server.gpus)
+        missing = [p for p in problems if "not present" in p]
+        if missing:
+            raise PreflightError("; ".join(missing),
+                                 remedy=f"fix the gpus of server {self.server.name}")
+        return problems
+
+    async def _launch(self, action: Launch) -> None:
+        cmd = self._command(action.attempt, action.params)
+        spec = remote.AttemptSpec(
+            server=self.server.name,
+            attempt=action.attempt,
+            run_dir=self.run_dir,
+            argv=cmd.argv,
+            env=cmd.env,
+            secret_env=cmd.secret_env,
+        )
+        try:
+            handle = await remote.launch(self.transport, spec)
+        except LauncherError as exc:
+            self._emit("launch.failed", {"error": str(exc)})
+            diag = classify([], None)
+            diag.advice = str(exc)
+            self._post(Exited(status=None, diagnosis=diag))
+            return
+        self._attempt = _Attempt(handle=handle, last_advance=self.clock())
+        self._post(Launched(pid=handle.pid))
+        self._start_attempt_tasks(self._attempt)
+
+    def _start_attempt_tasks(self, att: _Attempt) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(self._attempt_tasks, att)
+
+    async def _attempt_tasks(self, att: _Attempt) -> None:
+        with att.scope:
+            async with anyio.create_task_group() as tg:
+                att.tg = tg
+                tg.start_soon(self._follow, att)
+                tg.start_soon(self._stall_watch, att)
+
+    async def _follow(self, att: _Attempt) -> None:
+        splitter = LineSplitter()
+        delay = 0.5
+        while True:
+            try:
+                async for item in remote.follow(self.transport, att.handle, att.offset):
+                    if isinstance(item, remote.LogChunk):
+                        att.offset = item.end_offset
+                        att.last_advance = self.clock()
+                        for line in splitter.feed(item.data):
+                            self._on_line(att, line)
+                    else:
+                        for line in splitter.flush():
+                            self._on_line(att, line)
+                        att.follower.finish()
+                        diag = diagnose(att.follower, item.status)
+                        self._post(Exited(status=item.status, diagnosis=diag))
+                        return
+                return
+            except HostUnreachable as exc:
+                self._emit("host.unreachable", {"error": str(exc), "retry_in_s": delay})
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def _on_line(self, att: _Attempt, line: str) -> None:
+        for ev in att.follower.feed_line(line):
+            if isinstance(ev, PhaseEntered):
+                self._post(PhaseSeen(ev.phase))
+            elif isinstance(ev, ReadyLine):
+                self._post(ReadyLineSeen())
+        if att.follower.port_in_use is not None and not att.port_reported:
+            att.port_reported = True
+            self._post(FatalLineSeen(diagnose(att.follower, None)))
+
+    async def _stall_watch(self, att: _Attempt) -> None:
+        budgets = self.policy.stall
+        while True:
+            await anyio.sleep(self.tick)
+            phase = self.machine.phase
+            if phase is None or phase is Phase.READY:
+                att.last_advance = self.clock()
+                continue
+            budget = budgets.for_phase(phase)
+            silent = self.clock() - att.last_advance
+            if silent > budget and not math.isinf(budget):
+                self._post(Stalled(silent_s=silent))
+                return
+
+    async def _probe_loop(self, att: _Attempt) -> None:
+        p = self.policy
+        async with self.transport.forward_port(self.server.port) as local_port:
+            url = f"http://127.0.0.1:{local_port}/health"
+            async with httpx.AsyncClient(timeout=p.probe_timeout, trust_env=False) as client:
+                while True:
+                    started = self.clock()
+                    try:
+                        resp = await client.get(url)
+                        ok, detail = resp.status_code == 200, f"HTTP {resp.status_code}"
+                    except httpx.HTTPError as exc:
+                        ok, detail = False, f"{type(exc).__name__}: {exc}"
+                    latency = self.clock() - started
+                    for hook in self.hooks:
+                        hook(
+                            self.server.name,
+                            "probe.result",
+                            {"ok": ok, "latency_s": latency, "detail": detail},
+                        )
+                    self._post(ProbeResult(ok=ok, detail=detail))
+                    ready = self.machine.state is State.READY
+                    await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
+
+    async def _kill(self, reason: str) -> None:
+        att = self._attempt
+        with anyio.CancelScope(shield=True):
+            if att is not None:
+                att.scope.cancel()
+                tail = b""
+                try:
+                    tail = await remote.tail_log(self.transport, att.handle)
+                    report = await remote.stop(self.transport, att.handle, grace=5.0,
+                                               kill_wait=5.0)
+                    self._emit("process.stopped", {
+                        "reason": reason, "signals": report.signals_sent,
+                        "leftover_pids": report.leftover_pids,
+                    })
+                except LauncherError as exc:
+                    self._emit("process.stop_failed", {"reason": reason, "error": str(exc)})
+                self._attempt_ended(att, tail.decode("utf-8", errors="replace"))
+        self._post(CleanedUp())
+
+    def _attempt_ended(self, att: _Attempt, tail: str) -> None:
+        """Keep the tail locally and tell the hooks how the attempt ended."""
+        diag = self.machine.pending
+        self.tail_path = self._save_tail(att.handle.attempt, tail)
+        data: dict[str, Any] = {
+            "attempt": att.handle.attempt,
+            "params": _params_dict(self.machine.params),
+            "outcome": diag.outcome.value if diag else "stopped",
+            "phase": diag.phase.value if diag else None,
+            "numbers": diag.numbers.as_dict() if diag else {},
+            "evidence": list(diag.evidence) if diag else [],
+            "advice": diag.advice if diag else "",
+            "started_at": att.started_wall, "ended_at": time.time(), "log_tail": tail,
+            "tail_path": str(self.tail_path) if self.tail_path else None,
+        }
+        for hook in self.hooks:
+            hook(self.server.name, "attempt.ended", data)
+
+    def _ready_attempt_ended(self, att: _Attempt) -> None:
+        data: dict[str, Any] = {
+            "attempt": att.handle.attempt, "params": _params_dict(self.machine.params),
+            "outcome": "ready", "phase": "ready", "numbers": att.follower.numbers.as_dict(),
+            "evidence": [], "advice": "", "started_at": att.started_wall,
+            "ended_at": time.time(), "log_tail": "", "tail_path": None,
+        }
+        for hook in self.hooks:
+            hook(self.server.name, "attempt.ended", data)
+
+    def _save_tail(self, attempt: int, tail: str) -> Path | None:
+        try:
+            folder = self.config.state_dir / "logs" / self.server.name
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"attempt-{attempt}.log"
+            path.write_text(tail, encoding="utf-8")
+            return path
+        except OSError as exc:
+            self.log.warning("attempt.tail_not_saved", error=str(exc))
+            return None
+
+    async def _wait_for_gpus(self) -> None:
+        deadline = self.clock() + self.policy.gpu_free_timeout
+        problems: list[str] = []
+        while self.clock() < deadline:
+            try:
+                problems = await self._busy_gpus()
+            except LauncherError as exc:
+                problems = [str(exc)]
+            if not problems:
+                self._post(GpusFree())
+                return
+            self._emit("gpu.waiting", {"problems": problems})
+            await anyio.sleep(1.0)
+        self._post(GpuWaitTimedOut(holder="; ".join(problems)))
+
+    async def _sleep_then(self, seconds: float, event: Event) -> None:
+        await anyio.sleep(seconds)
+        self._post(event)
+
+    async def _deadline_watch(self) -> None:
+        while True:
+            await anyio.sleep(1.0)
+            m = self.machine
+            if m.started_at is None or m.state in (State.READY, State.BACKING_OFF):
+                continue
+            if self.clock() - m.started_at > self.policy.start_deadline:
+                self._post(DeadlineExceeded())
+                return
+
+    async def _shutdown(self) -> None:
+        att = self._attempt
+        if att is not None:
+            att.scope.cancel()
+
+
+async def supervise_all(
+    supervisors: list[ServerSupervisor],
+    *,
+    until_ready: bool = False,
+    on_tick: Callable[[], Awaitable[None]] | None = None,
+) -> dict[str, State]:
+    """Run every supervisor concurrently; one server's failure never stops another.
+
+    With ``until_ready`` return as soon as every server is ready or gave up (servers keep
+    running on their hosts).
+    """
+    results: dict[str, State] = {}
+    async with anyio.create_task_group() as tg:
+
+        async def one(sup: ServerSupervisor) -> None:
+            results[sup.server.name] = await sup.run()
+
+        for sup in supervisors:
+            tg.start_soon(one, sup)
+        while True:
+            await anyio.sleep(0.2)
+            if on_tick is not None:
+                await on_tick()
+            states = [s.state for s in supervisors]
+            if all(st.terminal for st in states):
+                break
+            if until_ready and all(
+                st in (State.READY, State.GAVE_UP) or st.terminal for st in states
+            ):
+                for s in supervisors:
+                    s.request_stop(kill=False)
+    for sup in supervisors:
+        results.setdefault(sup.server.name, sup.state)
+    return results
+
+
+def _params_dict(p: LaunchParams | None) -> dict[str, Any]:
+    if p is None:
+        return {}
+    return {"mem_fraction_static": p.mem_fraction_static, "cuda_graph_max_bs": p.cuda_graph_max_bs}
