@@ -573,12 +573,13 @@ def check(config_path: ConfigArg, server: ServerOpt = None) -> None:
         except LauncherError as exc:
             problems.append(f"SGLang version: {exc}")
             version = "?"
-        problems += await check_gpus(t, config.host(s.host).nvidia_smi, s.gpus)
         if s.model_path.startswith("/") and not await remote.path_exists(t, s.model_path):
             problems.append(f"model path {s.model_path} does not exist")
         running = await remote.find_running(t, _run_dir(config, s), s.name)
-        if running is None and await remote.port_in_use(t, s.port):
-            problems.append(f"port {s.port} is already in use")
+        if running is None:  # a running server of ours holds its GPUs and port: that's fine
+            problems += await check_gpus(t, config.host(s.host).nvidia_smi, s.gpus)
+            if await remote.port_in_use(t, s.port):
+                problems.append(f"port {s.port} is already in use")
         note = f" (running, pid {running.pid})" if running else ""
         return [f"SGLang {version}{note}", *problems]
 
