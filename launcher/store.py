@@ -1,0 +1,781 @@
+"""Local state: the state-directory lock and the attempt ledger (SQLite), for warm starts.
+
+- ``StateLock(state_dir)`` makes sure one ``launcher up`` at a time works on a state directory.
+- ``Ledger(path)`` records every start-up attempt (params, outcome, phase, the log's numbers,
+  evidence, a bounded log tail) and, per fingerprint, the last params that reached ready.
+- ``fingerprint(server, host, sglang_version)`` names "the same launch" across restarts.
+- ``LedgerRecorder`` is a supervisor event hook that writes those events to the ledger from its
+  own thread; ``initial_params`` picks the params of the first attempt (warm start).
+
+Resource handling: ``StateLock`` holds one open file (the flock) between enter and exit;
+``Ledger`` holds one SQLite connection until ``close()``, shared by threads under a lock;
+``LedgerRecorder`` owns one writer thread until ``close()``.
+
+Error handling: everything that goes wrong with the state directory or the database raises
+``StateError`` naming the path and a fix; ``LedgerRecorder`` never raises into its caller and
+logs ``ledger.write_failed`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import structlog
+
+from launcher.config import HostConfig, ServerConfig
+from launcher.errors import StateError
+from launcher.params import LaunchParams
+
+__all__ = [
+    "LEDGER_FILENAME",
+    "LOCK_FILENAME",
+    "LOG_TAIL_LIMIT",
+    "SCHEMA_VERSION",
+    "AttemptRow",
+    "LastGood",
+    "Ledger",
+    "LedgerRecorder",
+    "StateLock",
+    "fingerprint",
+    "initial_params",
+    "ledger_path",
+]
+
+LOCK_FILENAME = "launcher.lock"
+LEDGER_FILENAME = "ledger.sqlite3"
+LOG_TAIL_LIMIT = 64 * 1024  # bytes of UTF-8 kept per attempt; the full tail is in state_dir/logs
+
+log = structlog.get_logger("launcher")
+
+
+def ledger_path(state_dir: Path) -> Path:
+    """Where the ledger of ``state_dir`` lives."""
+    return state_dir / LEDGER_FILENAME
+
+
+def _make_private_dir(directory: Path) -> None:
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StateError(
+            f"cannot create the state directory {directory}: {exc.strerror or exc}",
+            remedy="fix its permissions or set state_dir to a writable directory",
+        ) from exc
+
+
+# --- the state lock ----------------------------------------------------------------------
+
+
+class StateLock:
+    """An exclusive, non-blocking ``flock`` on ``state_dir/launcher.lock`` holding our pid.
+
+    Entering creates ``state_dir`` (mode 0700) if needed, takes the lock and writes this
+    process's pid into the file; exiting empties the file and releases the lock. The file is
+    never deleted: unlinking a lock file lets a waiter lock an inode nobody else sees.
+    The lock dies with the process (flock), so a crashed ``launcher up`` leaves nothing stale.
+
+    Error handling: StateError when another process (or another StateLock in this one) holds
+    the lock, naming the pid written in the file; StateError when the file cannot be opened.
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.path = state_dir / LOCK_FILENAME
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock or raise StateError at once (never waits)."""
+        if self._fd is not None:
+            raise StateError(f"{self.path} is already held by this StateLock")
+        _make_private_dir(self.state_dir)
+        try:
+            # os.open's descriptors are not inherited (PEP 446): a server we spawn cannot keep
+            # the lock alive after we exit.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StateError(
+                f"cannot open the lock file {self.path}: {exc.strerror or exc}",
+                remedy="fix the permissions of the state directory or use another state_dir",
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_pid(fd)
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StateError(
+                    f"cannot lock {self.path}: {exc.strerror or exc}",
+                    remedy="use a state_dir on a local file system",
+                ) from exc
+            who = f"pid {holder}" if holder is not None else "pid unknown"
+            raise StateError(
+                f"another `launcher up` is running on this state directory ({who}): "
+                f"{self.state_dir}",
+                remedy="stop it or use another state_dir",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        log.debug("state.locked", path=str(self.path), pid=os.getpid())
+
+    def release(self) -> None:
+        """Empty the file and release the lock; nothing if not held."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)  # so a reader never names a pid that no longer holds it
+        finally:
+            os.close(fd)  # closing the last descriptor releases the flock
+
+    def __enter__(self) -> StateLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 64, 0).decode("ascii", errors="replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+# --- fingerprint -------------------------------------------------------------------------
+
+
+def fingerprint(server: ServerConfig, host: HostConfig, sglang_version: str) -> str:
+    """A stable name (sha256 hex, 16 digits) for "this launch" across daemon restarts.
+
+    Contract: anything that changes how much GPU memory the server needs or has changes the
+    fingerprint: the host's identity (name, address, ssh port), the GPUs (as a set), the
+    model path, tp, dp, the SGLang version, the extra arguments (in order) and the server's
+    environment. Things launcher decides or that do not touch memory do not: the
+    mem_fraction_static / cuda_graph_max_bs being remembered, port, listen address, served
+    name, probes and policy. The same inputs give the same value in every process and
+    version of Python (canonical JSON, no ``hash()``); changing this recipe would only cost
+    one cold start per server.
+    """
+    identity = {
+        "host": {"name": host.name, "address": host.address, "port": host.port},
+        "gpus": sorted(server.gpus),
+        "model_path": server.model_path,
+        "tp": server.tp,
+        "dp": server.dp,
+        "sglang_version": sglang_version,
+        "extra_args": list(server.extra_args),
+        "env": dict(sorted(server.env.items())),
+    }
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+# --- rows --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    """One attempt as stored. ``outcome`` is an ``Outcome`` value, or another word the
+    supervisor used ("stopped"); ``None`` (with ``ended_at``) while the attempt runs."""
+
+    id: int
+    server: str
+    fingerprint: str
+    attempt: int
+    params: LaunchParams
+    started_at: float
+    ended_at: float | None
+    outcome: str | None
+    phase: str | None
+    numbers: dict[str, Any] = field(default_factory=dict)
+    evidence: list[str] = field(default_factory=list)
+    log_tail: str = ""
+    seconds_to_ready: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready; ``params`` as in the supervisor's events."""
+        return {
+            "id": self.id,
+            "server": self.server,
+            "fingerprint": self.fingerprint,
+            "attempt": self.attempt,
+            "params": {
+                "mem_fraction_static": self.params.mem_fraction_static,
+                "cuda_graph_max_bs": self.params.cuda_graph_max_bs,
+            },
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "outcome": self.outcome,
+            "phase": self.phase,
+            "numbers": dict(self.numbers),
+            "evidence": list(self.evidence),
+            "log_tail": self.log_tail,
+            "seconds_to_ready": self.seconds_to_ready,
+        }
+
+
+@dataclass(frozen=True)
+class LastGood:
+    """The last params that brought a fingerprint to ready, when, and in how many attempts."""
+
+    fingerprint: str
+    server: str
+    params: LaunchParams
+    updated_at: float
+    attempts: int
+
+
+# --- the ledger --------------------------------------------------------------------------
+
+# Step i takes a database from user_version i to i + 1, in one transaction. Never edit a
+# released step: append a new one.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE attempts (
+            id INTEGER PRIMARY KEY,
+            server TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            mem_fraction_static REAL,
+            cuda_graph_max_bs INTEGER,
+            started_at REAL NOT NULL,
+            ended_at REAL,
+            outcome TEXT,
+            phase TEXT,
+            numbers TEXT NOT NULL DEFAULT '{}',
+            evidence TEXT NOT NULL DEFAULT '[]',
+            log_tail TEXT NOT NULL DEFAULT '',
+            seconds_to_ready REAL,
+            UNIQUE (server, attempt)
+        )""",
+        "CREATE INDEX attempts_by_time ON attempts (started_at, id)",
+        """CREATE TABLE last_good (
+            fingerprint TEXT PRIMARY KEY,
+            server TEXT NOT NULL,
+            mem_fraction_static REAL,
+            cuda_graph_max_bs INTEGER,
+            updated_at REAL NOT NULL,
+            attempts INTEGER NOT NULL
+        )""",
+    ),
+)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+_ROW_COLUMNS = (
+    "id, server, fingerprint, attempt, mem_fraction_static, cuda_graph_max_bs, started_at, "
+    "ended_at, outcome, phase, numbers, evidence, log_tail, seconds_to_ready"
+)
+
+
+class Ledger:
+    """The attempt ledger: one SQLite file, safe to share between this process's threads.
+
+    Durability: WAL journal, ``synchronous=NORMAL``. A committed write survives the process
+    being killed at any point (it is in the WAL, which the next open replays); an OS crash
+    or power loss can lose the last few commits but never corrupts the file. That is the
+    right trade here: the ledger is advice (history, warm-start params), losing its last
+    second costs at most one extra attempt, and FULL would fsync on every event.
+    Every write is one ``BEGIN IMMEDIATE`` transaction.
+
+    Schema: versioned by ``PRAGMA user_version``; opening migrates an older file step by step
+    and refuses a newer one. Writes are keyed by (server, attempt) and are upserts, so a
+    restarted daemon that repeats or continues an attempt number never crashes.
+
+    Error handling: StateError (naming the file and a fix) for a file that is not a
+    database, a schema from a newer launcher, any SQLite failure, and use after ``close()``.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.RLock()
+        _make_private_dir(path.parent)
+        try:
+            # Created 0600 before SQLite opens it: log tails may hold paths and user names.
+            # SQLite gives the -wal and -shm files the database's permissions.
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+            conn = sqlite3.connect(
+                path, timeout=5.0, isolation_level=None, check_same_thread=False
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise StateError(
+                f"cannot open the attempt ledger {path}: {exc}",
+                remedy="fix the permissions of the state directory or use another state_dir",
+            ) from exc
+        self._conn: sqlite3.Connection | None = conn
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            conn.execute("PRAGMA synchronous=NORMAL")
+            if str(mode).lower() != "wal":  # e.g. a file system without shared memory
+                log.warning("ledger.wal_unavailable", path=str(path), journal_mode=mode)
+            self._migrate(conn)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            self._conn = None
+            raise StateError(
+                f"the attempt ledger {path} cannot be read: {exc}",
+                remedy=f"move {path} aside; launcher then starts a new, empty ledger",
+            ) from exc
+        except BaseException:
+            conn.close()
+            self._conn = None
+            raise
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection (idempotent). Later calls raise StateError."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        with self._reading() as conn:
+            version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+            return version
+
+    # -- writes -------------------------------------------------------------------------
+
+    def attempt_started(
+        self, server: str, fingerprint: str, attempt: int, params: LaunchParams,
+        started_at: float,
+    ) -> None:
+        """Record that ``attempt`` of ``server`` started. Repeating an attempt number (a
+        restarted daemon relaunching it) starts that row afresh: its result is cleared."""
+        with self._writing("attempt_started") as conn:
+            conn.execute(
+                """INSERT INTO attempts (server, fingerprint, attempt, mem_fraction_static,
+                       cuda_graph_max_bs, started_at)
+                   VALUES (?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (server, attempt) DO UPDATE SET
+                       fingerprint = excluded.fingerprint,
+                       mem_fraction_static = excluded.mem_fraction_static,
+                       cuda_graph_max_bs = excluded.cuda_graph_max_bs,
+                       started_at = excluded.started_at,
+                       ended_at = NULL, outcome = NULL, phase = NULL, numbers = '{}',
+                       evidence = '[]', log_tail = '', seconds_to_ready = NULL""",
+                (server, fingerprint, attempt, params.mem_fraction_static,
+                 params.cuda_graph_max_bs, started_at),
+            )
+
+    def attempt_adopted(
+        self, server: str, fingerprint: str, attempt: int, params: LaunchParams, at: float
+    ) -> None:
+        """Record that a running ``attempt`` was adopted: keep its row if we have one (the
+        daemon that launched it wrote it), else create one starting ``at``."""
+        with self._writing("attempt_adopted") as conn:
+            conn.execute(
+                """INSERT INTO attempts (server, fingerprint, attempt, mem_fraction_static,
+                       cuda_graph_max_bs, started_at)
+                   VALUES (?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (server, attempt) DO NOTHING""",
+                (server, fingerprint, attempt, params.mem_fraction_static,
+                 params.cuda_graph_max_bs, at),
+            )
+
+    def attempt_finished(
+        self,
+        server: str,
+        attempt: int,
+        *,
+        outcome: str,
+        phase: str | None,
+        numbers: Mapping[str, Any],
+        evidence: Sequence[str],
+        log_tail: str,
+        ended_at: float,
+        fingerprint: str = "",
+        params: LaunchParams | None = None,
+        started_at: float | None = None,
+    ) -> None:
+        """Record how ``attempt`` of ``server`` ended (again if it ends twice, e.g. ready and
+        later failed: the newest result wins, ``seconds_to_ready`` stays).
+
+        ``log_tail`` keeps its last ``LOG_TAIL_LIMIT`` bytes, from a line start.
+        ``fingerprint``/``params``/``started_at`` are only used when no row exists yet
+        (an attempt whose start was never recorded).
+        """
+        p = params or LaunchParams()
+        with self._writing("attempt_finished") as conn:
+            conn.execute(
+                """INSERT INTO attempts (server, fingerprint, attempt, mem_fraction_static,
+                       cuda_graph_max_bs, started_at, ended_at, outcome, phase, numbers,
+                       evidence, log_tail)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (server, attempt) DO UPDATE SET
+                       ended_at = excluded.ended_at, outcome = excluded.outcome,
+                       phase = excluded.phase, numbers = excluded.numbers,
+                       evidence = excluded.evidence, log_tail = excluded.log_tail""",
+                (server, fingerprint, attempt, p.mem_fraction_static, p.cuda_graph_max_bs,
+                 ended_at if started_at is None else started_at, ended_at, str(outcome),
+                 None if phase is None else str(phase), _to_json(dict(numbers)),
+                 _to_json([str(line) for line in evidence]), _bound_tail(log_tail)),
+            )
+
+    def server_ready(
+        self, server: str, fingerprint: str, params: LaunchParams, seconds: float,
+        attempts: int, *, at: float | None = None,
+    ) -> None:
+        """Record that ``server`` became ready with ``params`` on attempt number ``attempts``
+        after ``seconds``: that attempt's row is marked ready and ``params`` become the last
+        good params of ``fingerprint``. Both in one transaction."""
+        now = time.time() if at is None else at
+        with self._writing("server_ready") as conn:
+            conn.execute(
+                """INSERT INTO attempts (server, fingerprint, attempt, mem_fraction_static,
+                       cuda_graph_max_bs, started_at, ended_at, outcome, phase,
+                       seconds_to_ready)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, 'ready', 'ready', ?)
+                   ON CONFLICT (server, attempt) DO UPDATE SET
+                       ended_at = excluded.ended_at, outcome = 'ready', phase = 'ready',
+                       seconds_to_ready = excluded.seconds_to_ready""",
+                (server, fingerprint, attempts, params.mem_fraction_static,
+                 params.cuda_graph_max_bs, now - seconds, now, seconds),
+            )
+            conn.execute(
+                """INSERT INTO last_good (fingerprint, server, mem_fraction_static,
+                       cuda_graph_max_bs, updated_at, attempts)
+                   VALUES (?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (fingerprint) DO UPDATE SET
+                       server = excluded.server,
+                       mem_fraction_static = excluded.mem_fraction_static,
+                       cuda_graph_max_bs = excluded.cuda_graph_max_bs,
+                       updated_at = excluded.updated_at, attempts = excluded.attempts""",
+                (fingerprint, server, params.mem_fraction_static, params.cuda_graph_max_bs,
+                 now, attempts),
+            )
+
+    # -- reads --------------------------------------------------------------------------
+
+    def last_good(self, fingerprint: str) -> LaunchParams | None:
+        """The last params that reached ready for ``fingerprint``, or None."""
+        entry = self.last_good_entry(fingerprint)
+        return None if entry is None else entry.params
+
+    def last_good_entry(self, fingerprint: str) -> LastGood | None:
+        """``last_good`` with when it was recorded and by which server."""
+        with self._reading() as conn:
+            row = conn.execute(
+                """SELECT fingerprint, server, mem_fraction_static, cuda_graph_max_bs,
+                          updated_at, attempts
+                   FROM last_good WHERE fingerprint = ?""",
+                (fingerprint,),
+            ).fetchone()
+        if row is None:
+            return None
+        return LastGood(row[0], row[1], LaunchParams(row[2], row[3]), row[4], row[5])
+
+    def history(self, server: str | None = None, limit: int = 100) -> list[AttemptRow]:
+        """Up to ``limit`` attempts (of ``server``, or of all servers), newest start first."""
+        where, args = ("WHERE server = ?", (server,)) if server is not None else ("", ())
+        with self._reading() as conn:
+            rows = conn.execute(
+                f"SELECT {_ROW_COLUMNS} FROM attempts {where} "
+                "ORDER BY started_at DESC, id DESC LIMIT ?",
+                (*args, max(0, limit)),
+            ).fetchall()
+        return [_attempt_row(row) for row in rows]
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        found: int = conn.execute("PRAGMA user_version").fetchone()[0]
+        if found > SCHEMA_VERSION:
+            raise StateError(
+                f"the attempt ledger {self.path} has schema version {found}, newer than this "
+                f"launcher's {SCHEMA_VERSION}",
+                remedy="run the newer launcher, or move the file aside to start a new ledger",
+            )
+        while found < SCHEMA_VERSION:
+            # IMMEDIATE takes the write lock first, so two processes never run one step twice.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version < SCHEMA_VERSION:
+                    for statement in _MIGRATIONS[version]:
+                        conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version = {version + 1}")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            if version < SCHEMA_VERSION:
+                log.info("ledger.migrated", path=str(self.path), from_version=version,
+                         to_version=version + 1)
+            found = conn.execute("PRAGMA user_version").fetchone()[0]
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._open_connection()
+            try:
+                yield conn
+            except sqlite3.Error as exc:
+                raise self._failure("reading", exc) from exc
+
+    @contextlib.contextmanager
+    def _writing(self, what: str) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._open_connection()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    # SQLite rolls some failures back itself (SQLITE_FULL, ...).
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise self._failure(what, exc) from exc
+
+    def _open_connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StateError(f"the attempt ledger {self.path} is closed")
+        return self._conn
+
+    def _failure(self, what: str, exc: sqlite3.Error) -> StateError:
+        return StateError(
+            f"attempt ledger {self.path}: {what} failed: {exc}",
+            remedy="check the disk space and permissions of the state directory; move the "
+            "file aside to start a new ledger",
+        )
+
+
+def _to_json(value: object) -> str:
+    # default=str: a stray non-JSON value (a Path, an enum) must not lose the whole record.
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _bound_tail(text: str) -> str:
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= LOG_TAIL_LIMIT:
+        return text
+    cut = data[-LOG_TAIL_LIMIT:]
+    newline = cut.find(b"\n")
+    if 0 <= newline < len(cut) - 1:
+        cut = cut[newline + 1 :]  # start at a whole line
+    return cut.decode("utf-8", errors="ignore")  # "ignore": the cut may split a character
+
+
+def _attempt_row(row: tuple[Any, ...]) -> AttemptRow:
+    return AttemptRow(
+        id=row[0],
+        server=row[1],
+        fingerprint=row[2],
+        attempt=row[3],
+        params=LaunchParams(row[4], row[5]),
+        started_at=row[6],
+        ended_at=row[7],
+        outcome=row[8],
+        phase=row[9],
+        numbers=json.loads(row[10]),
+        evidence=json.loads(row[11]),
+        log_tail=row[12],
+        seconds_to_ready=row[13],
+    )
+
+
+# --- warm start --------------------------------------------------------------------------
+
+
+def initial_params(
+    ledger: Ledger, fingerprint: str, configured: LaunchParams, fresh: bool
+) -> tuple[LaunchParams, str]:
+    """The params of the first attempt and why: the last good params of ``fingerprint``
+    (the same host, GPUs, model, version, ...) unless ``fresh`` or none are known, in which
+    case ``configured``."""
+    if fresh:
+        return configured, "fresh start requested: configured params"
+    entry = ledger.last_good_entry(fingerprint)
+    if entry is None:
+        return configured, "no last good params for this launch: configured params"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(entry.updated_at))
+    return entry.params, f"warm start from last good params of {when}"
+
+
+# --- the event hook ----------------------------------------------------------------------
+
+_Write = Callable[[Ledger], None]
+_RECORDED = frozenset(
+    {"attempt.started", "attempt.failed", "attempt.ended", "server.ready", "server.adopted"}
+)
+
+
+class LedgerRecorder:
+    """A supervisor event hook (``hook(server, event, data)``) that records attempts.
+
+    Mapping: ``attempt.started`` → ``attempt_started``; ``server.adopted`` →
+    ``attempt_adopted``; ``attempt.failed`` → ``attempt_finished`` at once (so a daemon that
+    dies while cleaning up still has the outcome); ``attempt.ended`` → ``attempt_finished``
+    with the log tail (evidence from the event, else from its ``attempt.failed``);
+    ``server.ready`` → ``server_ready``. Other events are ignored. Timestamps the events do
+    not carry come from ``clock`` at the call.
+
+    Resource handling: the call only translates the event and queues the write; one writer
+    thread, started here, applies them in order. ``flush()`` waits for the queue, ``close()``
+    drains it and stops the thread; the ledger stays open (the caller owns it).
+
+    Error handling: never raises into the caller. An event it cannot translate, a server
+    without a fingerprint, a full queue or a failed write logs ``ledger.write_failed``
+    (server, hook_event, error) and is dropped.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        fingerprints: Mapping[str, str],
+        clock: Callable[[], float] = time.time,
+        *,
+        max_queued: int = 10_000,
+    ) -> None:
+        self.ledger = ledger
+        self.fingerprints = dict(fingerprints)
+        self.clock = clock
+        self._queue: queue.Queue[tuple[str, str, _Write] | threading.Event | None] = (
+            queue.Queue(max_queued)
+        )
+        self._evidence: dict[tuple[str, int], list[str]] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
+        self._thread.start()
+
+    def __call__(self, server: str, event: str, data: dict[str, Any]) -> None:
+        if event not in _RECORDED:
+            return
+        try:
+            if self._closed:
+                raise StateError("the ledger recorder is closed")
+            write = self._translate(server, event, data)
+            self._queue.put_nowait((server, event, write))
+        except queue.Full:
+            log.error("ledger.write_failed", server=server, hook_event=event, error="queue full")
+        except Exception as exc:  # a hook must not break the supervisor
+            log.error("ledger.write_failed", server=server, hook_event=event, error=repr(exc))
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every write queued so far is applied; False on timeout or if closed."""
+        if self._closed:
+            return not self._thread.is_alive()
+        done = threading.Event()
+        try:
+            self._queue.put(done, timeout=timeout)
+        except queue.Full:
+            return False
+        return done.wait(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Apply what is queued, then stop the writer thread (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+        self._thread.join(timeout)
+
+    def __enter__(self) -> LedgerRecorder:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            server, event, write = item
+            try:
+                write(self.ledger)
+            except Exception as exc:
+                log.error(
+                    "ledger.write_failed", server=server, hook_event=event, error=repr(exc)
+                )
+
+    def _translate(self, server: str, event: str, data: Mapping[str, Any]) -> _Write:
+        fp = self.fingerprints[server]  # KeyError: a server we were not told about
+        now = self.clock()
+        params = _params(data.get("params"))
+        if event == "attempt.started":
+            attempt = int(data["attempt"])
+            return lambda ledger: ledger.attempt_started(server, fp, attempt, params, now)
+        if event == "server.adopted":
+            attempt = int(data["attempt"])
+            return lambda ledger: ledger.attempt_adopted(server, fp, attempt, params, now)
+        if event == "server.ready":
+            seconds, attempts = float(data["seconds"]), int(data["attempts"])
+            return lambda ledger: ledger.server_ready(
+                server, fp, params, seconds, attempts, at=now
+            )
+        attempt = int(data["attempt"])
+        evidence = [str(line) for line in data.get("evidence") or []]
+        if event == "attempt.failed":
+            self._evidence[(server, attempt)] = evidence
+        else:  # attempt.ended
+            evidence = evidence or self._evidence.pop((server, attempt), [])
+        outcome, phase = str(data["outcome"]), data.get("phase")
+        numbers = dict(data.get("numbers") or {})
+        log_tail = str(data.get("log_tail") or "")
+        ended_at = float(data.get("ended_at") or now)
+        started = data.get("started_at")
+        started_at = None if started is None else float(started)
+        return lambda ledger: ledger.attempt_finished(
+            server, attempt, outcome=outcome, phase=None if phase is None else str(phase),
+            numbers=numbers, evidence=evidence, log_tail=log_tail, ended_at=ended_at,
+            fingerprint=fp, params=params, started_at=started_at,
+        )
+
+
+def _params(data: object) -> LaunchParams:
+    if not isinstance(data, Mapping):
+        return LaunchParams()
+    mfs, bs = data.get("mem_fraction_static"), data.get("cuda_graph_max_bs")
+    return LaunchParams(
+        None if mfs is None else float(mfs), None if bs is None else int(bs)
+    )
