@@ -7,6 +7,7 @@ Exit codes: 0 ok; 1 a server failed / gave up / a check found problems; 2 bad in
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import sys
@@ -17,6 +18,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
 import httpx
+import structlog
 import typer
 from rich.console import Console
 from rich.live import Live
@@ -25,7 +27,13 @@ from rich.table import Table
 from launcher import remote
 from launcher.classify import diagnose_text
 from launcher.command import build_command
-from launcher.config import Config, ServerConfig, load_config, resolve_secret_env
+from launcher.config import (
+    Config,
+    ServerConfig,
+    default_state_dir,
+    load_config,
+    resolve_secret_env,
+)
 from launcher.errors import (
     ConfigError,
     LauncherError,
@@ -41,7 +49,15 @@ from launcher.outcome import Diagnosis
 from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
-from launcher.supervisor import ServerSupervisor, Snapshot, supervise_all
+from launcher.store import (
+    Ledger,
+    LedgerRecorder,
+    StateLock,
+    fingerprint,
+    initial_params,
+    ledger_path,
+)
+from launcher.supervisor import EventHook, ServerSupervisor, Snapshot, supervise_all
 from launcher.transport import make_transport
 from launcher.transport.base import Transport
 
@@ -297,54 +313,68 @@ def up(
         "json" if log_format == "json" or (log_format == "auto" and not live) else "console"
     )
     configure(fmt, stream=sys.stderr if live else sys.stdout)
-    code = anyio.run(_up, config, servers, secrets, until_ready, stop_on_exit, live)
+    code = anyio.run(_up, config, servers, secrets, until_ready, stop_on_exit, live, fresh)
     raise typer.Exit(code)
 
 
-async def _up(
-    config: Config,
-    servers: list[ServerConfig],
-    secrets: dict[str, dict[str, str]],
-    until_ready: bool,
-    stop_on_exit: bool,
-    live: bool,
-) -> int:
+async def _up(config: Config, servers: list[ServerConfig], secrets: dict[str, dict[str, str]],
+              until_ready: bool, stop_on_exit: bool, live: bool, fresh: bool) -> int:
     transports = _transports(config, servers)
     try:
-        sups = []
-        for s in servers:
-            version = await _version(s, transports[s.host])
-            sups.append(
-                ServerSupervisor(
-                    config,
-                    s,
-                    transports[s.host],
-                    sglang_version=version,
-                    secret_env=secrets[s.name],
-                    stop_on_exit=stop_on_exit,
-                )
-            )
-        interrupted = False
+        with StateLock(config.state_dir), Ledger(ledger_path(config.state_dir)) as ledger:
+            return await _supervise(config, servers, secrets, transports, ledger,
+                                    until_ready=until_ready, stop_on_exit=stop_on_exit,
+                                    live=live, fresh=fresh)
+    except LauncherError as exc:
+        err.print(f"[bold red]{type(exc).__name__}[/]: {exc}", highlight=False)
+        return 1
+    finally:
+        await _close(transports)
 
-        async def watch_signals() -> None:
-            nonlocal interrupted
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for _ in signals:
-                    interrupted = True
-                    for sup in sups:
-                        sup.request_stop(kill=stop_on_exit)
-                    return
 
-        view = (
-            Live(_view([s.snapshot() for s in sups]), console=out, refresh_per_second=4)
-            if live
-            else None
-        )
+async def _supervise(config: Config, servers: list[ServerConfig],
+                     secrets: dict[str, dict[str, str]], transports: dict[str, Transport],
+                     ledger: Ledger, *, until_ready: bool, stop_on_exit: bool, live: bool,
+                     fresh: bool) -> int:
+    log = structlog.get_logger("launcher")
+    fingerprints: dict[str, str] = {}
+    plans: list[tuple[ServerConfig, str, LaunchParams]] = []
+    for s in servers:
+        version = await _version(s, transports[s.host])
+        fp = fingerprint(s, config.host(s.host), version)
+        fingerprints[s.name] = fp
+        configured = LaunchParams(s.mem_fraction_static, s.cuda_graph_max_bs)
+        initial, why = initial_params(ledger, fp, configured, fresh)
+        log.info("params.initial", server=s.name, params=initial.describe(), reason=why,
+                 sglang_version=version)
+        plans.append((s, version, initial))
+    recorder = LedgerRecorder(ledger, fingerprints)
+    hooks: list[EventHook] = [recorder]
+    sups = [
+        ServerSupervisor(config, s, transports[s.host], sglang_version=version,
+                         secret_env=secrets[s.name], stop_on_exit=stop_on_exit,
+                         initial=initial, hooks=hooks)
+        for s, version, initial in plans
+    ]
+    interrupted = False
 
-        async def tick() -> None:
-            if view is not None:
-                view.update(_view([s.snapshot() for s in sups]))
+    async def watch_signals() -> None:
+        nonlocal interrupted
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                interrupted = True
+                for sup in sups:
+                    sup.request_stop(kill=stop_on_exit)
+                return
 
+    view = Live(_view([s.snapshot() for s in sups]), console=out,
+                refresh_per_second=4) if live else None
+
+    async def tick() -> None:
+        if view is not None:
+            view.update(_view([s.snapshot() for s in sups]))
+
+    try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_signals)
             if view is not None:
@@ -355,31 +385,56 @@ async def _up(
                 if view is not None:
                     view.stop()
             tg.cancel_scope.cancel()
-        ready = [s.server.name for s in sups if s.machine.ready_at is not None]
-        gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
-        for sup in gave_up:
-            err.print(f"[red]{sup.server.name} gave up[/]: {sup.machine.reason}",
-                      highlight=False)
-        if interrupted or until_ready:
-            running = [
-                s.server.name
-                for s in sups
-                if s.machine.pid and not stop_on_exit and s.state is not State.GAVE_UP
-            ]
-            if running:
-                err.print(
-                    f"launcher exited; left running: {', '.join(running)} "
-                    "(stop them with `launcher down`)",
-                    highlight=False,
-                )
-        if gave_up:
-            return 1
-        return 0 if (ready or interrupted) else 1
-    except LauncherError as exc:
-        err.print(f"[bold red]{type(exc).__name__}[/]: {exc}", highlight=False)
-        return 1
     finally:
-        await _close(transports)
+        recorder.close()
+    gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
+    for sup in gave_up:
+        err.print(f"[red]{sup.server.name} gave up[/]: {sup.machine.reason}", highlight=False)
+    if interrupted or until_ready:
+        running = [sup.server.name for sup in sups if sup.machine.pid and not stop_on_exit
+                   and sup.state is not State.GAVE_UP]
+        if running:
+            err.print(f"launcher exited; left running: {', '.join(running)} "
+                      "(stop them with `launcher down`)", highlight=False)
+    if gave_up:
+        return 1
+    ready = [sup for sup in sups if sup.machine.ready_at is not None]
+    return 0 if (ready or interrupted) else 1
+
+
+@app.command()
+def history(
+    server_name: Annotated[str | None, typer.Argument(metavar="[SERVER]")] = None,
+    config_path: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="Read state_dir from this config.")] = None,
+    state_dir: Annotated[Path | None, typer.Option(
+        "--state-dir", help="The state directory (default: XDG state dir).")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1)] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show the attempt ledger: every attempt with params, outcome, phase and timings."""
+    if state_dir is None:
+        state_dir = (_guard(lambda: _open(config_path)).state_dir if config_path
+                     else default_state_dir(os.environ))
+    path = ledger_path(state_dir)
+    if not path.exists():
+        _fail(UsageError(f"no attempt ledger at {path}",
+                         remedy="run `launcher up` first, or pass --config/--state-dir"))
+    with Ledger(path) as ledger:
+        rows = ledger.history(server_name, limit=limit)
+    if as_json:
+        out.print_json(json.dumps([r.as_dict() for r in rows]))
+        return
+    table = Table(box=None, pad_edge=False)
+    for col in ("started", "server", "attempt", "params", "outcome", "phase", "to ready"):
+        table.add_column(col)
+    for r in rows:
+        started = datetime.fromtimestamp(r.started_at, UTC).strftime("%Y-%m-%d %H:%M:%S") \
+            if r.started_at else ""
+        ttr = "" if r.seconds_to_ready is None else f"{r.seconds_to_ready:.0f}s"
+        table.add_row(started, r.server, str(r.attempt), r.params.describe(),
+                      r.outcome or "running", r.phase or "", ttr)
+    out.print(table)
 
 
 # --- down / status / logs / check ----------------------------------------------------

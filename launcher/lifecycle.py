@@ -267,7 +267,8 @@ class ServerMachine:
     limits: Limits
     restart: RestartBackoff
     state: State = State.IDLE
-    attempt: int = 0
+    attempt: int = 0  # the host's attempt number (run directories are numbered on from it)
+    attempt_base: int = 0  # attempts already on the host before this supervision started
     params: LaunchParams | None = None  # params of the current / last attempt
     last_good: LaunchParams | None = None  # params that reached ready
     history: list[AttemptRecord] = field(default_factory=list)
@@ -346,6 +347,7 @@ class ServerMachine:
             raise self._illegal(event)
         self.pid = event.pid
         self.attempt = event.attempt
+        self.attempt_base = event.attempt - 1  # the adopted attempt counts as this run's first
         self.params = event.params
         self.started_at = self.attempt_started_at = now
         self.state = State.INIT
@@ -515,7 +517,7 @@ class ServerMachine:
             Emit(
                 "server.ready",
                 {
-                    "attempts": self.attempt,
+                    "attempts": self.attempt - self.attempt_base,
                     "seconds": round(elapsed, 2),
                     "params": _pdict(self.params),
                     "history": [_rdict(r) for r in self.history],
@@ -588,7 +590,7 @@ class ServerMachine:
                 "server.gave_up",
                 {
                     "reason": reason,
-                    "attempts": self.attempt,
+                    "attempts": self.attempt - self.attempt_base,
                     "history": [_rdict(r) for r in self.history],
                 },
             )

@@ -24,6 +24,7 @@ import anyio
 import httpx
 import structlog
 from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from launcher import remote
 from launcher.backoff import RestartBackoff
@@ -151,11 +152,13 @@ class ServerSupervisor:
                 p.restart_window,
             ),
         )
-        self._inbox_send, self._inbox = anyio.create_memory_object_stream[Event](1000)
+        # The inbox exists only while ``run`` runs (it closes both ends on the way out); events
+        # posted before that wait in ``_early``.
+        self._inbox_send: MemoryObjectSendStream[Event] | None = None
+        self._early: list[Event] = []
         self._attempt: _Attempt | None = None
         self._tg: TaskGroup | None = None
         self._started = clock()
-        self._attempt_base = 0  # attempts already on the host when this supervisor started
         self.tail_path: Path | None = None  # local copy of the last failed attempt's log tail
 
     # -- public ----------------------------------------------------------------------
@@ -187,6 +190,21 @@ class ServerSupervisor:
         adopt: bool = True,
     ) -> State:
         """Supervise until the server gave up or a stop is requested; return the final state."""
+        send, inbox = anyio.create_memory_object_stream[Event](1000)
+        self._inbox_send = send
+        for event in self._early:
+            send.send_nowait(event)
+        self._early.clear()
+        with send, inbox:
+            await self._loop(inbox, task_status, adopt)
+        return self.machine.state
+
+    async def _loop(
+        self,
+        inbox: MemoryObjectReceiveStream[Event],
+        task_status: anyio.abc.TaskStatus[None],
+        adopt: bool,
+    ) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             task_status.started()
@@ -198,10 +216,11 @@ class ServerSupervisor:
                         first = found
                 if not isinstance(first, Adopted):
                     # Attempt directories on the host are never reused: number on from the last.
-                    self._attempt_base = await self._latest_attempt()
+                    base = await self._latest_attempt()
+                    self.machine.attempt = self.machine.attempt_base = base
                 await self._dispatch(first)
                 tg.start_soon(self._deadline_watch)
-                async for event in self._inbox:
+                async for event in inbox:
                     await self._dispatch(event)
                     if self.machine.state.terminal:
                         break
@@ -209,7 +228,6 @@ class ServerSupervisor:
                 with anyio.CancelScope(shield=True):
                     await self._shutdown()
                 tg.cancel_scope.cancel()
-        return self.machine.state
 
     def request_stop(self, *, kill: bool) -> None:
         """Ask the loop to stop supervising (and stop the server when ``kill``)."""
@@ -218,10 +236,13 @@ class ServerSupervisor:
     # -- the loop ----------------------------------------------------------------------
 
     def _post(self, event: Event) -> None:
+        if self._inbox_send is None:  # not running yet
+            self._early.append(event)
+            return
         try:
             self._inbox_send.send_nowait(event)
         except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self.log.warning("event.dropped", event=type(event).__name__)
+            self.log.warning("event.dropped", dropped=type(event).__name__)
 
     async def _dispatch(self, event: Event) -> None:
         actions = self.machine.handle(event, self.clock())

@@ -1,0 +1,1263 @@
+"""A simulated SGLang server: ``python -m launcher.sim.server <SGLang flags>``.
+
+It parses SGLang's flags in the dialect of ``SGLANG_SIM_VERSION`` (default 0.5.23), reads the
+model's ``config.json`` (HF keys plus a ``"sim"`` object), runs SGLang's start-up memory
+arithmetic (:func:`launcher.sim.memory.simulate`) against the GPUs of the sim host
+(``SGLANG_SIM_HOST``, see :mod:`launcher.sim.gpustate`), and plays the start-up out in real
+processes and real time (scaled by the host's ``time_scale``): the log lines SGLang prints, its
+failure tracebacks and exit statuses, its process tree, its HTTP API and its shutdown.
+
+The model's ``"sim"`` object::
+
+    weights_gib           whole model (each TP rank holds weights_gib / tp)
+    kv_gib_per_1k_tokens  whole model (each rank holds 1/tp of it)
+    graph_gib_per_bs      per rank: activation pool of the largest decode graph, per bs
+    graph_overhead_gib    per rank, per captured graph
+    warmup_gib            per rank: activations of the warmup prefill
+    min_kv_tokens         a smaller pool is "Not enough memory"
+    shard_gib             checkpoint shard size (whole model)
+    context_gib           optional, per rank: CUDA context + NCCL before weights (default 1.0)
+
+Exit statuses: 2 argparse; 1 config errors (missing model...); 3 HTTP port taken; -9 (137) when
+SGLang kills its own tree (scheduler exceptions, shutdown) or a die_silently fault; -15 (143)
+for SIGTERM before the ready line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from launcher.params import LaunchParams
+from launcher.phases import Phase
+from launcher.sim import gpustate, logfmt
+from launcher.sim.faults import Fault, FaultKind, FaultPlan, FaultProfileError
+from launcher.sim.gpustate import HostConfig, HostConfigError
+from launcher.sim.http import (
+    ApiInfo,
+    ServerStatus,
+    SimHttpServer,
+    WarmupEnd,
+    reason,
+    run_warmup,
+)
+from launcher.sim.logfmt import ERROR, INFO, WARNING, Dialect, LogWriter
+from launcher.sim.memory import (
+    MemoryScenario,
+    StartupTrace,
+    auto_chunked_prefill_size,
+    capture_bs_list,
+    simulate,
+)
+
+ENV_VERSION = "SGLANG_SIM_VERSION"
+
+# Nominal phase durations in seconds, multiplied by the host's time_scale (and slow faults).
+NOMINAL_S = {
+    Phase.INIT: 15.0,
+    Phase.WEIGHTS: 75.0,
+    Phase.KV_CACHE: 5.0,
+    Phase.CUDA_GRAPH: 45.0,
+    Phase.WARMUP: 10.0,
+}
+GENERATE_NOMINAL_S = 0.5  # one /generate after warmup
+WARMUP_POLL_NOMINAL_S = 1.0  # SGLang's warmup polls the model-info path once a second
+DRAIN_POLL_NOMINAL_S = 5.0  # SGLang's sigterm watchdog wakes every 5 s
+TORCH_COMPILE_SLOWDOWN = 10.0  # capture steps that also compile take this much longer
+PREFILL_GRAPH_SHARE = 0.15  # share of the capture phase spent on 0.5.23's prefill graphs
+MAX_PREFILL_TOKENS = 16384
+
+_SIM_KEYS = {
+    "weights_gib",
+    "kv_gib_per_1k_tokens",
+    "graph_gib_per_bs",
+    "graph_overhead_gib",
+    "warmup_gib",
+    "min_kv_tokens",
+    "shard_gib",
+    "context_gib",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def _si_int(text: str) -> int:
+    """0.5.23's ``128k``-style integers."""
+    factors = {"k": 1000, "m": 1000**2, "g": 1000**3}
+    suffix = text[-1:].lower()
+    if suffix in factors:
+        return int(float(text[:-1]) * factors[suffix])
+    return int(text)
+
+
+def build_parser(d: Dialect) -> argparse.ArgumentParser:
+    """SGLang's argument parser, reduced to the flags the simulator knows, in ``d``'s dialect.
+
+    Prefix matching stays on (``--tp`` works; 0.5.23's ``--cuda-graph-max-bs`` is ambiguous)."""
+    p = argparse.ArgumentParser(prog=d.prog)
+    num = _si_int if d.since(0, 5, 23) else int
+    add = p.add_argument
+    add("--model-path", "--model", dest="model_path", type=str, required=True)
+    add("--served-model-name", type=str, default=None)
+    add("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
+    add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    add("--host", type=str, default="127.0.0.1")
+    add("--port", type=int, default=30000)
+    add("--mem-fraction-static", type=float, default=None)
+    if d.since(0, 5, 15):
+        add("--cuda-graph-max-bs-decode", type=int, default=None)
+        add("--cuda-graph-max-bs-prefill", type=int, default=None)
+        if not d.since(0, 5, 23):
+            add(
+                "--cuda-graph-max-bs",
+                dest="cuda_graph_max_bs_alias",
+                type=int,
+                default=None,
+                help="Deprecated alias of --cuda-graph-max-bs-decode.",
+            )
+    else:
+        add("--cuda-graph-max-bs", type=int, default=None)
+    add("--context-length", type=num, default=None)
+    add("--chunked-prefill-size", type=int, default=None)
+    add("--max-running-requests", type=int, default=None)
+    add("--max-total-tokens", type=num, default=None)
+    add("--log-level", type=str, default="info")
+    add("--log-level-http", type=str, default=None)
+    add("--trust-remote-code", action="store_true")
+    add("--nnodes", type=int, default=1)
+    add("--node-rank", type=int, default=0)
+    add("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", type=str, default=None)
+    add("--skip-server-warmup", action="store_true")
+    add("--disable-cuda-graph", action="store_true")
+    add("--enable-torch-compile", action="store_true")
+    add("--torch-compile-max-bs", type=int, default=32)
+    add("--api-key", type=str, default=None)
+    add("--watchdog-timeout", type=float, default=300)
+    add("--dist-timeout", type=int, default=None)
+    add("--enable-metrics", action="store_true")
+    add("--kv-cache-dtype", type=str, default="auto")
+    add("--quantization", type=str, default=None)
+    add("--attention-backend", type=str, default=None)
+    add("--random-seed", type=int, default=None)
+    add("--dtype", type=str, default="auto")
+    add("--load-format", type=str, default="auto")
+    if d.since(0, 5, 23):
+        add("--speculative-algorithm", type=str, default=None)
+    else:
+        add(
+            "--speculative-algorithm",
+            type=str,
+            default=None,
+            choices=["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"],
+        )
+    return p
+
+
+@dataclass(frozen=True)
+class Flags:
+    """The parsed command line, typed."""
+
+    model_path: str
+    served_model_name: str
+    tp: int
+    dp: int
+    host: str
+    port: int
+    mem_fraction_static: float | None
+    graph_bs: int | None
+    graph_bs_prefill: int | None
+    context_length: int | None
+    chunked_prefill_size: int | None
+    max_running_requests: int | None
+    max_total_tokens: int | None
+    log_level: str
+    log_level_http: str | None
+    trust_remote_code: bool
+    nnodes: int
+    node_rank: int
+    dist_init_addr: str | None
+    skip_server_warmup: bool
+    disable_cuda_graph: bool
+    enable_torch_compile: bool
+    torch_compile_max_bs: int
+    api_key: str | None
+    watchdog_timeout: float
+    dist_timeout: int | None
+    enable_metrics: bool
+    kv_cache_dtype: str
+    quantization: str | None
+    attention_backend: str | None
+    random_seed: int
+    dtype: str
+    load_format: str
+    speculative_algorithm: str | None
+    deprecated_graph_flag: bool
+
+    @classmethod
+    def parse(cls, d: Dialect, argv: Sequence[str]) -> Flags:
+        """Parse like SGLang; argparse errors exit 2 with SGLang's message."""
+        ns = build_parser(d).parse_args(list(argv))
+        v: dict[str, Any] = vars(ns)
+        decode = v.pop("cuda_graph_max_bs_decode", None)
+        legacy = v.pop("cuda_graph_max_bs", None)
+        alias = v.pop("cuda_graph_max_bs_alias", None)
+        graph_bs = next((b for b in (decode, legacy, alias) if b is not None), None)
+        prefill = v.pop("cuda_graph_max_bs_prefill", None)
+        tp, dp = v.pop("tp_size"), v.pop("dp_size")
+        seed = v.pop("random_seed")
+        served = v.pop("served_model_name") or v["model_path"]
+        return cls(
+            tp=tp,
+            dp=dp,
+            graph_bs=graph_bs,
+            graph_bs_prefill=prefill,
+            random_seed=random.randint(0, 1 << 30) if seed is None else seed,
+            served_model_name=served,
+            deprecated_graph_flag=alias is not None,
+            **v,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+class ConfigFailure(Exception):
+    """A failure SGLang reports from the main process before any GPU work (exit 1)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the simulator reads from a model directory's config.json."""
+
+    path: str
+    model_type: str
+    arch: str
+    max_position_embeddings: int
+    torch_dtype: str
+    sim: dict[str, float]
+
+
+def load_model(path: str) -> ModelSpec:
+    """Read ``path/config.json`` the way transformers' AutoConfig fails on it.
+
+    Raises ConfigFailure with the traceback SGLang prints (HF's OSError for a missing path,
+    ValueError for a directory without a usable config)."""
+    p = Path(path)
+    if not p.is_dir():
+        looks_like_repo = (
+            not path.startswith(("/", ".", "~")) and path.count("/") == 1 and not p.exists()
+        )
+        if looks_like_repo:
+            raise ConfigFailure(logfmt.hf_offline_error(path))
+        raise ConfigFailure(logfmt.hf_repo_id_error(path))
+    unrecognized = ConfigFailure(
+        logfmt.config_error(
+            f"ValueError: Unrecognized model in {path}. Should have a `model_type` key in its "
+            "config.json."
+        )
+    )
+    cfg = p / "config.json"
+    if not cfg.is_file():
+        raise unrecognized
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        raise ConfigFailure(
+            logfmt.config_error(
+                f"OSError: It looks like the config file at '{cfg}' is not a valid JSON file."
+            )
+        ) from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise unrecognized
+    sim = data.get("sim")
+    if not isinstance(sim, dict) or "weights_gib" not in sim:
+        raise ConfigFailure(
+            logfmt.config_error(
+                f'ValueError: {cfg} has no "sim" object with weights_gib: the SGLang simulator '
+                "cannot size this model."
+            )
+        )
+    unknown = {k for k in sim if not k.startswith("_")} - _SIM_KEYS
+    if unknown:
+        raise ConfigFailure(
+            logfmt.config_error(f"ValueError: {cfg}: unknown sim keys {sorted(unknown)}")
+        )
+    archs = data.get("architectures") or ["LlamaForCausalLM"]
+    return ModelSpec(
+        path=path,
+        model_type=str(data["model_type"]),
+        arch=str(archs[0]),
+        max_position_embeddings=int(data.get("max_position_embeddings", 4096)),
+        torch_dtype=str(data.get("torch_dtype", "bfloat16")),
+        sim={k: float(v) for k, v in sim.items() if not k.startswith("_")},
+    )
+
+
+def scenario_for(
+    model: ModelSpec, host: HostConfig, tp: int, other_used_gib: float, version: str
+) -> MemoryScenario:
+    """The memory scenario of one server of ``model`` at ``tp`` on ``host``."""
+    s = model.sim
+    base = MemoryScenario(gpu_total_gib=host.gpu_total_gib, weights_gib=s["weights_gib"])
+    return MemoryScenario(
+        gpu_total_gib=host.gpu_total_gib,
+        weights_gib=s["weights_gib"],
+        tp=tp,
+        other_used_gib=other_used_gib,
+        context_gib=s.get("context_gib", base.context_gib),
+        kv_gib_per_1k_tokens=s.get("kv_gib_per_1k_tokens", base.kv_gib_per_1k_tokens) / tp,
+        min_kv_tokens=int(s.get("min_kv_tokens", base.min_kv_tokens)),
+        graph_gib_per_bs=s.get("graph_gib_per_bs", base.graph_gib_per_bs),
+        graph_overhead_gib=s.get("graph_overhead_gib", base.graph_overhead_gib),
+        warmup_gib=s.get("warmup_gib", base.warmup_gib),
+        shard_gib=s.get("shard_gib", base.shard_gib),
+        sglang_version=version,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The server
+
+
+@dataclass
+class Rank:
+    """One scheduler: its place in the TP/DP grid, its GPU and its memory."""
+
+    index: int
+    tp_rank: int
+    dp_rank: int
+    label: str | None
+    name: str
+    phys: int | None  # physical GPU, None when CUDA_VISIBLE_DEVICES has too few
+    proc: subprocess.Popen[bytes] | None = None
+    others: list[tuple[int, float]] = field(default_factory=list)  # (pid, GiB) on its GPU
+    used_gib: float = 0.0
+    graph_gib: float = 0.0
+
+    @property
+    def others_gib(self) -> float:
+        return sum(g for _, g in self.others)
+
+
+class Server:
+    """One simulated server process. :meth:`run` plays the start-up and serves; the failure
+    paths end the process the way SGLang does (they never return)."""
+
+    def __init__(
+        self,
+        flags: Flags,
+        d: Dialect,
+        host: HostConfig,
+        model: ModelSpec,
+        plan: FaultPlan,
+        log: LogWriter,
+    ) -> None:
+        self.flags, self.d, self.host, self.model, self.plan, self.log = (
+            flags,
+            d,
+            host,
+            model,
+            plan,
+            log,
+        )
+        self.pid = os.getpid()
+        self.scale = host.time_scale
+        self.context_len = flags.context_length or model.max_position_embeddings
+        self.chunk = flags.chunked_prefill_size or auto_chunked_prefill_size(
+            host.gpu_total_gib, d.version
+        )
+        self.ranks: list[Rank] = []
+        self.registration: gpustate.Registration | None = None
+        self.detokenizer: subprocess.Popen[bytes] | None = None
+        self.scenario = scenario_for(model, host, flags.tp, 0.0, d.version)
+        self.mfs, self.bs = self._resolve()
+        self.trace: StartupTrace | None = None
+        self.api_key = flags.api_key
+        self.enable_metrics = flags.enable_metrics
+        self.strict_probes = d.since(0, 5, 23)
+        self.phase = Phase.INIT
+        self._phase_t0 = time.monotonic()
+        self._dying = False
+        self._lock = threading.Lock()
+        self._ready_at: float | None = None
+        self._sigterm_at: float | None = None
+        self._next_drain: float | None = None
+        self._hung = False
+        self._unhealthy = False
+        self._served_any = False
+        self._inflight = 0
+        self._stop_warmup = threading.Event()
+        self._forever = threading.Event()
+
+    # -- resolution -----------------------------------------------------------------------
+
+    def _resolve(self) -> tuple[float, int]:
+        f = self.flags
+        mfs, bs = self.scenario.resolve(LaunchParams(f.mem_fraction_static, f.graph_bs))
+        if f.max_running_requests is not None:
+            bs = max(1, min(bs, f.max_running_requests))
+        return mfs, bs
+
+    def _args_items(self) -> list[tuple[str, Any]]:
+        f, d = self.flags, self.d
+        graph: list[tuple[str, Any]]
+        if d.since(0, 5, 23):
+            graph = [
+                (
+                    "cuda_graph_config",
+                    {
+                        "backend_decode": "disabled" if f.disable_cuda_graph else "full",
+                        "backend_prefill": "disabled" if f.disable_cuda_graph else "breakable",
+                        "bs_decode": None,
+                        "bs_prefill": None,
+                    },
+                ),
+                ("cuda_graph_max_bs_prefill", f.graph_bs_prefill or self.chunk),
+                ("cuda_graph_max_bs_decode", self.bs),
+            ]
+        elif d.since(0, 5, 15):
+            graph = [
+                ("disable_cuda_graph", f.disable_cuda_graph),
+                ("cuda_graph_max_bs_decode", self.bs),
+                ("cuda_graph_max_bs_prefill", f.graph_bs_prefill or self.chunk),
+            ]
+        else:
+            graph = [("disable_cuda_graph", f.disable_cuda_graph), ("cuda_graph_max_bs", self.bs)]
+        return [
+            ("model_path", f.model_path),
+            ("tokenizer_path", f.model_path),
+            ("tokenizer_mode", "auto"),
+            ("load_format", f.load_format),
+            ("trust_remote_code", f.trust_remote_code),
+            ("context_length", f.context_length),
+            ("host", f.host),
+            ("port", f.port),
+            ("dtype", f.dtype),
+            ("quantization", f.quantization),
+            ("kv_cache_dtype", f.kv_cache_dtype),
+            ("mem_fraction_static", self.mfs),
+            ("max_running_requests", f.max_running_requests),
+            ("max_total_tokens", f.max_total_tokens),
+            ("chunked_prefill_size", self.chunk),
+            ("max_prefill_tokens", MAX_PREFILL_TOKENS),
+            ("page_size", 1),
+            ("tp_size", f.tp),
+            ("pp_size", 1),
+            ("dp_size", f.dp),
+            ("nnodes", f.nnodes),
+            ("node_rank", f.node_rank),
+            ("dist_init_addr", f.dist_init_addr),
+            ("random_seed", f.random_seed),
+            ("watchdog_timeout", f.watchdog_timeout),
+            ("dist_timeout", f.dist_timeout),
+            ("log_level", f.log_level),
+            ("log_level_http", f.log_level_http),
+            ("api_key", f.api_key),
+            ("enable_metrics", f.enable_metrics),
+            ("served_model_name", f.served_model_name),
+            ("attention_backend", f.attention_backend or "fa3"),
+            ("speculative_algorithm", f.speculative_algorithm),
+            *graph,
+            ("enable_torch_compile", f.enable_torch_compile),
+            ("torch_compile_max_bs", f.torch_compile_max_bs),
+            ("skip_server_warmup", f.skip_server_warmup),
+        ]
+
+    # -- time and children -----------------------------------------------------------------
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep, watching the scheduler children (a dead one takes the tree down)."""
+        end = time.monotonic() + seconds
+        while True:
+            self._check_children()
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.02))
+
+    def _check_children(self) -> None:
+        if self._dying or threading.current_thread() is not threading.main_thread():
+            return
+        for r in self.ranks:
+            if r.proc is not None and r.proc.poll() is not None:
+                time.sleep(0.05)
+                if self._dying:  # another thread is taking the tree down
+                    self._forever.wait()
+                self._child_died(r, r.proc.returncode)
+
+    def _child_died(self, r: Rank, code: int) -> NoReturn:
+        if self.d.since(0, 5, 23):
+            self.log.record(
+                None,
+                f"Subprocess {r.name} (pid={r.proc.pid if r.proc else 0}) "
+                f"crashed with exit code {code}. Triggering SIGQUIT for cleanup...",
+                ERROR,
+            )
+        else:
+            self.log.record(
+                None,
+                f"Rank {r.index} scheduler is dead. Please check if there are relevant logs.",
+                ERROR,
+            )
+            self.log.record(None, f"Exit code: {code}", ERROR)
+        self._parent_sigquit()
+
+    def _enter(self, phase: Phase) -> float:
+        """Start ``phase``; returns its (scaled, slowed) duration in seconds."""
+        self.phase = phase
+        self._phase_t0 = time.monotonic()
+        return NOMINAL_S[phase] * self.scale * self.plan.slow_factor(phase)
+
+    def _nominal(self, phase: Phase) -> float:
+        return NOMINAL_S[phase] * self.plan.slow_factor(phase)
+
+    def _due(self, *, final: bool = False) -> None:
+        """Fire the current phase's die/hang/nccl fault once its time has come."""
+        fault = self.plan.in_phase(self.phase)
+        if fault is not None and (final or time.monotonic() - self._phase_t0 >= fault.after_s):
+            self._fire(fault)
+
+    def _wait(self, seconds: float) -> None:
+        self._sleep(seconds)
+        self._due()
+
+    def _fire(self, fault: Fault) -> None:
+        if fault.kind is FaultKind.DIE_SILENTLY:
+            self._sigkill_self()
+        if fault.kind is FaultKind.HANG:
+            self._hang_forever()
+        if fault.kind is FaultKind.NCCL_ERROR:
+            self._nccl_crash()
+
+    def _hang_forever(self) -> NoReturn:
+        while True:
+            self._sleep(3600)
+
+    def _sigkill_self(self) -> NoReturn:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(10)
+        os._exit(137)
+
+    def _kill_tree(self) -> NoReturn:
+        """SGLang's ``kill_process_tree(os.getpid(), include_parent=True)``."""
+        self._dying = True
+        if self.d.since(0, 5, 23):
+            self.log.record(None, logfmt.kill_process_tree_line(self.pid))
+        self._release()
+        self._sigkill_self()
+
+    def _release(self) -> None:
+        """Kill the children and drop the memory registration, unless they are to be orphans
+        that keep holding memory (an orphan_hold fault)."""
+        if self.plan.orphan_hold_s > 0:
+            return
+        procs = [r.proc for r in self.ranks if r.proc is not None]
+        if self.detokenizer is not None:
+            procs.append(self.detokenizer)
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+        if self.registration is not None:
+            self.registration.release()
+
+    def _parent_sigquit(self) -> NoReturn:
+        line = logfmt.sigquit_while_serving() if self._served_any else logfmt.SIGQUIT_BEFORE_SERVING
+        self.log.record(None, line, ERROR)
+        self._kill_tree()
+
+    def _scheduler_crash(self, rank: Rank, tb: str) -> NoReturn:
+        self.log.record(rank.label, "Scheduler hit an exception: " + tb, ERROR)
+        self._parent_sigquit()
+
+    # -- memory ----------------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        if self.registration is None:
+            return
+        used: dict[int, float] = {}
+        for r in self.ranks:
+            if r.phys is not None:
+                used[r.phys] = used.get(r.phys, 0.0) + r.used_gib
+        self.registration.update(used)
+
+    def _allocate(self, gib: float, *, graph: bool = False) -> None:
+        for r in self.ranks:
+            r.used_gib += gib
+            if graph:
+                r.graph_gib += gib
+        self._publish()
+
+    @property
+    def busiest(self) -> Rank:
+        """The rank with the least free memory (most held by others); it fails first."""
+        return max(self.ranks, key=lambda r: (r.others_gib, -r.index))
+
+    def _avail(self, r: Rank, busiest_value: float) -> float:
+        """A figure the trace gives for the busiest rank, as rank ``r`` sees it."""
+        return busiest_value + (self.busiest.others_gib - r.others_gib)
+
+    def _oom(self, r: Rank, tried: float, free: float) -> str:
+        total = self.host.gpu_total_gib
+        this = max(0.0, total - free - r.others_gib)
+        return "torch.OutOfMemoryError: " + logfmt.cuda_oom(
+            tried_gib=tried,
+            gpu=r.index,
+            total_gib=total,
+            free_gib=max(0.0, free),
+            others=r.others,
+            this_process_gib=this,
+            allocated_gib=max(0.0, this - self.scenario.context_gib),
+            private_pools_gib=r.graph_gib,
+        )
+
+    # -- start-up --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Play the start-up and serve. Returns an exit status only for a port already in
+        use (3); every other end is a signal."""
+        f, d, log = self.flags, self.d, self.log
+        log.record(None, logfmt.server_args_line(d, self._args_items()))
+        if f.disable_cuda_graph and d.since(0, 5, 23):
+            log.record(
+                None,
+                "--disable-cuda-graph is deprecated; it now sets "
+                "--cuda-graph-backend-decode=disabled --cuda-graph-backend-prefill=disabled.",
+                WARNING,
+            )
+        if f.deprecated_graph_flag:
+            log.record(
+                None, "--cuda-graph-max-bs is deprecated; use --cuda-graph-max-bs-decode.", WARNING
+            )
+        log.record(
+            None, "Using default HuggingFace chat template with detected content format: string"
+        )
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._spawn()
+        self._init_phase()
+        self._weights_phase()
+        self._kv_phase()
+        self._graph_phase()
+        self._summary()
+        return self._serve()
+
+    def _spawn(self) -> None:
+        f = self.flags
+        devices = gpustate.visible_devices(self.host, os.environ)
+        hold = self.plan.orphan_hold_s
+        holders: list[gpustate.Holder] = []
+        for dp_rank in range(f.dp):
+            for tp_rank in range(f.tp):
+                index = dp_rank * f.tp + tp_rank
+                label = logfmt.rank_label(
+                    tp_rank=tp_rank, tp_size=f.tp, dp_rank=dp_rank, dp_size=f.dp
+                )
+                name = (
+                    f"sglang::scheduler_DP{dp_rank}_TP{tp_rank}"
+                    if f.dp > 1
+                    else f"sglang::scheduler_TP{tp_rank}"
+                )
+                phys = devices[index] if index < len(devices) else None
+                r = Rank(index, tp_rank, dp_rank, label, name, phys)
+                r.proc = gpustate.spawn_holder(name, hold_s=hold if phys is not None else 0.0)
+                if phys is not None:
+                    holders.append(gpustate.holder_of(r.proc, phys, name))
+                self.ranks.append(r)
+        self.detokenizer = gpustate.spawn_holder("sglang::detokenizer", hold_s=0.0)
+        self.registration = gpustate.Registration(self.host, self.pid, holders)
+
+    def _init_phase(self) -> None:
+        d, log = self.d, self.log
+        duration = self._enter(Phase.INIT)
+        # What others hold on each of our GPUs now: SGLang's "pre" is measured on these.
+        held: dict[int, list[tuple[int, float]]] = {}
+        for p in gpustate.processes(self.host, exclude_server=self.pid):
+            held.setdefault(p.gpu, []).append((p.pid, p.used_gib))
+        for r in self.ranks:
+            r.others = held.get(r.phys, []) if r.phys is not None else []
+        self.scenario = scenario_for(
+            self.model, self.host, self.flags.tp, self.busiest.others_gib, d.version
+        )
+        if self.flags.disable_cuda_graph:
+            self.scenario = replace(self.scenario, graph_gib_per_bs=0.0, graph_overhead_gib=0.0)
+        self.trace = trace = simulate(self.scenario, LaunchParams(self.mfs, self.bs))
+        for r in self.ranks:
+            log.record(r.label, logfmt.init_begin(d))
+        fail = trace.failure
+        if fail is None or fail.phase is not Phase.INIT:
+            self._allocate(self.scenario.context_gib)
+        self._due()
+        self._wait(duration)
+        missing = next((r for r in self.ranks if r.phys is None), None)
+        if missing is not None:
+            tb = logfmt.traceback_text(logfmt.device_frames(d), logfmt.INVALID_DEVICE)
+            self._scheduler_crash(missing, tb)
+        if fail is not None and fail.phase is Phase.INIT:
+            r = self.busiest
+            tb = logfmt.traceback_text(
+                logfmt.init_frames(d), self._oom(r, fail.tried_gib or 0.0, fail.free_gib or 0.0)
+            )
+            self._scheduler_crash(r, tb)
+        self._due(final=True)
+        nccl = self.flags.tp > 1  # pynccl exists only inside a TP group
+        first = self.ranks[0]
+        if nccl and not d.since(0, 5, 23):
+            log.record(first.label, f"sglang is using nccl=={logfmt.NCCL_VERSION}")
+        for r in self.ranks:
+            for line in logfmt.init_end(
+                d, elapsed_s=self._nominal(Phase.INIT), mem_usage_gib=self.scenario.context_gib
+            ):
+                log.record(r.label, line)
+        if nccl and d.since(0, 5, 23):
+            log.record(first.label, f"sglang is using nccl=={logfmt.NCCL_VERSION}")
+            log.record(
+                first.label, f"NCCL/RCCL/HCCL warmup completed in 0.41s (tp_size={self.flags.tp})"
+            )
+
+    def _nccl_crash(self) -> NoReturn:
+        d = self.d
+        r = self.ranks[0]
+        if self.phase is Phase.CUDA_GRAPH:
+            message = logfmt.NCCL_ERROR.split(": ", 1)[1]
+            inner = logfmt.traceback_text(logfmt.capture_inner_frames(d), logfmt.NCCL_ERROR)
+            outer = logfmt.traceback_text(
+                logfmt.capture_outer_frames(d),
+                "Exception: " + logfmt.capture_failed(d, message),
+            )
+            self._scheduler_crash(r, logfmt.chained(inner, outer))
+        frames = {
+            Phase.WEIGHTS: logfmt.weights_frames(d),
+            Phase.WARMUP: logfmt.runtime_frames(d),
+        }.get(self.phase, logfmt.init_frames(d))  # init and the KV pool's all-reduce
+        self._scheduler_crash(r, logfmt.traceback_text(frames, logfmt.NCCL_ERROR))
+
+    def _weights_phase(self) -> None:
+        d, log, trace = self.d, self.log, self._trace()
+        duration = self._enter(Phase.WEIGHTS)
+        for r in self.ranks:
+            log.record(
+                r.label,
+                "Load weight begin. avail mem="
+                f"{logfmt.gb(self._avail(r, trace.pre_load_free_gib))} GB",
+            )
+        if not d.since(0, 5, 23):
+            for r in self.ranks:
+                log.record(r.label, "Using model weights format ['*.safetensors']")
+        self._due()
+        shards = self.scenario.shard_allocations()
+        n = len(shards)
+        desc = "Loading safetensors checkpoint shards"
+        step_nominal = self._nominal(Phase.WEIGHTS) / n
+        log.bar(logfmt.shard_bar(desc, 0, n, 0.0))
+        fail = trace.failure
+        for i, (alloc, _after) in enumerate(shards):
+            self._wait(duration / n)
+            if fail is not None and fail.phase is Phase.WEIGHTS and fail.step == i:
+                log.end_bar()
+                r = self.busiest
+                tb = logfmt.traceback_text(
+                    logfmt.weights_frames(d),
+                    self._oom(r, fail.tried_gib or alloc, fail.free_gib or 0.0),
+                )
+                self._scheduler_crash(r, tb)
+            self._allocate(alloc)
+            log.bar(logfmt.shard_bar(desc, i + 1, n, step_nominal * (i + 1)))
+        log.bar(logfmt.shard_bar(desc, n, n, step_nominal * n), close=True)
+        self._due(final=True)
+        post = trace.post_weights_free_gib or 0.0
+        for r in self.ranks:
+            log.record(
+                r.label,
+                logfmt.weight_end(
+                    d,
+                    elapsed_s=self._nominal(Phase.WEIGHTS),
+                    arch=self.model.arch,
+                    dtype=self._dtype(),
+                    quant=self.flags.quantization,
+                    avail_gib=self._avail(r, post),
+                    usage_gib=self.scenario.weights_per_rank_gib,
+                ),
+            )
+
+    def _dtype(self) -> str:
+        dtype = self.model.torch_dtype if self.flags.dtype == "auto" else self.flags.dtype
+        return "torch." + {"half": "float16", "float": "float32"}.get(dtype, dtype)
+
+    def _kv_phase(self) -> None:
+        d, log, trace = self.d, self.log, self._trace()
+        duration = self._enter(Phase.KV_CACHE)
+        if not d.since(0, 5, 15):
+            for r in self.ranks:
+                log.record(r.label, f"Using KV cache dtype: {self._kv_dtype()}")
+        self._due()
+        self._wait(duration)
+        fail = trace.failure
+        if fail is not None and fail.phase is Phase.KV_CACHE:
+            pool = trace.kv_pool_gib or 0.0
+            value_error = d.since(0, 5, 23) and pool <= 0
+            if value_error:
+                # SGLang states the fraction at which the pool would be 0 (not the minimum
+                # token count): 1 - available/pre.
+                stated = 1 - (trace.post_weights_free_gib or 0.0) / trace.pre_load_free_gib
+                final = "ValueError: " + logfmt.weights_leave_no_kv(self.mfs, stated)
+            else:
+                final = "RuntimeError: " + logfmt.not_enough_memory(d, self.mfs)
+            tb = logfmt.traceback_text(logfmt.kv_frames(d, value_error=value_error), final)
+            self._scheduler_crash(self.ranks[0], tb)
+        self._due(final=True)
+        tokens = trace.kv_tokens or 0
+        pool = trace.kv_pool_gib or 0.0
+        for r in self.ranks:
+            log.record(
+                r.label,
+                logfmt.kv_allocated(d, tokens=tokens, pool_gib=pool, dtype=self._kv_dtype()),
+            )
+        self._allocate(pool)
+        for r in self.ranks:
+            avail = self._avail(r, trace.pool_end_free_gib or 0.0)
+            log.record(r.label, f"Memory pool end. avail mem={logfmt.gb(avail)} GB")
+
+    def _kv_dtype(self) -> str:
+        kv = self.flags.kv_cache_dtype
+        return self._dtype() if kv == "auto" else f"torch.{kv}"
+
+    def _graph_phase(self) -> None:
+        if self.flags.disable_cuda_graph:
+            return
+        d, log, trace = self.d, self.log, self._trace()
+        duration = self._enter(Phase.CUDA_GRAPH)
+        nominal = self._nominal(Phase.CUDA_GRAPH)
+        pool_end = trace.pool_end_free_gib or 0.0
+        if d.since(0, 5, 23):
+            self._prefill_graphs(duration * PREFILL_GRAPH_SHARE, nominal * PREFILL_GRAPH_SHARE)
+            duration *= 1 - PREFILL_GRAPH_SHARE
+            nominal *= 1 - PREFILL_GRAPH_SHARE
+        bs_list = capture_bs_list(self.bs)
+        for r in self.ranks:
+            for line in logfmt.graph_begin(d, bs=bs_list, avail_gib=self._avail(r, pool_end)):
+                log.record(r.label, line)
+        self._due()
+        allocs = self.scenario.graph_allocations(self.bs)
+        weights = [
+            TORCH_COMPILE_SLOWDOWN
+            if self.flags.enable_torch_compile and b <= self.flags.torch_compile_max_bs
+            else 1.0
+            for b, _ in allocs
+        ]
+        # Steps that also compile (torch.compile) take longer: the phase grows with them.
+        unit = duration / len(weights)
+        unit_nominal = nominal / len(weights)
+        total = len(allocs)
+        first = self.ranks[0]
+        elapsed = 0.0
+        desc = ""
+        log.bar(logfmt.progress_bar(None, 0, total, 0.0))
+        fail = trace.failure
+        for i, (b, free) in enumerate(trace.graph_steps):
+            desc = f"Capturing batches (bs={b} avail_mem={logfmt.gb(self._avail(first, free))} GB)"
+            log.bar(logfmt.progress_bar(desc, i, total, elapsed))
+            self._wait(unit * weights[i])
+            elapsed += unit_nominal * weights[i]
+            if fail is not None and fail.phase is Phase.CUDA_GRAPH and fail.step == i:
+                log.end_bar()
+                self._capture_oom(fail.tried_gib or 0.0, fail.free_gib or 0.0)
+            self._allocate(allocs[i][1], graph=True)
+            log.bar(logfmt.progress_bar(desc, i + 1, total, elapsed))
+        log.bar(logfmt.progress_bar(desc, total, total, elapsed), close=True)
+        self._due(final=True)
+        end = trace.graph_end_free_gib or 0.0
+        for r in self.ranks:
+            log.record(
+                r.label,
+                logfmt.graph_end(
+                    d,
+                    bs=bs_list,
+                    elapsed_s=elapsed,
+                    usage_gib=trace.graph_mem_gib or 0.0,
+                    avail_gib=self._avail(r, end),
+                ),
+            )
+
+    def _prefill_graphs(self, duration: float, nominal: float) -> None:
+        """0.5.23 captures prefill graphs first (the memory model gives them no memory)."""
+        log, trace = self.log, self._trace()
+        tokens = logfmt.prefill_graph_tokens(self.chunk)
+        pool_end = trace.pool_end_free_gib or 0.0
+        for r in self.ranks:
+            log.record(
+                r.label,
+                "Capture target prefill CUDA graph begin. backend=breakable, "
+                f"num_tokens={tokens}, avail mem={logfmt.gb(self._avail(r, pool_end))} GB",
+            )
+        avail0 = logfmt.gb(self._avail(self.ranks[0], pool_end))
+        log.bar(logfmt.progress_bar(None, 0, len(tokens), 0.0))
+        desc = ""
+        for i, n in enumerate(tokens):
+            desc = f"Capturing prefill shape (num_tokens={n} avail_mem={avail0} GB)"
+            log.bar(logfmt.progress_bar(desc, i, len(tokens), nominal * i / len(tokens)))
+            self._wait(duration / len(tokens))
+        log.bar(logfmt.progress_bar(desc, len(tokens), len(tokens), nominal), close=True)
+        for r in self.ranks:
+            log.record(
+                r.label,
+                f"Capture target prefill CUDA graph end. num_tokens={tokens}, "
+                f"elapsed={nominal:.2f} s, mem usage=0.00 GB, "
+                f"avail mem={logfmt.gb(self._avail(r, pool_end))} GB.",
+            )
+
+    def _capture_oom(self, tried: float, free: float) -> NoReturn:
+        d = self.d
+        r = self.busiest
+        oom = self._oom(r, tried, free)
+        inner = logfmt.traceback_text(logfmt.capture_inner_frames(d), oom)
+        outer = logfmt.traceback_text(
+            logfmt.capture_outer_frames(d),
+            "Exception: " + logfmt.capture_failed(d, oom.split(": ", 1)[1]),
+        )
+        self._scheduler_crash(r, logfmt.chained(inner, outer))
+
+    def _summary(self) -> None:
+        trace = self._trace()
+        tokens = trace.kv_tokens or 0
+        mrr = self.flags.max_running_requests or min(
+            max(int(tokens / self.context_len * 512), 2048), 4096
+        )
+        end = trace.graph_end_free_gib or trace.pool_end_free_gib or 0.0
+        for r in self.ranks:
+            if r.tp_rank == 0:
+                self.log.record(
+                    r.label,
+                    logfmt.summary(
+                        max_total_num_tokens=tokens,
+                        chunked_prefill_size=self.chunk,
+                        max_prefill_tokens=MAX_PREFILL_TOKENS,
+                        max_running_requests=mrr,
+                        context_len=self.context_len,
+                        available_gib=self._avail(r, end),
+                    ),
+                )
+
+    def _trace(self) -> StartupTrace:
+        assert self.trace is not None, "the trace is computed in the init phase"
+        return self.trace
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def _serve(self) -> int:
+        f, log = self.flags, self.log
+        self.phase = Phase.WARMUP
+        self._phase_t0 = time.monotonic()
+        log.uvicorn(f"Started server process [{self.pid}]")
+        log.uvicorn("Waiting for application startup.")
+        warmup = threading.Thread(target=self._warmup, name="warmup", daemon=True)
+        warmup.start()
+        log.uvicorn("Application startup complete.")
+        try:
+            httpd = SimHttpServer((f.host, f.port), self)
+        except OSError as exc:
+            log.uvicorn(
+                logfmt.bind_error(f.host, f.port, exc.errno or 0, exc.strerror or str(exc)), ERROR
+            )
+            log.uvicorn("Waiting for application shutdown.")
+            self._stop_warmup.set()
+            warmup.join(timeout=max(1.0, 30 * self.scale))
+            log.uvicorn("Application shutdown complete.")
+            self._dying = True
+            self._release()
+            return 3
+        httpd.start()
+        log.uvicorn(f"Uvicorn running on http://{f.host}:{f.port} (Press CTRL+C to quit)")
+        pending = list(self.plan.after_ready)
+        while True:
+            self._sleep(0.02)
+            now = time.monotonic()
+            if self._sigterm_at is not None:
+                self._drain(now)
+            ready_at = self._ready_at
+            while ready_at is not None and pending and now - ready_at >= pending[0].after_s:
+                self._after_ready(pending.pop(0))
+
+    def _warmup_url(self) -> str:
+        host = self.flags.host
+        if self.d.since(0, 5, 10):
+            host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.flags.port}"
+
+    def _warmup(self) -> None:
+        """The warmup thread: the warmup request, then the ready line (or the tree dies)."""
+        if not self.flags.skip_server_warmup:
+            timeout = float(os.environ.get("SGLANG_WARMUP_TIMEOUT") or -1)
+            end, error = run_warmup(
+                self._warmup_url(),
+                model_info_path=self.d.model_info_path,
+                api_key=self.api_key,
+                poll_s=max(WARMUP_POLL_NOMINAL_S * self.scale, 0.001),
+                generate_timeout_s=timeout if timeout > 0 else 600.0,
+                freeze_gc=self.d.since(0, 5, 23),
+                stop=self._stop_warmup,
+            )
+            if end is WarmupEnd.STOPPED:
+                return
+            if end is WarmupEnd.FAILED:
+                self._warmup_failed(error)
+        self._ready_at = time.monotonic()
+        self.log.record(None, logfmt.READY)
+
+    def _warmup_failed(self, last: str) -> NoReturn:
+        self.log.record(None, f"Initialization failed. warmup error: {last}", ERROR)
+        self._kill_tree()
+
+    def _after_ready(self, fault: Fault) -> None:
+        if fault.kind is FaultKind.DIE_SILENTLY:
+            self._sigkill_self()
+        if fault.kind is FaultKind.HANG_AFTER_READY:
+            self._hung = True
+            self.log.silenced = True
+            return
+        if fault.kind is FaultKind.CRASH_AFTER_READY:
+            final = fault.message or logfmt.CUDA_ILLEGAL_ACCESS
+            self._scheduler_crash(
+                self.ranks[0], logfmt.traceback_text(logfmt.runtime_frames(self.d), final)
+            )
+        if fault.kind is FaultKind.OOM_RUNTIME:
+            r = self.busiest
+            free = self.host.gpu_total_gib - r.others_gib - r.used_gib
+            tried = max(free, 0.0) + max(self.scenario.warmup_gib, 0.5)
+            tb = logfmt.traceback_text(logfmt.runtime_frames(self.d), self._oom(r, tried, free))
+            self._scheduler_crash(r, tb)
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        if self._ready_at is None:
+            # SGLang has no handler while loading: the process dies at once.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if self._sigterm_at is None:
+            self.log.record(None, logfmt.sigterm_received(), WARNING)
+            self._sigterm_at = time.monotonic()
+            self._next_drain = self._sigterm_at + DRAIN_POLL_NOMINAL_S * self.scale
+
+    def _drain(self, now: float) -> None:
+        """SGLang's ``sigterm_watchdog``: force exit, or wait for in-flight requests."""
+        if self._next_drain is None or now < self._next_drain:
+            return
+        if self._unhealthy:
+            self.log.record(
+                None, "Signal SIGTERM received while health check failed. Force exiting.", ERROR
+            )
+            self._kill_tree()
+        if os.environ.get("SGL_FORCE_SHUTDOWN", "").lower() in ("1", "true", "yes"):
+            self.log.record(
+                None, "Signal SIGTERM received while force shutdown flag set. Force exiting.", ERROR
+            )
+            self._kill_tree()
+        with self._lock:
+            remaining = self._inflight
+        rids = [f"req-{i}" for i in range(remaining)]
+        self.log.record(
+            None,
+            f"Gracefully exiting... Remaining number of requests {remaining}. "
+            f"Remaining requests remaining_rids={rids}.",
+        )
+        if remaining == 0:
+            self._kill_tree()
+        self._next_drain = now + DRAIN_POLL_NOMINAL_S * self.scale
+
+    # -- HttpBackend -----------------------------------------------------------------------
+
+    def status(self) -> ServerStatus:
+        if self._sigterm_at is not None:
+            return ServerStatus.SHUTTING_DOWN
+        if self._unhealthy:
+            return ServerStatus.UNHEALTHY
+        return ServerStatus.UP if self._ready_at is not None else ServerStatus.STARTING
+
+    def health(self) -> int:
+        if self._hung and self.status() is ServerStatus.UP:
+            self._unhealthy = True
+            now = time.strftime("%H:%M:%S")
+            self.log.record(
+                None,
+                "Health check failed. Server couldn't get a response from "
+                f"detokenizer for last 20 seconds. tic start time: {now}. "
+                f"last_heartbeat time: {now}",
+                ERROR,
+            )
+        return 200 if self.status() is ServerStatus.UP else 503
+
+    def info(self) -> ApiInfo:
+        trace = self._trace()
+        return ApiInfo(
+            version=self.d.version,
+            model_path=self.flags.model_path,
+            served_model_name=self.flags.served_model_name,
+            model_type=self.model.model_type,
+            arch=self.model.arch,
+            load_format=self.flags.load_format,
+            context_len=self.context_len,
+            server_args=self._args_items(),
+            max_total_num_tokens=trace.kv_tokens or 0,
+            weights_gib=self.scenario.weights_per_rank_gib,
+            kv_cache_gib=trace.kv_pool_gib or 0.0,
+            graph_gib=trace.graph_mem_gib or 0.0,
+        )
+
+    def scheduler_round_trip(self) -> None:
+        if self._hung:
+            self._forever.wait()
+
+    def running_requests(self) -> int:
+        with self._lock:
+            return self._inflight
+
+    def deprecated_path(self, path: str, replacement: str) -> None:
+        if self.d.since(0, 5, 10):
+            self.log.record(
+                None,
+                f"Endpoint '{path}' is deprecated and will be removed in a "
+                f"future version. Please use '{replacement}' instead.",
+                WARNING,
+            )
+
+    def access(self, client: str, request_line: str, code: int) -> None:
+        self.log.uvicorn(f'{client} - "{request_line}" {code} {reason(code)}', access=True)
+
+    def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self._inflight += 1
+            first = not self._served_any
+            self._served_any = True
+        try:
+            return self._generate(request, first=first)
+        finally:
+            with self._lock:
+                self._inflight -= 1
+
+    def _generate(self, request: dict[str, Any], *, first: bool) -> dict[str, Any]:
+        if self._hung:
+            self._forever.wait()
+        warmup = first and self._ready_at is None
+        if warmup:
+            fault = self.plan.in_phase(Phase.WARMUP)
+            if fault is not None:
+                time.sleep(fault.after_s)
+                if fault.kind is FaultKind.HANG:
+                    self._forever.wait()
+                self._fire(fault)
+        text = str(request.get("text") or "")
+        params = request.get("sampling_params") or {}
+        max_new = int(params.get("max_new_tokens", 8)) if isinstance(params, dict) else 8
+        prompt_tokens = len(text.split()) + 1
+        self.log.record(self.ranks[0].label, logfmt.prefill_batch(self.d, new_tokens=prompt_tokens))
+        if warmup:
+            time.sleep(max(self._nominal(Phase.WARMUP) - WARMUP_POLL_NOMINAL_S, 0) * self.scale)
+        else:
+            time.sleep(GENERATE_NOMINAL_S * self.scale)
+        if first:
+            # The first prefill allocates the activations SGLang's warmup exists to check.
+            fail = self._trace().failure
+            if fail is not None and fail.phase is Phase.WARMUP:
+                r = self.busiest
+                tb = logfmt.traceback_text(
+                    logfmt.runtime_frames(self.d),
+                    self._oom(r, fail.tried_gib or 0.0, fail.free_gib or 0.0),
+                )
+                self._scheduler_crash(r, tb)
+            self._allocate(self.scenario.warmup_gib)
+        words = ["", "Paris.", "It", "is", "the", "largest", "city", "in", "France"]
+        return {
+            "text": " ".join(words[: max_new + 1]),
+            "meta_info": {
+                "id": f"{random.getrandbits(64):016x}",
+                "finish_reason": {"type": "length", "length": max_new},
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": max_new,
+                "cached_tokens": 0,
+            },
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+def _fail(text: str, code: int = 1) -> int:
+    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+    sys.stderr.flush()
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one simulated server with ``argv`` (default: sys.argv[1:]); returns its exit status
+    when it exits rather than dying by a signal (argparse errors exit 2 from inside)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        d = Dialect(os.environ.get(ENV_VERSION) or logfmt.DEFAULT_VERSION)
+    except ValueError as exc:
+        return _fail(f"launcher.sim: {exc}")
+    if d.since(0, 5, 23):
+        sys.stderr.write(logfmt.LAUNCH_WARNING)
+    flags = Flags.parse(d, args)
+    log = LogWriter(
+        level=logfmt.LEVELS.get(flags.log_level.lower(), INFO),
+        ms=bool(os.environ.get("SGLANG_LOG_MS")),
+    )
+    try:
+        plan = FaultPlan.from_env()
+        host = HostConfig.from_env()
+    except (FaultProfileError, HostConfigError) as exc:
+        return _fail(f"launcher.sim: {exc}")
+    try:
+        if host is None:
+            raise ConfigFailure(logfmt.no_accelerator_error())
+        model = load_model(flags.model_path)
+        _check_context_length(flags, model)
+    except ConfigFailure as exc:
+        return _fail(exc.text)
+    return Server(flags, d, host, model, plan, log).run()
+
+
+def _check_context_length(flags: Flags, model: ModelSpec) -> None:
+    if (
+        flags.context_length is not None
+        and flags.context_length > model.max_position_embeddings
+        and os.environ.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN") != "1"
+    ):
+        raise ConfigFailure(
+            logfmt.config_error(
+                f"ValueError: Warning: User-specified context_length ({flags.context_length}) is "
+                f"greater than the derived context_length ({model.max_position_embeddings}). This "
+                "may lead to incorrect model outputs or CUDA errors. Note that the derived "
+                "context_length may differ from max_position_embeddings in the model's config. "
+                "To allow overriding this maximum, set the env var "
+                "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"
+            )
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
