@@ -1,0 +1,597 @@
+"""Slack notifications: message content, delivery against a real HTTP server on 127.0.0.1
+(retries, 429, hangs, overflow), dedupe of flapping, and redaction of secrets."""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping, Sequence
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import httpx
+import pytest
+from structlog.testing import capture_logs
+
+from launcher.errors import ConfigError
+from launcher.notify import Redactor, ServerInfo, SlackNotifier, ready_message
+from tests.httpsink import HANG, HttpSink, Reply
+
+HOOK_PATH = "/services/T0000AAAA/B0000BBBB/XXXXXXXXXXXXXXXXXXXXXXXX"
+INFO = {
+    "llama": ServerInfo(host="gpu1", model="meta-llama/Llama-3.1-70B-Instruct"),
+    "qwen": ServerInfo(host="gpu2", model="Qwen/Qwen2.5-7B-Instruct"),
+}
+HF_TOKEN = "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ012345"
+
+
+def failed(attempt: int, mfs: float, bs: int | None, outcome: str, phase: str) -> dict[str, Any]:
+    """attempt.failed data as the supervisor emits it."""
+    return {
+        "attempt": attempt,
+        "outcome": outcome,
+        "phase": phase,
+        "numbers": {"tried_gib": 2.0},
+        "retryable": True,
+        "after_ready": False,
+        "evidence": [f"torch.OutOfMemoryError: CUDA out of memory (attempt {attempt})"],
+    }
+
+
+def record(mfs: float, bs: int | None, outcome: str, phase: str) -> dict[str, Any]:
+    """One history entry of server.ready / server.gave_up."""
+    return {
+        "params": {"mem_fraction_static": mfs, "cuda_graph_max_bs": bs},
+        "outcome": outcome,
+        "phase": phase,
+    }
+
+
+READY = {
+    "attempts": 3,
+    "seconds": 432.4,
+    "params": {"mem_fraction_static": 0.78, "cuda_graph_max_bs": 96},
+    "history": [
+        record(0.88, None, "oom_graph_capture", "cuda_graph"),
+        record(0.83, 96, "oom_graph_capture", "cuda_graph"),
+    ],
+}
+
+
+class FakeClock:
+    """A monotonic clock that only moves when the code under test sleeps (or the test says)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        await anyio.lowlevel.checkpoint()
+
+
+@pytest.fixture
+def sink() -> Iterator[HttpSink]:
+    with HttpSink() as server:
+        yield server
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    # trust_env=False: a proxy set in the environment must not capture loopback requests.
+    async with httpx.AsyncClient(trust_env=False) as c:
+        yield c
+
+
+def make(
+    sink: HttpSink, client: httpx.AsyncClient, clock: FakeClock, **kwargs: Any
+) -> SlackNotifier:
+    options: dict[str, Any] = {"rng": random.Random(3), "post_timeout_s": 2.0}
+    options.update(kwargs)
+    return SlackNotifier(
+        sink.url(HOOK_PATH),
+        servers_info=INFO,
+        client=client,
+        sleep=clock.sleep,
+        clock=clock,
+        **options,
+    )
+
+
+async def deliver(notifier: SlackNotifier, events: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """Run the worker, feed ``events`` to the hook, and drain before returning."""
+    async with anyio.create_task_group() as tg:
+        await tg.start(notifier.run)
+        for server, event, data in events:
+            notifier(server, event, data)
+        await notifier.aclose(timeout_s=5.0)
+
+
+async def until(condition: Callable[[], bool], timeout: float) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
+    with anyio.fail_after(timeout):
+        while True:
+            if condition():
+                return
+            await anyio.sleep(0.01)
+
+
+def texts(sink: HttpSink) -> list[str]:
+    return [r.json()["text"] for r in sink.requests]
+
+
+def events(logs: Sequence[MutableMapping[str, Any]], name: str) -> list[MutableMapping[str, Any]]:
+    return [entry for entry in logs if entry["event"] == name]
+
+
+# --- message content ----------------------------------------------------------------------
+
+
+async def test_ready_message_names_params_attempts_time_and_each_failed_attempt(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """server.ready posts the working params, attempts, time to ready and the numbered failures."""
+    notifier = make(sink, client, FakeClock())
+    with capture_logs() as logs:
+        await deliver(
+            notifier,
+            [
+                (
+                    "llama",
+                    "attempt.failed",
+                    failed(1, 0.88, None, "oom_graph_capture", "cuda_graph"),
+                ),
+                ("llama", "attempt.failed", failed(2, 0.83, 96, "oom_graph_capture", "cuda_graph")),
+                ("llama", "server.ready", READY),
+            ],
+        )
+    [request] = sink.requests
+    assert ("POST", HOOK_PATH) == (request.method, request.path)
+    body = request.json()
+    assert (
+        "llama is ready on gpu1 (meta-llama/Llama-3.1-70B-Instruct) with "
+        "mem_fraction_static=0.780 cuda_graph_max_bs=96, attempt 3, 7m12s to ready. "
+        "Failed attempts: "
+        "#1 mem_fraction_static=0.880 cuda_graph_max_bs=auto → oom_graph_capture in cuda_graph; "
+        "#2 mem_fraction_static=0.830 cuda_graph_max_bs=96 → oom_graph_capture in cuda_graph"
+    ) == body["text"]
+    blocks = body["blocks"]
+    assert {"type": "plain_text", "text": ":white_check_mark: llama is ready", "emoji": True} == (
+        blocks[0]["text"]
+    )
+    fields = [f["text"] for f in blocks[1]["fields"]]
+    assert [
+        "*Host*\ngpu1",
+        "*Model*\nmeta-llama/Llama-3.1-70B-Instruct",
+        "*Params*\n`mem_fraction_static=0.780 cuda_graph_max_bs=96`",
+        "*Attempts*\n3",
+        "*Time to ready*\n7m12s",
+    ] == fields
+    assert (
+        "*Failed attempts*\n"
+        "• #1 mem_fraction_static=0.880 cuda_graph_max_bs=auto → oom_graph_capture in cuda_graph\n"
+        "• #2 mem_fraction_static=0.830 cuda_graph_max_bs=96 → oom_graph_capture in cuda_graph"
+    ) == blocks[2]["text"]["text"]
+    assert [{"server": "llama", "kind": "ready", "attempt": 1, "status": 200}] == [
+        {k: e[k] for k in ("server", "kind", "attempt", "status")}
+        for e in events(logs, "notify.sent")
+    ]
+
+
+async def test_gave_up_message_has_reason_ledger_evidence_and_advice(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """server.gave_up posts the reason, the ledger and the last failure's evidence and advice."""
+    last = failed(2, 0.5, 1, "oom_weights", "weights") | {
+        "evidence": [
+            "[2025-01-01 10:00:00 TP0] Load weight begin. avail mem=10.00 GB",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        ],
+        "advice": "the weights do not fit: use more GPUs (tp) or a smaller model",
+    }
+    gave_up = {
+        "reason": "oom_weights in weights: the weights do not fit",
+        "attempts": 2,
+        "history": [
+            record(0.6, None, "oom_weights", "weights"),
+            record(0.5, 1, "oom_weights", "weights"),
+        ],
+    }
+    await deliver(
+        make(sink, client, FakeClock()),
+        [
+            ("llama", "attempt.failed", failed(1, 0.6, None, "oom_weights", "weights")),
+            ("llama", "attempt.failed", last),
+            ("llama", "server.gave_up", gave_up),
+        ],
+    )
+    body = sink.wait_for(1)[0].json()
+    assert (
+        "llama gave up on gpu1 (meta-llama/Llama-3.1-70B-Instruct) after 2 attempt(s): "
+        "oom_weights in weights: the weights do not fit. Last evidence: "
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    ) == body["text"]
+    sections = [b["text"]["text"] for b in body["blocks"] if b["type"] == "section" and "text" in b]
+    assert [
+        "*Reason*\noom_weights in weights: the weights do not fit",
+        "*Attempts*\n"
+        "• #1 mem_fraction_static=0.600 cuda_graph_max_bs=auto → oom_weights in weights\n"
+        "• #2 mem_fraction_static=0.500 cuda_graph_max_bs=1 → oom_weights in weights",
+        "*Evidence* (attempt #2: oom_weights in weights)\n```"
+        "[2025-01-01 10:00:00 TP0] Load weight begin. avail mem=10.00 GB\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB```",
+        "*Advice*\nthe weights do not fit: use more GPUs (tp) or a smaller model",
+    ] == sections
+    assert ":x: llama gave up" == body["blocks"][0]["text"]["text"]
+
+
+async def test_unhealthy_and_relaunch_are_reported_and_the_next_ready_is_recovered(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """unhealthy → restart.scheduled → server.ready gives unhealthy, relaunch, recovered."""
+    after_ready = failed(4, 0.78, 96, "hang", "ready") | {"after_ready": True, "evidence": []}
+    await deliver(
+        make(sink, client, FakeClock()),
+        [
+            ("llama", "server.unhealthy", {"consecutive_failures": 3, "detail": "HTTP 503"}),
+            ("llama", "attempt.failed", after_ready),
+            ("llama", "restart.scheduled", {"delay_s": 10.0, "params": READY["params"]}),
+            ("llama", "server.ready", READY | {"attempts": 5, "seconds": 95.0}),
+            ("qwen", "server.ready", READY | {"history": []}),
+        ],
+    )
+    got = texts(sink)
+    assert [
+        "llama is unhealthy on gpu1 (meta-llama/Llama-3.1-70B-Instruct): "
+        "3 failed health probes in a row (last: HTTP 503)",
+        "llama relaunched after ready on gpu1 (meta-llama/Llama-3.1-70B-Instruct) after hang "
+        "in ready: relaunching in 10s with mem_fraction_static=0.780 cuda_graph_max_bs=96",
+    ] == got[:2]
+    assert got[2].startswith(
+        "llama recovered on gpu1 (meta-llama/Llama-3.1-70B-Instruct) after 3 failed health "
+        "probes with mem_fraction_static=0.780 cuda_graph_max_bs=96, attempt 5, 1m35s to ready"
+    )
+    assert got[3].startswith("qwen is ready on gpu2")  # trouble is per server
+    headers = [r.json()["blocks"][0]["text"]["text"] for r in sink.requests]
+    assert [
+        ":warning: llama is unhealthy",
+        ":repeat: llama relaunched after ready",
+        ":large_green_circle: llama recovered",
+        ":white_check_mark: qwen is ready",
+    ] == headers
+
+
+async def test_other_events_send_nothing() -> None:
+    """Events other than ready/gave_up/unhealthy/restart produce no message."""
+    notifier = SlackNotifier(None, servers_info=INFO)
+    with capture_logs() as logs:
+        notifier("llama", "probe.result", {"ok": True, "latency_s": 0.01, "detail": "HTTP 200"})
+        notifier("llama", "phase.entered", {"phase": "weights", "attempt": 1})
+        notifier("llama", "attempt.failed", failed(1, 0.8, None, "oom_kv_cache", "kv_cache"))
+        notifier("llama", "server.stopped", {"reason": "stop requested", "left_running": None})
+    assert [] == logs
+
+
+# --- delivery -----------------------------------------------------------------------------
+
+
+async def test_429_waits_exactly_what_retry_after_says(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """A 429 with Retry-After: 7 sleeps 7 s (no jitter) and then delivers the same payload."""
+    sink.script(Reply.too_many(retry_after=7))
+    clock = FakeClock()
+    with capture_logs() as logs:
+        await deliver(make(sink, client, clock), [("llama", "server.ready", READY)])
+    assert [7.0] == clock.sleeps
+    first, second = sink.wait_for(2)
+    assert first.body == second.body
+    [retry] = events(logs, "notify.retry")
+    assert (1, 7.0) == (retry["attempt"], retry["wait_s"])
+    assert retry["cause"].startswith("HTTP 429")
+    assert [2] == [e["attempt"] for e in events(logs, "notify.sent")]
+
+
+async def test_500_is_retried_with_jittered_exponential_backoff_then_sent(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """Two 500s are retried after waits in [0.5, 1] and [1, 2] s; the third try is sent."""
+    sink.script(Reply.error(500), Reply.error(503))
+    clock = FakeClock()
+    notifier = make(sink, client, clock)
+    await deliver(notifier, [("llama", "server.ready", READY)])
+    assert 3 == len(sink.wait_for(3))
+    first, second = clock.sleeps
+    assert 0.5 <= first <= 1.0
+    assert 1.0 <= second <= 2.0
+    assert (1, 0) == (notifier.sent, notifier.abandoned)
+
+
+async def test_permanent_4xx_is_not_retried(sink: HttpSink, client: httpx.AsyncClient) -> None:
+    """A 404 "no_service" (webhook revoked) is logged as rejected after one try."""
+    sink.script(Reply.error(404, b"no_service"))
+    clock = FakeClock()
+    with capture_logs() as logs:
+        await deliver(make(sink, client, clock), [("llama", "server.ready", READY)])
+    assert 1 == len(sink.requests)
+    assert [] == clock.sleeps
+    [rejected] = events(logs, "notify.rejected")
+    assert (404, "HTTP 404: no_service") == (rejected["status"], rejected["cause"])
+
+
+async def test_connection_refused_is_retried_then_abandoned(client: httpx.AsyncClient) -> None:
+    """A webhook nobody listens on is retried max_tries times and abandoned with the cause."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed on leaving the block: nothing listens there
+    clock = FakeClock()
+    notifier = SlackNotifier(
+        f"http://127.0.0.1:{port}{HOOK_PATH}",
+        servers_info=INFO,
+        client=client,
+        sleep=clock.sleep,
+        clock=clock,
+        max_tries=3,
+    )
+    with capture_logs() as logs:
+        await deliver(notifier, [("llama", "server.ready", READY)])
+    assert 2 == len(clock.sleeps)
+    [abandoned] = events(logs, "notify.abandoned")
+    assert (3, "max_tries") == (abandoned["attempts"], abandoned["bound"])
+    assert abandoned["cause"].startswith("ConnectError")
+
+
+async def test_total_time_bound_abandons_before_max_tries(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """With 5xx forever, retries stop when the next wait would pass max_total_s."""
+    sink.default = Reply.error(500)
+    clock = FakeClock()
+    notifier = make(sink, client, clock, max_tries=50, max_total_s=10.0)
+    with capture_logs() as logs:
+        await deliver(notifier, [("llama", "server.ready", READY)])
+    [abandoned] = events(logs, "notify.abandoned")
+    assert "max_total_s" == abandoned["bound"]
+    assert sum(clock.sleeps) <= 10.0
+    assert len(sink.requests) == len(clock.sleeps) + 1 < 50
+
+
+async def test_hanging_webhook_times_out_is_retried_and_abandoned_while_the_hook_stays_free(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """Each hung POST ends at post_timeout_s; after max_tries it is abandoned; hooks never wait."""
+    sink.default = HANG
+    clock = FakeClock()
+    notifier = make(sink, client, clock, post_timeout_s=0.2, max_tries=2)
+    with capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            await tg.start(notifier.run)
+            started = time.monotonic()
+            notifier("llama", "server.ready", READY)
+            await sink.wait_for_async(1)
+            hook_started = time.monotonic()
+            notifier("qwen", "server.ready", READY)  # queued behind the stuck one
+            hook_s = time.monotonic() - hook_started
+            await until(lambda: notifier.abandoned == 1, timeout=3.0)
+            waited = time.monotonic() - started
+            tg.cancel_scope.cancel()
+    assert hook_s < 0.05
+    assert 0.4 <= waited < 2.0  # two 0.2 s timeouts, not a hang
+    [abandoned] = events(logs, "notify.abandoned")
+    assert ("llama", 2, "max_tries") == (
+        abandoned["server"],
+        abandoned["attempts"],
+        abandoned["bound"],
+    )
+    assert abandoned["cause"].startswith("timeout")
+    assert 1 == len(clock.sleeps)
+
+
+async def test_hook_returns_at_once_while_the_worker_is_stuck_and_aclose_is_bounded(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """200 hook calls during a hung POST take well under a second; aclose gives up on time."""
+    sink.default = HANG
+    notifier = make(sink, client, FakeClock(), post_timeout_s=30.0, max_queue=500)
+    with capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            await tg.start(notifier.run)
+            notifier("llama", "server.ready", READY)
+            await sink.wait_for_async(1)
+            started = time.monotonic()
+            for i in range(200):
+                notifier(f"s{i}", "server.unhealthy", {"consecutive_failures": 3, "detail": "x"})
+            hooks_s = time.monotonic() - started
+            assert 200 == notifier.pending
+            closing = time.monotonic()
+            await notifier.aclose(timeout_s=0.3)
+            close_s = time.monotonic() - closing
+    assert hooks_s < 0.5
+    assert 0.3 <= close_s < 1.5
+    [unsent] = events(logs, "notify.unsent")
+    assert 200 == unsent["count"]
+    assert 1 == len(sink.requests)
+
+
+async def test_queue_overflow_drops_the_oldest(sink: HttpSink, client: httpx.AsyncClient) -> None:
+    """With max_queue=3, five messages keep the newest three and log two drops."""
+    notifier = make(sink, client, FakeClock(), max_queue=3)
+    servers = [f"s{i}" for i in range(5)]
+    with capture_logs() as logs:
+        for server in servers:  # no worker yet: everything waits in the queue
+            notifier(server, "server.ready", READY)
+        await notifier.aclose(timeout_s=5.0)  # drains here, bounded
+    assert [("s0", 1), ("s1", 2)] == [
+        (e["server"], e["dropped_total"]) for e in events(logs, "notify.dropped")
+    ]
+    assert 2 == notifier.dropped
+    assert ["s2", "s3", "s4"] == [t.split(" ")[0] for t in texts(sink)]
+
+
+async def test_flapping_is_suppressed_and_the_next_message_counts_it(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """Repeats of (server, kind) inside the window are held back; the next one says how many."""
+    clock = FakeClock()
+    notifier = make(sink, client, clock, dedupe_window_s=600.0)
+    unhealthy = {"consecutive_failures": 3, "detail": "HTTP 503"}
+    restart = {"delay_s": 10.0, "params": READY["params"]}
+    cycle = [
+        ("llama", "server.unhealthy", unhealthy),
+        ("llama", "restart.scheduled", restart),
+        ("llama", "server.ready", READY),
+    ]
+    with capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            await tg.start(notifier.run)
+            for _ in range(3):
+                for server, event, data in cycle:
+                    notifier(server, event, data)
+                clock.now += 60  # a flap a minute
+            clock.now += 600  # past the window of the first messages
+            notifier("llama", "server.unhealthy", unhealthy)
+            notifier("qwen", "server.unhealthy", unhealthy)  # another server: own window
+            await notifier.aclose(timeout_s=5.0)
+    headers = [r.json()["blocks"][0]["text"]["text"] for r in sink.requests]
+    assert [
+        ":warning: llama is unhealthy",
+        ":repeat: llama relaunched after ready",
+        ":large_green_circle: llama recovered",
+        ":warning: llama is unhealthy",
+        ":warning: qwen is unhealthy",
+    ] == headers
+    got = texts(sink)
+    assert got[3].endswith("(6 similar suppressed)")
+    assert {"type": "mrkdwn", "text": "(6 similar suppressed)"} == (
+        sink.requests[3].json()["blocks"][-1]["elements"][0]
+    )
+    assert "suppressed" not in got[4]
+    assert 6 == notifier.suppressed == len(events(logs, "notify.suppressed"))
+
+
+# --- secrets and the log-only mode ---------------------------------------------------------
+
+
+async def test_secrets_are_masked_in_payloads_and_logs(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """Secret values and the webhook URL become *** in what is posted and in every log event."""
+    url = sink.url(HOOK_PATH)
+    sink.script(Reply.error(400, f"invalid_payload {HF_TOKEN} {url}".encode()))
+    notifier = SlackNotifier(
+        url,
+        servers_info=INFO,
+        secrets=[HF_TOKEN, "pw"],  # too short to mask: it would hit ordinary words
+        client=client,
+    )
+    leaky = failed(1, 0.8, None, "model_not_found", "init") | {
+        "evidence": [f"401 Client Error for https://huggingface.co/x?token={HF_TOKEN}"],
+        "advice": f"check HF_TOKEN={HF_TOKEN} and {url}",
+    }
+    with capture_logs() as logs:
+        await deliver(
+            notifier,
+            [
+                ("llama", "attempt.failed", leaky),
+                ("llama", "server.gave_up", {"reason": f"bad {HF_TOKEN}", "attempts": 1}),
+                ("llama", "server.unhealthy", {"consecutive_failures": 1, "detail": HF_TOKEN}),
+            ],
+        )
+    bodies = [r.body.decode() for r in sink.wait_for(2)]
+    everything = "\n".join([*bodies, repr(logs)])
+    assert HF_TOKEN not in everything
+    assert url not in everything
+    assert HOOK_PATH.strip("/") not in everything
+    assert "token=***" in bodies[0]
+    assert "check HF_TOKEN=*** and ***" in bodies[0]
+    assert "HTTP 400: invalid_payload *** ***" == events(logs, "notify.rejected")[0]["cause"]
+
+
+async def test_the_webhook_url_stays_out_of_httpx_logs(
+    sink: HttpSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    """httpx logs each request's URL; while the worker runs those records are masked."""
+    caplog.set_level(logging.DEBUG)
+    notifier = SlackNotifier(sink.url(HOOK_PATH), servers_info=INFO)  # its own client
+    await deliver(notifier, [("llama", "server.ready", READY)])
+    assert 1 == len(sink.requests)
+    assert "HTTP Request: POST ***" in caplog.text
+    assert HOOK_PATH.strip("/") not in caplog.text
+
+
+async def test_without_a_webhook_messages_go_to_the_log_only() -> None:
+    """webhook_url None logs notify.message with the text and makes no HTTP request."""
+    calls: list[httpx.Request] = []
+
+    def record_call(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return httpx.Response(200)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(record_call)) as spy:
+        notifier = SlackNotifier(None, servers_info=INFO, secrets=[HF_TOKEN], client=spy)
+        with capture_logs() as logs:
+            await deliver(
+                notifier,
+                [("llama", "server.unhealthy", {"consecutive_failures": 3, "detail": HF_TOKEN})],
+            )
+    assert [] == calls
+    assert [
+        {
+            "event": "notify.message",
+            "log_level": "info",
+            "server": "llama",
+            "kind": "unhealthy",
+            "text": "llama is unhealthy on gpu1 (meta-llama/Llama-3.1-70B-Instruct): "
+            "3 failed health probes in a row (last: ***)",
+        }
+    ] == logs
+
+
+async def test_the_hook_never_raises_on_malformed_data() -> None:
+    """Data of the wrong shape is logged as notify.error (or rendered as "?"), never raised."""
+    notifier = SlackNotifier(None, servers_info=INFO)
+    with capture_logs() as logs:
+        notifier("llama", "server.ready", None)  # type: ignore[arg-type]
+        notifier("ghost", "server.ready", {"params": 5, "history": "x", "seconds": "soon"})
+    assert ["notify.error", "notify.message"] == [e["event"] for e in logs]
+    assert "ghost is ready on ? (?) with unknown params, attempt ?, ? to ready" == logs[1]["text"]
+
+
+def test_a_webhook_that_is_not_a_url_is_a_config_error_that_hides_the_value() -> None:
+    """A malformed webhook fails at construction without echoing the (secret) value."""
+    with pytest.raises(ConfigError) as caught:
+        SlackNotifier("hooks.slack.com/services/T0/B0/SECRETSECRET", servers_info=INFO)
+    assert "SECRETSECRET" not in str(caught.value)
+    assert "slack.webhook_url" in str(caught.value)
+
+
+def test_redactor_masks_longest_first_deep_and_in_slack_escaped_form() -> None:
+    """A secret inside a longer one is masked whole; nested values and &amp; forms are masked."""
+    redact = Redactor(["tok&en1234", "tok&en1234-extended", "abc"])
+    assert {"k": ["*** and ***", 3, None], "***": "x"} == redact(
+        {"k": ["tok&en1234-extended and tok&amp;en1234", 3, None], "tok&en1234": "x"}
+    )
+    assert "abc stays: too short to be a secret" == redact.text(
+        "abc stays: too short to be a secret"
+    )
+
+
+def test_ledger_is_unnumbered_when_failures_do_not_line_up_and_is_capped() -> None:
+    """Without matching attempt.failed data the ledger is plain; past 15 entries it elides."""
+    history = [record(0.9 - i * 0.01, None, "oom_kv_cache", "kv_cache") for i in range(20)]
+    message = ready_message("qwen", INFO["qwen"], READY | {"history": history})
+    ledger = message.blocks[2]["text"]["text"].split("\n")
+    assert "*Failed attempts*" == ledger[0]
+    assert "• … 5 earlier attempt(s)" == ledger[1]
+    assert (
+        "• mem_fraction_static=0.850 cuda_graph_max_bs=auto → oom_kv_cache in kv_cache"
+        == (ledger[2])
+    )
+    assert 17 == len(ledger)
