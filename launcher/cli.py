@@ -12,6 +12,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -30,6 +31,7 @@ from launcher.command import build_command
 from launcher.config import (
     Config,
     ServerConfig,
+    SlackConfig,
     default_state_dir,
     load_config,
     resolve_secret_env,
@@ -45,6 +47,7 @@ from launcher.eventlog import Format, configure
 from launcher.gpus import check_gpus
 from launcher.lifecycle import State
 from launcher.logparse import LineSplitter, LogFollower
+from launcher.notify import ServerInfo, SlackNotifier
 from launcher.outcome import Diagnosis
 from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
@@ -308,23 +311,48 @@ def up(
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
     secrets = _guard(lambda: {s.name: resolve_secret_env(s) for s in servers})
+    webhook = _guard(lambda: (config.slack or SlackConfig()).webhook_url())
     live = log_format == "auto" and sys.stdout.isatty()
     fmt: Format = (
         "json" if log_format == "json" or (log_format == "auto" and not live) else "console"
     )
     configure(fmt, stream=sys.stderr if live else sys.stdout)
-    code = anyio.run(_up, config, servers, secrets, until_ready, stop_on_exit, live, fresh)
+    code = anyio.run(_up, config, servers, secrets, webhook,
+                     Options(until_ready, stop_on_exit, live, fresh))
     raise typer.Exit(code)
 
 
+@dataclass(frozen=True)
+class Options:
+    """The flags of `launcher up`."""
+
+    until_ready: bool
+    stop_on_exit: bool
+    live: bool
+    fresh: bool
+
+
 async def _up(config: Config, servers: list[ServerConfig], secrets: dict[str, dict[str, str]],
-              until_ready: bool, stop_on_exit: bool, live: bool, fresh: bool) -> int:
+              webhook: str | None, opts: Options) -> int:
     transports = _transports(config, servers)
+    secret_values = [v for env in secrets.values() for v in env.values()]
+    notifier = SlackNotifier(
+        webhook, secrets=secret_values,
+        servers_info={s.name: ServerInfo(host=s.host, model=s.served_model_name or s.model_path)
+                      for s in servers})
+    code = 1
     try:
         with StateLock(config.state_dir), Ledger(ledger_path(config.state_dir)) as ledger:
-            return await _supervise(config, servers, secrets, transports, ledger,
-                                    until_ready=until_ready, stop_on_exit=stop_on_exit,
-                                    live=live, fresh=fresh)
+            async with anyio.create_task_group() as tg:
+                await tg.start(notifier.run)
+                try:
+                    code = await _supervise(config, servers, secrets, transports, ledger,
+                                            notifier, opts)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await notifier.aclose(10.0)
+                    tg.cancel_scope.cancel()
+        return code
     except LauncherError as exc:
         err.print(f"[bold red]{type(exc).__name__}[/]: {exc}", highlight=False)
         return 1
@@ -334,8 +362,9 @@ async def _up(config: Config, servers: list[ServerConfig], secrets: dict[str, di
 
 async def _supervise(config: Config, servers: list[ServerConfig],
                      secrets: dict[str, dict[str, str]], transports: dict[str, Transport],
-                     ledger: Ledger, *, until_ready: bool, stop_on_exit: bool, live: bool,
-                     fresh: bool) -> int:
+                     ledger: Ledger, notifier: SlackNotifier, opts: Options) -> int:
+    until_ready, stop_on_exit, live, fresh = (
+        opts.until_ready, opts.stop_on_exit, opts.live, opts.fresh)
     log = structlog.get_logger("launcher")
     fingerprints: dict[str, str] = {}
     plans: list[tuple[ServerConfig, str, LaunchParams]] = []
@@ -349,7 +378,7 @@ async def _supervise(config: Config, servers: list[ServerConfig],
                  sglang_version=version)
         plans.append((s, version, initial))
     recorder = LedgerRecorder(ledger, fingerprints)
-    hooks: list[EventHook] = [recorder]
+    hooks: list[EventHook] = [recorder, notifier]
     sups = [
         ServerSupervisor(config, s, transports[s.host], sglang_version=version,
                          secret_env=secrets[s.name], stop_on_exit=stop_on_exit,

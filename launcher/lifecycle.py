@@ -336,6 +336,11 @@ class ServerMachine:
         return self._give_up(f"preflight: {event.reason}")
 
     def _on_Launched(self, event: Launched, now: float) -> list[Action]:
+        if self.state is State.CLEANING_UP:
+            # A stop with kill (or the deadline) came while the launch ran: the kill in
+            # progress waits for the launch to finish and stops this very process.
+            self.pid = event.pid
+            return []
         if self.state is not State.LAUNCHING:
             raise self._illegal(event)
         self.pid = event.pid
@@ -459,7 +464,7 @@ class ServerMachine:
     def _on_GpusFree(self, event: GpusFree, now: float) -> list[Action]:
         if self.state is not State.WAITING_FOR_GPUS:
             raise self._illegal(event)
-        if self.attempt == 0 or self.params is None:  # waited in the first preflight
+        if self._pending is None:  # waited in a preflight (not after a failure): check again
             self.state = State.PREFLIGHT
             return [RunPreflight()]
         return self._after_failure(now)
@@ -473,12 +478,15 @@ class ServerMachine:
         if self.state is not State.BACKING_OFF:
             raise self._illegal(event)
         self.state = State.PREFLIGHT
-        self.started_at = now
+        self.started_at = now  # a new start-up sequence: the deadline counts from here
+        self.was_ready = False
         return [RunPreflight()]
 
     def _on_DeadlineExceeded(self, event: DeadlineExceeded, now: float) -> list[Action]:
         if self.state in (State.READY, State.BACKING_OFF) or self.state.terminal:
             return []
+        if self.was_ready:
+            return []  # cleaning up after a failure while serving: not a start-up
         reason = f"start-up deadline of {self.limits.start_deadline:.0f}s passed"
         if self.state.running or self.state is State.LAUNCHING:
             self._pending_fatal = reason
@@ -542,6 +550,7 @@ class ServerMachine:
                 "retryable": diag.retryable,
                 "after_ready": after_ready,
                 "evidence": diag.evidence[-3:],
+                "advice": diag.advice,
             },
         )
         if (
@@ -551,12 +560,15 @@ class ServerMachine:
         ):
             self._pending_fatal = f"stalled {self.stalls} times (last in {diag.phase.value})"
         elif not diag.retryable and not after_ready:
-            self._pending_fatal = f"{diag.outcome.value} in {diag.phase.value}: {diag.advice}"
+            self._pending_fatal = (
+                f"{diag.outcome.value} in {diag.phase.value}: {diag.advice}{_quoted(diag)}"
+            )
         return [fail, Kill(kill_reason or diag.outcome.value)]
 
     def _after_failure(self, now: float) -> list[Action]:
         diag = self._pending
         assert diag is not None and self.params is not None
+        self._pending = None  # handled: a later GPU wait is a preflight's, not this failure's
         if self.was_ready:  # relaunch with the last good params under restart backoff
             delay = self.restart.on_failure(now)
             if delay is None:
@@ -612,6 +624,16 @@ class ServerMachine:
                 {"reason": self.reason, "left_running": self.pid if not event.kill else None},
             )
         ]
+
+
+def _quoted(diag: Diagnosis, limit: int = 240) -> str:
+    """The decisive log line, for a reason a person reads without opening the log."""
+    if not diag.evidence:
+        return ""
+    line = diag.evidence[-1].strip()
+    if len(line) > limit:
+        line = line[: limit - 3] + "..."
+    return f" (log: {line})"
 
 
 def _ph(m: ServerMachine) -> str:
