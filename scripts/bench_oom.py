@@ -1,0 +1,609 @@
+#!/usr/bin/env python3
+"""OOM-convergence benchmark: launcher's policy against two fixed-step rules (issue 6).
+
+Usage::
+
+    .venv/bin/python scripts/bench_oom.py [--n 500] [--seed 1] [--max-attempts 8] [--show 3]
+
+No processes, no GPU: every attempt is the simulator's memory model (``simulate``), read the way
+the log classifier reads SGLang's log (``observed``), and handed to a strategy that picks the
+next setting. Three strategies, the same scenarios, starting values, bounds and attempt cap:
+
+- ``policy``: ``launcher.policy.next_params``.
+- ``fixed-0.05``: after an OOM, fraction - 0.05 with the graph bs unchanged; after
+  kv_too_small, fraction + 0.05 (SGLang's own advice, applied mechanically).
+- ``seeds-0.10``: after an OOM, fraction - 0.10 and half the graph bs; after kv_too_small,
+  fraction + 0.10 (what the operator in the seed transcripts did by hand).
+
+The step rules read the resolved fraction / bs from the log (server_args dump), clamp to the
+bounds, stop at a weight-load OOM and stop when clamping leaves the setting unchanged (no move
+left). They have no memory: they may revisit a setting that already failed.
+
+Ground truth. A scenario is *feasible* when its first attempt is ready, or some graph bs of the
+starting capture list (>= ``graph_bs_floor``) has a fraction on the 0.001 grid within
+[floor, ceiling] that ``simulate`` starts. Graph memory grows with bs, so that is decided at
+the smallest such bs. The *best fraction* at a bs is the highest such fraction.
+
+Scenarios (seeded ``random.Random``): GPU U(24, 141) GiB; tp in {1, 2, 4, 8}; other processes
+hold nothing (p=0.5) or U(0, 0.3 x GPU); CUDA context U(0.5, 3); weights per rank U(0.05, 1.05)
+x pre-load free (> 1 cannot load); KV U(0.01, 0.3) GiB per 1k tokens; min KV tokens 0 (p=0.5)
+or U{1..16384}; graph activations log-U(0.001, 0.08) GiB per unit of max bs; per-graph overhead
+U(0.001, 0.05) GiB; warmup U(0.1, 3) GiB; SGLang 0.5.6 or 0.5.23; starting fraction auto
+(p=0.5) or U(0.55, 0.95) to 2 decimals; starting graph bs auto (p=0.5) or one of the usual
+explicit values (8 ... 512).
+
+Bounds: launcher's shipped ``[policy]`` defaults (fraction in [0.50, 0.95], graph bs >= 1) with
+8 attempts; a second table with the floor at 0.30 (``--floors``). Metrics:
+
+- converged: the last attempt is ready. "gave up" = the strategy stopped before the cap, "ran
+  out" = the cap was reached; both counted only for feasible scenarios.
+- attempts after a first memory failure: feasible scenarios whose first attempt failed with
+  a capture OOM, a warmup OOM or kv_too_small (the same scenarios for every strategy); the
+  attempts of the runs that reached ready, the failed first one included (2 = fixed in one).
+- KV headroom left: best fraction at the final graph bs (capped at the ceiling) minus the
+  fraction that came up, for runs the strategy steered (first attempt failed); in fractions
+  of pre-load free memory, and in GiB. Graph bs: final over starting, same runs.
+
+Percentiles are nearest-rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from launcher.outcome import Outcome
+from launcher.params import LaunchParams
+from launcher.policy import AttemptRecord, Bounds, next_params
+from launcher.sim.memory import MemoryScenario, capture_bs_list, simulate
+from launcher.sim.observe import observed
+
+EXPLICIT_BS = (8, 16, 32, 48, 64, 96, 128, 160, 256, 384, 512)
+OOMS = frozenset({Outcome.OOM_GRAPH_CAPTURE, Outcome.OOM_RUNTIME, Outcome.OOM_KV_CACHE})
+FIXABLE = OOMS | {Outcome.KV_TOO_SMALL}  # memory outcomes a fraction / bs change can fix
+
+# Targets of issue 6.
+TARGET_ATTEMPTS_AFTER_FAILURE = 2.0
+TARGET_HEADROOM = 0.03
+
+
+@dataclass(frozen=True)
+class Case:
+    """One scenario and the setting it is first launched with."""
+
+    index: int
+    scenario: MemoryScenario
+    initial: LaunchParams
+
+
+Decide = Callable[[Case, Bounds, Sequence[AttemptRecord]], LaunchParams | None]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    decide: Decide
+
+
+@dataclass(frozen=True)
+class Run:
+    """One strategy on one case: every attempt, and how it ended."""
+
+    history: list[AttemptRecord]
+    end: str  # "ready", "gave_up" (strategy stopped) or "out_of_attempts"
+
+
+def draw_case(rng: random.Random, index: int) -> Case:
+    """A random scenario and starting setting (distribution in the module docstring)."""
+    gpu = rng.uniform(24.0, 141.0)
+    tp = rng.choice((1, 2, 4, 8))
+    other = 0.0 if rng.random() < 0.5 else rng.uniform(0.0, 0.3 * gpu)
+    context = rng.uniform(0.5, 3.0)
+    pre = gpu - other - context
+    weights_share = rng.uniform(0.05, 1.05)
+    scenario = MemoryScenario(
+        gpu_total_gib=gpu,
+        weights_gib=weights_share * pre * tp,
+        tp=tp,
+        other_used_gib=other,
+        context_gib=context,
+        kv_gib_per_1k_tokens=rng.uniform(0.01, 0.3),
+        min_kv_tokens=0 if rng.random() < 0.5 else rng.randint(1, 16384),
+        graph_gib_per_bs=math.exp(rng.uniform(math.log(0.001), math.log(0.08))),
+        graph_overhead_gib=rng.uniform(0.001, 0.05),
+        warmup_gib=rng.uniform(0.1, 3.0),
+        sglang_version=rng.choice(("0.5.6", "0.5.23")),
+    )
+    mfs = None if rng.random() < 0.5 else round(rng.uniform(0.55, 0.95), 2)
+    bs = None if rng.random() < 0.5 else rng.choice(EXPLICIT_BS)
+    return Case(index, scenario, LaunchParams(mfs, bs))
+
+
+# --- strategies ------------------------------------------------------------------------------
+
+
+def policy_decide(
+    case: Case, bounds: Bounds, history: Sequence[AttemptRecord]
+) -> LaunchParams | None:
+    s = case.scenario
+    return next_params(
+        case.initial, bounds, history, tp=s.tp, sglang_version=s.sglang_version
+    ).params
+
+
+def step_rule(step: float, halve_bs: bool) -> Decide:
+    """A memoryless rule: OOM -> fraction - step (and bs // 2); kv_too_small -> + step."""
+
+    def decide(case: Case, bounds: Bounds, history: Sequence[AttemptRecord]) -> LaunchParams | None:
+        last = history[-1]
+        mfs = last.numbers.mem_fraction_static
+        bs = last.numbers.cuda_graph_max_bs
+        if mfs is None or bs is None:  # the server_args dump is always in the simulated log
+            return None
+        if last.outcome is Outcome.KV_TOO_SMALL:
+            new_mfs, new_bs = mfs + step, bs
+        elif last.outcome in OOMS:
+            new_mfs = mfs - step
+            new_bs = max(bounds.graph_bs_floor, bs // 2) if halve_bs else bs
+        else:  # oom_weights (or anything not memory): no fraction helps
+            return None
+        new_mfs = round(
+            min(bounds.mem_fraction_ceiling, max(bounds.mem_fraction_floor, new_mfs)), 3
+        )
+        if (new_mfs, new_bs) == (round(mfs, 3), bs):
+            return None  # clamped onto itself: no move left
+        return LaunchParams(new_mfs, new_bs)
+
+    return decide
+
+
+STRATEGIES = (
+    Strategy("policy", policy_decide),
+    Strategy("fixed-0.05", step_rule(0.05, halve_bs=False)),
+    Strategy("seeds-0.10", step_rule(0.10, halve_bs=True)),
+)
+
+
+def run(case: Case, bounds: Bounds, strategy: Strategy) -> Run:
+    """simulate -> observed -> decide until ready, the strategy stops, or the attempt cap."""
+    history: list[AttemptRecord] = []
+    params: LaunchParams | None = case.initial
+    while params is not None:
+        trace = simulate(case.scenario, params)
+        outcome, phase, numbers = observed(case.scenario, trace)
+        history.append(AttemptRecord(params, outcome, phase, numbers))
+        if outcome is Outcome.READY:
+            return Run(history, "ready")
+        if len(history) >= bounds.max_attempts:
+            return Run(history, "out_of_attempts")
+        params = strategy.decide(case, bounds, history)
+    return Run(history, "gave_up")
+
+
+# --- ground truth ----------------------------------------------------------------------------
+
+
+def _milli_floor(x: float) -> int:
+    return math.floor(x * 1000 + 1e-6)
+
+
+def _milli_ceil(x: float) -> int:
+    return math.ceil(x * 1000 - 1e-6)
+
+
+def best_fraction(s: MemoryScenario, bs: int, bounds: Bounds) -> int | None:
+    """Highest fraction (thousandths) in [floor, ceiling] that starts at graph ``bs``, or None."""
+    window = s.feasible_range(bs)
+    if window is None:
+        return None
+    low, high = window
+    bottom = _milli_ceil(bounds.mem_fraction_floor)
+    milli = min(_milli_floor(bounds.mem_fraction_ceiling), _milli_floor(high) + 1)
+    # The window's edges are float arithmetic; simulate (token truncation included) decides.
+    while milli >= bottom and milli / 1000 > low - 0.001:
+        if simulate(s, LaunchParams(milli / 1000, bs)).ok:
+            return milli
+        milli -= 1
+    return None
+
+
+def smallest_bs(case: Case, bounds: Bounds) -> int:
+    """The smallest graph bs of the starting capture list that the bounds allow."""
+    _, start_bs = case.scenario.resolve(case.initial)
+    allowed = [b for b in capture_bs_list(start_bs) if b >= bounds.graph_bs_floor]
+    return min(allowed) if allowed else start_bs
+
+
+@dataclass(frozen=True)
+class Truth:
+    first: Outcome  # the first attempt's outcome (the same for every strategy)
+    feasible: bool
+    start_feasible: bool  # a fraction within bounds starts at the starting graph bs
+    why_not: str  # for infeasible cases: "weights", "kv" (no pool even at the ceiling), "graphs"
+
+
+def truth(case: Case, bounds: Bounds) -> Truth:
+    s = case.scenario
+    first = observed(s, simulate(s, case.initial))[0]
+    _, start_bs = s.resolve(case.initial)
+    start_ok = best_fraction(s, start_bs, bounds) is not None
+    feasible = (
+        first is Outcome.READY or best_fraction(s, smallest_bs(case, bounds), bounds) is not None
+    )
+    why = ""
+    if not feasible:
+        if s.weights_fail():
+            why = "weights"
+        else:
+            ceiling = bounds.mem_fraction_ceiling
+            low = (s.weights_per_rank_gib + s.min_kv_gib()) / s.pre_load_free_gib
+            why = "kv" if low >= ceiling else "graphs"
+    return Truth(first, feasible, start_ok, why)
+
+
+# --- statistics and tables -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One run with the figures the tables need."""
+
+    truth: Truth
+    run: Run
+    repeated: bool  # relaunched a setting that had already failed
+    headroom: float | None  # ready: best fraction at the final bs - the chosen one
+    headroom_gib: float | None
+    bs_ratio: float | None  # ready: final / starting graph bs
+
+    @property
+    def attempts(self) -> int:
+        return len(self.run.history)
+
+    @property
+    def ready(self) -> bool:
+        return self.run.end == "ready"
+
+    @property
+    def chosen(self) -> bool:
+        """Ready on a setting the strategy chose (the first attempt failed)."""
+        return self.ready and self.attempts > 1
+
+
+def score(case: Case, t: Truth, r: Run, bounds: Bounds) -> Scored:
+    s = case.scenario
+    seen = [s.resolve(rec.params) for rec in r.history]
+    repeated = any(
+        seen[i] == seen[j] and r.history[j].outcome is not Outcome.READY
+        for i in range(len(seen))
+        for j in range(i)
+    )
+    if r.end != "ready":
+        return Scored(t, r, repeated, None, None, None)
+    mfs, bs = seen[-1]
+    best = best_fraction(s, bs, bounds)
+    headroom = (best / 1000 if best is not None else mfs) - mfs
+    return Scored(t, r, repeated, headroom, headroom * s.pre_load_free_gib, bs / seen[0][1])
+
+
+def p95(values: Sequence[float]) -> float:
+    """Nearest-rank 95th percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def stats(values: Sequence[float], digits: int) -> str:
+    """'mean / p95 / max', or '-' when empty."""
+    if not values:
+        return "-"
+    mean, top = statistics.fmean(values), max(values)
+    return f"{mean:.{digits}f} / {p95(values):.{digits}f} / {top:.{digits}f}"
+
+
+def pct(part: int, whole: int) -> str:
+    return "-" if whole == 0 else f"{100 * part / whole:.1f}% ({part}/{whole})"
+
+
+def describe_case(case: Case) -> str:
+    s = case.scenario
+    return (
+        f"MemoryScenario(gpu_total_gib={s.gpu_total_gib:.3f}, weights_gib={s.weights_gib:.3f}, "
+        f"tp={s.tp}, other_used_gib={s.other_used_gib:.3f}, context_gib={s.context_gib:.3f}, "
+        f"kv_gib_per_1k_tokens={s.kv_gib_per_1k_tokens:.4f}, min_kv_tokens={s.min_kv_tokens}, "
+        f"graph_gib_per_bs={s.graph_gib_per_bs:.5f}, "
+        f"graph_overhead_gib={s.graph_overhead_gib:.4f}, warmup_gib={s.warmup_gib:.3f}, "
+        f"sglang_version={s.sglang_version!r}); initial {case.initial.describe()}"
+    )
+
+
+def describe_run(case: Case, r: Run, bounds: Bounds) -> list[str]:
+    s = case.scenario
+    lines = []
+    for i, rec in enumerate(r.history, 1):
+        mfs, bs = s.resolve(rec.params)
+        best = best_fraction(s, bs, bounds)
+        best_s = "none" if best is None else f"{best / 1000:.3f}"
+        lines.append(f"      {i}. mfs={mfs:.3f} bs={bs}: {rec.outcome.value} (best at bs {best_s})")
+    lines.append(f"      -> {r.end}")
+    return lines
+
+
+Row = tuple[str, list[str], str]
+
+
+def table(rows: list[Row], names: Sequence[str]) -> list[str]:
+    head = ["", *names, "target"]
+    body = [[label, *cells, target] for label, cells, target in rows]
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+
+    def fmt(row: list[str]) -> str:
+        first = row[0].ljust(widths[0])
+        rest = [cell.rjust(w) for cell, w in zip(row[1:-1], widths[1:-1], strict=True)]
+        return "  ".join([first, *rest, row[-1]]).rstrip()
+
+    return [fmt(head), "-" * len(fmt(head)), *(fmt(row) for row in body)]
+
+
+def verdicts(name: str, scored: Sequence[Scored]) -> list[str]:
+    """MET / MISSED per target for one strategy."""
+    feasible = [x for x in scored if x.truth.feasible]
+    after = [x.attempts for x in feasible if x.truth.first in FIXABLE and x.ready]
+    headroom = [x.headroom for x in scored if x.chosen and x.headroom is not None]
+    mean_after = statistics.fmean(after) if after else float("nan")
+    converged = sum(x.ready for x in feasible)
+
+    def mark(ok: bool) -> str:
+        return "MET" if ok else "MISSED"
+
+    target = TARGET_ATTEMPTS_AFTER_FAILURE
+    out = [
+        f"  {name}: attempts after a first memory failure, mean {mean_after:.2f} "
+        f"(<= {target}): {mark(mean_after <= target)}",
+        f"  {name}: converged when feasible {converged}/{len(feasible)} (100%): "
+        f"{mark(converged == len(feasible))}",
+    ]
+    if headroom:
+        mean_h, p95_h = statistics.fmean(headroom), p95(headroom)
+        out.append(
+            f"  {name}: headroom left mean {mean_h:.3f} (<= {TARGET_HEADROOM}): "
+            f"{mark(mean_h <= TARGET_HEADROOM)}; p95 {p95_h:.3f}: {mark(p95_h <= TARGET_HEADROOM)}"
+        )
+    return out
+
+
+def rows_for(results: dict[str, list[Scored]], n_cases: int) -> list[Row]:
+    names = list(results)
+    some = results[names[0]]
+    feasible_n = sum(x.truth.feasible for x in some)
+    failed_first_n = sum(x.truth.feasible and x.truth.first in FIXABLE for x in some)
+
+    def col(fn: Callable[[list[Scored]], str]) -> list[str]:
+        return [fn(results[n]) for n in names]
+
+    def count(pred: Callable[[Scored], bool]) -> Callable[[list[Scored]], str]:
+        return lambda xs: str(sum(pred(x) for x in xs))
+
+    def after(kinds: frozenset[Outcome]) -> Callable[[list[Scored]], str]:
+        def cell(xs: list[Scored]) -> str:
+            got = [
+                x.attempts for x in xs if x.truth.feasible and x.truth.first in kinds and x.ready
+            ]
+            return f"n={len(got)}: {stats(got, 2)}"
+
+        return cell
+
+    def headroom(kinds: frozenset[Outcome], gib: bool = False) -> Callable[[list[Scored]], str]:
+        def cell(xs: list[Scored]) -> str:
+            got = [
+                (x.headroom_gib if gib else x.headroom)
+                for x in xs
+                if x.chosen and x.truth.first in kinds
+            ]
+            return stats([g for g in got if g is not None], 2 if gib else 3)
+
+        return cell
+
+    def bs_cut(xs: list[Scored]) -> str:
+        chosen = [x for x in xs if x.chosen and x.bs_ratio is not None]
+        return pct(sum(x.bs_ratio is not None and x.bs_ratio < 1 for x in chosen), len(chosen))
+
+    oom = frozenset(OOMS)
+    kv = frozenset({Outcome.KV_TOO_SMALL})
+    return [
+        ("converged, all scenarios", col(lambda xs: pct(sum(x.ready for x in xs), n_cases)), ""),
+        (
+            "converged, feasible scenarios",
+            col(lambda xs: pct(sum(x.ready and x.truth.feasible for x in xs), feasible_n)),
+            "100%",
+        ),
+        (
+            "feasible but gave up",
+            col(count(lambda x: x.truth.feasible and x.run.end == "gave_up")),
+            "0",
+        ),
+        (
+            "feasible but ran out of attempts",
+            col(count(lambda x: x.truth.feasible and x.run.end == "out_of_attempts")),
+            "0",
+        ),
+        ("runs that relaunched a failed setting", col(count(lambda x: x.repeated)), ""),
+        (
+            "attempts to ready, all (mean/p95/max)",
+            col(lambda xs: stats([x.attempts for x in xs if x.ready], 2)),
+            "",
+        ),
+        (
+            "first attempt failed (memory): converged",
+            col(
+                lambda xs: pct(
+                    sum(x.ready and x.truth.feasible and x.truth.first in FIXABLE for x in xs),
+                    failed_first_n,
+                )
+            ),
+            "100%",
+        ),
+        (
+            "first attempt failed (memory): attempts",
+            col(after(FIXABLE)),
+            f"mean <= {TARGET_ATTEMPTS_AFTER_FAILURE}",
+        ),
+        ("  first was an OOM (capture/warmup)", col(after(oom)), ""),
+        ("    capture OOM", col(after(frozenset({Outcome.OOM_GRAPH_CAPTURE}))), ""),
+        ("    warmup OOM", col(after(frozenset({Outcome.OOM_RUNTIME}))), ""),
+        ("  first was kv_too_small", col(after(kv)), ""),
+        (
+            "infeasible: attempts spent (mean/p95/max)",
+            col(lambda xs: stats([x.attempts for x in xs if not x.truth.feasible], 2)),
+            "",
+        ),
+        (
+            "KV headroom left, chosen (mean/p95/max)",
+            col(headroom(FIXABLE)),
+            f"<= {TARGET_HEADROOM}",
+        ),
+        ("  first was an OOM", col(headroom(oom)), ""),
+        ("  first was kv_too_small", col(headroom(kv)), ""),
+        ("  in GiB (mean/p95/max)", col(headroom(FIXABLE, gib=True)), ""),
+        (
+            "KV headroom left, first-try ready",
+            col(
+                lambda xs: stats(
+                    [
+                        x.headroom
+                        for x in xs
+                        if x.ready and x.attempts == 1 and x.headroom is not None
+                    ],
+                    3,
+                )
+            ),
+            "",
+        ),
+        (
+            "graph bs final/start, chosen (mean)",
+            col(
+                lambda xs: stats(
+                    [x.bs_ratio for x in xs if x.chosen and x.bs_ratio is not None], 2
+                ).split(" / ")[0]
+            ),
+            "",
+        ),
+        ("  runs that cut graph bs", col(bs_cut), ""),
+        (
+            "  ... although the start bs fitted",
+            col(
+                count(
+                    lambda x: (
+                        x.chosen
+                        and x.bs_ratio is not None
+                        and x.bs_ratio < 1
+                        and x.truth.start_feasible
+                    )
+                )
+            ),
+            "",
+        ),
+    ]
+
+
+def trails(scored: Sequence[Scored]) -> list[str]:
+    """How the policy's runs went after a failed first attempt: outcome sequences, by count."""
+    seqs = Counter(
+        " > ".join(rec.outcome.value for rec in x.run.history)
+        for x in scored
+        if x.truth.feasible and x.truth.first in FIXABLE
+    )
+    return [f"  {n:4d}  {seq}" for seq, n in seqs.most_common()]
+
+
+def bench(cases: Sequence[Case], bounds: Bounds, show: int) -> list[str]:
+    truths = [truth(c, bounds) for c in cases]
+    results = {
+        st.name: [
+            score(c, t, run(c, bounds, st), bounds) for c, t in zip(cases, truths, strict=True)
+        ]
+        for st in STRATEGIES
+    }
+    feasible = sum(t.feasible for t in truths)
+    firsts = Counter(t.first for t in truths if t.feasible)
+    why = Counter(t.why_not for t in truths if not t.feasible)
+    failed_first = sum(firsts[k] for k in FIXABLE)
+    no_window = sum(t.feasible and t.first in FIXABLE and not t.start_feasible for t in truths)
+    lines = [
+        f"== bounds: mem_fraction in [{bounds.mem_fraction_floor:.2f}, "
+        f"{bounds.mem_fraction_ceiling:.2f}], graph bs >= {bounds.graph_bs_floor}, "
+        f"max_attempts {bounds.max_attempts} ==",
+        f"scenarios {len(cases)}: feasible {feasible} (first attempt ready "
+        f"{firsts[Outcome.READY]}; failed with a memory outcome {failed_first}: capture OOM "
+        f"{firsts[Outcome.OOM_GRAPH_CAPTURE]}, warmup OOM {firsts[Outcome.OOM_RUNTIME]}, "
+        f"kv_too_small {firsts[Outcome.KV_TOO_SMALL]}; of these, no fraction fits at the "
+        f"starting graph bs {no_window})",
+        f"  infeasible {len(cases) - feasible}: weights do not load {why['weights']}, no KV pool "
+        f"even at the ceiling {why['kv']}, graphs + warmup leave no window at any bs "
+        f"{why['graphs']}",
+        "",
+        *table(rows_for(results, len(cases)), list(results)),
+        "",
+        "targets:",
+    ]
+    for name, scored in results.items():
+        lines += verdicts(name, scored)
+    lines += ["", "policy, feasible runs whose first attempt failed, by outcome sequence:"]
+    lines += trails(results["policy"])
+    if show:
+        policy = results["policy"]
+        stuck = [i for i, x in enumerate(policy) if x.truth.feasible and not x.ready]
+        lines += ["", f"policy: feasible but not ready ({len(stuck)}; first {show}):"]
+        for i in stuck[:show]:
+            lines.append(f"  case {cases[i].index}: {describe_case(cases[i])}")
+            lines += describe_run(cases[i], policy[i].run, bounds)
+        worst = sorted(
+            (i for i, x in enumerate(policy) if x.chosen),
+            key=lambda i: -(policy[i].headroom or 0.0),
+        )
+        lines += ["", f"policy: most headroom left (first {show}):"]
+        for i in worst[:show]:
+            lines.append(
+                f"  case {cases[i].index} (headroom {policy[i].headroom or 0.0:.3f}): "
+                f"{describe_case(cases[i])}"
+            )
+            lines += describe_run(cases[i], policy[i].run, bounds)
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--n", type=int, default=500, help="number of scenarios (default 500)")
+    parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    parser.add_argument("--max-attempts", type=int, default=8, help="attempt cap (default 8)")
+    parser.add_argument("--ceiling", type=float, default=0.95, help="fraction ceiling (0.95)")
+    parser.add_argument(
+        "--floors", default="0.5,0.3", help="fraction floors, one table each (default 0.5,0.3)"
+    )
+    parser.add_argument("--bs-floor", type=int, default=1, help="graph bs floor (default 1)")
+    parser.add_argument(
+        "--show", type=int, default=0, help="print N policy runs that missed, and N worst headroom"
+    )
+    args = parser.parse_args(argv)
+
+    began = time.perf_counter()
+    rng = random.Random(args.seed)
+    cases = [draw_case(rng, i) for i in range(args.n)]
+    print(
+        f"OOM-convergence benchmark: {args.n} scenarios, seed {args.seed}, "
+        f"strategies: {', '.join(st.name for st in STRATEGIES)}"
+    )
+    for floor in (float(x) for x in args.floors.split(",")):
+        bounds = Bounds(floor, args.ceiling, args.bs_floor, args.max_attempts)
+        print()
+        print("\n".join(bench(cases, bounds, args.show)))
+    print(f"\n({time.perf_counter() - began:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
