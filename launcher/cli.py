@@ -47,6 +47,7 @@ from launcher.eventlog import Format, configure
 from launcher.gpus import check_gpus
 from launcher.lifecycle import State
 from launcher.logparse import LineSplitter, LogFollower
+from launcher.metrics import Metrics
 from launcher.notify import ServerInfo, SlackNotifier
 from launcher.outcome import Diagnosis
 from launcher.params import LaunchParams
@@ -61,6 +62,7 @@ from launcher.store import (
     ledger_path,
 )
 from launcher.supervisor import EventHook, ServerSupervisor, Snapshot, supervise_all
+from launcher.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
 from launcher.transport import make_transport
 from launcher.transport.base import Transport
 
@@ -379,6 +381,13 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         plans.append((s, version, initial))
     recorder = LedgerRecorder(ledger, fingerprints)
     hooks: list[EventHook] = [recorder, notifier]
+    metrics = Metrics() if config.metrics else None
+    metrics_server = None
+    if metrics is not None and config.metrics is not None:
+        hooks.append(metrics)
+        metrics_server = metrics.serve(config.metrics.host, config.metrics.port)
+        log.info("metrics.listening", url=metrics_server.url)
+    sd = SdNotifier.from_env()
     sups = [
         ServerSupervisor(config, s, transports[s.host], sglang_version=version,
                          secret_env=secrets[s.name], stop_on_exit=stop_on_exit,
@@ -399,13 +408,26 @@ async def _supervise(config: Config, servers: list[ServerConfig],
     view = Live(_view([s.snapshot() for s in sups]), console=out,
                 refresh_per_second=4) if live else None
 
+    def snapshots() -> list[Snapshot]:
+        return [s.snapshot() for s in sups]
+
     async def tick() -> None:
         if view is not None:
-            view.update(_view([s.snapshot() for s in sups]))
+            view.update(_view(snapshots()))
+        if metrics is not None:
+            metrics.update_states(snapshots())
 
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_signals)
+            if sd is not None:
+                # READY=1 means "supervising", not "every server is ready" (that can take an
+                # hour); the watchdog pings from this loop so a wedged loop gets restarted.
+                sd.ready(status_summary(snapshots()))
+                interval = watchdog_interval()
+                if interval is not None:
+                    await tg.start(run_watchdog, sd, interval,
+                                   lambda: status_summary(snapshots()))
             if view is not None:
                 view.start()
             try:
@@ -415,6 +437,11 @@ async def _supervise(config: Config, servers: list[ServerConfig],
                     view.stop()
             tg.cancel_scope.cancel()
     finally:
+        if sd is not None:
+            sd.stopping()
+            sd.close()
+        if metrics_server is not None:
+            await anyio.to_thread.run_sync(metrics_server.close)
         recorder.close()
     gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
     for sup in gave_up:

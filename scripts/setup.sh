@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a venv in .venv with launcher and its dev tools, and
-# (when run as root on Debian and missing) OpenSSH's sshd, which the SSH tests start on loopback.
+# (when run as root on Debian and missing) OpenSSH's sshd and systemd-analyze, which tests use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "setup: installing openssh-server (for the SSH tests)" >&2
+# Debian packages the tests need: sshd (SSH tests on loopback), systemd-analyze (unit check).
+need=()
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v systemd-analyze >/dev/null || need+=(systemd)
+if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing ${need[*]} (for the tests)" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
-  apt-get install -y -qq openssh-server >/dev/null
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv

@@ -1,0 +1,286 @@
+"""Prometheus metrics: an event hook that keeps them, and the HTTP endpoint that serves them.
+
+``Metrics`` is a supervisor event hook (``metrics(server, event, data)``, see the supervisor's
+event list) plus ``update_states(snapshots)`` for the state gauges. ``Metrics.serve(host,
+port)`` starts the exposition endpoint (``GET /metrics``) in a daemon thread.
+
+Exported series (label ``server`` on every one):
+
+=========================================  ===========================================
+``launcher_server_state{state}``            1 for the current state, 0 for every other
+``launcher_server_ready``                   1 while ready (and probed healthy), else 0
+``launcher_server_attempt``                 the current attempt number
+``launcher_attempts_total``                 attempts started
+``launcher_attempt_failures_total{outcome}``  failed attempts by outcome (``oom_kv_cache``)
+``launcher_restarts_total``                 relaunches scheduled after having been ready
+``launcher_time_to_ready_seconds``          start-up time of the last time it became ready
+``launcher_startup_duration_seconds``       histogram of those start-up times
+``launcher_probe_latency_seconds``          latency of the last ``/health`` probe
+``launcher_probes_total{result}``           probes by result (``ok`` / ``failed``)
+=========================================  ===========================================
+
+State values are ``launcher.lifecycle.State`` values (``cuda_graph``, ``gave_up``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+from wsgiref.simple_server import WSGIServer
+
+import structlog
+from prometheus_client import (
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+
+from launcher.errors import ConfigError
+from launcher.lifecycle import State
+
+__all__ = ["Metrics", "MetricsServer", "ServerState"]
+
+log = structlog.get_logger(__name__)
+
+# Start-up takes from seconds (small model, warm cache) to the better part of an hour
+# (70B weights from network storage plus CUDA graph capture).
+STARTUP_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0, 3600.0)
+
+_STATES = [state.value for state in State]
+
+
+class ServerState(Protocol):
+    """What ``update_states`` reads from each server (``launcher.supervisor.Snapshot``)."""
+
+    @property
+    def server(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+
+class MetricsServer:
+    """A running exposition endpoint; ``close()`` (or ``shutdown()``) stops it.
+
+    ``host`` / ``port`` are the address actually bound (so port 0 reports the chosen one).
+
+    Resource handling: owns a listening socket and one daemon thread (plus one per request);
+    ``close`` stops the loop, closes the socket and joins the thread. ``close`` blocks for up
+    to about half a second (the server's poll interval): from async code call it with
+    ``anyio.to_thread.run_sync(server.close)``.
+    """
+
+    def __init__(self, httpd: WSGIServer, thread: threading.Thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+        self._closed = False
+        address = httpd.socket.getsockname()
+        self.host: str = address[0]
+        self.port: int = address[1]
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT/metrics`` (IPv6 hosts in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and release the socket. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    shutdown = close
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Metrics:
+    """launcher's Prometheus metrics, fed by supervisor events and state snapshots.
+
+    ``registry`` None makes a private registry with the process and platform collectors (so
+    several ``Metrics`` can coexist, e.g. in tests); pass one to add the series elsewhere.
+
+    Error handling: the hook never raises into the supervisor. Missing or mistyped event
+    data skips that figure; anything unexpected is logged as ``metrics.hook_failed``.
+    Updates are in-memory under prometheus-client's locks, so the hook does not block.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        if registry is None:
+            registry = CollectorRegistry()
+            registry.register(PROCESS_COLLECTOR)
+            registry.register(PLATFORM_COLLECTOR)
+        self.registry = registry
+        self._current: dict[str, str] = {}
+        self._lock = threading.Lock()  # _current is read-modify-write from hook and updates
+        self.server_state = Gauge(
+            "launcher_server_state",
+            "1 for the server's current supervision state, 0 for the others.",
+            ["server", "state"],
+            registry=registry,
+        )
+        self.server_ready = Gauge(
+            "launcher_server_ready",
+            "1 while the server is ready and answering /health, else 0.",
+            ["server"],
+            registry=registry,
+        )
+        self.server_attempt = Gauge(
+            "launcher_server_attempt",
+            "The server's current attempt number (0 before the first launch).",
+            ["server"],
+            registry=registry,
+        )
+        self.attempts = Counter(
+            "launcher_attempts",
+            "Launch attempts started.",
+            ["server"],
+            registry=registry,
+        )
+        self.attempt_failures = Counter(
+            "launcher_attempt_failures",
+            "Attempts that failed, by classified outcome.",
+            ["server", "outcome"],
+            registry=registry,
+        )
+        self.restarts = Counter(
+            "launcher_restarts",
+            "Relaunches scheduled after the server had been ready.",
+            ["server"],
+            registry=registry,
+        )
+        self.time_to_ready = Gauge(
+            "launcher_time_to_ready_seconds",
+            "Seconds from start to ready, the last time the server became ready.",
+            ["server"],
+            registry=registry,
+        )
+        self.startup_duration = Histogram(
+            "launcher_startup_duration_seconds",
+            "Seconds from start to ready, every time a server became ready.",
+            ["server"],
+            buckets=STARTUP_BUCKETS,
+            registry=registry,
+        )
+        self.probe_latency = Gauge(
+            "launcher_probe_latency_seconds",
+            "Latency of the last /health probe.",
+            ["server"],
+            registry=registry,
+        )
+        self.probes = Counter(
+            "launcher_probes",
+            "/health probes, by result.",
+            ["server", "result"],
+            registry=registry,
+        )
+
+    # -- the event hook -------------------------------------------------------------------
+
+    def __call__(self, server: str, event: str, data: Mapping[str, Any]) -> None:
+        """Record one supervisor event. Never raises."""
+        try:
+            self._record(server, event, data)
+        except Exception:  # a hook must not break supervision; the metric is only skipped
+            log.exception("metrics.hook_failed", server=server, hook_event=event)
+
+    def _record(self, server: str, event: str, data: Mapping[str, Any]) -> None:
+        if event == "attempt.started":
+            self.attempts.labels(server).inc()
+            self.server_ready.labels(server).set(0)
+            attempt = _number(data.get("attempt"))
+            if attempt is not None:
+                self.server_attempt.labels(server).set(attempt)
+        elif event == "attempt.failed":
+            outcome = data.get("outcome")
+            self.attempt_failures.labels(server, str(outcome or "unknown")).inc()
+            self.server_ready.labels(server).set(0)
+        elif event == "server.ready":
+            seconds = _number(data.get("seconds"))
+            if seconds is not None and seconds >= 0:
+                self.time_to_ready.labels(server).set(seconds)
+                self.startup_duration.labels(server).observe(seconds)
+            self._set_state(server, State.READY.value)
+        elif event == "probe.result":
+            latency = _number(data.get("latency_s"))
+            if latency is not None and latency >= 0:
+                self.probe_latency.labels(server).set(latency)
+            self.probes.labels(server, "ok" if data.get("ok") else "failed").inc()
+        elif event == "restart.scheduled":
+            self.restarts.labels(server).inc()
+        elif event == "server.unhealthy":
+            self.server_ready.labels(server).set(0)
+        elif event == "server.gave_up":
+            self._set_state(server, State.GAVE_UP.value)
+        elif event == "server.stopped":
+            self._set_state(server, State.STOPPED.value)
+
+    # -- state snapshots ------------------------------------------------------------------
+
+    def update_states(self, snapshots: Iterable[ServerState]) -> None:
+        """Set the state, ready and attempt gauges from the supervisors' snapshots."""
+        for snap in snapshots:
+            self._set_state(snap.server, str(snap.state))
+            attempt = _number(snap.attempt)
+            if attempt is not None:
+                self.server_attempt.labels(snap.server).set(attempt)
+
+    def _set_state(self, server: str, state: str) -> None:
+        with self._lock:
+            previous = self._current.get(server)
+            if previous is None:
+                # Every state gets a series, so `launcher_server_state{state="ready"} == 0`
+                # is queryable before a server ever was ready.
+                for name in _STATES:
+                    self.server_state.labels(server, name).set(0)
+            elif previous != state:
+                self.server_state.labels(server, previous).set(0)
+            self.server_state.labels(server, state).set(1)
+            self._current[server] = state
+        self.server_ready.labels(server).set(1 if state == State.READY.value else 0)
+
+    # -- the endpoint ---------------------------------------------------------------------
+
+    def serve(self, host: str, port: int) -> MetricsServer:
+        """Serve ``GET /metrics`` on ``host:port`` (port 0: any free port) in a daemon thread.
+
+        Error handling: an address that cannot be bound (in use, not local, unresolvable)
+        raises ConfigError naming ``metrics.listen``.
+        """
+        try:
+            httpd, thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise ConfigError(
+                [
+                    f"metrics.listen: cannot listen on {host}:{port}: "
+                    f"{exc.strerror or exc}; pick a free local address"
+                ],
+                source="metrics",
+            ) from None
+        server = MetricsServer(httpd, thread)
+        log.info("metrics.serving", host=server.host, port=server.port)
+        return server
+
+
+def _number(value: object) -> float | None:
+    """``value`` as a finite float, or None for anything else (bools included)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None

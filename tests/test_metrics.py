@@ -1,0 +1,182 @@
+"""Prometheus metrics: fed with supervisor events and snapshots, scraped over real HTTP."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
+
+from launcher.errors import ConfigError
+from launcher.lifecycle import State
+from launcher.metrics import Metrics, MetricsServer
+
+Labels = frozenset[tuple[str, str]]
+
+
+@dataclass
+class Snap:
+    """The attributes update_states reads (launcher.supervisor.Snapshot has them)."""
+
+    server: str
+    state: str
+    attempt: int = 1
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    """A Metrics with its own registry."""
+    return Metrics()
+
+
+@pytest.fixture
+def served(metrics: Metrics) -> Iterator[MetricsServer]:
+    """The metrics' endpoint on a free loopback port."""
+    server = metrics.serve("127.0.0.1", 0)
+    yield server
+    server.close()
+
+
+async def scrape(server: MetricsServer) -> dict[tuple[str, Labels], float]:
+    """GET /metrics and return every sample as (name, labels) -> value."""
+    async with httpx.AsyncClient() as client:
+        response = await client.get(server.url, timeout=5)
+    assert 200 == response.status_code
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+def L(**labels: str) -> Labels:
+    return frozenset(labels.items())
+
+
+def feed_llama_story(metrics: Metrics) -> None:
+    """An OOM in graph capture, then a second attempt that comes up ready (as the supervisor
+    reports it), while another server is still capturing graphs."""
+    metrics("llama", "attempt.started", {"attempt": 1, "params": {"mem_fraction_static": 0.9}})
+    metrics(
+        "llama",
+        "attempt.failed",
+        {"attempt": 1, "outcome": "oom_graph_capture", "phase": "cuda_graph", "numbers": {}},
+    )
+    metrics("llama", "policy.decided", {"params": {}, "reason": "lower the fraction"})
+    metrics("llama", "attempt.started", {"attempt": 2, "params": {"mem_fraction_static": 0.85}})
+    metrics("llama", "probe.result", {"ok": False, "latency_s": 0.5, "detail": "503"})
+    metrics("llama", "probe.result", {"ok": True, "latency_s": 0.012, "detail": "200"})
+    metrics("llama", "server.ready", {"attempts": 2, "seconds": 95.5, "params": {}, "history": []})
+    metrics("qwen", "attempt.started", {"attempt": 1, "params": {}})
+    metrics.update_states([Snap("llama", "ready", 2), Snap("qwen", "cuda_graph", 1)])
+
+
+async def test_scrape_shows_what_the_events_said(metrics: Metrics, served: MetricsServer) -> None:
+    """After an OOM and a ready second attempt, the endpoint reports attempts, failures by
+    outcome, readiness, time to ready, probe latency and each server's state."""
+    feed_llama_story(metrics)
+    got = await scrape(served)
+    assert 2 == got["launcher_attempts_total", L(server="llama")]
+    assert 1 == got["launcher_attempts_total", L(server="qwen")]
+    assert (
+        1 == got["launcher_attempt_failures_total", L(server="llama", outcome="oom_graph_capture")]
+    )
+    assert 1 == got["launcher_server_ready", L(server="llama")]
+    assert 0 == got["launcher_server_ready", L(server="qwen")]
+    assert 2 == got["launcher_server_attempt", L(server="llama")]
+    assert 95.5 == got["launcher_time_to_ready_seconds", L(server="llama")]
+    assert 1 == got["launcher_startup_duration_seconds_count", L(server="llama")]
+    assert 95.5 == got["launcher_startup_duration_seconds_sum", L(server="llama")]
+    assert 0 == got["launcher_startup_duration_seconds_bucket", L(server="llama", le="60.0")]
+    assert 1 == got["launcher_startup_duration_seconds_bucket", L(server="llama", le="120.0")]
+    assert 0.012 == got["launcher_probe_latency_seconds", L(server="llama")]
+    assert 1 == got["launcher_probes_total", L(server="llama", result="ok")]
+    assert 1 == got["launcher_probes_total", L(server="llama", result="failed")]
+    assert 1 == got["launcher_server_state", L(server="llama", state="ready")]
+    assert 0 == got["launcher_server_state", L(server="llama", state="cuda_graph")]
+    assert 1 == got["launcher_server_state", L(server="qwen", state="cuda_graph")]
+
+
+async def test_exactly_one_state_is_current(metrics: Metrics, served: MetricsServer) -> None:
+    """Every State has a series per server, and only the latest state's is 1."""
+    metrics.update_states([Snap("llama", "weights")])
+    metrics.update_states([Snap("llama", "cuda_graph")])
+    metrics("llama", "server.gave_up", {"reason": "oom_weights", "attempts": 1, "history": []})
+    got = await scrape(served)
+    states = {
+        dict(labels)["state"]: value
+        for (name, labels), value in got.items()
+        if name == "launcher_server_state"
+    }
+    assert {state.value for state in State} == set(states)
+    assert {"gave_up": 1.0} == {state: value for state, value in states.items() if value}
+
+
+async def test_ready_drops_on_failure_and_unhealthy(
+    metrics: Metrics, served: MetricsServer
+) -> None:
+    """launcher_server_ready goes back to 0 when a ready server turns unhealthy or fails,
+    and a restart after ready is counted."""
+    metrics("llama", "server.ready", {"attempts": 1, "seconds": 30.0})
+    ready = (await scrape(served))["launcher_server_ready", L(server="llama")]
+    metrics("llama", "server.unhealthy", {"consecutive_failures": 3, "detail": "timeout"})
+    unhealthy = (await scrape(served))["launcher_server_ready", L(server="llama")]
+    metrics("llama", "restart.scheduled", {"delay_s": 10.0, "params": {}})
+    got = await scrape(served)
+    assert (1, 0) == (ready, unhealthy)
+    assert 1 == got["launcher_restarts_total", L(server="llama")]
+
+
+async def test_process_series_are_exposed(served: MetricsServer) -> None:
+    """The private registry still carries the standard process and python series."""
+    names = {name for name, _ in await scrape(served)}
+    assert "python_info" in names
+    assert "process_cpu_seconds_total" in names
+
+
+def test_hook_never_raises_on_bad_data(metrics: Metrics) -> None:
+    """Mistyped figures are skipped, and even a non-dict payload only logs metrics.hook_failed."""
+    with capture_logs() as logs:
+        metrics("llama", "server.ready", {"seconds": "soon"})
+        metrics("llama", "probe.result", {"ok": True, "latency_s": float("nan")})
+        metrics("llama", "attempt.failed", {})
+        metrics("llama", "attempt.started", None)  # type: ignore[arg-type]
+    assert ["metrics.hook_failed"] == [entry["event"] for entry in logs]
+    value = metrics.registry.get_sample_value
+    assert value("launcher_time_to_ready_seconds", {"server": "llama"}) is None
+    assert value("launcher_probe_latency_seconds", {"server": "llama"}) is None
+    assert 1 == value("launcher_attempt_failures_total", {"server": "llama", "outcome": "unknown"})
+
+
+async def test_port_zero_reports_the_bound_port_and_close_stops_serving(
+    metrics: Metrics,
+) -> None:
+    """serve(host, 0) binds a free port and says which; after close() nothing answers there."""
+    server = metrics.serve("127.0.0.1", 0)
+    try:
+        assert 0 < server.port
+        assert f"http://127.0.0.1:{server.port}/metrics" == server.url
+        assert await scrape(server)
+    finally:
+        server.close()
+    server.close()  # idempotent
+    async with httpx.AsyncClient() as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.get(server.url, timeout=2)
+
+
+def test_busy_port_is_a_config_error(metrics: Metrics) -> None:
+    """A port another process listens on raises ConfigError naming metrics.listen."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError) as caught:
+            metrics.serve("127.0.0.1", port)
+    assert 1 == len(caught.value.problems)
+    assert caught.value.problems[0].startswith(f"metrics.listen: cannot listen on 127.0.0.1:{port}")
