@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 import shlex
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,13 @@ from dataclasses import dataclass, field
 import anyio
 import structlog
 
-from launcher.errors import ConfigError, LogFormatError, RemoteCommandError, StateError
+from launcher.errors import (
+    ConfigError,
+    HostUnreachable,
+    LogFormatError,
+    RemoteCommandError,
+    StateError,
+)
 from launcher.transport.base import CommandResult, Transport
 
 log = structlog.get_logger(__name__)
@@ -45,11 +52,16 @@ _STOP_POLL_S = 0.1
 _PID_WAIT_TICKS = 200  # launch waits 200 × 50 ms for the server's pid file
 _EXISTS_STATUS = 17  # launch script: the attempt directory already exists
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# Starts the trailer of a follow stream (plus a random token per stream). \x01: a byte no
+# log chunk ends with in practice, so holding back a possible marker start delays nothing.
+_END_MARK = b"\x01launcher-follow-end-"
 _VERSION_REMEDY = "set sglang_version in the config"
 
 # Shell functions shared by the scripts below. ``ident`` reads the boot id and the start time
 # (field 22 of /proc/PID/stat, after the parenthesised command name) so that a recycled pid is
-# never mistaken for our server.
+# never mistaken for our server. ``settled DIR TICKS`` prints "<alive 0|1> <exit status or ->",
+# first waiting up to TICKS × 50 ms for a dead server's status (the wrapper writes it right
+# after reaping the server).
 _PRELUDE = r"""
 expand() { case $1 in "~") x=$HOME ;; "~/"*) x=$HOME/${1#"~/"} ;; *) x=$1 ;; esac; }
 ident() {
@@ -68,6 +80,14 @@ alive() {
   p=$(cat "$1/pid" 2>/dev/null) || return 1
   [ -n "$p" ] && kill -0 "$p" 2>/dev/null || return 1
   ours "$1" "$p"
+}
+settled() {
+  if alive "$1"; then a=1; else
+    a=0; i=0
+    while [ ! -e "$1/exit_status" ] && [ "$i" -lt "$2" ]; do sleep 0.05; i=$((i + 1)); done
+  fi
+  st=$(cat "$1/exit_status" 2>/dev/null) || st=
+  printf '%s %s' "$a" "${st:--}"
 }
 members() {
   ps -eo pid=,pgid=,sid=,stat= | awk -v g="$1" '($2 == g || $3 == g) && $4 !~ /^Z/ {print $1}'
@@ -133,6 +153,22 @@ done
 printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
 """.replace("$PID_TICKS", str(_PID_WAIT_TICKS))
 
+# $1 run_dir, $2 server, $3 attempt. After a launch whose reply was lost: prints "absent" when
+# the attempt directory was never made (the launch never ran), "nopid" when no pid appeared in
+# it within the launch's own wait, else what the launch prints.
+_RECOVER = _PRELUDE + r"""
+expand "$1"
+[ -d "$x/$2/$3" ] || { echo absent; exit 0; }
+d=$(cd "$x/$2/$3" && pwd -P) || exit 1
+i=0
+while [ ! -s "$d/pid" ]; do
+  i=$((i + 1))
+  if [ "$i" -gt "$PID_TICKS" ]; then echo nopid; exit 0; fi
+  sleep 0.05
+done
+printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
+""".replace("$PID_TICKS", str(_PID_WAIT_TICKS))
+
 # $1 dir. Prints "<alive 0|1> <exit status or -> <log size>".
 _PROBE = _PRELUDE + r"""
 d=$1
@@ -184,6 +220,27 @@ for a in *; do
   printf '%s %s %s\n' "$a" "$l" "${p:--}"
 done
 printf '@@\n%s' "$(pwd -P)"
+"""
+
+# $1 dir, $2 log offset + 1, $3 server pid, $4 poll seconds, $5 ticks of 50 ms, $6 end marker.
+# The remote follower: the log from the offset while the server lives (GNU tail --pid), then,
+# in the same stream so that noticing a death costs no further round trip, the marker and
+# "<alive 0|1> <exit status or -> <log size>" (waiting up to the ticks for the exit status).
+_FOLLOW = _PRELUDE + r"""
+tail -c "+$2" -F --pid="$3" -s "$4" "$1/log"
+end=$(settled "$1" "$5")
+size=$(wc -c 2> /dev/null < "$1/log") || size=0
+printf '%s%s %s\n' "$6" "$end" $size
+"""
+
+# $1 dir, $2 log offset + 1, $3 ticks of 50 ms. What follow needs when its follower died
+# without a trailer, in one round trip: "<alive 0|1> <exit status or ->" on the first line
+# (see the ticks above), then the log from the offset.
+_FINISH = _PRELUDE + r"""
+settled "$1" "$3"
+echo
+tail -c "+$2" "$1/log" 2>/dev/null
+exit 0
 """
 
 _READ = r"""
@@ -339,6 +396,11 @@ async def launch(transport: Transport, spec: AttemptSpec) -> RunHandle:
     ``stop`` ends it. Error handling: StateError if the attempt directory already exists,
     RemoteCommandError if the host could not start it (the server's own failures, such as a
     missing program or a bad cwd, show up later as an exit status and in the log).
+
+    A connection lost while the launch command runs does not lose the server: the attempt
+    directory is looked up on a new connection and the server found there is returned; when
+    the directory was never made, nothing ran and the launch is sent once more.
+    HostUnreachable only when the host cannot be reached again.
     """
     _check_name(spec.server)
     if spec.attempt < 1:
@@ -349,21 +411,64 @@ async def launch(transport: Transport, spec: AttemptSpec) -> RunHandle:
         spec.run_dir, spec.server, str(spec.attempt), spec.cwd or "", shlex.join(spec.argv),
         _WRAPPER, _SHIM, *spec.argv,
     ]
-    result = await transport.run(_sh(_LAUNCH, *args), stdin=_env_file(spec), timeout=60.0)
+    stdout = await _launch_once(transport, spec, args)
+    if stdout is None:  # the connection was lost before the command reached the host
+        stdout = await _launch_once(transport, spec, args)
+    if stdout is None:
+        raise HostUnreachable(
+            f"launch of {spec.server} attempt {spec.attempt} on {transport.host_name} was "
+            "cut off twice before it ran", host=transport.host_name,
+            remedy="check the host and the network",
+        )
+    handle = _parse_launched(transport, spec, stdout)
+    log.info("remote.launched", host=transport.host_name, server=spec.server,
+             attempt=spec.attempt, pid=handle.pid, dir=handle.dir)
+    return handle
+
+
+async def _launch_once(
+    transport: Transport, spec: AttemptSpec, args: list[str],
+) -> bytes | None:
+    """Run the launch script once; its output, or None when its connection was lost before
+    it made the attempt directory (nothing ran, so it may be sent again)."""
+    try:
+        result = await transport.run(_sh(_LAUNCH, *args), stdin=_env_file(spec), timeout=60.0)
+    except HostUnreachable as exc:
+        log.warning("remote.launch_reply_lost", host=transport.host_name, server=spec.server,
+                    attempt=spec.attempt, error=str(exc))
+        return await _recover_launch(transport, spec)
     if result.exit_status == _EXISTS_STATUS:
         raise StateError(
             f"attempt {spec.attempt} of {spec.server} already exists on {transport.host_name}",
             remedy="attempt numbers must increase; start from latest_attempt() + 1",
         )
     _fail(transport, "launch", result)
-    pid_text, sep, directory = result.stdout.decode("utf-8", "surrogateescape").partition(
-        "\n--\n")
+    return result.stdout
+
+
+async def _recover_launch(transport: Transport, spec: AttemptSpec) -> bytes | None:
+    """What a launch whose reply was lost left on the host: its output as the launch would
+    have printed it, or None when the attempt directory does not exist (nothing ran)."""
+    result = await transport.run(_sh(_RECOVER, spec.run_dir, spec.server, str(spec.attempt)),
+                                 timeout=60.0)
+    _fail(transport, "launch recovery", result)
+    if result.stdout == b"absent\n":
+        return None
+    if result.stdout == b"nopid\n":
+        raise RemoteCommandError(
+            f"launch of {spec.server} attempt {spec.attempt} on {transport.host_name} was cut "
+            "off by a lost connection before the server started",
+            host=transport.host_name, command="launch",
+            remedy="the attempt directory holds what was written; the next attempt retries",
+        )
+    return result.stdout
+
+
+def _parse_launched(transport: Transport, spec: AttemptSpec, stdout: bytes) -> RunHandle:
+    pid_text, sep, directory = stdout.decode("utf-8", "surrogateescape").partition("\n--\n")
     if not sep or not pid_text.strip().isdigit():
-        raise LogFormatError(f"launch on {transport.host_name} printed {result.stdout[:200]!r}")
-    handle = RunHandle(spec.server, spec.attempt, directory, int(pid_text))
-    log.info("remote.launched", host=transport.host_name, server=spec.server,
-             attempt=spec.attempt, pid=handle.pid, dir=handle.dir)
-    return handle
+        raise LogFormatError(f"launch on {transport.host_name} printed {stdout[:200]!r}")
+    return RunHandle(spec.server, spec.attempt, directory, int(pid_text))
 
 
 async def probe(transport: Transport, handle: RunHandle) -> RunStatus:
@@ -415,42 +520,96 @@ async def follow(
 
     Every byte is yielded exactly once, in order; ``Exited`` comes after the last byte the
     server wrote. Death is noticed within about FOLLOW_POLL_S (GNU ``tail --pid`` on the
-    host; without it this degrades to polling).
+    host, whose stream then ends with the exit status: no further round trip); without GNU
+    tail this degrades to polling.
 
     Error handling: HostUnreachable from the transport propagates; call ``follow`` again with
     the ``end_offset`` of the last chunk received to resume without loss or repetition.
     Resource handling: closing or cancelling the iteration stops the remote follower.
     """
     position = offset
+    ticks = str(math.ceil(_EXIT_STATUS_WAIT_S / 0.05))
     while True:
-        stream = transport.stream([
-            "tail", "-c", f"+{position + 1}", "-F", f"--pid={handle.pid}",
-            "-s", str(FOLLOW_POLL_S), handle.log_path,
-        ])
+        # A fresh random marker per stream: no log can contain it by accident.
+        marker = _END_MARK + secrets.token_hex(16).encode() + b":"
+        stream = transport.stream(_sh(
+            _FOLLOW, handle.dir, str(position + 1), str(handle.pid), str(FOLLOW_POLL_S), ticks,
+            marker.decode(),
+        ))
+        held = b""  # a possible start of the marker, not yet known to be log
+        trailer: bytes | None = None
         try:
             async for data in stream:
-                position += len(data)
-                yield LogChunk(data, position)
+                if trailer is not None:
+                    trailer += data
+                    continue
+                held += data
+                at = held.find(marker)
+                if at >= 0:
+                    data, trailer = held[:at], held[at + len(marker):]
+                    held = b""
+                else:
+                    data, held = _hold_back(held, marker)
+                if data:
+                    position += len(data)
+                    yield LogChunk(data, position)
         finally:
             await _close(stream)
-        status = await probe(transport, handle)
-        if not status.alive:
-            break
-        # The follower ended while the server lives (no GNU tail, or it was killed): catch up
-        # by reading, and try again shortly so a missing --pid cannot turn into a busy loop.
-        data = await read_log(transport, handle, position)
+        if held:  # the stream ended without its marker: what was held back is log
+            position += len(held)
+            yield LogChunk(held, position)
+        end = _parse_trailer(trailer)
+        if end is None:  # the follower died without its trailer: ask the host
+            alive, exit_status, data = await _finish(transport, handle, position)
+        else:
+            alive, exit_status, size = end
+            data = await read_log(transport, handle, position) if size > position else b""
         if data:
             position += len(data)
             yield LogChunk(data, position)
+        if not alive:
+            break
+        # The follower ended while the server lives (no GNU tail, or it was killed): what it
+        # missed was just read; try again shortly so a missing --pid cannot busy-loop.
         await anyio.sleep(FOLLOW_POLL_S)
-    exit_status = status.exit_status
-    if exit_status is None:
-        exit_status = await _exit_status(transport, handle, _EXIT_STATUS_WAIT_S)
-    data = await read_log(transport, handle, position)
-    if data:
-        position += len(data)
-        yield LogChunk(data, position)
     yield Exited(exit_status)
+
+
+def _hold_back(data: bytes, marker: bytes) -> tuple[bytes, bytes]:
+    """Split ``data`` into (log, held): ``held`` is the longest end of it that could be the
+    start of ``marker`` (empty unless ``data`` ends in part of it)."""
+    start = data.rfind(marker[:1], max(0, len(data) - len(marker) + 1))
+    if start >= 0 and marker.startswith(data[start:]):
+        return data[:start], data[start:]
+    return data, b""
+
+
+def _parse_trailer(trailer: bytes | None) -> tuple[bool, int | None, int] | None:
+    """(alive, exit status, log size) from the follower's trailer; None if it is incomplete."""
+    if trailer is None or not trailer.endswith(b"\n"):
+        return None
+    fields = trailer.split()
+    if len(fields) != 3 or fields[0] not in (b"0", b"1") or not fields[2].isdigit():
+        return None
+    if fields[1] != b"-" and not fields[1].isdigit():
+        return None
+    return fields[0] == b"1", None if fields[1] == b"-" else int(fields[1]), int(fields[2])
+
+
+async def _finish(
+    transport: Transport, handle: RunHandle, offset: int,
+) -> tuple[bool, int | None, bytes]:
+    """(alive, exit status, log bytes from ``offset``) in one command (see _FINISH)."""
+    ticks = str(math.ceil(_EXIT_STATUS_WAIT_S / 0.05))
+    result = await transport.run(_sh(_FINISH, handle.dir, str(offset + 1), ticks),
+                                 timeout=_EXIT_STATUS_WAIT_S + 30.0)
+    _fail(transport, "follow", result)
+    head, sep, data = result.stdout.partition(b"\n")
+    fields = head.split()
+    if not sep or len(fields) != 2 or fields[0] not in (b"0", b"1"):
+        raise LogFormatError(f"follow on {transport.host_name} printed {result.stdout[:200]!r}")
+    status = None if fields[1] == b"-" else int(fields[1])
+    return fields[0] == b"1", status, data
 
 
 async def _members(transport: Transport, handle: RunHandle) -> list[int]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import random
 import re
 import shlex
+import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -579,7 +580,7 @@ class SSHTransport:
         *,
         stdin: bytes | None = None,
         env: Mapping[str, str] | None = None,
-        timeout: float | None = 30.0,  # noqa: ASYNC109 (part of the Transport protocol)
+        timeout: float | None = 30.0,
         check: bool = False,
     ) -> CommandResult:
         """Run ``argv`` on the host and return its status and output (see Transport.run).
@@ -661,21 +662,87 @@ class SSHTransport:
 
     @asynccontextmanager
     async def forward_port(self, remote_port: int) -> AsyncIterator[int]:
-        """Forward 127.0.0.1:<local> here to 127.0.0.1:``remote_port`` on the host; yield local."""
-        current = await self._connection()
+        """Forward 127.0.0.1:<local> here to 127.0.0.1:``remote_port`` on the host; yield local.
+
+        The local port stays the same for the whole ``async with``, across dropped and
+        reopened connections: each accepted local connection is carried by its own channel on
+        whatever connection is current, reconnecting first when it was lost (so a prober that
+        keeps its URL keeps working after an SSH drop).
+
+        Error handling: nothing here raises for the host's sake. A local connection whose
+        channel cannot be opened (host unreachable, forwarding refused, nothing listening on
+        the port) is closed at once and ``ssh.forward_failed`` logged; one whose connection
+        drops is closed. The client sees a closed connection, as from a dead server.
+        Resource handling: leaving the ``async with`` closes the listener, every local
+        connection and every channel. The sockets are plain non-blocking ones, accepted
+        without an await in between, so cancellation can never drop one unclosed.
+        """
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        accepted: set[socket.socket] = set()
         try:
-            listener = await current.conn.forward_local_port(
-                "127.0.0.1", 0, "127.0.0.1", remote_port
-            )
-        except (OSError, asyncssh.DisconnectError) as exc:
-            self._discard(current)
-            raise self._lost(exc, "while forwarding a port") from exc
-        try:
-            yield listener.get_port()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            listener.setblocking(False)
+            async with anyio.create_task_group() as tg:
+
+                async def accept_loop() -> None:
+                    while True:
+                        await anyio.wait_readable(listener)
+                        try:
+                            conn, _ = listener.accept()
+                        except (BlockingIOError, InterruptedError):
+                            continue  # another wake-up took it, or the client gave up
+                        accepted.add(conn)
+                        conn.setblocking(False)
+                        tg.start_soon(self._relay, remote_port, conn, accepted)
+
+                tg.start_soon(accept_loop)
+                try:
+                    yield int(listener.getsockname()[1])
+                finally:
+                    tg.cancel_scope.cancel()
         finally:
+            for conn in accepted:
+                conn.close()
             listener.close()
-            with anyio.move_on_after(5, shield=True):
-                await listener.wait_closed()
+
+    async def _relay(
+        self, remote_port: int, conn: socket.socket, accepted: set[socket.socket]
+    ) -> None:
+        """Carry one local connection over a new channel to ``remote_port`` on the host."""
+        try:
+            try:
+                reader, writer = await self._open_tunnel(remote_port)
+            except (TransportError, OSError, asyncssh.Error) as exc:
+                log.info("ssh.forward_failed", host=self.name, port=remote_port, error=str(exc))
+                return
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_socket_to_channel, conn, writer)
+                    await _channel_to_socket(reader, conn)
+                    tg.cancel_scope.cancel()
+            finally:
+                writer.close()
+        finally:
+            accepted.discard(conn)
+            conn.close()
+
+    async def _open_tunnel(
+        self, remote_port: int
+    ) -> tuple[asyncssh.SSHReader[bytes], asyncssh.SSHWriter[bytes]]:
+        """A direct-tcpip channel to 127.0.0.1:``remote_port``; a stale connection is replaced
+        once (as in _open_process: a channel that never opened carried nothing)."""
+        for _ in range(2):
+            current = await self._connection()
+            try:
+                return await current.conn.open_connection("127.0.0.1", remote_port)
+            except (OSError, asyncssh.DisconnectError, asyncssh.ChannelOpenError) as exc:
+                if not current.closed:
+                    raise  # the host refused this channel; the connection is fine
+                self._discard(current)
+                if current.fresh:
+                    raise self._lost(exc, "while forwarding a port") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:
         """Close the connection (and jump connection). Never kills anything on the host."""
@@ -687,6 +754,41 @@ class SSHTransport:
                 await current.conn.wait_closed()
                 if current.tunnel is not None:
                     await current.tunnel.wait_closed()
+
+
+async def _socket_to_channel(conn: socket.socket, writer: asyncssh.SSHWriter[bytes]) -> None:
+    """Copy what the local client sends to the channel, then pass its EOF on."""
+    try:
+        while True:
+            await anyio.wait_readable(conn)
+            try:
+                data = conn.recv(STREAM_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                continue
+            if not data:
+                break
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (OSError, asyncssh.Error):
+        pass  # the client or the channel is gone: the relay closes both
+
+
+async def _channel_to_socket(reader: asyncssh.SSHReader[bytes], conn: socket.socket) -> None:
+    """Copy the channel's data to the local client until the channel ends or either fails."""
+    try:
+        while data := await reader.read(STREAM_CHUNK):
+            view = memoryview(data)
+            while view:
+                await anyio.wait_writable(conn)
+                try:
+                    view = view[conn.send(view):]
+                except (BlockingIOError, InterruptedError):
+                    continue
+        conn.shutdown(socket.SHUT_WR)
+    except (OSError, asyncssh.Error):
+        pass  # the client or the channel is gone: the relay closes both
 
 
 def _bytes(data: bytes | str) -> bytes:
