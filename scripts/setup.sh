@@ -21,3 +21,6 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
   touch "$stamp"
 fi
+# SGLang's own argument parser (CPU torch + the sglang wheels, cached outside the tree) for the
+# contract tests that parse launcher's command lines with it.
+scripts/sglang-contract-env.sh
