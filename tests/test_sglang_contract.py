@@ -490,22 +490,7 @@ def test_simulator_gives_sglangs_verdicts(
     assert expected == actual
 
 
-@pytest.mark.parametrize(
-    "version",
-    [
-        pytest.param(
-            v,
-            marks=pytest.mark.xfail(
-                v == "0.5.10",
-                raises=AssertionError,
-                strict=True,
-                reason="sim: 0.5.10 already says 'sglang serve' (the sim switches at 0.5.15) and "
-                "'--tensor-parallel-size/--tp-size' (the sim uses 0.5.23's order)",
-            ),
-        )
-        for v in VERSIONS
-    ],
-)
+@pytest.mark.parametrize("version", VERSIONS)
 def test_simulator_error_lines_are_sglangs(
     version: str, cases: Cases, real: dict[str, Parsed], capsys: pytest.CaptureFixture[str]
 ) -> None:

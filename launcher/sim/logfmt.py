@@ -50,7 +50,7 @@ class Dialect:
     @property
     def prog(self) -> str:
         """argparse's program name in usage and error lines."""
-        return "sglang serve" if self.since(0, 5, 15) else "launch_server.py"
+        return "sglang serve" if self.since(0, 5, 10) else "launch_server.py"
 
     @property
     def model_info_path(self) -> str:

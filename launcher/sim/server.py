@@ -112,8 +112,14 @@ def build_parser(d: Dialect) -> argparse.ArgumentParser:
     add = p.add_argument
     add("--model-path", "--model", dest="model_path", type=str, required=True)
     add("--served-model-name", type=str, default=None)
-    add("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
-    add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    # Up to 0.5.10 the long spelling comes first (error lines say --tensor-parallel-size/--tp-size).
+    tp_flags = ["--tp-size", "--tensor-parallel-size"]
+    dp_flags = ["--dp-size", "--data-parallel-size"]
+    if not d.since(0, 5, 15):
+        tp_flags.reverse()
+        dp_flags.reverse()
+    add(*tp_flags, dest="tp_size", type=int, default=1)
+    add(*dp_flags, dest="dp_size", type=int, default=1)
     add("--host", type=str, default="127.0.0.1")
     add("--port", type=int, default=30000)
     add("--mem-fraction-static", type=float, default=None)
