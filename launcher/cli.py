@@ -7,6 +7,7 @@ Exit codes: 0 ok; 1 a server failed / gave up / a check found problems; 2 bad in
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import signal
@@ -80,6 +81,12 @@ ServerOpt = Annotated[
     list[str] | None, typer.Option("--server", "-s", help="Only these servers (repeatable).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+@app.callback()
+def _setup() -> None:
+    """Commands other than `up` log warnings only, to stderr; `up` reconfigures."""
+    configure("console", stream=sys.stderr, level=logging.WARNING)
 
 
 def _fail(exc: LauncherError) -> NoReturn:

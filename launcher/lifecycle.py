@@ -378,8 +378,8 @@ class ServerMachine:
         return [Emit("phase.entered", {"phase": event.phase.value, "attempt": self.attempt})]
 
     def _on_ReadyLineSeen(self, event: ReadyLineSeen, now: float) -> list[Action]:
-        if not self.state.running or self.state is State.READY:
-            return []
+        if not self.state.running or self.state is State.READY or self.ready_line:
+            return []  # the ready line arrives as a phase and as a line: probe once
         self.ready_line = True
         actions: list[Action] = []
         if self.state is not State.WARMUP:
@@ -453,9 +453,10 @@ class ServerMachine:
     def _on_CleanedUp(self, event: CleanedUp, now: float) -> list[Action]:
         if self.state is not State.CLEANING_UP:
             raise self._illegal(event)
+        self.pid = None  # the attempt's processes are gone
         if self._stop_after_cleanup:
             self.state = State.STOPPED
-            return [Emit("server.stopped", {"reason": self.reason})]
+            return [Emit("server.stopped", {"reason": self.reason, "left_running": None})]
         if self._pending_fatal:
             return self._give_up(self._pending_fatal)
         self.state = State.WAITING_FOR_GPUS
@@ -617,13 +618,11 @@ class ServerMachine:
         if self.state is State.CLEANING_UP:
             self._stop_after_cleanup = True
             return []
+        # Only a server that runs now is left running (not the dead one of a failed attempt).
+        alive = self.state.running or self.state is State.LAUNCHING
+        left = self.pid if alive and not event.kill else None
         self.state = State.STOPPED
-        return [
-            Emit(
-                "server.stopped",
-                {"reason": self.reason, "left_running": self.pid if not event.kill else None},
-            )
-        ]
+        return [Emit("server.stopped", {"reason": self.reason, "left_running": left})]
 
 
 def _quoted(diag: Diagnosis, limit: int = 240) -> str:

@@ -203,6 +203,8 @@ p=$(cat "$1/pid" 2>/dev/null) || exit 0
 [ -n "$(members "$p")" ] || exit 0
 kill -s "$2" -- "-$p" 2>/dev/null
 for q in $(strays "$p"); do kill -s "$2" "$q" 2>/dev/null; done
+# A stopped (SIGSTOPped, hung) server only acts on SIGTERM once continued.
+[ "$2" = TERM ] && kill -s CONT -- "-$p" 2>/dev/null
 echo sent
 """
 

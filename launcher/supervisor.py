@@ -157,6 +157,7 @@ class ServerSupervisor:
         self._inbox_send: MemoryObjectSendStream[Event] | None = None
         self._early: list[Event] = []
         self._attempt: _Attempt | None = None
+        self._launching = anyio.Lock()  # held while a launch runs
         self._tg: TaskGroup | None = None
         self._started = clock()
         self.tail_path: Path | None = None  # local copy of the last failed attempt's log tail
@@ -384,17 +385,21 @@ class ServerSupervisor:
             env=cmd.env,
             secret_env=cmd.secret_env,
         )
-        try:
-            handle = await remote.launch(self.transport, spec)
-        except LauncherError as exc:
-            self._emit("launch.failed", {"error": str(exc)})
-            diag = classify([], None)
-            diag.advice = str(exc)
-            self._post(Exited(status=None, diagnosis=diag))
-            return
-        self._attempt = _Attempt(handle=handle, last_advance=self.clock())
-        self._post(Launched(pid=handle.pid))
-        self._start_attempt_tasks(self._attempt)
+        # A kill requested meanwhile (stop, deadline) waits for this lock, so it stops the
+        # process launched here instead of missing it.
+        async with self._launching:
+            try:
+                handle = await remote.launch(self.transport, spec)
+            except LauncherError as exc:
+                self._attempt = None  # nothing to follow or stop; the previous one is over
+                self._emit("launch.failed", {"error": str(exc)})
+                diag = classify([], None)
+                diag.advice = str(exc)
+                self._post(Exited(status=None, diagnosis=diag))
+                return
+            self._attempt = _Attempt(handle=handle, last_advance=self.clock())
+            self._post(Launched(pid=handle.pid))
+            self._start_attempt_tasks(self._attempt)
 
     def _start_attempt_tasks(self, att: _Attempt) -> None:
         assert self._tg is not None
@@ -416,6 +421,7 @@ class ServerSupervisor:
                     if isinstance(item, remote.LogChunk):
                         att.offset = item.end_offset
                         att.last_advance = self.clock()
+                        delay = 0.5  # following works again: the next outage starts small
                         for line in splitter.feed(item.data):
                             self._on_line(att, line)
                     else:
@@ -428,6 +434,21 @@ class ServerSupervisor:
                 return
             except HostUnreachable as exc:
                 self._emit("host.unreachable", {"error": str(exc), "retry_in_s": delay})
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+            except LauncherError as exc:
+                # The host answers but reading the log failed (e.g. its file vanished). A dead
+                # server is reported with what the log showed so far; a live one is followed
+                # again (a log that stops advancing is a stall).
+                status = await self._status_of(att)
+                if status is not None and not status.alive:
+                    for line in splitter.flush():
+                        self._on_line(att, line)
+                    att.follower.finish()
+                    diag = diagnose(att.follower, status.exit_status)
+                    self._post(Exited(status=status.exit_status, diagnosis=diag))
+                    return
+                self._emit("follow.failed", {"error": str(exc), "retry_in_s": delay})
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
@@ -468,24 +489,42 @@ class ServerSupervisor:
                     except httpx.HTTPError as exc:
                         ok, detail = False, f"{type(exc).__name__}: {exc}"
                     latency = self.clock() - started
+                    ready = self.machine.state is State.READY
+                    # A server that crashed also fails its probes, often before the follower
+                    # reports its exit; counting those would call the crash a hang and lose
+                    # the log's diagnosis. Only a live server's failures count.
+                    counts = ok or not ready or await self._still_running(att)
+                    if not counts:
+                        detail += " (the server has exited)"
                     for hook in self.hooks:
                         hook(
                             self.server.name,
                             "probe.result",
                             {"ok": ok, "latency_s": latency, "detail": detail},
                         )
-                    self._post(ProbeResult(ok=ok, detail=detail))
-                    ready = self.machine.state is State.READY
+                    if counts:
+                        self._post(ProbeResult(ok=ok, detail=detail))
                     await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
 
+    async def _status_of(self, att: _Attempt) -> remote.RunStatus | None:
+        """A look at the attempt's process; None when the host cannot tell."""
+        try:
+            return await remote.probe(self.transport, att.handle)
+        except LauncherError:
+            return None
+
+    async def _still_running(self, att: _Attempt) -> bool:
+        """Whether the attempt's server process still lives (True when that cannot be told)."""
+        status = await self._status_of(att)
+        return status is None or status.alive
+
     async def _kill(self, reason: str) -> None:
-        att = self._attempt
         with anyio.CancelScope(shield=True):
+            async with self._launching:  # a launch in flight: kill what it starts
+                att = self._attempt
             if att is not None:
                 att.scope.cancel()
-                tail = b""
                 try:
-                    tail = await remote.tail_log(self.transport, att.handle)
                     report = await remote.stop(self.transport, att.handle, grace=5.0,
                                                kill_wait=5.0)
                     self._emit("process.stopped", {
@@ -494,6 +533,13 @@ class ServerSupervisor:
                     })
                 except LauncherError as exc:
                     self._emit("process.stop_failed", {"reason": reason, "error": str(exc)})
+                # Read after the stop, so the tail has the server's last words; a tail that
+                # cannot be read must not keep the server from being stopped (hence apart).
+                tail = b""
+                try:
+                    tail = await remote.tail_log(self.transport, att.handle)
+                except LauncherError as exc:
+                    self._emit("attempt.tail_unreadable", {"error": str(exc)})
                 self._attempt_ended(att, tail.decode("utf-8", errors="replace"))
         self._post(CleanedUp())
 
@@ -556,14 +602,26 @@ class ServerSupervisor:
         self._post(event)
 
     async def _deadline_watch(self) -> None:
+        """Post DeadlineExceeded once per start-up sequence that outlasts the deadline.
+
+        It keeps watching afterwards: a restart after ready is a new sequence with its own
+        deadline. Failures while serving are not start-ups (``was_ready``).
+        """
+        fired_for: float | None = None
         while True:
             await anyio.sleep(1.0)
             m = self.machine
-            if m.started_at is None or m.state in (State.READY, State.BACKING_OFF):
+            if (
+                m.started_at is None
+                or m.started_at == fired_for
+                or m.was_ready
+                or m.state in (State.READY, State.BACKING_OFF)
+                or m.state.terminal
+            ):
                 continue
             if self.clock() - m.started_at > self.policy.start_deadline:
+                fired_for = m.started_at
                 self._post(DeadlineExceeded())
-                return
 
     async def _shutdown(self) -> None:
         att = self._attempt

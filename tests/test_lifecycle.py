@@ -278,3 +278,115 @@ def test_illegal_transition_names_state() -> None:
     m = machine()
     with pytest.raises(IllegalTransition, match="CleanedUp in state idle"):
         m.handle(CleanedUp(), 0)
+
+
+def test_fatal_reason_quotes_the_decisive_log_line() -> None:
+    """A fatal failure's give-up reason ends with the log line that decided it."""
+    m = machine()
+    m.handle(Start(), 0)
+    m.handle(PreflightPassed(), 0)
+    m.handle(Launched(pid=1), 1)
+    diag = Diagnosis(outcome=Outcome.BAD_ARGUMENT, phase=Phase.INIT, advice="fix the flag",
+                     evidence=["sglang serve: error: unrecognized arguments: --bogus"])
+    m.handle(Exited(status=2, diagnosis=diag), 2)
+    m.handle(CleanedUp(), 3)
+    assert (
+        "bad_argument in init: fix the flag (log: sglang serve: error: unrecognized "
+        "arguments: --bogus)" == m.reason
+    )
+
+
+def test_gpu_wait_at_first_preflight_with_earlier_attempts_preflights_again() -> None:
+    """With attempts already on the host (numbering starts past 0), busy GPUs at the first
+    preflight still lead back to preflight, then to the next attempt number."""
+    m = machine()
+    m.attempt = m.attempt_base = 3
+    m.handle(Start(), 0)
+    m.handle(PreflightBlocked("GPU 0 busy", transient=True), 1)
+    assert [RunPreflight()] == m.handle(GpusFree(), 5)
+    actions = m.handle(PreflightPassed(), 6)
+    assert Launch(4, LaunchParams(0.70, 32)) in actions
+    assert 1 == emitted(actions, "attempt.started")["attempt"] - m.attempt_base
+
+
+def test_deadline_does_not_apply_to_cleanup_after_a_crash_while_serving() -> None:
+    """A server ready for longer than the start deadline that crashes is cleaned up and
+    restarted, not given up on; the restart has a deadline of its own."""
+    m = machine(start_deadline=60.0)
+    m.handle(Start(), 0)
+    t = to_ready(m)
+    diag = Diagnosis(outcome=Outcome.KILLED, phase=Phase.READY, retryable=True)
+    m.handle(Exited(status=137, diagnosis=diag), t + 5000)
+    assert [] == m.handle(DeadlineExceeded(), t + 5001)
+    m.handle(CleanedUp(), t + 5002)
+    assert [] == m.handle(DeadlineExceeded(), t + 5003)
+    assert "restart.scheduled" in names(m.handle(GpusFree(), t + 5004))
+    m.handle(BackoffElapsed(), t + 5020)
+    m.handle(PreflightPassed(), t + 5021)
+    m.handle(Launched(pid=2), t + 5022)
+    assert [Kill("deadline")] == m.handle(DeadlineExceeded(), t + 5090)
+
+
+def test_busy_gpus_at_a_restarts_preflight_do_not_count_a_second_restart() -> None:
+    """After a crash while serving, GPUs busy at the restart's preflight lead back to
+    preflight, not to another restart."""
+    m = machine()
+    m.handle(Start(), 0)
+    t = to_ready(m)
+    diag = Diagnosis(outcome=Outcome.KILLED, phase=Phase.READY, retryable=True)
+    m.handle(Exited(status=137, diagnosis=diag), t + 10)
+    m.handle(CleanedUp(), t + 11)
+    assert "restart.scheduled" in names(m.handle(GpusFree(), t + 12))
+    m.handle(BackoffElapsed(), t + 30)
+    m.handle(PreflightBlocked("GPU 0 busy", transient=True), t + 31)
+    assert [RunPreflight()] == m.handle(GpusFree(), t + 35)
+    assert Launch(2, LaunchParams(0.70, 32)) in m.handle(PreflightPassed(), t + 36)
+    assert 1 == m.restart.restarts_in_window(t + 36)
+
+
+def test_launched_after_a_stop_with_kill_is_left_to_the_kill() -> None:
+    """A stop with kill while the launch runs: the launch's Launched is absorbed (the kill
+    in progress stops that process) and the machine ends stopped."""
+    m = machine()
+    m.handle(Start(), 0)
+    m.handle(PreflightPassed(), 1)
+    assert [Kill("stop")] == m.handle(StopRequested(kill=True), 2)
+    assert [] == m.handle(Launched(pid=77), 3)
+    assert 77 == m.pid
+    assert ["server.stopped"] == names(m.handle(CleanedUp(), 4))
+    assert State.STOPPED == m.state
+
+
+def test_stop_reports_left_running_only_for_a_live_server() -> None:
+    """server.stopped always has left_running: the live server's pid when it was left
+    running, None after a kill or when the last attempt had already died."""
+    m = machine()
+    m.handle(Start(), 0)
+    m.handle(PreflightPassed(), 0)
+    m.handle(Launched(pid=5), 1)
+    m.handle(Exited(status=137, diagnosis=capture_oom()), 2)
+    m.handle(CleanedUp(), 3)
+    assert State.WAITING_FOR_GPUS == m.state
+    actions = m.handle(StopRequested(kill=False), 4)
+    assert {"reason": "stop requested", "left_running": None} == emitted(
+        actions, "server.stopped")
+
+    killed = machine()
+    killed.handle(Start(), 0)
+    to_ready(killed)
+    killed.handle(StopRequested(kill=True), 50)
+    actions = killed.handle(CleanedUp(), 51)
+    assert {"reason": "stop requested", "left_running": None} == emitted(
+        actions, "server.stopped")
+    assert killed.pid is None
+
+
+def test_ready_line_seen_twice_starts_one_probe_loop() -> None:
+    """The ready line arrives both as a phase and as a line; probing starts only once."""
+    m = machine()
+    m.handle(Start(), 0)
+    m.handle(PreflightPassed(), 0)
+    m.handle(Launched(pid=1), 0)
+    first = m.handle(PhaseSeen(Phase.READY), 5)
+    second = m.handle(ReadyLineSeen(), 5)
+    assert 1 == sum(isinstance(a, StartProbing) for a in first + second)

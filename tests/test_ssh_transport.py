@@ -148,7 +148,8 @@ async def test_run_timeout_raises_and_closes_channel(sshd_host: Sshd, tmp_path: 
     t = transport(sshd_host)
     try:
         with pytest.raises(RemoteCommandError, match="timed out"):
-            await t.run(["sh", "-c", script], timeout=0.5)
+            # 3 s: a login shell whose rc files run pyenv can take over a second to start.
+            await t.run(["sh", "-c", script], timeout=3.0)
         pid = int(pid_file.read_text())
         for _ in range(250):  # the shell dies of SIGPIPE on its next echo
             if _state(pid) in ("gone", "Z"):

@@ -1,0 +1,242 @@
+"""The `launcher` command line as a real subprocess against simulated SGLang servers on the
+local transport: up, status, down, diagnose, plan, signals and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.simhost import free_port, model_dir
+from tests.supervise import (
+    SERVER,
+    SimSetup,
+    cli_argv,
+    cli_env,
+    json_lines,
+    run_cli,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+SECRET = "hf_do_not_print_me_3141"
+STABLE_EVENTS = {"attempt.started", "phase.entered", "server.ready", "server.stopped"}
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[SimSetup]:
+    """A fresh sim host, run dir, state dir and port; its processes are killed at teardown."""
+    setup = SimSetup.create(tmp_path)
+    try:
+        yield setup
+    finally:
+        setup.cleanup()
+
+
+def quick_server(sim: SimSetup, **kwargs: Any) -> dict[str, Any]:
+    """A config (TOML-shaped) whose tiny server gets ready at once."""
+    return sim.data(mem_fraction_static=0.8, cuda_graph_max_bs=8, **kwargs)
+
+
+def events(stdout: str) -> list[dict[str, Any]]:
+    return [e for e in json_lines(stdout) if "event" in e]
+
+
+def test_up_until_ready_then_status_then_down(sim: SimSetup) -> None:
+    """`up --until-ready --log-format json` exits 0 at ready with JSON event lines and leaves
+    the server running; `status --json` shows it running, ready and healthy; `down` stops it
+    and reports its GPUs free; the secret never shows in output, argv or the command file."""
+    data = quick_server(sim, server={"secret_env": {"HF_TOKEN": "env:TEST_HF_TOKEN"}})
+    config = sim.write_toml(data)
+    env = {"TEST_HF_TOKEN": SECRET}
+
+    up = run_cli("up", str(config), "--until-ready", "--log-format", "json", env=env)
+    assert 0 == up.returncode, up.stderr + up.stdout
+    evs = events(up.stdout)
+    names = [e["event"] for e in evs]
+    assert STABLE_EVENTS <= set(names), names
+    assert names.index("attempt.started") < names.index("server.ready")
+    ready = next(e for e in evs if e["event"] == "server.ready")
+    assert (SERVER, 1) == (ready["server"], ready["attempts"])
+    assert {"mem_fraction_static": 0.8, "cuda_graph_max_bs": 8} == ready["params"]
+    assert "left running: sim0" in up.stderr
+    assert SECRET not in up.stdout + up.stderr
+    assert SECRET not in sim.cmd(1)
+    env_file = sim.attempt_dir(1) / "env"
+    assert 0o600 == env_file.stat().st_mode & 0o777
+    assert f"export HF_TOKEN={SECRET}" in env_file.read_text()
+    assert sim.alive(1)
+
+    status = run_cli("status", str(config), "--json")
+    assert 0 == status.returncode, status.stderr
+    [row] = json.loads(status.stdout)
+    assert {"server": SERVER, "running": True, "ready": True, "healthy": True,
+            "attempt": 1, "pid": sim.pid(1), "phase": "ready"} == {
+        k: row[k] for k in ("server", "running", "ready", "healthy", "attempt", "pid", "phase")}
+    assert {"mem_fraction_static": 0.8, "cuda_graph_max_bs": 8} == row["params"]
+
+    down = run_cli("down", str(config))
+    assert 0 == down.returncode, down.stderr
+    # The last line: `down` does not configure structlog, so remote's info events come first.
+    assert f"sim0: stopped (pid {sim.pid(1)}, SIGTERM); GPUs [0] free" == (
+        down.stdout.strip().splitlines()[-1])
+    assert not sim.alive(1)
+    # SGL_FORCE_SHUTDOWN: SGLang's SIGTERM handler kills its own tree at once.
+    assert "137" == (sim.attempt_dir(1) / "exit_status").read_text().strip()
+
+    after = run_cli("status", str(config), "--json")
+    [row] = json.loads(after.stdout)
+    assert (False, None, 1) == (row["running"], row["pid"], row["attempt"])
+
+
+def test_up_with_a_bad_value_exits_2_naming_the_field(sim: SimSetup) -> None:
+    """A config value out of range: exit 2, the field named, nothing started."""
+    data = quick_server(sim)
+    data["servers"][0]["mem_fraction_static"] = 1.5
+    config = sim.write_toml(data)
+
+    up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+
+    assert 2 == up.returncode
+    assert "servers[0].mem_fraction_static: 1.5 is not < 1" in up.stderr
+    assert not sim.run_dir.exists()
+    assert [] == events(up.stdout)
+
+
+def test_up_until_ready_with_a_fatal_server_exits_1(sim: SimSetup) -> None:
+    """A server SGLang rejects: `up --until-ready` gives up after one attempt and exits 1,
+    saying why."""
+    config = sim.write_toml(quick_server(sim, server={"extra_args": ["--no-such-flag"]}))
+
+    up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+
+    assert 1 == up.returncode, up.stderr
+    assert "sim0 gave up: bad_argument in init" in up.stderr
+    assert "unrecognized arguments: --no-such-flag" in up.stderr
+    names = [e["event"] for e in events(up.stdout)]
+    assert 1 == names.count("attempt.started")
+    assert "server.gave_up" in names
+    assert [1] == sim.attempts()
+
+
+def read_until(proc: subprocess.Popen[str], needle: str, timeout: float = 30.0) -> list[str]:
+    """Lines of ``proc``'s stdout up to and including the first one containing ``needle``."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError(f"no {needle!r} in launcher's output:\n{''.join(lines)}")
+
+
+def start_up(config: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        cli_argv("up", str(config), "--log-format", "json", *extra),
+        env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+
+
+def test_sigterm_to_up_leaves_the_server_running_and_says_so(sim: SimSetup) -> None:
+    """SIGTERM to a supervising `launcher up`: it exits 0, the server keeps running and
+    launcher says it left it running."""
+    config = sim.write_toml(quick_server(sim))
+    proc = start_up(config)
+    try:
+        read_until(proc, '"server.ready"')
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+    assert 0 == proc.returncode, stderr
+    assert "left running: sim0" in stderr
+    stopped = [e for e in events(stdout) if e["event"] == "server.stopped"]
+    assert [sim.pid(1)] == [e["left_running"] for e in stopped]
+    assert sim.alive(1)
+
+
+def test_up_killed_mid_load_and_started_again_adopts_the_server(sim: SimSetup) -> None:
+    """`launcher up` SIGKILLed while its server loads: the next `up --until-ready` adopts the
+    server, follows it to ready and launches nothing new."""
+    config = sim.write_toml(
+        quick_server(sim, faults=[{"kind": "slow", "phase": "weights", "factor": 6}])
+    )
+    proc = start_up(config)
+    try:
+        read_until(proc, '"phase": "weights"')
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert sim.alive(1)
+
+    again = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+
+    assert 0 == again.returncode, again.stderr
+    names = [e["event"] for e in events(again.stdout)]
+    assert "server.adopted" in names and "server.ready" in names
+    assert "attempt.started" not in names
+    assert [1] == sim.attempts()
+    assert sim.alive(1)
+
+
+def test_diagnose_prints_the_failure_of_a_sim_log_as_json(sim: SimSetup) -> None:
+    """`diagnose --json` on a sim capture-OOM log: outcome, phase, numbers, evidence,
+    retryable and advice with the next params."""
+    code, output = sim.host.run(
+        "--model-path", str(model_dir("llama-70b-sim")), "--tp-size", "2",
+        "--mem-fraction-static", "0.88", "--cuda-graph-max-bs-decode", "256",
+        "--port", str(free_port()),
+    )
+    assert -signal.SIGKILL == code
+    log = sim.root / "attempt.log"
+    log.write_text(output)
+
+    result = run_cli("diagnose", str(log), "--json", "--exit-status", "137")
+
+    assert 1 == result.returncode, result.stderr
+    data = json.loads(result.stdout)
+    assert ("oom_graph_capture", "cuda_graph", True, 137) == (
+        data["outcome"], data["phase"], data["retryable"], data["exit_status"])
+    numbers = data["numbers"]
+    assert (79.19, 0.88, 256) == (
+        numbers["total_gib"], numbers["mem_fraction_static"], numbers["cuda_graph_max_bs"])
+    assert any("Capture cuda graph failed" in line for line in data["evidence"])
+    assert data["next_params"]["mem_fraction_static"] < 0.88
+    assert "Next attempt:" in data["advice"]
+
+
+def test_plan_json_masks_secrets(sim: SimSetup) -> None:
+    """`plan --json` shows the exact command line and env with secret values masked."""
+    data = quick_server(sim, server={"secret_env": {"HF_TOKEN": "env:TEST_HF_TOKEN"},
+                                     "env": {"OMP_NUM_THREADS": "4"}})
+    config = sim.write_toml(data)
+
+    result = run_cli("plan", str(config), "--json", env={"TEST_HF_TOKEN": SECRET})
+
+    assert 0 == result.returncode, result.stderr
+    assert SECRET not in result.stdout + result.stderr
+    [row] = json.loads(result.stdout)
+    assert "***" == row["env"]["HF_TOKEN"]
+    assert "4" == row["env"]["OMP_NUM_THREADS"]
+    assert "--mem-fraction-static" in row["argv"]
+    assert "--cuda-graph-max-bs-decode" in row["argv"]
+    assert f"{sim.run_dir}/sim0/<attempt>" == row["run_dir"]
+    assert not sim.run_dir.exists()
