@@ -240,3 +240,35 @@ def test_plan_json_masks_secrets(sim: SimSetup) -> None:
     assert "--cuda-graph-max-bs-decode" in row["argv"]
     assert f"{sim.run_dir}/sim0/<attempt>" == row["run_dir"]
     assert not sim.run_dir.exists()
+
+
+def test_history_warm_start_and_state_lock(sim: SimSetup) -> None:
+    """`history --json` lists the ledger's attempts; the next `up` warm-starts from the last good
+    params (`--fresh` does not); a second launcher on the same state dir is refused."""
+    config = sim.write_toml(quick_server(sim))
+    first = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+    assert 0 == first.returncode, first.stderr + first.stdout
+    hist = run_cli("history", "--config", str(config), "--json")
+    assert 0 == hist.returncode, hist.stderr
+    [row] = json.loads(hist.stdout)
+    assert (SERVER, 1, "ready") == (row["server"], row["attempt"], row["outcome"])
+    assert {"mem_fraction_static": 0.8, "cuda_graph_max_bs": 8} == row["params"]
+
+    with start_up(config) as holder:
+        try:
+            read_until(holder, '"server.adopted"')
+            second = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+        finally:
+            holder.send_signal(signal.SIGTERM)
+            holder.wait(timeout=30)
+    assert 1 == second.returncode
+    assert "another `launcher up` is running on this state directory" in second.stderr
+
+    run_cli("down", str(config))
+    warm = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+    initial = next(e for e in events(warm.stdout) if e["event"] == "params.initial")
+    assert initial["reason"].startswith("warm start from last good params")
+    run_cli("down", str(config))
+    fresh = run_cli("up", str(config), "--until-ready", "--log-format", "json", "--fresh")
+    initial = next(e for e in events(fresh.stdout) if e["event"] == "params.initial")
+    assert "fresh start requested: configured params" == initial["reason"]
