@@ -101,14 +101,17 @@ class LocalTransport:
     ) -> CommandResult:
         """Run ``argv`` (no shell) to completion; see Transport.run."""
         try:
-            process = await anyio.open_process(
-                list(argv),
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=self._environment(env),
-                start_new_session=True,
-            )
+            # Shielded: a cancel that lands while asyncio spawns the child would orphan it
+            # (the Popen is made but never returned, and nobody reaps it).
+            with anyio.CancelScope(shield=True):
+                process = await anyio.open_process(
+                    list(argv),
+                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=self._environment(env),
+                    start_new_session=True,
+                )
         except OSError as exc:
             # Report it the way a remote shell would, so callers treat both transports alike.
             status = 126 if isinstance(exc, PermissionError) else 127
@@ -173,14 +176,15 @@ class LocalTransport:
         A program that cannot be started yields nothing (as a failing remote command would).
         """
         try:
-            process = await anyio.open_process(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                env=self._environment(env),
-                start_new_session=True,
-            )
+            with anyio.CancelScope(shield=True):  # see run(): never orphan a spawned child
+                process = await anyio.open_process(
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    env=self._environment(env),
+                    start_new_session=True,
+                )
         except OSError:
             return
         try:
