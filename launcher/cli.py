@@ -28,7 +28,7 @@ from rich.table import Table
 
 from launcher import remote
 from launcher.classify import diagnose_text
-from launcher.command import build_command
+from launcher.command import server_command
 from launcher.config import (
     Config,
     ServerConfig,
@@ -206,23 +206,7 @@ def plan(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = Fa
         version = s.sglang_version or "0.5.23"
         params = LaunchParams(s.mem_fraction_static, s.cuda_graph_max_bs)
         secrets = {k: "***" for k in s.secret_env}
-        cmd = build_command(
-            command=s.command,
-            model_path=s.model_path,
-            tp=s.tp,
-            dp=s.dp,
-            port=s.port,
-            listen=s.listen,
-            gpus=s.gpus,
-            params=params,
-            sglang_version=version,
-            served_model_name=s.served_model_name,
-            extra_args=s.extra_args,
-            env=s.env,
-            secret_env=secrets,
-            attempt=1,
-            server_name=s.name,
-        )
+        cmd = server_command(s, params, version, secrets)
         p = config.policy_for(s.name)
         ladder = capture_oom_ladder(
             params,

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from launcher.params import LaunchParams
 from launcher.sim.memory import version_tuple
+
+if TYPE_CHECKING:
+    from launcher.config import ServerConfig
 
 # Versions from which --cuda-graph-max-bs is spelled --cuda-graph-max-bs-decode. 0.5.15 still
 # accepts the old spelling as a deprecated alias; 0.5.23 rejects it as an ambiguous prefix.
@@ -77,3 +81,17 @@ def build_command(
         "LAUNCHER_ATTEMPT": str(attempt),
     }
     return ServerCommand(argv=argv, env=full_env, secret_env=dict(secret_env or {}))
+
+
+def server_command(
+    server: ServerConfig, params: LaunchParams, sglang_version: str,
+    secret_env: Mapping[str, str], attempt: int = 1,
+) -> ServerCommand:
+    """``build_command`` for a configured server (the supervisor and `plan` share it)."""
+    s = server
+    return build_command(
+        command=s.command, model_path=s.model_path, tp=s.tp, dp=s.dp, port=s.port,
+        listen=s.listen, gpus=s.gpus, params=params, sglang_version=sglang_version,
+        served_model_name=s.served_model_name, extra_args=s.extra_args, env=s.env,
+        secret_env=secret_env, attempt=attempt, server_name=s.name,
+    )

@@ -29,7 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from launcher import remote
 from launcher.backoff import RestartBackoff
 from launcher.classify import classify, diagnose
-from launcher.command import ServerCommand, build_command
+from launcher.command import ServerCommand, server_command
 from launcher.config import Config, ServerConfig
 from launcher.errors import HostUnreachable, LauncherError, PreflightError
 from launcher.gpus import check_gpus
@@ -279,24 +279,7 @@ class ServerSupervisor:
     # -- actions -----------------------------------------------------------------------
 
     def _command(self, attempt: int, params: LaunchParams) -> ServerCommand:
-        s = self.server
-        return build_command(
-            command=s.command,
-            model_path=s.model_path,
-            tp=s.tp,
-            dp=s.dp,
-            port=s.port,
-            listen=s.listen,
-            gpus=s.gpus,
-            params=params,
-            sglang_version=self.version,
-            served_model_name=s.served_model_name,
-            extra_args=s.extra_args,
-            env=s.env,
-            secret_env=self.secret_env,
-            attempt=attempt,
-            server_name=s.name,
-        )
+        return server_command(self.server, params, self.version, self.secret_env, attempt)
 
     @property
     def run_dir(self) -> str:
