@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Idempotent set-up on a fresh machine: a venv in .venv with launcher and its dev tools, and
-# (when run as root on Debian and missing) OpenSSH's sshd and systemd-analyze, which tests use.
+# Idempotent set-up on a fresh machine: a venv in .venv with launcher and its dev tools. With
+# --test (scripts/test) also what only the tests need: (when run as root on Debian and missing)
+# OpenSSH's sshd and systemd-analyze, and the SGLang contract environment. The demo runs without
+# --test, so it never builds the 2.6 GB contract environment nor installs Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for_tests=false
+[ "${1:-}" = --test ] && for_tests=true
 # Debian packages the tests need: sshd (SSH tests on loopback), systemd-analyze (unit check).
 need=()
-[ -x /usr/sbin/sshd ] || need+=(openssh-server)
-command -v systemd-analyze >/dev/null || need+=(systemd)
-if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "setup: installing ${need[*]} (for the tests)" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+if $for_tests; then
+  [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+  command -v systemd-analyze >/dev/null || need+=(systemd)
+  if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing ${need[*]} (for the tests)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
 fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
@@ -23,4 +29,6 @@ if [ ! -f "$stamp" ]; then
 fi
 # SGLang's own argument parser (CPU torch + the sglang wheels, cached outside the tree) for the
 # contract tests that parse launcher's command lines with it.
-scripts/sglang-contract-env.sh
+if $for_tests; then
+  scripts/sglang-contract-env.sh
+fi
