@@ -330,7 +330,9 @@ def _diagnosis(
         phase=phase or Phase.INIT,
         numbers=numbers,
         evidence=list(dict.fromkeys(evidence))[:_MAX_EVIDENCE],  # the same text once
-        retryable=outcome in RETRYABLE,
+        # A weak oom_weights (phase unknown) may be a serving OOM: worth a lower retry.
+        retryable=outcome in RETRYABLE
+        or (outcome is Outcome.OOM_WEIGHTS and confidence is Confidence.WEAK),
         advice=advice,
         rank=rank,
         exit_status=exit_status,
