@@ -31,7 +31,7 @@ __all__ = ["Fallback", "Hints", "fallback", "frame_phase", "scan", "unwrap"]
 _WRAPPERS = tuple(
     re.compile(p)
     for p in (
-        r"^[\w.-]+[-_]\d+\s+\| ?",  # docker compose: "sglang-1  | "
+        r"^[\w.-]+(?:[-_]\d+\s+|\s{2,})\| ?",  # docker compose: "sglang-1  | ", "name  | "
         r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [FP] ",
         r"^\[?\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)\]? ?",  # RFC 3339 stamp
         r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - \S+ - [A-Z]+ - ",  # Python logging wrapper
