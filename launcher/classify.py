@@ -33,6 +33,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from launcher import evidence as ev
 from launcher.logparse import (
     FailureSignature,
     LogFollower,
@@ -41,7 +42,7 @@ from launcher.logparse import (
     fill_error_figures,
     split_records,
 )
-from launcher.outcome import Diagnosis, Outcome
+from launcher.outcome import Confidence, Diagnosis, Outcome
 from launcher.phases import Phase
 
 __all__ = ["ADVICE", "RETRYABLE", "classify", "diagnose", "diagnose_text"]
@@ -171,6 +172,8 @@ class _Verdict:
     phase: Phase | None
     specific: bool  # False: often a consequence of another rank's failure
     special: Signature | None = None  # picks advice from _SPECIAL_ADVICE
+    confidence: Confidence = Confidence.DECISIVE
+    remark: str = ""
 
 
 def _records(failures: Sequence[Traceback | FailureSignature]) -> list[_Record]:
@@ -216,29 +219,50 @@ def _frame_phase(frames: tuple[str, ...]) -> Phase | None:
     return None
 
 
-def _oom_phase(rec: _Record) -> Phase | None:
-    """The phase an OOM happened in: the rank's phase, moved forward (never back) by what
-    the traceback itself says (a "Capture cuda graph failed" wrapper, the deepest frames)."""
+def _oom_phase(rec: _Record, hints: ev.Hints) -> tuple[Phase | None, Confidence, str]:
+    """The phase an OOM happened in, how firmly the log shows it, and a remark when the
+    traceback and the phase lines disagree.
+
+    The rank's phase lines, moved forward (never back) by what the traceback says: a "Capture
+    cuda graph failed" wrapper, its outermost telling frame (``evidence.frame_phase``; serving
+    frames mean a runtime OOM) or its deepest frames. Frames win over the absence of phase
+    lines; a record without frames (a pasted excerpt) borrows the frames of the log tail.
+    With neither phase lines nor frames the phase is a guess: weak.
+    """
     phase = rec.phase
     if phase is not None and phase.order >= Phase.WARMUP.order:
-        return phase
+        return phase, Confidence.DECISIVE, ""
     hint = Phase.CUDA_GRAPH if Signature.GRAPH_CAPTURE_FAILED in rec.signatures else None
-    hint = hint or _frame_phase(rec.frames)
-    if hint is not None and (phase is None or hint.order > phase.order):
-        return hint
-    return phase
+    if rec.frames:
+        hint = hint or ev.frame_phase(rec.frames) or _frame_phase(rec.frames)
+    else:
+        hint = hint or hints.frame_phase
+    if hint is None:
+        return phase, Confidence.DECISIVE if phase is not None else Confidence.WEAK, ""
+    if phase is None or hint.order > phase.order:
+        return hint, Confidence.DECISIVE, ""
+    remark = (
+        f"traceback frames point to {hint.value}, the phase lines to {phase.value}; "
+        f"going by the phase lines"
+        if hint is not phase
+        else ""
+    )
+    return phase, Confidence.DECISIVE, remark
 
 
-def _judge(rec: _Record) -> _Verdict | None:
+def _judge(rec: _Record, hints: ev.Hints) -> _Verdict | None:
     """The verdict one failure record would give alone; None for a follow-on record."""
     sigs, phase = rec.signatures, rec.phase
+    if rec.frames and rec.exc_type is None and not sigs:
+        return None  # a traceback cut before its exception (a paste, a parent's raise) says nothing
     if Signature.PORT_IN_USE in sigs:
         return _Verdict(Outcome.PORT_IN_USE, phase, True)
-    if Signature.KV_TOO_SMALL in sigs:
-        return _Verdict(Outcome.KV_TOO_SMALL, phase, True)
+    if Signature.KV_TOO_SMALL in sigs:  # raised while sizing the pools, after the weights
+        return _Verdict(Outcome.KV_TOO_SMALL, phase or Phase.KV_CACHE, True)
     if Signature.CUDA_OOM in sigs or Signature.NCCL_OOM in sigs:
-        oom_phase = _oom_phase(rec)
-        return _Verdict(_OOM_BY_PHASE[oom_phase or Phase.INIT], oom_phase, True)
+        oom_phase, confidence, remark = _oom_phase(rec, hints)
+        outcome = _OOM_BY_PHASE[oom_phase or Phase.INIT]
+        return _Verdict(outcome, oom_phase, True, confidence=confidence, remark=remark)
     for sig, outcome in (
         (Signature.HOST_OOM, Outcome.OTHER),
         (Signature.MODEL_NOT_FOUND, Outcome.MODEL_NOT_FOUND),
@@ -266,6 +290,17 @@ def _judge(rec: _Record) -> _Verdict | None:
     return _Verdict(Outcome.OTHER, phase, False, special)
 
 
+def _refined_phase(phase: Phase | None, rec: _Record, hints: ev.Hints) -> Phase | None:
+    """A non-memory failure's phase: the rank's phase lines, else its traceback's frames (or
+    the tail's), else serving when the tail shows a serving server."""
+    if phase is not None and phase is not Phase.INIT:
+        return phase
+    framed = ev.frame_phase(rec.frames) if rec.frames else hints.frame_phase
+    if framed is not None:
+        return framed
+    return Phase.READY if phase is None and hints.serving else phase
+
+
 def _tail_evidence(follower: LogFollower, n: int = 3) -> list[str]:
     lines = [line for line in follower.last_lines if line.strip()]
     return lines[-n:]
@@ -281,6 +316,8 @@ def _diagnosis(
     rank: str | None = None,
     special: Signature | None = None,
     error_text: str | None = None,
+    confidence: Confidence = Confidence.DECISIVE,
+    remarks: Iterable[str] = (),
 ) -> Diagnosis:
     numbers = dataclasses.replace(follower.numbers)
     if error_text is not None:
@@ -292,11 +329,15 @@ def _diagnosis(
         outcome=outcome,
         phase=phase or Phase.INIT,
         numbers=numbers,
-        evidence=list(evidence)[:_MAX_EVIDENCE],
-        retryable=outcome in RETRYABLE,
+        evidence=list(dict.fromkeys(evidence))[:_MAX_EVIDENCE],  # the same text once
+        # A weak oom_weights (phase unknown) may be a serving OOM: worth a lower retry.
+        retryable=outcome in RETRYABLE
+        or (outcome is Outcome.OOM_WEIGHTS and confidence is Confidence.WEAK),
         advice=advice,
         rank=rank,
         exit_status=exit_status,
+        confidence=confidence,
+        remarks=[r for r in remarks if r],
     )
 
 
@@ -309,8 +350,23 @@ def diagnose(
     Does not change the follower, so it can be asked mid-stream.
     """
 
-    def verdict(outcome: Outcome, evidence: Iterable[str]) -> Diagnosis:
-        return _diagnosis(outcome, follower.phase, follower, exit_status, evidence=evidence)
+    hints = ev.scan(follower.last_lines)
+
+    def verdict(
+        outcome: Outcome,
+        evidence: Iterable[str],
+        *,
+        phase: Phase | None = None,
+        confidence: Confidence = Confidence.DECISIVE,
+    ) -> Diagnosis:
+        return _diagnosis(
+            outcome,
+            phase or follower.phase,
+            follower,
+            exit_status,
+            evidence=evidence,
+            confidence=confidence,
+        )
 
     port = follower.port_in_use
     if port is not None:
@@ -323,20 +379,32 @@ def diagnose(
             rank=port.rank,
         )
     records = _records(follower.failures())
-    judged = [(rec, _judge(rec)) for rec in records]
+    judged = [(rec, _judge(rec, hints)) for rec in records]
     root = next(((r, v) for r, v in judged if v is not None and v.specific), None)
+    # Texts logparse does not know (gated repo, an old "Not enough memory", a segfault...)
+    # outrank vague records: those are usually another rank's consequence.
+    fallback = ev.fallback(hints) if root is None else None
+    if fallback is not None:
+        return verdict(
+            fallback.outcome,
+            [fallback.line],
+            phase=fallback.phase,
+            confidence=fallback.confidence,
+        )
     root = root or next(((r, v) for r, v in judged if v is not None), None)
     if root is not None:
         rec, v = root
         return _diagnosis(
             v.outcome,
-            v.phase,
+            v.phase if v.outcome.is_memory else _refined_phase(v.phase, rec, hints),
             follower,
             exit_status,
             evidence=rec.evidence,
             rank=rec.rank,
             special=v.special,
             error_text=rec.text,
+            confidence=v.confidence,
+            remarks=[v.remark],
         )
     if hung:
         return verdict(Outcome.HANG, _tail_evidence(follower))
@@ -344,17 +412,24 @@ def diagnose(
     follow_ons = [r for r, v in judged if v is None and Signature.KILLED not in r.signatures]
     if follow_ons:
         codes = {int(c) for r in follow_ons for c in _CHILD_EXIT.findall(r.text)}
-        outcome = Outcome.KILLED if -9 in codes else Outcome.OTHER
-        return verdict(outcome, [line for r in follow_ons for line in r.evidence])
+        outcome = Outcome.KILLED if -9 in codes or hints.child_sigkill else Outcome.OTHER
+        phase = follower.phase
+        if phase is None or phase is Phase.INIT:
+            phase = hints.frame_phase or phase
+        return verdict(outcome, [line for r in follow_ons for line in r.evidence], phase=phase)
     killed_lines = [r.evidence[0] for r in records if Signature.KILLED in r.signatures]
     if killed_lines or exit_status in KILLED_STATUSES:
         return verdict(Outcome.KILLED, killed_lines or _tail_evidence(follower))
     if follower.ready_line is not None:
         return verdict(Outcome.READY, [follower.ready_line])
+    if hints.serving and exit_status is None:  # an excerpt from a server that was serving
+        return verdict(
+            Outcome.READY, _tail_evidence(follower), phase=Phase.READY, confidence=Confidence.WEAK
+        )
     if exit_status == _ARGPARSE_STATUS:
         return verdict(Outcome.BAD_ARGUMENT, _tail_evidence(follower))
     if exit_status is None or exit_status == _LOST_STATUS:
-        return verdict(Outcome.INCOMPLETE, _tail_evidence(follower))
+        return verdict(Outcome.INCOMPLETE, _tail_evidence(follower), confidence=Confidence.WEAK)
     return verdict(Outcome.OTHER, _tail_evidence(follower))
 
 
@@ -378,7 +453,7 @@ def classify(
     still running or unknown; ``hung`` says the caller saw no progress for too long.
     """
     follower = LogFollower()
-    for line in _lines(lines):
+    for line in ev.unwrap(_lines(lines)):  # a pasted log may carry a collector's prefixes
         follower.feed_line(line)
     follower.finish()
     return diagnose(follower, exit_status, hung=hung)

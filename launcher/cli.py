@@ -131,18 +131,64 @@ async def _version(server: ServerConfig, transport: Transport) -> str:
 # --- diagnose / plan ------------------------------------------------------------------
 
 
-def _policy_next(config: Config | None, diag: Diagnosis) -> LaunchParams | str | None:
-    if not diag.outcome.is_memory:
-        return None
-    p = config.policy if config else None
-    bounds = (
-        Bounds()
-        if p is None
-        else Bounds(p.mem_fraction_floor, p.mem_fraction_ceiling, p.graph_bs_floor, p.max_attempts)
-    )
+_PARAM_NAMES = ("mem_fraction_static", "cuda_graph_max_bs")
+
+
+def _parse_params(text: str | None) -> dict[str, float | int]:
+    """``--params mem_fraction_static=0.85,cuda_graph_max_bs=32`` (dashes allowed in names)."""
+    out: dict[str, float | int] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, sep, value = item.partition("=")
+        key = name.strip().lstrip("-").replace("-", "_")
+        if not sep or key not in _PARAM_NAMES:
+            raise UsageError(
+                f"--params: cannot read {item.strip()!r}",
+                remedy="give name=value pairs separated by commas, names "
+                + " and ".join(_PARAM_NAMES),
+            )
+        try:
+            out[key] = float(value) if key == "mem_fraction_static" else int(value)
+        except ValueError:
+            raise UsageError(
+                f"--params: {key}={value.strip()!r} is not a number",
+                remedy="e.g. mem_fraction_static=0.85,cuda_graph_max_bs=32",
+            ) from None
+    mfs = out.get("mem_fraction_static")
+    if mfs is not None and not 0 < mfs < 1:
+        raise UsageError(
+            f"--params: mem_fraction_static={mfs} is outside (0, 1)",
+            remedy="give the fraction the server was launched with, e.g. 0.85",
+        )
+    return out
+
+
+def _launched(
+    diag: Diagnosis, given: dict[str, float | int]
+) -> tuple[LaunchParams, dict[str, str]]:
+    """The params the server was launched with: the log's server_args dump first, then
+    ``--params``; and where each came from ("log", "--params" or "unknown")."""
     n = diag.numbers
-    launched = LaunchParams(n.mem_fraction_static, n.cuda_graph_max_bs)
-    decision = next_params(launched, bounds, [AttemptRecord(launched, diag.outcome, diag.phase, n)])
+    from_log = {
+        "mem_fraction_static": n.mem_fraction_static,
+        "cuda_graph_max_bs": n.cuda_graph_max_bs,
+    }
+    values: dict[str, float | int | None] = {}
+    source: dict[str, str] = {}
+    for key in _PARAM_NAMES:
+        logged = from_log[key]
+        values[key] = logged if logged is not None else given.get(key)
+        source[key] = "log" if logged is not None else "--params" if key in given else "unknown"
+    mfs, bs = values["mem_fraction_static"], values["cuda_graph_max_bs"]
+    launched = LaunchParams(None if mfs is None else float(mfs), None if bs is None else int(bs))
+    return launched, source
+
+
+def _policy_next(diag: Diagnosis, launched: LaunchParams) -> LaunchParams | str:
+    bounds = Bounds()
+    record = AttemptRecord(launched, diag.outcome, diag.phase, diag.numbers)
+    decision = next_params(launched, bounds, [record])
     return decision.params if decision.params is not None else decision.reason
 
 
@@ -153,8 +199,17 @@ def diagnose(
     exit_status: Annotated[
         int | None, typer.Option("--exit-status", help="The process's exit status, if known.")
     ] = None,
+    params: Annotated[
+        str | None,
+        typer.Option(
+            "--params",
+            help="Launch params the log does not show, e.g. "
+            "mem_fraction_static=0.85,cuda_graph_max_bs=32 (the log's server_args win).",
+        ),
+    ] = None,
 ) -> None:
-    """Classify an SGLang start-up log: outcome, phase, evidence, advice."""
+    """Classify an SGLang start-up log: outcome, confidence, phase, evidence, advice."""
+    given = _guard(lambda: _parse_params(params))
     try:
         text = logfile.read_bytes().decode("utf-8", errors="replace")
     except OSError as exc:
@@ -165,30 +220,43 @@ def diagnose(
             )
         )
     diag = diagnose_text(text, exit_status)
-    nxt = _policy_next(None, diag)
     data = diag.as_dict()
-    if isinstance(nxt, LaunchParams):
-        data["next_params"] = {
-            "mem_fraction_static": nxt.mem_fraction_static,
-            "cuda_graph_max_bs": nxt.cuda_graph_max_bs,
-        }
-        data["advice"] = f"{diag.advice} Next attempt: {nxt.describe()}."
-    elif isinstance(nxt, str):
-        data["next_params"] = None
-        data["advice"] = f"{diag.advice} Policy: {nxt}"
+    if diag.outcome.is_memory:
+        launched, source = _launched(diag, given)
+        unknown = [k for k, v in source.items() if v == "unknown"]
+        data["params_source"] = source
+        if unknown:  # never invent them from assumed defaults
+            data["next_params"] = None
+            data["advice"] = (
+                f"{diag.advice} Next attempt: not computed, the log does not show "
+                f"{' and '.join(unknown)}; pass --params {unknown[0]}=..."
+            )
+        else:
+            nxt = _policy_next(diag, launched)
+            if isinstance(nxt, LaunchParams):
+                data["next_params"] = {
+                    "mem_fraction_static": nxt.mem_fraction_static,
+                    "cuda_graph_max_bs": nxt.cuda_graph_max_bs,
+                }
+                data["advice"] = f"{diag.advice} Next attempt: {nxt.describe()}."
+            else:
+                data["next_params"] = None
+                data["advice"] = f"{diag.advice} Policy: {nxt}"
     if as_json:
         out.print_json(json.dumps(data))
     else:
         out.print(
             f"[bold]outcome[/]  {diag.outcome.value}  (phase {diag.phase.value}"
-            f"{', rank ' + diag.rank if diag.rank else ''})",
+            f"{', rank ' + diag.rank if diag.rank else ''}; {diag.confidence.value})",
             highlight=False,
         )
         out.print(f"[bold]retry[/]    {'yes' if diag.retryable else 'no'}")
         if data["numbers"]:
             nums = ", ".join(f"{k}={v}" for k, v in data["numbers"].items())
             out.print(f"[bold]numbers[/]  {nums}", highlight=False)
-        out.print(f"[bold]advice[/]   {data['advice']}", highlight=False)
+        out.print(f"[bold]advice[/]   {data['advice']}", highlight=False, markup=False)
+        for remark in diag.remarks:
+            out.print(f"[bold]note[/]     {remark}", highlight=False, markup=False)
         if diag.evidence:
             out.print("[bold]evidence[/]")
             for line in diag.evidence:

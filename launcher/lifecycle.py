@@ -23,7 +23,7 @@ from typing import Any
 
 from launcher.backoff import RestartBackoff
 from launcher.errors import IllegalTransition
-from launcher.outcome import Diagnosis, Outcome
+from launcher.outcome import Confidence, Diagnosis, Outcome
 from launcher.params import LaunchParams
 from launcher.phases import Phase
 from launcher.policy import AttemptRecord, Bounds, next_params
@@ -537,7 +537,12 @@ class ServerMachine:
     def _fail(self, diag: Diagnosis, now: float, *, kill_reason: str) -> list[Action]:
         """Record the attempt's failure and start cleaning up."""
         assert self.params is not None
-        self.history.append(AttemptRecord(self.params, diag.outcome, diag.phase, diag.numbers))
+        outcome, retryable = diag.outcome, diag.retryable
+        if outcome is Outcome.OOM_WEIGHTS and diag.confidence is Confidence.WEAK:
+            # Only hints say the weights did not fit (no phase line, no telling frame): treat it
+            # as an OOM of unknown kind, retried lower within bounds, never a final give-up.
+            outcome, retryable = Outcome.OOM_RUNTIME, True
+        self.history.append(AttemptRecord(self.params, outcome, diag.phase, diag.numbers))
         self._pending = diag
         after_ready = self.was_ready
         self.state = State.CLEANING_UP
@@ -546,6 +551,7 @@ class ServerMachine:
             {
                 "attempt": self.attempt,
                 "outcome": diag.outcome.value,
+                "confidence": diag.confidence.value,
                 "phase": diag.phase.value,
                 "numbers": diag.numbers.as_dict(),
                 "retryable": diag.retryable,
@@ -560,7 +566,7 @@ class ServerMachine:
             and self.stalls > self.limits.max_stalls
         ):
             self._pending_fatal = f"stalled {self.stalls} times (last in {diag.phase.value})"
-        elif not diag.retryable and not after_ready:
+        elif not retryable and not after_ready:
             self._pending_fatal = (
                 f"{diag.outcome.value} in {diag.phase.value}: {diag.advice}{_quoted(diag)}"
             )

@@ -44,6 +44,13 @@ MEMORY_OUTCOMES = frozenset(
 )
 
 
+class Confidence(enum.StrEnum):
+    """How firmly the log supports a verdict. Values are stable (events, JSON)."""
+
+    DECISIVE = "decisive"  # an error text with its phase from phase lines or traceback frames
+    WEAK = "weak"  # hints only: an OOM of unknown phase, serving lines without a ready line...
+
+
 @dataclass
 class Numbers:
     """Figures read from a log. GiB throughout (SGLang labels GiB as "GB")."""
@@ -83,10 +90,13 @@ class Diagnosis:
     advice: str = ""
     rank: str | None = None  # e.g. "TP1" when the decisive line came from one rank
     exit_status: int | None = None
+    confidence: Confidence = Confidence.DECISIVE
+    remarks: list[str] = field(default_factory=list)  # e.g. frames and phase lines disagree
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "outcome": self.outcome.value,
+            "confidence": self.confidence.value,
             "phase": self.phase.value,
             "rank": self.rank,
             "exit_status": self.exit_status,
@@ -94,4 +104,5 @@ class Diagnosis:
             "evidence": list(self.evidence),
             "retryable": self.retryable,
             "advice": self.advice,
+            "remarks": list(self.remarks),
         }

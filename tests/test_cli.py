@@ -272,3 +272,40 @@ def test_history_warm_start_and_state_lock(sim: SimSetup) -> None:
     fresh = run_cli("up", str(config), "--until-ready", "--log-format", "json", "--fresh")
     initial = next(e for e in events(fresh.stdout) if e["event"] == "params.initial")
     assert "fresh start requested: configured params" == initial["reason"]
+
+
+REAL_LOGS = Path(__file__).resolve().parent / "fixtures" / "real_logs"
+
+
+def test_diagnose_does_not_invent_launch_params_a_log_does_not_show() -> None:
+    """A pasted KV-pool OOM (docker compose prefixes, no server_args line): the verdict is
+    decisive, but the next params are not computed from assumed defaults; the JSON says
+    which params are unknown."""
+    log = REAL_LOGS / "gh12496_docker_prefix_kv_pool_oom.log"
+    result = run_cli("diagnose", str(log), "--json")
+    assert 1 == result.returncode, result.stderr
+    data = json.loads(result.stdout)
+    assert ("oom_kv_cache", "decisive", None) == (
+        data["outcome"], data["confidence"], data["next_params"])
+    assert {"mem_fraction_static": "unknown", "cuda_graph_max_bs": "unknown"} == (
+        data["params_source"])
+    assert "--params" in data["advice"]
+
+
+def test_diagnose_takes_missing_launch_params_from_the_command_line() -> None:
+    log = REAL_LOGS / "gh12496_docker_prefix_kv_pool_oom.log"
+    result = run_cli(
+        "diagnose", str(log), "--json", "--params", "mem_fraction_static=0.85,cuda-graph-max-bs=32"
+    )
+    data = json.loads(result.stdout)
+    assert {"mem_fraction_static": "--params", "cuda_graph_max_bs": "--params"} == (
+        data["params_source"])
+    nxt = data["next_params"]
+    assert nxt["mem_fraction_static"] < 0.85 and nxt["cuda_graph_max_bs"] <= 32
+
+
+def test_diagnose_refuses_unreadable_params_naming_them() -> None:
+    log = REAL_LOGS / "gh12496_docker_prefix_kv_pool_oom.log"
+    result = run_cli("diagnose", str(log), "--params", "mem_fraction=0.8")
+    assert 2 == result.returncode
+    assert "--params" in result.stderr and "mem_fraction=0.8" in result.stderr

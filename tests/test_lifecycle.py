@@ -35,7 +35,7 @@ from launcher.lifecycle import (
     StopRequested,
     WaitForGpus,
 )
-from launcher.outcome import Diagnosis, Numbers, Outcome
+from launcher.outcome import Confidence, Diagnosis, Numbers, Outcome
 from launcher.params import LaunchParams
 from launcher.phases import Phase
 from launcher.policy import Bounds
@@ -390,3 +390,38 @@ def test_ready_line_seen_twice_starts_one_probe_loop() -> None:
     first = m.handle(PhaseSeen(Phase.READY), 5)
     second = m.handle(ReadyLineSeen(), 5)
     assert 1 == sum(isinstance(a, StartProbing) for a in first + second)
+
+
+def _weights_oom(confidence: Confidence) -> Diagnosis:
+    return Diagnosis(
+        outcome=Outcome.OOM_WEIGHTS, phase=Phase.INIT, retryable=False, confidence=confidence,
+        numbers=Numbers(tried_gib=2.0, free_gib=1.27, total_gib=95.08),
+    )
+
+
+def _after_failure(m: ServerMachine, diag: Diagnosis) -> list[object]:
+    m.handle(Start(), 0)
+    m.handle(PreflightPassed(), 0)
+    m.handle(Launched(pid=1), 1)
+    m.handle(Exited(status=1, diagnosis=diag), 2)
+    actions = m.handle(CleanedUp(), 3)
+    return actions + (m.handle(GpusFree(), 4) if WaitForGpus() in actions else [])
+
+
+def test_a_weak_weights_oom_is_retried_lower_not_given_up() -> None:
+    """An OOM whose phase only hints suggest (a pasted excerpt, no phase line, no frame) may
+    well be a serving OOM: the machine lowers mem-fraction instead of giving up for good."""
+    m = machine()
+    actions = _after_failure(m, _weights_oom(Confidence.WEAK))
+    assert State.GAVE_UP != m.state
+    launch = next(a for a in actions if isinstance(a, Launch))
+    assert launch.attempt == 2
+    assert launch.params.mem_fraction_static is not None
+    assert launch.params.mem_fraction_static < 0.70
+
+
+def test_a_decisive_weights_oom_still_gives_up() -> None:
+    m = machine()
+    actions = _after_failure(m, _weights_oom(Confidence.DECISIVE))
+    assert State.GAVE_UP == m.state
+    assert "weight" in str(emitted(actions, "server.gave_up")["reason"])

@@ -1,0 +1,234 @@
+"""Evidence the phase lines do not give: wrapper prefixes, traceback frames, and failure texts
+that logparse's signatures leave out (gated models, older "Not enough memory" spellings,
+serving-time pool exhaustion, interpreter crashes, NCCL watchdog timeouts).
+
+Pure functions over lines; ``launcher.classify`` calls them. Built from the real-log corpus in
+``tests/fixtures/real_logs/`` (issue 12), where users paste excerpts that start mid-traceback,
+carry docker/Ray/Kubernetes prefixes, and often show no phase line at all.
+
+- ``unwrap(lines)``: the lines with a log collector's prefix removed (docker compose
+  ``name-1  | ``, Docker Desktop's timestamp, Kubernetes CRI ``<ts> stdout F ``, RFC 3339
+  stamps, Ray ``(Worker pid=N) ``, a Python logging wrapper) and a wrapper's uniform indent.
+- ``frame_phase(frames)``: the start-up phase (or serving) the outermost telling frame of a
+  traceback belongs to.
+- ``scan(lines)``: a :class:`Hints` summary of a log tail, and ``fallback(hints)`` the verdict
+  those hints support when no failure record gave one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from launcher.outcome import Confidence, Outcome
+from launcher.phases import Phase
+
+__all__ = ["Fallback", "Hints", "fallback", "frame_phase", "scan", "unwrap"]
+
+# -- wrapper prefixes ------------------------------------------------------------------------
+
+_WRAPPERS = tuple(
+    re.compile(p)
+    for p in (
+        r"^[\w.-]+(?:[-_]\d+\s+|\s{2,})\| ?",  # docker compose: "sglang-1  | ", "name  | "
+        r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [FP] ",
+        r"^\[?\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)\]? ?",  # RFC 3339 stamp
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - \S+ - [A-Z]+ - ",  # Python logging wrapper
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: |$)",  # Docker Desktop's log view
+        r"^\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ?",  # Ray worker output
+    )
+)
+_SGLANG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d|^Traceback \(most recent call last\)")
+
+
+def _strip(line: str) -> str:
+    for _ in range(2):  # a collector's prefix in front of another's
+        for pattern in _WRAPPERS:
+            m = pattern.match(line)
+            if m is not None:
+                line = line[m.end() :]
+                break
+        else:
+            return line
+    return line
+
+
+def unwrap(lines: Iterable[str]) -> list[str]:
+    """The lines as SGLang wrote them: known collector prefixes removed line by line, then a
+    uniform indent removed when that indent hid SGLang's own prefixed lines."""
+    out = [_strip(line) for line in lines]
+    indents = [len(x) - len(x.lstrip()) for x in out if x.strip()]
+    common = min(indents, default=0)
+    if common and any(_SGLANG_LINE.match(x[common:]) for x in out if x.strip()):
+        out = [x[common:] if x.strip() else "" for x in out]
+    return out
+
+
+# -- traceback frames -----------------------------------------------------------------------
+
+# A frame line, Python's ('File "p", line 3, in f') or faulthandler's ('File "p", line 3 in f'),
+# also when a paste split it after the path or lost its indentation.
+_FRAME = re.compile(r'File "[^"]*"|^\s*line \d+,? in \w+')
+# Searched in the outermost-first order of a Python traceback: the first telling frame is the
+# call site that says what the process was doing (deeper frames can be shared: a serving
+# forward and a capture both run the model; a serving allocation runs in memory_pool.py).
+_FRAME_RULES: tuple[tuple[Phase, re.Pattern[str]], ...] = tuple(
+    (phase, re.compile(pattern))
+    for phase, pattern in (
+        (
+            Phase.READY,
+            r"\bin (?:event_loop\w*|run_event_loop|run_batch|forward_batch_generation"
+            r"|forward_batch_speculative_generation|forward_thread_func|process_batch_result\w*"
+            r"|resolve_last_batch_result|pop_and_process|exposed_step|forward_step"
+            r"|embed_mm_inputs|general_mm_embed_routine|get_model_worker_batch"
+            r"|prepare_for_(?:extend|decode))\b"
+            r'|model_runner\.py", line \d+,? in forward_(?:extend|decode|idle)\b',
+        ),
+        (
+            Phase.CUDA_GRAPH,
+            r"cuda_graph_runner|\bin (?:init_cuda_graphs|init_device_graphs|capture"
+            r"|capture_one_batch_size)\b",
+        ),
+        (
+            Phase.KV_CACHE,
+            r"\bin (?:init_memory_pool\w*|_init_mamba_pool|profile_max_num_token)\b"
+            r"|memory_pool|kv_cache|pool_configurator",
+        ),
+        (
+            Phase.WEIGHTS,
+            r"model_loader|weight_utils|\bin (?:load_model|load_weights|get_model|weight_loader)\b"
+            # torch's device context: tensors created while the model is being built
+            r'|torch/utils/_device\.py", line \d+,? in __torch_function__',
+        ),
+    )
+)
+
+
+def _phase_of(frame: str) -> Phase | None:
+    for phase, pattern in _FRAME_RULES:
+        if pattern.search(frame):
+            return phase
+    return None
+
+
+def frame_phase(frames: Sequence[str]) -> Phase | None:
+    """The phase named by the outermost telling frame (Phase.READY: serving), or None."""
+    for frame in frames:
+        if _FRAME.search(frame):
+            phase = _phase_of(frame)
+            if phase is not None:
+                return phase
+    return None
+
+
+# -- failure texts --------------------------------------------------------------------------
+
+_TEXTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern))
+    for name, pattern in (
+        (
+            "model_not_found",
+            r"Cannot access gated repo|You are trying to access a gated repo"
+            r"|Access to model \S+ is restricted|GatedRepoError|Repository Not Found for url",
+        ),
+        ("kv_too_small", r"(?i:not enought? memory)\W.*(?:mem[-_]fraction|increase)"),
+        ("kv_negative", r"is larger than the profiled value -\d+"),
+        (
+            "serving_oom",
+            r"Decode out of memory\. Try|Prefill out of memory\. Try"
+            r"|alloc_req_slots runs out of memory",
+        ),
+        (
+            "nccl_timeout",
+            r"ProcessGroupNCCL\.cpp.*(?:Timeout at NCCL work|timed out|detected by watchdog)"
+            r"|Some NCCL operations have failed or timed out",
+        ),
+        (
+            "crash",
+            r"Fatal Python error: (?:Fatal Python error: )?"
+            r"(?:Segmentation fault|Bus error|Aborted)",
+        ),
+    )
+)
+_NCCL_INIT_FRAME = re.compile(r"ncclCommInit|pynccl")
+_CHILD_SIGKILL = re.compile(r"(?i)\bexit ?code:? \(?-9\b")
+_SERVING_LINE = re.compile(
+    r"\] (?:Decode|Prefill) batch[.,]|Decode out of memory happened"
+    r'|"(?:POST|GET) /(?:generate|v1/\S+) HTTP/1\.1" 200|Health check failed'
+)
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What a log tail shows besides failure records and phase lines (first line of each)."""
+
+    frame_phase: Phase | None = None
+    model_not_found: str | None = None
+    kv_too_small: str | None = None
+    kv_negative: str | None = None
+    serving_oom: str | None = None
+    nccl_timeout: str | None = None
+    crash: str | None = None
+    crash_in_nccl_init: bool = False
+    serving: bool = False  # a decode/prefill batch, a served request, a health check
+    child_sigkill: bool = False  # the parent reports a child's exit code -9 (any spelling)
+
+
+def scan(lines: Iterable[str]) -> Hints:
+    """The hints in ``lines`` (a log or its tail, in order)."""
+    found: dict[str, str] = {}
+    frames: list[str] = []
+    serving = nccl_init = sigkill = False
+    for line in lines:
+        if _FRAME.search(line):
+            frames.append(line)
+            nccl_init = nccl_init or bool(_NCCL_INIT_FRAME.search(line))
+            continue
+        serving = serving or bool(_SERVING_LINE.search(line))
+        sigkill = sigkill or bool(_CHILD_SIGKILL.search(line))
+        for name, pattern in _TEXTS:
+            if name not in found and pattern.search(line):
+                found[name] = line
+    return Hints(
+        frame_phase=frame_phase(frames),
+        model_not_found=found.get("model_not_found"),
+        kv_too_small=found.get("kv_too_small"),
+        kv_negative=found.get("kv_negative"),
+        serving_oom=found.get("serving_oom"),
+        nccl_timeout=found.get("nccl_timeout"),
+        crash=found.get("crash"),
+        crash_in_nccl_init=nccl_init and "crash" in found,
+        serving=serving,
+        child_sigkill=sigkill,
+    )
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A verdict the hints support: outcome, phase (None: keep the log's), evidence line."""
+
+    outcome: Outcome
+    phase: Phase | None
+    line: str
+    confidence: Confidence
+
+
+def fallback(h: Hints) -> Fallback | None:
+    """The verdict for a log whose failure records gave none (or only a vague one)."""
+    decisive, weak = Confidence.DECISIVE, Confidence.WEAK
+    if h.model_not_found:
+        return Fallback(Outcome.MODEL_NOT_FOUND, Phase.INIT, h.model_not_found, decisive)
+    if h.kv_too_small:
+        return Fallback(Outcome.KV_TOO_SMALL, Phase.KV_CACHE, h.kv_too_small, decisive)
+    if h.serving_oom:
+        return Fallback(Outcome.OOM_RUNTIME, Phase.READY, h.serving_oom, decisive)
+    if h.kv_negative:
+        return Fallback(Outcome.KV_TOO_SMALL, Phase.KV_CACHE, h.kv_negative, weak)
+    if h.nccl_timeout:
+        return Fallback(Outcome.NCCL_ERROR, None, h.nccl_timeout, decisive)
+    if h.crash:
+        if h.crash_in_nccl_init:  # faulthandler shows the crash inside NCCL communicator init
+            return Fallback(Outcome.NCCL_ERROR, Phase.INIT, h.crash, decisive)
+        return Fallback(Outcome.OTHER, None, h.crash, weak)
+    return None

@@ -1,0 +1,98 @@
+"""launcher.evidence and what classify makes of it, on cases of the real-log corpus."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher import evidence
+from launcher.classify import diagnose_text
+from launcher.outcome import Confidence, Outcome
+from launcher.phases import Phase
+
+CORPUS = Path(__file__).resolve().parent / "fixtures" / "real_logs"
+
+
+def _log(case: str) -> str:
+    return (CORPUS / f"{case}.log").read_text(encoding="utf-8")
+
+
+def test_collector_prefixes_are_removed() -> None:
+    compose = _log("gh12496_docker_prefix_kv_pool_oom").splitlines()
+    assert all(not line.startswith("sglang-1") for line in evidence.unwrap(compose))
+    desktop = evidence.unwrap(_log("jerryzsj_docker_desktop_ready_tp1").splitlines())
+    assert desktop[0].startswith("[2025-02-04 05:21:33] server_args=ServerArgs(")
+    ray = evidence.unwrap(_log("verl1611_ray_prefix_illegal_access_rollout").splitlines())
+    assert ray[5] == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    indented = evidence.unwrap(_log("areal232_pp_indented_index_error").splitlines())
+    assert indented[3].startswith("[2025-08-11 11:11:20 TP1 PP0] Scheduler hit an exception")
+
+
+def test_unprefixed_lines_are_left_alone() -> None:
+    lines = _log("gh4289_nccl_unhandled_system_error").splitlines()
+    assert evidence.unwrap(lines) == lines
+
+
+def test_outermost_telling_frame_decides_the_phase() -> None:
+    # A serving OOM allocates in memory_pool.py; the event loop above it says "serving".
+    frames = [
+        '  File "/x/sglang/srt/managers/scheduler.py", line 993, in event_loop_normal',
+        '  File "/x/sglang/srt/mem_cache/memory_pool.py", line 80, in alloc',
+    ]
+    assert evidence.frame_phase(frames) is Phase.READY
+    assert evidence.frame_phase(frames[1:]) is Phase.KV_CACHE
+    capture = _log("gh5285_deepep_2node_capture_oom").splitlines()
+    assert evidence.frame_phase(capture) is Phase.CUDA_GRAPH
+
+
+def test_retraction_is_serving_not_an_oom() -> None:
+    hints = evidence.scan(_log("gh4184_decode_retract_serving").splitlines())
+    assert hints.serving and evidence.fallback(hints) is None
+    diag = diagnose_text(_log("gh4184_decode_retract_serving"))
+    assert (diag.outcome, diag.confidence) == (Outcome.READY, Confidence.WEAK)
+
+
+def test_serving_oom_without_phase_lines_is_a_runtime_oom() -> None:
+    diag = diagnose_text(_log("gh4547_overlap_thread_oom_serving"))
+    assert (diag.outcome, diag.phase) == (Outcome.OOM_RUNTIME, Phase.READY)
+    assert diag.confidence is Confidence.DECISIVE
+
+
+def test_an_oom_with_neither_phase_lines_nor_frames_is_weak() -> None:
+    diag = diagnose_text(_log("pr17744_deepseek_weight_load_oom"))
+    assert (diag.outcome, diag.confidence) == (Outcome.OOM_WEIGHTS, Confidence.WEAK)
+    assert diag.as_dict()["confidence"] == "weak"
+
+
+def test_gated_model_old_spelling_and_segfaults() -> None:
+    assert diagnose_text(_log("gh387_gated_llama2")).outcome is Outcome.MODEL_NOT_FOUND
+    assert diagnose_text(_log("pr14644_gated_llama32_oserror")).outcome is Outcome.MODEL_NOT_FOUND
+    nccl = diagnose_text(_log("gh3451_segfault_nccl_comm_init"))
+    assert (nccl.outcome, nccl.phase) == (Outcome.NCCL_ERROR, Phase.INIT)
+    other = diagnose_text(_log("gh10350_docker_segfault_pd"))
+    assert (other.outcome, other.confidence) == (Outcome.OTHER, Confidence.WEAK)
+
+
+def test_frames_and_phase_lines_that_disagree_are_reported() -> None:
+    text = (
+        "[2025-01-01 00:00:00 TP0] Capture cuda graph begin. This can take up to several "
+        "minutes.\n"
+        "[2025-01-01 00:00:01 TP0] Traceback (most recent call last):\n"
+        '  File "/x/sglang/srt/model_executor/model_runner.py", line 1, in load_model\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+    )
+    diag = diagnose_text(text)
+    assert diag.outcome is Outcome.OOM_GRAPH_CAPTURE
+    assert diag.remarks and "weights" in diag.remarks[0] and "cuda_graph" in diag.remarks[0]
+
+
+def test_evidence_lines_are_not_repeated() -> None:
+    # A re-raised OOM: the chained traceback ends in the same torch message twice.
+    line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB."
+    frame = '  File "/x/a.py", line 1, in f'
+    head = "Traceback (most recent call last):"
+    text = (
+        f"{head}\n{frame}\n{line}\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        f"{head}\n{frame}\n{line}\n"
+    )
+    assert diagnose_text(text).evidence == [head, line]
