@@ -67,6 +67,11 @@ ADVICE: dict[Outcome, str] = {
         "the weights leave no room for the KV cache: raise --mem-fraction-static "
         "(above the minimum SGLang states, if it states one), or use more GPUs"
     ),
+    Outcome.HYBRID_STATE_TOO_SMALL: (
+        "the hybrid (Mamba/linear-attention) state cache does not fit: lower "
+        "--max-running-requests, raise --mem-fraction-static, or raise "
+        "--mamba-full-memory-ratio / --max-mamba-cache-size"
+    ),
     Outcome.PORT_IN_USE: (
         "a port is taken (HTTP, an internal port or torch distributed): stop what holds it "
         "or choose another --port; relaunching unchanged fails again"
@@ -121,6 +126,7 @@ RETRYABLE = frozenset(
         Outcome.OOM_KV_CACHE,
         Outcome.OOM_RUNTIME,
         Outcome.KV_TOO_SMALL,
+        Outcome.HYBRID_STATE_TOO_SMALL,
         Outcome.HANG,
         Outcome.KILLED,
         Outcome.NCCL_ERROR,  # once: the backoff policy limits repeats
@@ -236,6 +242,8 @@ def _judge(rec: _Record) -> _Verdict | None:
         return _Verdict(Outcome.PORT_IN_USE, phase, True)
     if Signature.KV_TOO_SMALL in sigs:
         return _Verdict(Outcome.KV_TOO_SMALL, phase, True)
+    if Signature.HYBRID_STATE in sigs:
+        return _Verdict(Outcome.HYBRID_STATE_TOO_SMALL, phase, True)
     if Signature.CUDA_OOM in sigs or Signature.NCCL_OOM in sigs:
         oom_phase = _oom_phase(rec)
         return _Verdict(_OOM_BY_PHASE[oom_phase or Phase.INIT], oom_phase, True)
@@ -252,7 +260,10 @@ def _judge(rec: _Record) -> _Verdict | None:
             special = sig if sig in _SPECIAL_ADVICE else None
             return _Verdict(outcome, phase, True, special)
     if Signature.NCCL_ERROR in sigs:
-        return _Verdict(Outcome.NCCL_ERROR, phase, False)
+        # Wrapped by "Capture cuda graph failed: [...gloo...] Connection closed by peer": the
+        # capture failed because a peer went, which is the cause here, not a consequence.
+        wrapped = Signature.GRAPH_CAPTURE_FAILED in sigs
+        return _Verdict(Outcome.NCCL_ERROR, Phase.CUDA_GRAPH if wrapped else phase, wrapped)
     if Signature.CHILD_FAILED in sigs or Signature.KILLED in sigs:
         return None
     if rec.exc_type == "EOFError":  # 0.5.6 parent: a scheduler's pipe closed as it died

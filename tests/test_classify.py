@@ -39,6 +39,9 @@ CATALOGUE = [
     ("v056_kv_too_small.log", 137, "kv_too_small", "kv_cache", None),
     ("v0523_kv_too_small_min_fraction.log", -9, "kv_too_small", "kv_cache", None),
     ("v056_kv_too_small_pool.log", 137, "kv_too_small", "kv_cache", None),
+    # Built from 0.5.23's texts (kv_cache_configurator.py:3394, the scheduler's frames as in
+    # the other 0.5.23 fixtures); labelled by that source's RuntimeError.
+    ("v0523_hybrid_state_too_small_mtp.log", -9, "hybrid_state_too_small", "kv_cache", None),
     ("v056_port_in_use_false_ready.log", 3, "port_in_use", "warmup", None),
     ("v0523_port_in_use_internal.log", 1, "port_in_use", "init", None),
     ("v056_port_in_use_torch_dist.log", 137, "port_in_use", "init", "TP0"),
