@@ -30,6 +30,11 @@ CATALOGUE = [
     ("v0523_ready_tp2.log", None, "ready", "ready", None),
     ("v0523_oom_graph_capture_seed_tp4.log", 137, "oom_graph_capture", "cuda_graph", "TP1"),
     ("v056_oom_graph_capture_wrapped_tp2.log", 137, "oom_graph_capture", "cuda_graph", "TP0"),
+    # The seeds' DeepSeek-V4-Flash MTP OOM (tp4, 94.97 GiB, 0.70, bs 32, NEXTN 1/1/2), written
+    # in each version's start-up order and texts (sglang-advanced.md A1/A2, checked against the
+    # 0.5.23 and 0.5.10 sources); labelled by the wrapped CUDA OOM.
+    ("v0523_oom_draft_extend_mtp_seed_tp4.log", 137, "oom_graph_capture", "cuda_graph", "TP1"),
+    ("v0510_oom_draft_extend_mtp_seed_tp4.log", 137, "oom_graph_capture", "cuda_graph", "TP1"),
     ("v0410_oom_weights_old_torch.log", 137, "oom_weights", "weights", None),
     ("v056_oom_kv_cache_tp2.log", 137, "oom_kv_cache", "kv_cache", "TP1"),
     ("v056_oom_runtime_warmup_tp2.log", 137, "oom_runtime", "warmup", "TP0"),
@@ -515,4 +520,49 @@ def test_diagnose_does_not_disturb_the_follower() -> None:
     assert (Outcome.OOM_GRAPH_CAPTURE, Outcome.OOM_GRAPH_CAPTURE) == (
         first.outcome,
         diagnose(follower).outcome,
+    )
+
+
+GLOO_WRAPPED = """\
+[2026-06-17 19:52:52 TP0] Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=4, avail mem=26.88 GB
+[2026-06-17 19:53:10 TP0] Scheduler hit an exception: Traceback (most recent call last):
+  File "/opt/venv/lib/python3.12/site-packages/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", line 612, in __init__
+    raise Exception(
+Exception: Capture cuda graph failed: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:41822
+Possible solutions:
+1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)
+
+[2026-06-17 19:53:10] Received sigquit from a child process. It usually means the child failed.
+"""
+
+
+def test_capture_failed_wrapping_a_gloo_error_is_nccl_error_not_oom() -> None:
+    """sglang#4205: the capture wrapper around a gloo peer loss is nccl_error (retryable)."""
+    d = diagnose_text(GLOO_WRAPPED, 137)
+    assert (Outcome.NCCL_ERROR, Phase.CUDA_GRAPH, "TP0") == (d.outcome, d.phase, d.rank)
+    assert d.numbers.tried_gib is None
+
+
+def test_wrapped_cuda_oom_is_attributed_to_the_last_capture_pass() -> None:
+    """The 0.5.23 seed log fails in draft extend, after target prefill and verify captured."""
+    n = diag("v0523_oom_draft_extend_mtp_seed_tp4.log", 137).numbers
+    assert ("draft_extend", 3) == (n.graph_pass, n.graph_passes_begun)
+    assert (7.5, 2.3, 9.26, 28.0) == (
+        n.tried_gib, n.free_gib, n.graph_begin_avail_gib, n.graph_first_begin_avail_gib
+    )
+
+
+def test_hybrid_state_error_keeps_its_figures() -> None:
+    """0.5.23's "Not enough GPU memory for hybrid ... state cache" states K and per-request MB."""
+    d = diag("v0523_hybrid_state_too_small_mtp.log", -9)
+    assert (-3, 146.25) == (d.numbers.mamba_cache_size, d.numbers.mamba_per_req_mib)
+    assert d.retryable and "--max-running-requests" in d.advice
+
+
+def test_the_0_5_10_mamba_spec_error_carries_its_prescribed_fix() -> None:
+    """"please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1."."""
+    d = diag("v0510_bad_argument_mamba_spec.log", 1)
+    assert Outcome.BAD_ARGUMENT == d.outcome
+    assert ("extra_buffer", "SGLANG_ENABLE_SPEC_V2=1") == (
+        d.numbers.prescribed_mamba_strategy, d.numbers.prescribed_env
     )
