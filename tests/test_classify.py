@@ -523,17 +523,22 @@ def test_diagnose_does_not_disturb_the_follower() -> None:
     )
 
 
-GLOO_WRAPPED = """\
-[2026-06-17 19:52:52 TP0] Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=4, avail mem=26.88 GB
-[2026-06-17 19:53:10 TP0] Scheduler hit an exception: Traceback (most recent call last):
-  File "/opt/venv/lib/python3.12/site-packages/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", line 612, in __init__
-    raise Exception(
-Exception: Capture cuda graph failed: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:41822
-Possible solutions:
-1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)
-
-[2026-06-17 19:53:10] Received sigquit from a child process. It usually means the child failed.
-"""
+GLOO_WRAPPED = "\n".join([
+    "[2026-06-17 19:52:52 TP0] Capture target verify CUDA graph begin. backend=full, "
+    "num_tokens_per_req=4, avail mem=26.88 GB",
+    "[2026-06-17 19:53:10 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+    '  File "/opt/venv/lib/python3.12/site-packages/sglang/srt/model_executor/runner/'
+    'decode_cuda_graph_runner.py", line 612, in __init__',
+    "    raise Exception(",
+    "Exception: Capture cuda graph failed: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+    "Connection closed by peer [10.0.0.2]:41822",
+    "Possible solutions:",
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
+    "",
+    "[2026-06-17 19:53:10] Received sigquit from a child process. It usually means the child "
+    "failed.",
+    "",
+])
 
 
 def test_capture_failed_wrapping_a_gloo_error_is_nccl_error_not_oom() -> None:

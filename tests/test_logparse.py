@@ -25,13 +25,14 @@ from launcher.logparse import (
     Signature,
     Source,
     Traceback,
+    fill_error_figures,
+    graph_pass_of,
     match_signatures,
     parse_line,
     parse_oom,
     parse_size_gib,
     split_records,
 )
-from launcher.logparse import fill_error_figures, graph_pass_of
 from launcher.outcome import Numbers
 from launcher.params import LaunchParams
 from launcher.phases import GraphPass, Phase
