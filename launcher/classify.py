@@ -43,6 +43,7 @@ from launcher.logparse import (
 )
 from launcher.outcome import Diagnosis, Outcome
 from launcher.phases import Phase
+from launcher.prescribe import prescription
 
 __all__ = ["ADVICE", "RETRYABLE", "classify", "diagnose", "diagnose_text"]
 
@@ -292,6 +293,7 @@ def _diagnosis(
     rank: str | None = None,
     special: Signature | None = None,
     error_text: str | None = None,
+    sglang_version: str | None = None,
 ) -> Diagnosis:
     numbers = dataclasses.replace(follower.numbers)
     if error_text is not None:
@@ -299,6 +301,14 @@ def _diagnosis(
     advice = _SPECIAL_ADVICE[special] if special is not None else ADVICE[outcome]
     if outcome is Outcome.KV_TOO_SMALL and numbers.min_mem_fraction is not None:
         advice += f"; SGLang states the minimum viable value is {numbers.min_mem_fraction}"
+    fix = prescription(numbers, sglang_version) if sglang_version is not None else None
+    prescribed = None
+    if fix is not None:
+        snippet = fix.toml()
+        advice += (f". SGLang's error prescribes its fix; for SGLang {sglang_version} that is "
+                   f"{fix.describe()}. Config change:\n{snippet}")
+        prescribed = {"description": fix.describe(), "flags": fix.flags, "env": dict(fix.env),
+                      "toml": snippet}
     return Diagnosis(
         outcome=outcome,
         phase=phase or Phase.INIT,
@@ -308,14 +318,22 @@ def _diagnosis(
         advice=advice,
         rank=rank,
         exit_status=exit_status,
+        prescribed_fix=prescribed,
     )
 
 
 def diagnose(
-    follower: LogFollower, exit_status: int | None = None, *, hung: bool = False
+    follower: LogFollower,
+    exit_status: int | None = None,
+    *,
+    hung: bool = False,
+    sglang_version: str | None = None,
 ) -> Diagnosis:
     """The verdict on the log ``follower`` has read, given the exit status if the process
     ended (None: still running or unknown) and whether the caller judged it ``hung``.
+
+    With the server's ``sglang_version``, a fix SGLang's error prescribes is put in the
+    advice (and ``prescribed_fix``) in that version's dialect, as a config snippet.
 
     Does not change the follower, so it can be asked mid-stream.
     """
@@ -348,6 +366,7 @@ def diagnose(
             rank=rec.rank,
             special=v.special,
             error_text=rec.text,
+            sglang_version=sglang_version,
         )
     if hung:
         return verdict(Outcome.HANG, _tail_evidence(follower))
@@ -381,7 +400,11 @@ def _lines(items: Iterable[str]) -> Iterable[str]:
 
 
 def classify(
-    lines: Iterable[str], exit_status: int | None = None, *, hung: bool = False
+    lines: Iterable[str],
+    exit_status: int | None = None,
+    *,
+    hung: bool = False,
+    sglang_version: str | None = None,
 ) -> Diagnosis:
     """The verdict on a whole log, given as lines (see the module docstring for the rules).
 
@@ -392,9 +415,15 @@ def classify(
     for line in _lines(lines):
         follower.feed_line(line)
     follower.finish()
-    return diagnose(follower, exit_status, hung=hung)
+    return diagnose(follower, exit_status, hung=hung, sglang_version=sglang_version)
 
 
-def diagnose_text(text: str, exit_status: int | None = None, *, hung: bool = False) -> Diagnosis:
+def diagnose_text(
+    text: str,
+    exit_status: int | None = None,
+    *,
+    hung: bool = False,
+    sglang_version: str | None = None,
+) -> Diagnosis:
     """``classify`` for a log as one string, split on ``\\r`` and ``\\n`` as SGLang writes it."""
-    return classify(split_records(text), exit_status, hung=hung)
+    return classify(split_records(text), exit_status, hung=hung, sglang_version=sglang_version)

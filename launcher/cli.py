@@ -131,7 +131,9 @@ async def _version(server: ServerConfig, transport: Transport) -> str:
 # --- diagnose / plan ------------------------------------------------------------------
 
 
-def _policy_next(config: Config | None, diag: Diagnosis) -> LaunchParams | str | None:
+def _policy_next(
+    config: Config | None, diag: Diagnosis, sglang_version: str
+) -> LaunchParams | str | None:
     if not diag.outcome.is_memory:
         return None
     p = config.policy if config else None
@@ -142,8 +144,15 @@ def _policy_next(config: Config | None, diag: Diagnosis) -> LaunchParams | str |
     )
     n = diag.numbers
     launched = LaunchParams(n.mem_fraction_static, n.cuda_graph_max_bs)
-    decision = next_params(launched, bounds, [AttemptRecord(launched, diag.outcome, diag.phase, n)])
+    decision = next_params(launched, bounds, [AttemptRecord(launched, diag.outcome, diag.phase, n)],
+                           sglang_version=sglang_version)
     return decision.params if decision.params is not None else decision.reason
+
+
+def _log_version(text: str) -> str:
+    """The SGLang version a log's shape suggests: 0.5.23's args dump is a dict, older ones
+    print ``ServerArgs(...)`` (their flag dialect is 0.5.10's)."""
+    return "0.5.10" if "server_args=ServerArgs(" in text else "0.5.23"
 
 
 @app.command()
@@ -152,6 +161,11 @@ def diagnose(
     as_json: JsonOpt = False,
     exit_status: Annotated[
         int | None, typer.Option("--exit-status", help="The process's exit status, if known.")
+    ] = None,
+    sglang_version: Annotated[
+        str | None,
+        typer.Option("--sglang-version", help="The server's SGLang version (default: from the "
+                     "log's shape, 0.5.10 or 0.5.23); advice uses its flag dialect."),
     ] = None,
 ) -> None:
     """Classify an SGLang start-up log: outcome, phase, evidence, advice."""
@@ -164,14 +178,12 @@ def diagnose(
                 remedy="pass the path of an SGLang log file",
             )
         )
-    diag = diagnose_text(text, exit_status)
-    nxt = _policy_next(None, diag)
+    version = sglang_version or _log_version(text)
+    diag = diagnose_text(text, exit_status, sglang_version=version)
+    nxt = _policy_next(None, diag, version)
     data = diag.as_dict()
     if isinstance(nxt, LaunchParams):
-        data["next_params"] = {
-            "mem_fraction_static": nxt.mem_fraction_static,
-            "cuda_graph_max_bs": nxt.cuda_graph_max_bs,
-        }
+        data["next_params"] = nxt.as_dict()
         data["advice"] = f"{diag.advice} Next attempt: {nxt.describe()}."
     elif isinstance(nxt, str):
         data["next_params"] = None
@@ -188,7 +200,8 @@ def diagnose(
         if data["numbers"]:
             nums = ", ".join(f"{k}={v}" for k, v in data["numbers"].items())
             out.print(f"[bold]numbers[/]  {nums}", highlight=False)
-        out.print(f"[bold]advice[/]   {data['advice']}", highlight=False)
+        out.print("[bold]advice[/]   ", end="")
+        out.print(data["advice"], highlight=False, markup=False)
         if diag.evidence:
             out.print("[bold]evidence[/]")
             for line in diag.evidence:
@@ -204,7 +217,7 @@ def plan(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = Fa
     for s in _guard(lambda: _selected(config, server)):
         host = config.host(s.host)
         version = s.sglang_version or "0.5.23"
-        params = LaunchParams(s.mem_fraction_static, s.cuda_graph_max_bs)
+        params = s.launch_params()
         secrets = {k: "***" for k in s.secret_env}
         cmd = server_command(s, params, version, secrets)
         p = config.policy_for(s.name)
@@ -365,7 +378,7 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         version = await _version(s, transports[s.host])
         fp = fingerprint(s, config.host(s.host), version)
         fingerprints[s.name] = fp
-        configured = LaunchParams(s.mem_fraction_static, s.cuda_graph_max_bs)
+        configured = s.launch_params()
         initial, why = initial_params(ledger, fp, configured, fresh)
         log.info("params.initial", server=s.name, params=initial.describe(), reason=why,
                  sglang_version=version)

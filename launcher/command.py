@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+import shlex
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -62,6 +64,42 @@ def params_argv(params: LaunchParams, sglang_version: str) -> list[str]:
     if params.mamba_full_memory_ratio is not None:
         argv += ["--mamba-full-memory-ratio", f"{params.mamba_full_memory_ratio:g}"]
     return argv
+
+
+# Environment variables a relaunch's params may set (``LaunchParams.env``), recovered from an
+# adopted attempt's env file.
+PARAMS_ENV = ("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", SPEC_V2_ENV)
+
+
+def params_from_argv(words: Iterable[str], env_lines: Iterable[str] = ()) -> LaunchParams:
+    """Inverse of ``params_argv`` over an attempt's recorded argv (either dialect), plus the
+    ``PARAMS_ENV`` settings among ``export NAME='value'`` lines of its env file."""
+    kw: dict[str, object] = {}
+    for flag, raw in itertools.pairwise(list(words)):
+        value = raw.strip("'\"")
+        try:
+            if flag == "--mem-fraction-static":
+                kw["mem_fraction_static"] = float(value)
+            elif flag in ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"):
+                kw["cuda_graph_max_bs"] = int(value)
+            elif flag == "--max-running-requests":
+                kw["max_running_requests"] = int(value)
+            elif flag == "--max-mamba-cache-size":
+                kw["max_mamba_cache_size"] = int(value)
+            elif flag == "--mamba-full-memory-ratio":
+                kw["mamba_full_memory_ratio"] = float(value)
+            elif flag in ("--mamba-scheduler-strategy", "--mamba-radix-cache-strategy"):
+                kw["mamba_strategy"] = value
+        except ValueError:
+            continue  # a flag name used as a value: not ours
+    env: list[tuple[str, str]] = []
+    for line in env_lines:
+        parts = shlex.split(line) if line.startswith("export ") else []
+        if len(parts) == 2 and "=" in parts[1]:
+            name, value = parts[1].split("=", 1)
+            if name in PARAMS_ENV:
+                env.append((name, value))
+    return LaunchParams(**kw, env=tuple(sorted(env)))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -300,8 +300,8 @@ def _params(value: Any) -> str:
         return "unknown params"
     mfs, bs = value.get("mem_fraction_static"), value.get("cuda_graph_max_bs")
     try:
-        return LaunchParams(
-            None if mfs is None else float(mfs), None if bs is None else int(bs)
+        return LaunchParams.from_extras(
+            None if mfs is None else float(mfs), None if bs is None else int(bs), dict(value)
         ).describe()
     except (TypeError, ValueError):
         return f"mem_fraction_static={mfs} cuda_graph_max_bs={bs}"

@@ -113,6 +113,9 @@ class Diagnosis:
     advice: str = ""
     rank: str | None = None  # e.g. "TP1" when the decisive line came from one rank
     exit_status: int | None = None
+    # A fix SGLang's error names, in the server's version's dialect (``launcher.prescribe``):
+    # {"description", "flags", "env", "toml"}; None when none (or the version is unknown).
+    prescribed_fix: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -124,4 +127,5 @@ class Diagnosis:
             "evidence": list(self.evidence),
             "retryable": self.retryable,
             "advice": self.advice,
+            "prescribed_fix": self.prescribed_fix,
         }

@@ -59,7 +59,8 @@ def test_new_ledger_is_migrated_to_the_current_schema(tmp_path: Path) -> None:
     with capture_logs() as logs, Ledger(path) as ledger:
         assert SCHEMA_VERSION == ledger.schema_version
     migrated = [e for e in logs if e["event"] == "ledger.migrated"]
-    assert [(0, 1)] == [(e["from_version"], e["to_version"]) for e in migrated]
+    steps = [(v, v + 1) for v in range(SCHEMA_VERSION)]
+    assert steps == [(e["from_version"], e["to_version"]) for e in migrated]
     conn = _raw(path)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"attempts", "last_good"} == tables
@@ -551,3 +552,16 @@ def test_recorder_does_not_block_its_caller_while_the_database_is_busy(ledger: L
         assert hook.flush()
     assert [(1, 7.0)] == [(r.attempt, r.started_at) for r in ledger.history()]
     other.close()
+
+
+def test_params_beyond_fraction_and_bs_round_trip(tmp_path: Path) -> None:
+    """Running requests, Mamba knobs and env a relaunch set (a prescribed fix) are recorded
+    with the attempt and come back in history and as last good params."""
+    p = LaunchParams(0.8, 32, max_running_requests=24, mamba_strategy="extra_buffer",
+                     env=(("SGLANG_ENABLE_SPEC_V2", "1"),))
+    with Ledger(tmp_path / "l.sqlite3") as ledger:
+        ledger.attempt_started("s", "fp", 2, p, 10.0)
+        assert p == ledger.history("s")[0].params
+        assert {"SGLANG_ENABLE_SPEC_V2": "1"} == ledger.history("s")[0].as_dict()["params"]["env"]
+        ledger.server_ready("s", "fp", p, 5.0, 2, at=20.0)
+        assert p == ledger.last_good("fp")
