@@ -75,8 +75,8 @@ def params_from_argv(words: Iterable[str], env_lines: Iterable[str] = ()) -> Lau
     """Inverse of ``params_argv`` over an attempt's recorded argv (either dialect), plus the
     ``PARAMS_ENV`` settings among ``export NAME='value'`` lines of its env file."""
     kw: dict[str, object] = {}
-    for flag, raw in itertools.pairwise(list(words)):
-        value = raw.strip("'\"")
+    for quoted_flag, raw in itertools.pairwise(list(words)):
+        flag, value = quoted_flag.strip("'\""), raw.strip("'\"")
         try:
             if flag == "--mem-fraction-static":
                 kw["mem_fraction_static"] = float(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -571,3 +572,25 @@ def test_the_0_5_10_mamba_spec_error_carries_its_prescribed_fix() -> None:
     assert ("extra_buffer", "SGLANG_ENABLE_SPEC_V2=1") == (
         d.numbers.prescribed_mamba_strategy, d.numbers.prescribed_env
     )
+
+
+
+@pytest.mark.parametrize(
+    ("version", "flags", "env"),
+    [("0.5.10", ["--mamba-scheduler-strategy", "extra_buffer"], {"SGLANG_ENABLE_SPEC_V2": "1"}),
+     ("0.5.23", ["--mamba-radix-cache-strategy", "extra_buffer"], {})],
+)
+def test_prescribed_fix_is_given_in_the_servers_dialect(
+    version: str, flags: list[str], env: dict[str, str]
+) -> None:
+    """The advice holds the config change as TOML; 0.5.23 gets the renamed flag and not the
+    variable it no longer reads."""
+    d = diagnose_text(read_log("v0510_bad_argument_mamba_spec.log"), 1, sglang_version=version)
+    assert d.prescribed_fix is not None
+    assert (flags, env) == (d.prescribed_fix["flags"], d.prescribed_fix["env"])
+    toml = d.prescribed_fix["toml"]
+    assert 'mamba_strategy = "extra_buffer"' in toml and toml in d.advice
+    assert ("SGLANG_ENABLE_SPEC_V2" in toml.split("\n", 1)[1]) == bool(env)
+    assert d.as_dict()["prescribed_fix"] == d.prescribed_fix
+    table = tomllib.loads(toml)["servers"][0]
+    assert ("extra_buffer", env) == (table["mamba_strategy"], table.get("env", {}))
