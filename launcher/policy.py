@@ -476,7 +476,12 @@ def _multipass_graphs(
     done, steps = n.graph_steps_done or 0, n.graph_steps_total or 1
     # A later step tried just its own size; after a failed first step, the rest are small.
     rest = max(0, steps - done - 1) * (tried if done >= 1 else DEFAULT_STEP_GIB)
-    pass_size = current - free + tried + rest
+    # What this pass holds before the failing step: after a first step that failed, only its
+    # static buffers (begin to progress bar); free memory missing beyond that is not this
+    # pass's size (it stays counted in ``start - free`` below, just not extrapolated).
+    bar = n.graph_last_avail_gib if n.graph_last_avail_gib is not None else current
+    held = current - free if done >= 1 else max(0.0, current - max(bar, free))
+    pass_size = held + tried + rest
     gpass = GraphPass(n.graph_pass)
     later = _later_passes(gpass, n, ctx, extend_off)
     later_gib = sum(share * pass_size for _, share in later)
