@@ -175,12 +175,12 @@ def fingerprint(server: ServerConfig, host: HostConfig, sglang_version: str) -> 
 
     Contract: anything that changes how much GPU memory the server needs or has changes the
     fingerprint: the host's identity (name, address, ssh port), the GPUs (as a set), the
-    model path, tp, dp, the SGLang version, the extra arguments (in order) and the server's
-    environment. Things launcher decides or that do not touch memory do not: the
-    mem_fraction_static / cuda_graph_max_bs being remembered, port, listen address, served
-    name, probes and policy. The same inputs give the same value in every process and
-    version of Python (canonical JSON, no ``hash()``); changing this recipe would only cost
-    one cold start per server.
+    model path, tp, dp, the SGLang version, the extra arguments (in order), the server's
+    environment and its configured running-request / Mamba knobs. Things launcher decides or
+    that do not touch memory do not: the mem_fraction_static / cuda_graph_max_bs being
+    remembered, port, listen address, served name, probes and policy. The same inputs give the
+    same value in every process and version of Python (canonical JSON, no ``hash()``);
+    changing this recipe would only cost one cold start per server.
     """
     identity = {
         "host": {"name": host.name, "address": host.address, "port": host.port},
@@ -192,6 +192,11 @@ def fingerprint(server: ServerConfig, host: HostConfig, sglang_version: str) -> 
         "extra_args": list(server.extra_args),
         "env": dict(sorted(server.env.items())),
     }
+    # Configured relaunch knobs other than the two remembered ones (only when set, so older
+    # fingerprints stay): a config change there must not be overridden by warm-start params.
+    knobs = server.launch_params().extras()
+    if knobs:
+        identity["knobs"] = knobs
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -307,9 +307,11 @@ def test_fingerprint_is_stable() -> None:
         (_server(), _host(address="10.0.0.6"), "0.4.6.post1"),
         (_server(), _host(port=2222), "0.4.6.post1"),
         (_server(), _host(name="gpu2"), "0.4.6.post1"),
+        (_server(mamba_strategy="extra_buffer"), _host(), "0.4.6.post1"),
+        (_server(max_running_requests=24), _host(), "0.4.6.post1"),
     ],
     ids=["gpus", "model", "version", "tp-dp", "extra-args", "env", "address", "ssh-port",
-         "host-name"],
+         "host-name", "mamba-strategy", "running-requests"],
 )
 def test_fingerprint_changes_with_what_changes_memory(
     server: ServerConfig, host: HostConfig, version: str
