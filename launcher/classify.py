@@ -314,7 +314,9 @@ def _diagnosis(
         phase=phase or Phase.INIT,
         numbers=numbers,
         evidence=list(evidence)[:_MAX_EVIDENCE],
-        retryable=outcome in RETRYABLE,
+        # A prescribed fix makes a relaunch worth asking the policy about (it applies the fix
+        # with [policy] apply_prescribed_fixes, else gives up naming it).
+        retryable=outcome in RETRYABLE or fix is not None,
         advice=advice,
         rank=rank,
         exit_status=exit_status,
