@@ -567,3 +567,17 @@ def test_params_beyond_fraction_and_bs_round_trip(tmp_path: Path) -> None:
         assert {"SGLANG_ENABLE_SPEC_V2": "1"} == ledger.history("s")[0].as_dict()["params"]["env"]
         ledger.server_ready("s", "fp", p, 5.0, 2, at=20.0)
         assert p == ledger.last_good("fp")
+
+
+def test_recorder_keeps_a_relaunchs_extra_params(ledger: Ledger) -> None:
+    """A prescribed fix's params (strategy, env) as the supervisor reports them are recorded
+    with the attempt and as last good params."""
+    clock = FakeClock(100.0)
+    p = LaunchParams(0.8, 32, mamba_strategy="extra_buffer",
+                     env=(("SGLANG_ENABLE_SPEC_V2", "1"),))
+    with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
+        hook("llama", "attempt.started", {"attempt": 2, "params": p.as_dict()})
+        clock.now = 130.0
+        hook("llama", "server.ready", {"attempts": 2, "seconds": 30.0, "params": p.as_dict(),
+                                       "history": []})
+    assert p == ledger.history()[0].params == ledger.last_good("fp1")
