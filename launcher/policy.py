@@ -24,11 +24,26 @@ no capture figures it makes this the plain deficit rule, ``mfs - (tried - free +
 Unknowns take documented defaults (``DEFAULT_STEP_GIB``, ``default_warmup_gib``); a wrong
 guess costs one more attempt, whose log then has the exact figure.
 
-KV too small: above SGLang's stated minimum (or weights / pre) plus ``KV_CUSHION``, and at
-least the fraction that keeps what SGLang's auto rule keeps for graphs; once a pool > 0 was
-too small, the most the brackets allow (an OOM there brings the graph figures). Without
-figures at all, fixed steps of ``STEP_FRACTION`` (SGLang's own advice), halving the graph bs
-where the fraction would cross its floor.
+KV too small: SGLang's stated minimum (or (weights + counted draft weights) / pre) plus
+``KV_CUSHION``, never SGLang's auto value (only without any figure is the auto value a floor);
+once a pool > 0 was too small, the most the brackets allow (an OOM there brings the graph
+figures). Without figures at all, fixed steps of ``STEP_FRACTION`` (SGLang's own advice),
+halving the graph bs where the fraction would cross its floor.
+
+Multi-pass capture (a log that names its passes, ``Numbers.graph_pass``): SGLang captures
+target prefill, target decode/verify, then the draft's decode and extend graphs, each from what
+the pass before left. A capture OOM then says that everything since the *first* pass began is
+needed again (``start - free``, ``start`` capped at ``(1 - mfs) x pre``), plus what was
+``tried``, the failing pass's remaining steps and an estimate of the passes still to come
+(``LATER_PASS_SHARE`` of the failing pass's size); at an unchanged graph bs the fraction falls
+by at least the OOM's own deficit (``tried - free``). Under speculative decoding the graph bs
+is searched below the running-request cap (48 unless set), the speculative shape is never
+touched, and the levers go fraction, then graph bs, then (0.5.23, ``[policy]
+allow_disable_draft_extend_graph``) ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1``. Hybrid
+state-cache errors follow SGLang's message: a configured ``max_mamba_cache_size`` doubled,
+else ``max_running_requests`` halved, else the fraction raised. A fix SGLang's error names is
+applied once with ``[policy] apply_prescribed_fixes`` (``launcher.prescribe``). A relaunch
+keeps every knob it does not change.
 
 Facts are kept as brackets, in thousandths: a fraction too small at any bs bounds all lower
 fractions out; an OOM at (mfs, bs) bounds out every (>= mfs, >= bs). A proposal is always
