@@ -149,10 +149,15 @@ def _policy_next(
     return decision.params if decision.params is not None else decision.reason
 
 
+# Not "--mamba-scheduler-strategy": 0.5.23 names it too, rejecting it as unrecognized.
+_OLD_LOG_MARKS = ("server_args=ServerArgs(", "Init torch distributed begin")
+
+
 def _log_version(text: str) -> str:
-    """The SGLang version a log's shape suggests: 0.5.23's args dump is a dict, older ones
-    print ``ServerArgs(...)`` (their flag dialect is 0.5.10's)."""
-    return "0.5.10" if "server_args=ServerArgs(" in text else "0.5.23"
+    """The SGLang version a log's shape suggests: 0.5.23 dumps its args as a dict and says
+    "Init parallel"; older ones print ``ServerArgs(...)`` and "Init torch distributed" (their
+    flag dialect is 0.5.10's). Without either, 0.5.23; ``--sglang-version`` overrides."""
+    return "0.5.10" if any(mark in text for mark in _OLD_LOG_MARKS) else "0.5.23"
 
 
 @app.command()
