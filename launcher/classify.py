@@ -44,6 +44,7 @@ from launcher.logparse import (
 )
 from launcher.outcome import Confidence, Diagnosis, Outcome
 from launcher.phases import Phase
+from launcher.prescribe import prescription
 
 __all__ = ["ADVICE", "RETRYABLE", "classify", "diagnose", "diagnose_text"]
 
@@ -67,6 +68,11 @@ ADVICE: dict[Outcome, str] = {
     Outcome.KV_TOO_SMALL: (
         "the weights leave no room for the KV cache: raise --mem-fraction-static "
         "(above the minimum SGLang states, if it states one), or use more GPUs"
+    ),
+    Outcome.HYBRID_STATE_TOO_SMALL: (
+        "the hybrid (Mamba/linear-attention) state cache does not fit: lower "
+        "--max-running-requests, raise --mem-fraction-static, or raise "
+        "--mamba-full-memory-ratio / --max-mamba-cache-size"
     ),
     Outcome.PORT_IN_USE: (
         "a port is taken (HTTP, an internal port or torch distributed): stop what holds it "
@@ -122,6 +128,7 @@ RETRYABLE = frozenset(
         Outcome.OOM_KV_CACHE,
         Outcome.OOM_RUNTIME,
         Outcome.KV_TOO_SMALL,
+        Outcome.HYBRID_STATE_TOO_SMALL,
         Outcome.HANG,
         Outcome.KILLED,
         Outcome.NCCL_ERROR,  # once: the backoff policy limits repeats
@@ -259,6 +266,8 @@ def _judge(rec: _Record, hints: ev.Hints) -> _Verdict | None:
         return _Verdict(Outcome.PORT_IN_USE, phase, True)
     if Signature.KV_TOO_SMALL in sigs:  # raised while sizing the pools, after the weights
         return _Verdict(Outcome.KV_TOO_SMALL, phase or Phase.KV_CACHE, True)
+    if Signature.HYBRID_STATE in sigs:
+        return _Verdict(Outcome.HYBRID_STATE_TOO_SMALL, phase or Phase.KV_CACHE, True)
     if Signature.CUDA_OOM in sigs or Signature.NCCL_OOM in sigs:
         oom_phase, confidence, remark = _oom_phase(rec, hints)
         outcome = _OOM_BY_PHASE[oom_phase or Phase.INIT]
@@ -276,7 +285,10 @@ def _judge(rec: _Record, hints: ev.Hints) -> _Verdict | None:
             special = sig if sig in _SPECIAL_ADVICE else None
             return _Verdict(outcome, phase, True, special)
     if Signature.NCCL_ERROR in sigs:
-        return _Verdict(Outcome.NCCL_ERROR, phase, False)
+        # Wrapped by "Capture cuda graph failed: [...gloo...] Connection closed by peer": the
+        # capture failed because a peer went, which is the cause here, not a consequence.
+        wrapped = Signature.GRAPH_CAPTURE_FAILED in sigs
+        return _Verdict(Outcome.NCCL_ERROR, Phase.CUDA_GRAPH if wrapped else phase, wrapped)
     if Signature.CHILD_FAILED in sigs or Signature.KILLED in sigs:
         return None
     if rec.exc_type == "EOFError":  # 0.5.6 parent: a scheduler's pipe closed as it died
@@ -318,6 +330,7 @@ def _diagnosis(
     error_text: str | None = None,
     confidence: Confidence = Confidence.DECISIVE,
     remarks: Iterable[str] = (),
+    sglang_version: str | None = None,
 ) -> Diagnosis:
     numbers = dataclasses.replace(follower.numbers)
     if error_text is not None:
@@ -325,27 +338,46 @@ def _diagnosis(
     advice = _SPECIAL_ADVICE[special] if special is not None else ADVICE[outcome]
     if outcome is Outcome.KV_TOO_SMALL and numbers.min_mem_fraction is not None:
         advice += f"; SGLang states the minimum viable value is {numbers.min_mem_fraction}"
+    fix = prescription(numbers, sglang_version) if sglang_version is not None else None
+    prescribed = None
+    if fix is not None:
+        snippet = fix.toml()
+        advice += (f". SGLang's error prescribes its fix; for SGLang {sglang_version} that is "
+                   f"{fix.describe()}. Config change:\n{snippet}")
+        prescribed = {"description": fix.describe(), "flags": fix.flags, "env": dict(fix.env),
+                      "toml": snippet}
     return Diagnosis(
         outcome=outcome,
         phase=phase or Phase.INIT,
         numbers=numbers,
         evidence=list(dict.fromkeys(evidence))[:_MAX_EVIDENCE],  # the same text once
-        # A weak oom_weights (phase unknown) may be a serving OOM: worth a lower retry.
+        # A weak oom_weights (phase unknown) may be a serving OOM: worth a lower retry. A
+        # prescribed fix makes a relaunch worth asking the policy about (it applies the fix
+        # with [policy] apply_prescribed_fixes, else gives up naming it).
         retryable=outcome in RETRYABLE
-        or (outcome is Outcome.OOM_WEIGHTS and confidence is Confidence.WEAK),
+        or (outcome is Outcome.OOM_WEIGHTS and confidence is Confidence.WEAK)
+        or fix is not None,
         advice=advice,
         rank=rank,
         exit_status=exit_status,
         confidence=confidence,
         remarks=[r for r in remarks if r],
+        prescribed_fix=prescribed,
     )
 
 
 def diagnose(
-    follower: LogFollower, exit_status: int | None = None, *, hung: bool = False
+    follower: LogFollower,
+    exit_status: int | None = None,
+    *,
+    hung: bool = False,
+    sglang_version: str | None = None,
 ) -> Diagnosis:
     """The verdict on the log ``follower`` has read, given the exit status if the process
     ended (None: still running or unknown) and whether the caller judged it ``hung``.
+
+    With the server's ``sglang_version``, a fix SGLang's error prescribes is put in the
+    advice (and ``prescribed_fix``) in that version's dialect, as a config snippet.
 
     Does not change the follower, so it can be asked mid-stream.
     """
@@ -405,6 +437,7 @@ def diagnose(
             error_text=rec.text,
             confidence=v.confidence,
             remarks=[v.remark],
+            sglang_version=sglang_version,
         )
     if hung:
         return verdict(Outcome.HANG, _tail_evidence(follower))
@@ -445,7 +478,11 @@ def _lines(items: Iterable[str]) -> Iterable[str]:
 
 
 def classify(
-    lines: Iterable[str], exit_status: int | None = None, *, hung: bool = False
+    lines: Iterable[str],
+    exit_status: int | None = None,
+    *,
+    hung: bool = False,
+    sglang_version: str | None = None,
 ) -> Diagnosis:
     """The verdict on a whole log, given as lines (see the module docstring for the rules).
 
@@ -456,9 +493,15 @@ def classify(
     for line in ev.unwrap(_lines(lines)):  # a pasted log may carry a collector's prefixes
         follower.feed_line(line)
     follower.finish()
-    return diagnose(follower, exit_status, hung=hung)
+    return diagnose(follower, exit_status, hung=hung, sglang_version=sglang_version)
 
 
-def diagnose_text(text: str, exit_status: int | None = None, *, hung: bool = False) -> Diagnosis:
+def diagnose_text(
+    text: str,
+    exit_status: int | None = None,
+    *,
+    hung: bool = False,
+    sglang_version: str | None = None,
+) -> Diagnosis:
     """``classify`` for a log as one string, split on ``\\r`` and ``\\n`` as SGLang writes it."""
-    return classify(split_records(text), exit_status, hung=hung)
+    return classify(split_records(text), exit_status, hung=hung, sglang_version=sglang_version)

@@ -185,11 +185,23 @@ def _launched(
     return launched, source
 
 
-def _policy_next(diag: Diagnosis, launched: LaunchParams) -> LaunchParams | str:
-    bounds = Bounds()
+def _policy_next(
+    diag: Diagnosis, launched: LaunchParams, sglang_version: str
+) -> LaunchParams | str:
     record = AttemptRecord(launched, diag.outcome, diag.phase, diag.numbers)
-    decision = next_params(launched, bounds, [record])
+    decision = next_params(launched, Bounds(), [record], sglang_version=sglang_version)
     return decision.params if decision.params is not None else decision.reason
+
+
+# Not "--mamba-scheduler-strategy": 0.5.23 names it too, rejecting it as unrecognized.
+_OLD_LOG_MARKS = ("server_args=ServerArgs(", "Init torch distributed begin")
+
+
+def _log_version(text: str) -> str:
+    """The SGLang version a log's shape suggests: 0.5.23 dumps its args as a dict and says
+    "Init parallel"; older ones print ``ServerArgs(...)`` and "Init torch distributed" (their
+    flag dialect is 0.5.10's). Without either, 0.5.23; ``--sglang-version`` overrides."""
+    return "0.5.10" if any(mark in text for mark in _OLD_LOG_MARKS) else "0.5.23"
 
 
 @app.command()
@@ -207,6 +219,11 @@ def diagnose(
             "mem_fraction_static=0.85,cuda_graph_max_bs=32 (the log's server_args win).",
         ),
     ] = None,
+    sglang_version: Annotated[
+        str | None,
+        typer.Option("--sglang-version", help="The server's SGLang version (default: from the "
+                     "log's shape, 0.5.10 or 0.5.23); advice uses its flag dialect."),
+    ] = None,
 ) -> None:
     """Classify an SGLang start-up log: outcome, confidence, phase, evidence, advice."""
     given = _guard(lambda: _parse_params(params))
@@ -219,7 +236,8 @@ def diagnose(
                 remedy="pass the path of an SGLang log file",
             )
         )
-    diag = diagnose_text(text, exit_status)
+    version = sglang_version or _log_version(text)
+    diag = diagnose_text(text, exit_status, sglang_version=version)
     data = diag.as_dict()
     if diag.outcome.is_memory:
         launched, source = _launched(diag, given)
@@ -232,12 +250,9 @@ def diagnose(
                 f"{' and '.join(unknown)}; pass --params {unknown[0]}=..."
             )
         else:
-            nxt = _policy_next(diag, launched)
+            nxt = _policy_next(diag, launched, version)
             if isinstance(nxt, LaunchParams):
-                data["next_params"] = {
-                    "mem_fraction_static": nxt.mem_fraction_static,
-                    "cuda_graph_max_bs": nxt.cuda_graph_max_bs,
-                }
+                data["next_params"] = nxt.as_dict()
                 data["advice"] = f"{diag.advice} Next attempt: {nxt.describe()}."
             else:
                 data["next_params"] = None
@@ -254,9 +269,11 @@ def diagnose(
         if data["numbers"]:
             nums = ", ".join(f"{k}={v}" for k, v in data["numbers"].items())
             out.print(f"[bold]numbers[/]  {nums}", highlight=False)
-        out.print(f"[bold]advice[/]   {data['advice']}", highlight=False, markup=False)
+        out.print("[bold]advice[/]   ", end="")
+        out.print(data["advice"], highlight=False, markup=False)
         for remark in diag.remarks:
-            out.print(f"[bold]note[/]     {remark}", highlight=False, markup=False)
+            out.print("[bold]note[/]     ", end="")
+            out.print(remark, highlight=False, markup=False)
         if diag.evidence:
             out.print("[bold]evidence[/]")
             for line in diag.evidence:
@@ -272,7 +289,7 @@ def plan(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = Fa
     for s in _guard(lambda: _selected(config, server)):
         host = config.host(s.host)
         version = s.sglang_version or "0.5.23"
-        params = LaunchParams(s.mem_fraction_static, s.cuda_graph_max_bs)
+        params = s.launch_params()
         secrets = {k: "***" for k in s.secret_env}
         cmd = server_command(s, params, version, secrets)
         p = config.policy_for(s.name)
@@ -433,7 +450,7 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         version = await _version(s, transports[s.host])
         fp = fingerprint(s, config.host(s.host), version)
         fingerprints[s.name] = fp
-        configured = LaunchParams(s.mem_fraction_static, s.cuda_graph_max_bs)
+        configured = s.launch_params()
         initial, why = initial_params(ledger, fp, configured, fresh)
         log.info("params.initial", server=s.name, params=initial.describe(), reason=why,
                  sglang_version=version)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+import shlex
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,6 +17,13 @@ if TYPE_CHECKING:
 # Versions from which --cuda-graph-max-bs is spelled --cuda-graph-max-bs-decode. 0.5.15 still
 # accepts the old spelling as a deprecated alias; 0.5.23 rejects it as an ambiguous prefix.
 DECODE_SPELLING_FROM = (0, 5, 15)
+# Versions from which --mamba-scheduler-strategy is spelled --mamba-radix-cache-strategy. 0.5.15
+# still accepted the old spelling as a deprecated alias; 0.5.23 rejects it (unrecognized, exit 2).
+MAMBA_RADIX_SPELLING_FROM = (0, 5, 15)
+# SGLANG_ENABLE_SPEC_V2 was retired by PR #27964; 0.5.23 has no reference to it and ignores it.
+# (0.5.23 is the first version checked without it; spec v2 is the default well before.)
+SPEC_V2_ENV_REMOVED_FROM = (0, 5, 23)
+SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
 MASK = "***"
 
 
@@ -23,6 +32,74 @@ def graph_bs_flag(sglang_version: str) -> str:
     if version_tuple(sglang_version) >= DECODE_SPELLING_FROM:
         return "--cuda-graph-max-bs-decode"
     return "--cuda-graph-max-bs"
+
+
+def mamba_strategy_flag(sglang_version: str) -> str:
+    """The flag that sets the hybrid (Mamba) radix-cache strategy in ``sglang_version``."""
+    if version_tuple(sglang_version) >= MAMBA_RADIX_SPELLING_FROM:
+        return "--mamba-radix-cache-strategy"
+    return "--mamba-scheduler-strategy"
+
+
+def env_is_read(name: str, sglang_version: str) -> bool:
+    """False for an environment variable ``sglang_version`` no longer reads (set it or not)."""
+    if name == SPEC_V2_ENV:
+        return version_tuple(sglang_version) < SPEC_V2_ENV_REMOVED_FROM
+    return True
+
+
+def params_argv(params: LaunchParams, sglang_version: str) -> list[str]:
+    """The flags ``params`` set, in the dialect of ``sglang_version`` (None fields: none)."""
+    argv: list[str] = []
+    if params.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", f"{params.mem_fraction_static:.3f}".rstrip("0")]
+    if params.cuda_graph_max_bs is not None:
+        argv += [graph_bs_flag(sglang_version), str(params.cuda_graph_max_bs)]
+    if params.max_running_requests is not None:
+        argv += ["--max-running-requests", str(params.max_running_requests)]
+    if params.mamba_strategy is not None:
+        argv += [mamba_strategy_flag(sglang_version), params.mamba_strategy]
+    if params.max_mamba_cache_size is not None:
+        argv += ["--max-mamba-cache-size", str(params.max_mamba_cache_size)]
+    if params.mamba_full_memory_ratio is not None:
+        argv += ["--mamba-full-memory-ratio", f"{params.mamba_full_memory_ratio:g}"]
+    return argv
+
+
+# Environment variables a relaunch's params may set (``LaunchParams.env``), recovered from an
+# adopted attempt's env file.
+PARAMS_ENV = ("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", SPEC_V2_ENV)
+
+
+def params_from_argv(words: Iterable[str], env_lines: Iterable[str] = ()) -> LaunchParams:
+    """Inverse of ``params_argv`` over an attempt's recorded argv (either dialect), plus the
+    ``PARAMS_ENV`` settings among ``export NAME='value'`` lines of its env file."""
+    kw: dict[str, object] = {}
+    for quoted_flag, raw in itertools.pairwise(list(words)):
+        flag, value = quoted_flag.strip("'\""), raw.strip("'\"")
+        try:
+            if flag == "--mem-fraction-static":
+                kw["mem_fraction_static"] = float(value)
+            elif flag in ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"):
+                kw["cuda_graph_max_bs"] = int(value)
+            elif flag == "--max-running-requests":
+                kw["max_running_requests"] = int(value)
+            elif flag == "--max-mamba-cache-size":
+                kw["max_mamba_cache_size"] = int(value)
+            elif flag == "--mamba-full-memory-ratio":
+                kw["mamba_full_memory_ratio"] = float(value)
+            elif flag in ("--mamba-scheduler-strategy", "--mamba-radix-cache-strategy"):
+                kw["mamba_strategy"] = value
+        except ValueError:
+            continue  # a flag name used as a value: not ours
+    env: list[tuple[str, str]] = []
+    for line in env_lines:
+        parts = shlex.split(line) if line.startswith("export ") else []
+        if len(parts) == 2 and "=" in parts[1]:
+            name, value = parts[1].split("=", 1)
+            if name in PARAMS_ENV:
+                env.append((name, value))
+    return LaunchParams(**kw, env=tuple(sorted(env)))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -58,6 +135,8 @@ def build_command(
 ) -> ServerCommand:
     """Build the attempt's command line. Explicit params only; None leaves SGLang's auto value.
 
+    ``params.env`` overrides ``env`` (a relaunch's own settings win over the configured ones).
+
     ``--log-level info`` is forced: at warning and above SGLang prints neither progress nor the
     ready line, and launcher would be blind.
     """
@@ -68,15 +147,13 @@ def build_command(
     if dp > 1:
         argv += ["--dp-size", str(dp)]
     argv += ["--host", listen, "--port", str(port)]
-    if params.mem_fraction_static is not None:
-        argv += ["--mem-fraction-static", f"{params.mem_fraction_static:.3f}".rstrip("0")]
-    if params.cuda_graph_max_bs is not None:
-        argv += [graph_bs_flag(sglang_version), str(params.cuda_graph_max_bs)]
+    argv += params_argv(params, sglang_version)
     argv += ["--log-level", "info"]
     argv += list(extra_args or [])
     full_env = {
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
         **dict(env or {}),
+        **dict(params.env),
         "LAUNCHER_SERVER": server_name,
         "LAUNCHER_ATTEMPT": str(attempt),
     }

@@ -43,11 +43,13 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_core import ErrorDetails
 
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
+from launcher.params import LaunchParams
 from launcher.phases import Phase
 
 __all__ = [
@@ -100,7 +102,14 @@ _OWNED_FLAGS = {
     "--cuda-graph-max-bs": "cuda_graph_max_bs",
     "--cuda-graph-max-bs-decode": "cuda_graph_max_bs",
     "--cuda-graph-max-bs-prefill": "cuda_graph_max_bs",
+    "--max-running-requests": "max_running_requests",
+    "--max-mamba-cache-size": "max_mamba_cache_size",
+    "--mamba-full-memory-ratio": "mamba_full_memory_ratio",
+    "--mamba-scheduler-strategy": "mamba_strategy",
+    "--mamba-radix-cache-strategy": "mamba_strategy",
 }
+# --mamba-radix-cache-strategy (and its extra_buffer_lazy choice) from this version on.
+_MAMBA_RADIX_FROM = (0, 5, 15)
 
 
 # --- field types -------------------------------------------------------------------------
@@ -226,6 +235,12 @@ class PolicyConfig(_Model):
     restart_budget: Annotated[int, Field(ge=0)] = 5
     restart_window: Duration = 3600.0
     healthy_reset: Duration = 1800.0
+    # Apply, once, a fix SGLang's own error names (e.g. 0.5.10's "please use
+    # --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1"); off: advise it.
+    apply_prescribed_fixes: bool = False
+    # Under speculative decoding on SGLang >= 0.5.23, set SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1
+    # when lowering the fraction and the graph bs cannot make a capture OOM fit.
+    allow_disable_draft_extend_graph: bool = False
     stall: StallBudgets = Field(default_factory=StallBudgets)
 
 
@@ -257,6 +272,8 @@ class PolicyOverride(_Model):
     restart_budget: Annotated[int, Field(ge=0)] | None = None
     restart_window: Duration | None = None
     healthy_reset: Duration | None = None
+    apply_prescribed_fixes: bool | None = None
+    allow_disable_draft_extend_graph: bool | None = None
     stall: StallOverride = Field(default_factory=StallOverride)
 
     def applied_to(self, base: PolicyConfig) -> PolicyConfig:
@@ -299,7 +316,10 @@ class HostConfig(_Model):
 class ServerConfig(_Model):
     """One SGLang server. ``gpus`` become CUDA_VISIBLE_DEVICES; ``len(gpus) == tp * dp``.
 
-    ``mem_fraction_static`` / ``cuda_graph_max_bs`` of ``None`` leave SGLang's auto choice.
+    ``mem_fraction_static`` / ``cuda_graph_max_bs`` of ``None`` leave SGLang's auto choice, and
+    so do ``max_running_requests`` and the hybrid (Mamba) knobs; ``mamba_strategy`` is rendered
+    as ``--mamba-scheduler-strategy`` up to 0.5.10 and ``--mamba-radix-cache-strategy`` from
+    0.5.15 (see ``launch_params``; the policy may change all of these on a relaunch).
     ``secret_env`` values are references, ``env:VAR`` or ``file:/path`` on this machine; read
     them with ``resolve_secret_env``. ``run_dir`` ``None`` means the host's.
     """
@@ -315,6 +335,10 @@ class ServerConfig(_Model):
     gpus: list[GpuIndex]
     mem_fraction_static: Fraction | None = None
     cuda_graph_max_bs: AtLeastOne | None = None
+    max_running_requests: AtLeastOne | None = None
+    max_mamba_cache_size: AtLeastOne | None = None
+    mamba_full_memory_ratio: Annotated[float, Field(gt=0)] | None = None
+    mamba_strategy: Literal["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"] | None = None
     extra_args: Argv = Field(default_factory=list)
     env: EnvMap = Field(default_factory=dict)
     secret_env: EnvMap = Field(default_factory=dict)
@@ -363,6 +387,31 @@ class ServerConfig(_Model):
         if version is not None and not _VERSION_RE.match(version):
             raise ValueError(f"{version!r} is not a version like '0.5.23' or '0.5.6.post2'")
         return version
+
+    @model_validator(mode="after")
+    def _strategy_exists_in_version(self) -> ServerConfig:
+        version = self.sglang_version
+        if (
+            self.mamba_strategy == "extra_buffer_lazy"
+            and version is not None
+            and tuple(int(x) for x in version.split(".")[:3]) < _MAMBA_RADIX_FROM
+        ):
+            raise ValueError(
+                f"mamba_strategy 'extra_buffer_lazy' needs SGLang >= 0.5.15 (this server runs "
+                f"{version}, whose --mamba-scheduler-strategy has auto, no_buffer, extra_buffer)"
+            )
+        return self
+
+    def launch_params(self) -> LaunchParams:
+        """The configured knobs as the first attempt's params (None fields: SGLang's auto)."""
+        return LaunchParams(
+            mem_fraction_static=self.mem_fraction_static,
+            cuda_graph_max_bs=self.cuda_graph_max_bs,
+            max_running_requests=self.max_running_requests,
+            max_mamba_cache_size=self.max_mamba_cache_size,
+            mamba_full_memory_ratio=self.mamba_full_memory_ratio,
+            mamba_strategy=self.mamba_strategy,
+        )
 
 
 def _owned_flag_field(arg: str) -> str | None:

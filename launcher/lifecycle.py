@@ -647,9 +647,7 @@ def _ph(m: ServerMachine) -> str:
 
 
 def _pdict(p: LaunchParams | None) -> dict[str, Any]:
-    if p is None:
-        return {}
-    return {"mem_fraction_static": p.mem_fraction_static, "cuda_graph_max_bs": p.cuda_graph_max_bs}
+    return {} if p is None else p.as_dict()
 
 
 def _rdict(r: AttemptRecord) -> dict[str, Any]:

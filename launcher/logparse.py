@@ -37,7 +37,7 @@ from datetime import datetime
 
 from launcher.outcome import Numbers
 from launcher.params import LaunchParams
-from launcher.phases import Phase
+from launcher.phases import GraphPass, Phase
 
 __all__ = [
     "DEFAULT_TAIL",
@@ -236,6 +236,7 @@ class Signature(enum.StrEnum):
     CUDA_OOM = "cuda_oom"  # torch "CUDA out of memory" / OutOfMemoryError
     NCCL_OOM = "nccl_oom"  # NCCL could not get GPU memory ("Failed to CUDA calloc")
     KV_TOO_SMALL = "kv_too_small"  # "Not enough memory. Please try to increase ..."
+    HYBRID_STATE = "hybrid_state"  # 0.5.23 hybrid (mamba/linear-attention) state cache errors
     GRAPH_CAPTURE_FAILED = "graph_capture_failed"  # wraps the real error in its message
     PORT_IN_USE = "port_in_use"
     BAD_ARGUMENT = "bad_argument"  # argparse error or a known config ValueError
@@ -270,6 +271,11 @@ _SIGNATURES: tuple[tuple[Signature, re.Pattern[str]], ...] = tuple(
             r"|Memory pool size is too small|max_running_request is zero",
         ),
         (
+            Signature.HYBRID_STATE,
+            r"Not enough GPU memory for hybrid \(mamba/linear-attention\) state cache"
+            r"|Hybrid \(mamba/linear-attention\) state cache is too small",
+        ),
+        (
             Signature.GRAPH_CAPTURE_FAILED,
             r"(?i:capture\b[^.:]*\bgraph failed)|Fail when using backend: \S+ for \w+ runner",
         ),
@@ -283,7 +289,9 @@ _SIGNATURES: tuple[tuple[Signature, re.Pattern[str]], ...] = tuple(
             r"error: (?:unrecognized arguments|ambiguous option"
             r"|the following arguments are required|argument -|invalid choice)"
             r"|User-specified context_length \(\d+\) is greater than the derived context_length"
-            r"|is not compatible with (?:radix cache|--)|is incompatible with",
+            r"|is not compatible with (?:radix cache|--)|is incompatible with"
+            r"|no_buffer do not support|extra_buffer is not supported for"
+            r"|extra_buffer_lazy unsupported",
         ),
         (
             Signature.MODEL_NOT_FOUND,
@@ -295,7 +303,10 @@ _SIGNATURES: tuple[tuple[Signature, re.Pattern[str]], ...] = tuple(
         (
             Signature.NCCL_ERROR,
             r"NCCL error|nccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage|InvalidArgument)"
-            r"Error|NCCL WARN|DistBackendError|Watchdog caught collective operation timeout",
+            r"Error|NCCL WARN|DistBackendError|Watchdog caught collective operation timeout"
+            # gloo (the CPU groups): a peer died or the network went; also wrapped by
+            # "Capture cuda graph failed: [../third_party/gloo/gloo/transport/tcp/pair.cc:534]"
+            r"|/gloo/transport/|\bGloo\b.*(?:failed|timed out)|ProcessGroupGloo",
         ),
         (
             Signature.CUDA_ERROR,
@@ -404,13 +415,23 @@ _NUM = r"(\d+(?:\.\d+)?)"
 _MIN_VIABLE = re.compile(r"minimum viable = [^)]*?" + _NUM + r"\)")
 _RAISE_ABOVE = re.compile(r"Raise --mem-fraction-static above " + _NUM)
 _MFS_STATED = re.compile(r"mem_fraction_static=" + _NUM + r"|--mem-fraction-static=" + _NUM)
+_MAMBA_SIZE_STATED = re.compile(r"(?:Computed )?max_mamba_cache_size=(-?\d+)")
+_MAMBA_PER_REQ = re.compile(r"mamba_cache_per_req=" + _NUM + r" MB")
+# The fix an error names: "please use --mamba-scheduler-strategy extra_buffer", "...; use
+# no_buffer.", "set SGLANG_ENABLE_SPEC_V2=1" ("To use radix cache" names no strategy).
+_USE_STRATEGY = re.compile(
+    r"\buse (?:--mamba-(?:scheduler|radix-cache)-strategy )?(no_buffer|extra_buffer(?:_lazy)?)\b"
+)
+_SET_ENV = re.compile(r"\bset (SGLANG_[A-Z0-9_]+)=(\w+)")
 
 
 def fill_error_figures(numbers: Numbers, message: str, *, overwrite: bool) -> None:
     """Copy the figures an error message states into ``numbers``.
 
     OOM sizes (only when ``overwrite`` or none were read yet), the minimum viable
-    ``--mem-fraction-static`` and the current one stated by a "Not enough memory" error.
+    ``--mem-fraction-static`` and the current one stated by a "Not enough memory" error, the
+    hybrid state-cache figures of 0.5.23's errors, and a fix the message prescribes (a Mamba
+    strategy to use and ``SGLANG_*`` variables to set).
     """
     oom = parse_oom(message)
     if oom is not None and (overwrite or numbers.tried_gib is None):
@@ -422,6 +443,15 @@ def fill_error_figures(numbers: Numbers, message: str, *, overwrite: bool) -> No
     m = _MFS_STATED.search(message)
     if m is not None:
         numbers.mem_fraction_static = float(m.group(1) or m.group(2))
+    if "mamba/linear-attention" in message:
+        if m := _MAMBA_SIZE_STATED.search(message):
+            numbers.mamba_cache_size = int(m.group(1))
+        if m := _MAMBA_PER_REQ.search(message):
+            numbers.mamba_per_req_mib = float(m.group(1))
+    if m := _USE_STRATEGY.search(message):
+        numbers.prescribed_mamba_strategy = m.group(1)
+        env = _SET_ENV.findall(message)
+        numbers.prescribed_env = ",".join(f"{k}={v}" for k, v in env) or None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -627,6 +657,37 @@ _F = _NUM + r" GB"
 _INIT_MARK = re.compile(r"^(?:server_args=|Init torch distributed|Init parallel)")
 _ARGS_MFS = re.compile(r"""['"]?mem_fraction_static['"]?\s*[=:]\s*""" + _NUM)
 _ARGS_GRAPH_BS = re.compile(r"""['"]?cuda_graph_max_bs(?:_decode)?['"]?\s*[=:]\s*(\d+)""")
+
+
+def _args_key(*names: str) -> re.Pattern[str]:
+    """``name=value`` (0.5.10's ``ServerArgs(...)`` repr) or ``'name': value`` (0.5.23 dict)."""
+    alt = "|".join(names)
+    return re.compile(r"""[(,{]\s*['"]?(?:""" + alt + r""")['"]?\s*[=:]\s*['"]?([\w.]+)""")
+
+
+_ARGS_SPEC = {
+    "speculative_algorithm": _args_key("speculative_algorithm"),
+    "speculative_num_steps": _args_key("speculative_num_steps"),
+    "speculative_eagle_topk": _args_key("speculative_eagle_topk"),
+    "speculative_num_draft_tokens": _args_key("speculative_num_draft_tokens"),
+    "max_running_requests": _args_key("max_running_requests"),
+    "mamba_strategy": _args_key("mamba_scheduler_strategy", "mamba_radix_cache_strategy"),
+}
+_SPEC_RESET = re.compile(r"^Max running requests is reset to (\d+) for speculative decoding")
+# Draft models' EntryClass names: DeepseekV3ForCausalLMNextN, Qwen3_5ForCausalLMMTP, MiMoMTP,
+# LlamaForCausalLMEagle3, LlamaForCausalLMEagle, Qwen2ForCausalLMEagle (models/*.py).
+_WEIGHT_TYPE = re.compile(r"\btype=(\w+)")
+_DRAFT_TYPE = re.compile(r"(?:NextN|MTP|Eagle3?|Medusa)$")
+_MAMBA_ALLOC = re.compile(
+    r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+), conv_state size: ([\d.]+) ?GB, "
+    r"ssm_state size: ([\d.]+) ?GB(?: intermediate_ssm_state_cache size: ([\d.]+) ?GB "
+    r"intermediate_conv_window_cache size: ([\d.]+) ?GB)?"
+)
+# "Capture {role} {kind} CUDA graph begin." (0.5.23), "Capture cuda graph begin." and "Capture
+# draft (extend )?cuda graph begin" (0.5.10), plus the special runners' spellings.
+_PASS_WORDS = re.compile(
+    r"^Capture (?:(target|draft) )?(?:(prefill|decode|verify|extend) )?\w+ graph begin\b"
+)
 _DIST_USAGE = re.compile(r"^Init torch distributed ends\..*?mem usage=" + _F)
 _BASELINE = re.compile(r"^Memory baseline taken\. mem usage=" + _F)
 _WEIGHT_BEGIN = re.compile(r"Load weight begin\. avail mem=" + _F)
@@ -637,7 +698,7 @@ _KV_ALLOC = re.compile(
     r"(?:K size: " + _F + r", V size: " + _F + r"|KV size: " + _F + r")"
 )
 _POOL_END = re.compile(r"^Memory pool end\. avail mem=" + _F)
-_GRAPH_BEGIN = re.compile(r"(?i)^capture .*?graph begin\b")
+_GRAPH_BEGIN = re.compile(r"(?i)^capture .*?(?:graph|single-CG draft extend) begin\b")
 _AVAIL = re.compile(r"avail mem=" + _F)
 _GRAPH_END = re.compile(r"(?i)^capture .*?graph end\..*?mem usage=" + _F + r".*?avail mem=" + _F)
 _GRAPH_BAR = re.compile(
@@ -667,8 +728,33 @@ _FIGURE_FIELDS: dict[Figure, tuple[str, bool]] = {
     Figure.WEIGHT_END_AVAIL: ("post_weights_avail_gib", False),
     Figure.WEIGHT_END_USAGE: ("weights_gib", True),
     Figure.POOL_END_AVAIL: ("pool_end_avail_gib", False),
-    Figure.GRAPH_BEGIN_AVAIL: ("graph_begin_avail_gib", False),
+    Figure.GRAPH_BEGIN_AVAIL: ("graph_first_begin_avail_gib", False),
 }
+
+
+def graph_pass_of(message: str, *, speculative: bool) -> GraphPass:
+    """The capture pass a ``Capture ... begin`` message opens (see ``GraphPass``).
+
+    A line without a role word is the target's (0.5.10); its plain "cuda graph" is the decode
+    graph, which is the target *verify* graph when speculative decoding is on.
+    """
+    m = _PASS_WORDS.match(message)
+    role, kind = (m.group(1), m.group(2)) if m else (None, None)
+    low = message.lower()
+    if m is None:
+        # piecewise (0.5.10 prefill), "single-CG draft extend", "Frozen-KV MTP draft", "UNO
+        # tree draft"
+        role = "draft" if " draft" in low else "target"
+        kind = "extend" if "extend" in low else "prefill" if "piecewise" in low else None
+    if role == "draft":
+        if kind == "prefill":
+            return GraphPass.DRAFT_PREFILL
+        return GraphPass.DRAFT_EXTEND if kind == "extend" else GraphPass.DRAFT_DECODE
+    if kind == "prefill":
+        return GraphPass.TARGET_PREFILL
+    if kind == "verify" or (kind is None and speculative):
+        return GraphPass.TARGET_VERIFY
+    return GraphPass.TARGET_DECODE
 
 
 class LogFollower:
@@ -701,6 +787,9 @@ class LogFollower:
         self._rank_phase: dict[str, Phase] = {}
         self._progress: tuple[Phase, float] | None = None
         self._firsts: dict[Figure, dict[str, float]] = {f: {} for f in _FIGURE_FIELDS}
+        # rank -> (capture passes it began, avail mem at its latest begin)
+        self._rank_pass: dict[str, tuple[int, float | None]] = {}
+        self._draft_weights: dict[str, float] = {}
         self._tb: _OpenTraceback | None = None
         self._failures: list[Traceback | FailureSignature] = []
         self.port_in_use: FailureSignature | None = None
@@ -897,11 +986,22 @@ class LogFollower:
             enter(Phase.WEIGHTS)
             figure(Figure.WEIGHT_BEGIN_AVAIL, m.group(1))
         elif m := _WEIGHT_END.search(msg):
-            enter(Phase.KV_CACHE)
-            figure(Figure.WEIGHT_END_AVAIL, m.group(1))
-            figure(Figure.WEIGHT_END_USAGE, m.group(2))
+            kind = _WEIGHT_TYPE.search(msg)
+            if kind is not None and _DRAFT_TYPE.search(kind.group(1)):
+                # The draft model (speculative decoding): not a second target.
+                self._draft_weights[rank or ""] = float(m.group(2))
+                self.numbers.draft_weights_gib = max(self._draft_weights.values())
+            else:
+                enter(Phase.KV_CACHE)
+                figure(Figure.WEIGHT_END_AVAIL, m.group(1))
+                figure(Figure.WEIGHT_END_USAGE, m.group(2))
         elif _KV_MARK.search(msg):
             enter(Phase.KV_CACHE)
+            if (m := _MAMBA_ALLOC.search(msg)) and self.numbers.mamba_cache_size is None:
+                self.numbers.mamba_cache_size = int(m.group(1))
+                self.numbers.mamba_state_gib = round(
+                    sum(float(v) for v in m.groups()[1:] if v is not None), 2
+                )
             if m := _KV_ALLOC.search(msg):
                 if self.numbers.kv_tokens is None:
                     self.numbers.kv_tokens = int(m.group(1))
@@ -917,8 +1017,13 @@ class LogFollower:
                 figure(Figure.POOL_END_AVAIL, m.group(1))
         elif _GRAPH_BEGIN.match(msg):
             enter(Phase.CUDA_GRAPH)
-            if m := _AVAIL.search(msg):
-                figure(Figure.GRAPH_BEGIN_AVAIL, m.group(1))
+            avail = _AVAIL.search(msg)
+            self._begin_pass(msg, rank, float(avail.group(1)) if avail else None)
+            if avail is not None:
+                figure(Figure.GRAPH_BEGIN_AVAIL, avail.group(1))
+        elif m := _SPEC_RESET.match(msg):
+            if self.numbers.max_running_requests is None:
+                self.numbers.max_running_requests = int(m.group(1))
         elif m := _GRAPH_END.match(msg):
             figure(Figure.GRAPH_END_USAGE, m.group(1))
             figure(Figure.GRAPH_END_AVAIL, m.group(2))
@@ -969,7 +1074,37 @@ class LogFollower:
             setattr(self.numbers, field_name, max(values) if largest else min(values))
         return MemoryFigure(name, gib, rank)
 
+    def _begin_pass(self, msg: str, rank: str | None, avail: float | None) -> None:
+        """A ``Capture ... begin`` line: the rank's next pass; a new pass for the log when no
+        rank had got that far (ranks capture in lockstep, their lines interleave).
+
+        A new pass's figures (its begin avail, the progress bar's) start afresh, so that a
+        failure is measured against the pass it happened in, not the first one.
+        """
+        key = rank or ""
+        count = self._rank_pass.get(key, (0, None))[0] + 1
+        self._rank_pass[key] = (count, avail)
+        n = self.numbers
+        if count > (n.graph_passes_begun or 0):
+            n.graph_pass = graph_pass_of(msg, speculative=n.speculative).value
+            n.graph_passes_begun = count
+            n.graph_last_avail_gib = n.graph_last_bs = None
+            n.graph_steps_done = n.graph_steps_total = None
+        at_pass = [a for c, a in self._rank_pass.values() if c == n.graph_passes_begun]
+        figures = [a for a in at_pass if a is not None]
+        n.graph_begin_avail_gib = min(figures) if figures else None
+
     def _args_dump(self, msg: str) -> None:
+        n = self.numbers
+        for name, pattern in _ARGS_SPEC.items():
+            m = pattern.search(msg)
+            if m is None or m.group(1) == "None":
+                continue
+            value = m.group(1)
+            if name in ("speculative_algorithm", "mamba_strategy"):
+                setattr(n, name, value)
+            elif value.isdigit():
+                setattr(n, name, int(value))
         if m := _ARGS_MFS.search(msg):
             self.numbers.mem_fraction_static = float(m.group(1))
         if m := _ARGS_GRAPH_BS.search(msg):

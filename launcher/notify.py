@@ -246,8 +246,16 @@ def gave_up_message(
         lines = "\n".join(_esc(line).replace("```", "'''") for line in evidence)
         blocks.append(_section(f"*Evidence* ({_esc(what)})\n```{lines}```"))
     if advice:
+        # A fix SGLang's error prescribes ends the advice as a config snippet: a code block.
+        advice, _, snippet = advice.partition(_CONFIG_CHANGE)
         blocks.append(_section(f"*Advice*\n{_esc(advice)}"))
+        if snippet:
+            code = _esc(snippet).replace("```", "'''")
+            blocks.append(_section(f"*Config change*\n```{code}```"))
     return Message(server, Kind.GAVE_UP, _esc(_clip(text, _TEXT_MAX)), blocks)
+
+
+_CONFIG_CHANGE = " Config change:\n"  # launcher.classify puts a prescribed fix's TOML after it
 
 
 def unhealthy_message(server: str, info: ServerInfo, data: Mapping[str, Any]) -> Message:
@@ -300,8 +308,8 @@ def _params(value: Any) -> str:
         return "unknown params"
     mfs, bs = value.get("mem_fraction_static"), value.get("cuda_graph_max_bs")
     try:
-        return LaunchParams(
-            None if mfs is None else float(mfs), None if bs is None else int(bs)
+        return LaunchParams.from_extras(
+            None if mfs is None else float(mfs), None if bs is None else int(bs), dict(value)
         ).describe()
     except (TypeError, ValueError):
         return f"mem_fraction_static={mfs} cuda_graph_max_bs={bs}"

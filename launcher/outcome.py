@@ -18,6 +18,9 @@ class Outcome(enum.StrEnum):
     OOM_KV_CACHE = "oom_kv_cache"  # CUDA OOM while allocating the KV pool
     OOM_RUNTIME = "oom_runtime"  # CUDA OOM at warmup or while serving
     KV_TOO_SMALL = "kv_too_small"  # "Not enough memory. ... increase --mem-fraction-static"
+    # 0.5.23 "Not enough GPU memory for hybrid (mamba/linear-attention) state cache" / "...
+    # state cache is too small to serve any requests"
+    HYBRID_STATE_TOO_SMALL = "hybrid_state_too_small"
     PORT_IN_USE = "port_in_use"  # uvicorn / internal port "address already in use"
     BAD_ARGUMENT = "bad_argument"  # argparse or config ValueError
     MODEL_NOT_FOUND = "model_not_found"  # model path / repo id not found
@@ -40,6 +43,7 @@ MEMORY_OUTCOMES = frozenset(
         Outcome.OOM_KV_CACHE,
         Outcome.OOM_RUNTIME,
         Outcome.KV_TOO_SMALL,
+        Outcome.HYBRID_STATE_TOO_SMALL,
     }
 )
 
@@ -63,7 +67,12 @@ class Numbers:
     post_weights_avail_gib: float | None = None  # "Load weight end. ... avail mem=X"
     weights_gib: float | None = None  # "Load weight end. ... mem usage=X"
     pool_end_avail_gib: float | None = None  # "Memory pool end. avail mem=X"
-    graph_begin_avail_gib: float | None = None  # "Capture cuda graph begin ... avail mem=X"
+    # "Capture ... graph begin ... avail mem=X" of the LAST begin line (the failing pass),
+    # the smallest over the ranks that printed it; the first begin line's is kept apart.
+    graph_begin_avail_gib: float | None = None
+    graph_first_begin_avail_gib: float | None = None  # first "Capture ... begin" (any pass)
+    graph_pass: str | None = None  # GraphPass value of the last "Capture ... begin" line
+    graph_passes_begun: int | None = None  # how many capture passes began
     graph_last_avail_gib: float | None = None  # last "Capturing batches (bs=.. avail_mem=X GB)"
     graph_last_bs: int | None = None  # bs of that last progress line
     graph_steps_done: int | None = None  # k of the last "Capturing batches ... k/n"
@@ -73,6 +82,27 @@ class Numbers:
     mem_fraction_static: float | None = None  # resolved value from the server_args dump / error
     cuda_graph_max_bs: int | None = None  # resolved value from the server_args dump
     max_total_num_tokens: int | None = None  # from the TP0 summary line
+    draft_weights_gib: float | None = None  # draft "Load weight end. type=...NextN/MTP/Eagle"
+    # Speculative decoding and hybrid settings, from the server_args dump (None: not shown).
+    speculative_algorithm: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    max_running_requests: int | None = None  # resolved (also "reset to 48 for speculative")
+    mamba_strategy: str | None = None  # mamba_scheduler_strategy / mamba_radix_cache_strategy
+    mamba_cache_size: int | None = None  # "Mamba Cache is allocated. max_mamba_cache_size: N"
+    mamba_state_gib: float | None = None  # conv + ssm (+ intermediate) state sizes of that line
+    mamba_per_req_mib: float | None = None  # hybrid state error: "mamba_cache_per_req=Y MB"
+    # A fix SGLang's own error names ("please use --mamba-scheduler-strategy extra_buffer and
+    # set SGLANG_ENABLE_SPEC_V2=1"): the strategy and "NAME=value" env settings it asks for.
+    prescribed_mamba_strategy: str | None = None
+    prescribed_env: str | None = None  # "NAME=value[,NAME=value]"
+
+    @property
+    def speculative(self) -> bool:
+        """Whether the log showed speculative decoding on (other than NGRAM, no draft graphs)."""
+        algo = (self.speculative_algorithm or "").upper()
+        return bool(algo) and algo not in ("NONE", "NGRAM")
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -92,6 +122,9 @@ class Diagnosis:
     exit_status: int | None = None
     confidence: Confidence = Confidence.DECISIVE
     remarks: list[str] = field(default_factory=list)  # e.g. frames and phase lines disagree
+    # A fix SGLang's error names, in the server's version's dialect (``launcher.prescribe``):
+    # {"description", "flags", "env", "toml"}; None when none (or the version is unknown).
+    prescribed_fix: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -105,4 +138,5 @@ class Diagnosis:
             "retryable": self.retryable,
             "advice": self.advice,
             "remarks": list(self.remarks),
+            "prescribed_fix": self.prescribed_fix,
         }

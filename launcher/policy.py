@@ -24,11 +24,26 @@ no capture figures it makes this the plain deficit rule, ``mfs - (tried - free +
 Unknowns take documented defaults (``DEFAULT_STEP_GIB``, ``default_warmup_gib``); a wrong
 guess costs one more attempt, whose log then has the exact figure.
 
-KV too small: above SGLang's stated minimum (or weights / pre) plus ``KV_CUSHION``, and at
-least the fraction that keeps what SGLang's auto rule keeps for graphs; once a pool > 0 was
-too small, the most the brackets allow (an OOM there brings the graph figures). Without
-figures at all, fixed steps of ``STEP_FRACTION`` (SGLang's own advice), halving the graph bs
-where the fraction would cross its floor.
+KV too small: SGLang's stated minimum (or (weights + counted draft weights) / pre) plus
+``KV_CUSHION``, never SGLang's auto value (only without any figure is the auto value a floor);
+once a pool > 0 was too small, the most the brackets allow (an OOM there brings the graph
+figures). Without figures at all, fixed steps of ``STEP_FRACTION`` (SGLang's own advice),
+halving the graph bs where the fraction would cross its floor.
+
+Multi-pass capture (a log that names its passes, ``Numbers.graph_pass``): SGLang captures
+target prefill, target decode/verify, then the draft's decode and extend graphs, each from what
+the pass before left. A capture OOM then says that everything since the *first* pass began is
+needed again (``start - free``, ``start`` capped at ``(1 - mfs) x pre``), plus what was
+``tried``, the failing pass's remaining steps and an estimate of the passes still to come
+(``LATER_PASS_SHARE`` of the failing pass's size); at an unchanged graph bs the fraction falls
+by at least the OOM's own deficit (``tried - free``). Under speculative decoding the graph bs
+is searched below the running-request cap (48 unless set), the speculative shape is never
+touched, and the levers go fraction, then graph bs, then (0.5.23, ``[policy]
+allow_disable_draft_extend_graph``) ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1``. Hybrid
+state-cache errors follow SGLang's message: a configured ``max_mamba_cache_size`` doubled,
+else ``max_running_requests`` halved, else the fraction raised. A fix SGLang's error names is
+applied once with ``[policy] apply_prescribed_fixes`` (``launcher.prescribe``). A relaunch
+keeps every knob it does not change.
 
 Facts are kept as brackets, in thousandths: a fraction too small at any bs bounds all lower
 fractions out; an OOM at (mfs, bs) bounds out every (>= mfs, >= bs). A proposal is always
@@ -41,13 +56,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from launcher.errors import PolicyError
 from launcher.outcome import Numbers, Outcome
-from launcher.params import LaunchParams
-from launcher.phases import Phase
-from launcher.sim.memory import auto_cuda_graph_max_bs, auto_mem_fraction_static, capture_bs_list
+from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
+from launcher.phases import GraphPass, Phase
+from launcher.prescribe import prescription
+from launcher.sim.memory import (
+    auto_cuda_graph_max_bs,
+    auto_mem_fraction_static,
+    capture_bs_list,
+    version_tuple,
+)
 
 # SGLang's own fallbacks when it cannot read the GPU size (0.5.6 mfs 0.88; max_bs 160): the
 # values assumed for an auto param when neither the log nor the GPU size tells us better.
@@ -65,6 +86,27 @@ KV_CUSHION = 0.02
 KV_GROWTH = 4.0  # a pool found too small is multiplied by this for the next estimate
 
 _MILLI = 1000
+
+# Speculative decoding (EAGLE family) sets max_running_requests to 48 unless given, and the
+# decode/verify/draft graphs are captured only for bs <= that (base_cuda_graph_runner.py:65).
+SPEC_RUNNING_REQUESTS = 48
+# SGLang's auto speculative shape when unset: (steps, topk, draft tokens) = (3, 1, 4).
+SPEC_AUTO_STEPS = 3
+# SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH exists from 0.5.23 on (environ.py:1587); 0.5.10 lacks it.
+DRAFT_EXTEND_SWITCH_FROM = (0, 5, 23)
+# 0.5.23 counts the draft model's weights in the static budget (kv_cache_configurator.py:3057).
+DRAFT_IN_BUDGET_FROM = (0, 5, 23)
+# A capture pass not yet seen is estimated as this share of the failing pass's size: a target
+# graph after the target prefill graph as much again; a draft graph after a target graph a
+# quarter (the draft is one layer); draft extend after draft decode as much again. A wrong
+# guess costs one attempt, whose log then has that pass's own figures.
+LATER_PASS_SHARE = {"same_model": 1.0, "draft_after_target": 0.25}
+# The half of a graph estimate that does not shrink with the graph bs (static buffers, the
+# prefill graphs, the draft's pool) when extrapolating a multi-pass figure to a smaller bs.
+FIXED_GRAPH_SHARE = 0.5
+# Hybrid state-cache errors: max_running_requests is halved down to this before the fraction
+# is raised instead.
+MIN_RUNNING_REQUESTS = 8
 
 
 def margin_gib(pre: float) -> float:
@@ -89,6 +131,11 @@ class Bounds:
     mem_fraction_ceiling: float = 0.95
     graph_bs_floor: int = 1
     max_attempts: int = 6
+    # [policy] apply_prescribed_fixes: apply a fix SGLang's own error names, once.
+    apply_prescribed_fixes: bool = False
+    # [policy] allow_disable_draft_extend_graph: under speculative decoding on >= 0.5.23, set
+    # SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 when the fraction and the graph bs cannot help.
+    allow_disable_draft_extend_graph: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,11 +192,19 @@ def _f(milli: int) -> float:
 
 @dataclass(frozen=True)
 class _Context:
-    """What SGLang's auto rules need: the GPU size (if known), tp, version."""
+    """What SGLang's auto rules need: the GPU size (if known), tp, version; and whether the
+    server runs speculative decoding, with the running-request cap that caps its graph bs."""
 
     total: float | None
     tp: int
     version: str
+    spec: bool = False
+    cap: int | None = None  # graphs are captured only up to this bs (None: no known cap)
+    draft_extend_off: bool = False  # SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 in the last params
+
+    def effective_bs(self, bs: int) -> int:
+        """The largest bs SGLang really captures at graph max ``bs``."""
+        return bs if self.cap is None else max(1, min(bs, self.cap))
 
 
 @dataclass
@@ -168,6 +223,9 @@ class _Facts:
     graph_at: dict[int, float] = field(default_factory=dict)  # exact graph GiB per max bs
     warmup: float | None = None
     hidden: float = 0.0  # GiB of (1 - mfs) x pre already gone when capture began (latest seen)
+    draft_weights: float = 0.0  # per rank, when the version counts them in the static budget
+    multipass: bool = False  # graph figures come from logs that name their capture passes
+    extend: dict[int, float] = field(default_factory=dict)  # draft-extend GiB in graph_at[bs]
 
     def hi(self, bs: int, ceiling: int) -> int:
         """Highest fraction (thousandths) not known to OOM at ``bs``."""
@@ -179,21 +237,40 @@ class _Facts:
     def need(self, bs: int) -> float:
         """Estimated GiB needed after the KV pool at graph max ``bs`` (margin included)."""
         assert self.pre is not None
-        step = self.c if self.c is not None else DEFAULT_STEP_GIB
-        if bs in self.graph_at:
-            graphs = self.graph_at[bs]
-        else:
-            graphs = (self.a or 0.0) * bs + step * len(capture_bs_list(bs))
         warmup = self.warmup if self.warmup is not None else default_warmup_gib(self.pre)
-        return self.hidden + graphs + warmup + margin_gib(self.pre)
+        return self.hidden + self.graphs(bs) + warmup + margin_gib(self.pre)
 
-    def estimate(self, bs: int, *, optimistic: bool = False) -> int:
+    def graphs(self, bs: int, *, without_extend: bool = False) -> float:
+        """Estimated GiB all capture passes take at graph max ``bs`` (an effective bs).
+
+        Multi-pass figures are extrapolated from the nearest known bs: to a smaller bs only
+        the part that grows with bs shrinks (``FIXED_GRAPH_SHARE`` stays), to a larger one
+        all of it grows.
+        """
+        known = dict(self.graph_at)
+        if without_extend:
+            known = {b: max(0.0, g - self.extend.get(b, 0.0)) for b, g in known.items()}
+        if bs in known:
+            return known[bs]
+        if self.multipass and known:
+            above = [(b, g) for b, g in known.items() if b > bs]
+            if above:
+                return min(g * (FIXED_GRAPH_SHARE + (1 - FIXED_GRAPH_SHARE) * bs / b)
+                           for b, g in above)
+            return max(g * bs / b for b, g in known.items())
+        step = self.c if self.c is not None else DEFAULT_STEP_GIB
+        return (self.a or 0.0) * bs + step * len(capture_bs_list(bs))
+
+    def estimate(self, bs: int, *, optimistic: bool = False, without_extend: bool = False) -> int:
         """Highest fraction (thousandths) estimated to fit graphs and warmup at ``bs``.
 
-        ``optimistic`` drops the safety margin and the warmup guess (keeps a seen warmup).
+        ``optimistic`` drops the safety margin and the warmup guess (keeps a seen warmup);
+        ``without_extend`` leaves the draft-extend graph out.
         """
         assert self.pre is not None
         need = self.need(bs)
+        if without_extend:
+            need -= self.graphs(bs) - self.graphs(bs, without_extend=True)
         if optimistic:
             need -= margin_gib(self.pre)
             if self.warmup is None:
@@ -202,12 +279,13 @@ class _Facts:
 
     def soft_lo(self) -> int:
         """Smallest fraction estimated to leave a useful KV pool (>= the hard bound)."""
+        lo = self.lo
+        if self.stated_min is not None:
+            lo = max(lo, _up(self.stated_min + KV_CUSHION))
         if self.pre is not None and self.weights is not None:
             pool = max(KV_CUSHION * self.pre, KV_GROWTH * self.small_pool)
-            return max(self.lo, _up((self.weights + pool) / self.pre))
-        if self.stated_min is not None:
-            return max(self.lo, _up(self.stated_min + KV_CUSHION))
-        return self.lo
+            lo = max(lo, _up((self.weights + self.draft_weights + pool) / self.pre))
+        return lo
 
     def knows_kv(self) -> bool:
         """Whether the KV lower bound comes from figures rather than a guess."""
@@ -278,11 +356,15 @@ def _learn(history: Sequence[AttemptRecord], ctx: _Context, bounds: Bounds) -> _
                 facts.weights = n.pre_load_avail_gib - n.post_weights_avail_gib
             elif n.weights_gib is not None:
                 facts.weights = n.weights_gib
+        if n.draft_weights_gib and version_tuple(ctx.version) >= DRAFT_IN_BUDGET_FROM:
+            facts.draft_weights = n.draft_weights_gib
     a_values: list[float] = []
     for rec in history:
-        mfs, bs = _resolve(rec.params, rec.numbers, ctx)
+        mfs, raw_bs = _resolve(rec.params, rec.numbers, ctx)
         n = rec.numbers
+        bs = _cap_of(rec.params, n, ctx.spec, raw_bs)
         pre = n.pre_load_avail_gib
+        extend_off = rec.params.env_value(DISABLE_DRAFT_EXTEND_ENV) == "1"
         if rec.outcome is Outcome.KV_TOO_SMALL:
             facts.lo = max(facts.lo, _down(mfs) + 1)
             if n.min_mem_fraction is not None:
@@ -291,23 +373,30 @@ def _learn(history: Sequence[AttemptRecord], ctx: _Context, bounds: Bounds) -> _
             if pre and n.post_weights_avail_gib is not None:
                 pool = mfs * pre - (pre - n.post_weights_avail_gib)
                 facts.small_pool = max(facts.small_pool, pool)
-        elif rec.outcome in _LOWER:
-            # A KV-pool OOM comes before any graph: it rules out the fraction at every bs.
+        elif rec.outcome in _LOWER and extend_off >= ctx.draft_extend_off:
+            # A KV-pool OOM comes before any graph: it rules out the fraction at every bs. (An
+            # OOM with the draft-extend graph on says nothing about settings with it off.)
             from_bs = 0 if rec.outcome is Outcome.OOM_KV_CACHE else bs
             facts.ooms.append((_up(mfs) - 1, from_bs))
         if rec.outcome in (Outcome.OOM_GRAPH_CAPTURE, Outcome.OOM_RUNTIME):
             hidden = _hidden(n, mfs)
             if hidden is not None:
                 facts.hidden = hidden
-        if rec.outcome is Outcome.OOM_GRAPH_CAPTURE:
+        multi = _multipass_graphs(n, mfs, ctx, extend_off) if rec.outcome is (
+            Outcome.OOM_GRAPH_CAPTURE) else None
+        if multi is not None:
+            facts.multipass = True
+            if multi[0] >= facts.graph_at.get(bs, 0.0):
+                facts.graph_at[bs], facts.extend[bs] = multi
+        elif rec.outcome is Outcome.OOM_GRAPH_CAPTURE:
             a = _graph_slope(n, bs, facts)
             if a is not None:
                 a_values.append(a)
         elif rec.outcome is Outcome.OOM_RUNTIME and n.tried_gib is not None:
             facts.warmup = max(facts.warmup or 0.0, n.tried_gib + ROUNDING_GIB)
-            start = n.graph_begin_avail_gib
-            if start is None:
-                start = n.pool_end_avail_gib
+            start = _capture_start(n)
+            if n.graph_pass is not None:
+                facts.multipass = True
             if start is not None and n.free_gib is not None and n.graph_last_bs is not None:
                 graphs = start - n.free_gib + 2 * ROUNDING_GIB
                 facts.graph_at[bs] = max(facts.graph_at.get(bs, 0.0), graphs)
@@ -331,12 +420,91 @@ def _hidden(n: Numbers, mfs: float) -> float | None:
     estimate into plain deficit arithmetic.
     """
     pre = n.pre_load_avail_gib
-    start = n.graph_begin_avail_gib
+    start = _capture_start(n)
     if start is None:
-        start = n.pool_end_avail_gib if n.pool_end_avail_gib is not None else n.free_gib
+        start = n.free_gib
     if not pre or start is None:
         return None
     return max(0.0, pre * (1 - mfs) - start - ROUNDING_GIB)
+
+
+def _capture_start(n: Numbers) -> float | None:
+    """Free GiB when the first capture pass began (or the pool ended): what all passes share."""
+    for value in (n.graph_first_begin_avail_gib, n.graph_begin_avail_gib, n.pool_end_avail_gib):
+        if value is not None:
+            return value
+    return None
+
+
+def _cap_of(params: LaunchParams, n: Numbers, spec: bool, bs: int) -> int:
+    """The graph max bs SGLang really captures: ``bs`` capped by the running-request limit
+    (explicit, or shown by the log, or 48 under speculative decoding)."""
+    cap = params.max_running_requests or n.max_running_requests
+    if cap is None and (spec or n.speculative):
+        cap = SPEC_RUNNING_REQUESTS
+    return bs if cap is None else max(1, min(bs, cap))
+
+
+def _later_passes(gpass: GraphPass, n: Numbers, ctx: _Context, extend_off: bool) -> list[
+    tuple[GraphPass, float]
+]:
+    """The capture passes SGLang runs after ``gpass``, with ``LATER_PASS_SHARE`` of its size."""
+    spec = ctx.spec or n.speculative
+    steps = n.speculative_num_steps or SPEC_AUTO_STEPS
+    extend = not (extend_off and version_tuple(ctx.version) >= DRAFT_EXTEND_SWITCH_FROM)
+    drafts = [p for p, keep in ((GraphPass.DRAFT_DECODE, steps > 1),
+                                (GraphPass.DRAFT_EXTEND, extend)) if keep]
+    same, after = LATER_PASS_SHARE["same_model"], LATER_PASS_SHARE["draft_after_target"]
+    if gpass is GraphPass.TARGET_PREFILL:
+        target = GraphPass.TARGET_VERIFY if spec else GraphPass.TARGET_DECODE
+        return [(target, same), *((p, after) for p in drafts if spec)]
+    if gpass in (GraphPass.TARGET_DECODE, GraphPass.TARGET_VERIFY):
+        return [(p, after) for p in drafts] if spec else []
+    if gpass is GraphPass.DRAFT_PREFILL:
+        return [(p, same) for p in drafts]
+    if gpass is GraphPass.DRAFT_DECODE:
+        return [(p, same) for p in drafts if p is GraphPass.DRAFT_EXTEND]
+    return []
+
+
+def _multipass_graphs(
+    n: Numbers, mfs: float, ctx: _Context, extend_off: bool
+) -> tuple[float, float] | None:
+    """(GiB all capture passes need, the draft-extend pass's part of it) from a capture OOM
+    in a log that names its passes; None without the OOM's figures or the pass.
+
+    Everything since the first pass began is needed again: ``start - free`` (the earlier
+    passes and this pass's progress), the failed ``tried``, this pass's remaining steps, and
+    the passes still to come (estimated, ``_later_passes``). ``start`` is the free memory at
+    the first ``Capture ... begin``, at most the ``(1 - mfs) x pre`` SGLang leaves after its
+    pools, so that with no or odd capture figures this is the plain deficit rule.
+    """
+    pre = n.pre_load_avail_gib
+    if n.graph_pass is None or n.tried_gib is None or n.free_gib is None or not pre:
+        return None
+    headroom = (1 - mfs) * pre
+    start = min(_capture_start(n) or headroom, headroom)
+    current = min(n.graph_begin_avail_gib if n.graph_begin_avail_gib is not None else start,
+                  start)
+    free = min(n.free_gib, current)
+    tried = n.tried_gib + ROUNDING_GIB
+    done, steps = n.graph_steps_done or 0, n.graph_steps_total or 1
+    # A later step tried just its own size; after a failed first step, the rest are small.
+    rest = max(0, steps - done - 1) * (tried if done >= 1 else DEFAULT_STEP_GIB)
+    # What this pass holds before the failing step: after a first step that failed, only its
+    # static buffers (begin to progress bar); free memory missing beyond that is not this
+    # pass's size (it stays counted in ``start - free`` below, just not extrapolated).
+    bar = n.graph_last_avail_gib if n.graph_last_avail_gib is not None else current
+    held = current - free if done >= 1 else max(0.0, current - max(bar, free))
+    pass_size = held + tried + rest
+    gpass = GraphPass(n.graph_pass)
+    later = _later_passes(gpass, n, ctx, extend_off)
+    later_gib = sum(share * pass_size for _, share in later)
+    extend = pass_size if gpass is GraphPass.DRAFT_EXTEND else sum(
+        share * pass_size for p, share in later if p is GraphPass.DRAFT_EXTEND
+    )
+    total = start - free + tried + rest + later_gib + 2 * ROUNDING_GIB
+    return total, extend
 
 
 def _graph_slope(n: Numbers, bs: int, facts: _Facts) -> float | None:
@@ -409,15 +577,31 @@ def next_params(
     _check(bounds)
     if not history:
         return Decision(initial, "first attempt: as configured")
+    last = history[-1]
+    spec = any(r.numbers.speculative for r in history)
     ctx = _Context(
         next((r.numbers.total_gib for r in reversed(history) if r.numbers.total_gib), None),
         tp or ASSUMED_TP,
         sglang_version or ASSUMED_VERSION,
+        spec=spec,
+        draft_extend_off=last.params.env_value(DISABLE_DRAFT_EXTEND_ENV) == "1",
     )
-    last = history[-1]
     mfs, bs = _resolve(last.params, last.numbers, ctx)
     if last.outcome is Outcome.READY:
         return Decision(_same(last), "last attempt was ready: relaunch with its settings")
+    fix = prescription(last.numbers, ctx.version)
+    if fix is not None and last.outcome is Outcome.BAD_ARGUMENT:
+        if not bounds.apply_prescribed_fixes:
+            return Decision(
+                None,
+                f"SGLang's error prescribes its fix: {fix.describe()}; set it in the server's "
+                f"config, or set [policy] apply_prescribed_fixes = true",
+            )
+        fixed = fix.apply(last.params)
+        if fix.applied_in(last.params) or any(r.params == fixed for r in history[:-1]):
+            return Decision(None, f"SGLang's prescribed fix ({fix.describe()}) was applied "
+                            "and did not help; read the log")
+        return Decision(fixed, f"applying the fix SGLang's error prescribes: {fix.describe()}")
     if last.outcome in _FATAL_REASONS:
         return Decision(None, f"{last.outcome.value}: {_FATAL_REASONS[last.outcome]}")
     if last.outcome is Outcome.OOM_WEIGHTS:
@@ -434,6 +618,8 @@ def next_params(
         )
     if last.outcome in _TRANSIENT:
         return Decision(_same(last), f"{last.outcome.value}: retry with the same settings")
+    if last.outcome is Outcome.HYBRID_STATE_TOO_SMALL:
+        return _hybrid_decision(last, mfs, bounds, ctx)
     return _memory_decision(last, mfs, bs, bounds, _learn(history, ctx, bounds))
 
 
@@ -442,7 +628,45 @@ def _same(rec: AttemptRecord) -> LaunchParams:
     p, n = rec.params, rec.numbers
     mfs = p.mem_fraction_static if p.mem_fraction_static is not None else n.mem_fraction_static
     bs = p.cuda_graph_max_bs if p.cuda_graph_max_bs is not None else n.cuda_graph_max_bs
-    return LaunchParams(mfs, bs)
+    return replace(p, mem_fraction_static=mfs, cuda_graph_max_bs=bs)
+
+
+def _hybrid_decision(last: AttemptRecord, mfs: float, bounds: Bounds, ctx: _Context) -> Decision:
+    """A hybrid state-cache error: the knobs in the order SGLang's message names them.
+
+    0.5.23: "Try: (1) reduce --max-running-requests, (2) increase --mem-fraction-static, (3)
+    reduce --speculative-num-draft-tokens" (the last is never touched: the speculative shape
+    is the experiment). A ``--max-mamba-cache-size`` the config set is the first suspect: it
+    is doubled. Then the running requests are halved down to ``MIN_RUNNING_REQUESTS``, then
+    the fraction is raised by ``STEP_FRACTION`` up to the ceiling.
+    """
+    p, n = last.params, last.numbers
+    head = "hybrid state cache too small"
+    if n.mamba_cache_size is not None:
+        head += f" (max_mamba_cache_size={n.mamba_cache_size})"
+    if p.max_mamba_cache_size is not None:
+        new = p.max_mamba_cache_size * 2
+        return Decision(replace(p, mem_fraction_static=mfs, max_mamba_cache_size=new),
+                        f"{head}; max_mamba_cache_size {p.max_mamba_cache_size}→{new}")
+    running = p.max_running_requests or n.max_running_requests
+    if running is None and ctx.spec:
+        running = SPEC_RUNNING_REQUESTS
+    if running is not None and running > MIN_RUNNING_REQUESTS:
+        new = max(MIN_RUNNING_REQUESTS, running // 2)
+        bs = p.cuda_graph_max_bs
+        return Decision(
+            replace(p, mem_fraction_static=mfs, max_running_requests=new,
+                    cuda_graph_max_bs=None if bs is None else min(bs, new)),
+            f"{head}; max_running_requests {running}→{new}, fraction {mfs:.3f} kept",
+        )
+    target = _down(mfs + STEP_FRACTION)
+    ceiling = _down(bounds.mem_fraction_ceiling)
+    if _down(mfs) >= ceiling:
+        return Decision(None, f"{head} at mem_fraction_static {mfs:.3f}, the ceiling, with "
+                        f"max_running_requests {running}; the model {_MORE_HARDWARE}")
+    new_mfs = _f(min(target, ceiling))
+    return Decision(replace(p, mem_fraction_static=new_mfs),
+                    f"{head}; fraction {mfs:.3f}→{new_mfs:.3f}")
 
 
 def _weights_reason(n: Numbers, phase: Phase, tp: int) -> str:
@@ -464,8 +688,11 @@ def _gib(value: float | None) -> str:
 
 
 def _memory_decision(
-    last: AttemptRecord, mfs: float, bs: int, bounds: Bounds, facts: _Facts
+    last: AttemptRecord, mfs: float, raw_bs: int, bounds: Bounds, facts: _Facts
 ) -> Decision:
+    # Under speculative decoding graph bs above the running-request cap captures nothing more:
+    # the search runs on the bs SGLang really captures.
+    bs = _cap_of(last.params, last.numbers, facts.ctx.spec, raw_bs)
     ceiling = _down(bounds.mem_fraction_ceiling)
     if facts.lo > ceiling:
         return Decision(
@@ -485,26 +712,80 @@ def _memory_decision(
             f"{_f(facts.hi(floor_bs, ceiling) + 1)} (floor {bounds.mem_fraction_floor:.3f}); "
             f"the model {_MORE_HARDWARE}, or disable CUDA graphs",
         )
+    extend_off = False
     if facts.has_model():
-        pick = _by_model(facts, open_bs, ceiling)
+        milli, new_bs = _by_model(facts, open_bs, ceiling)
+        if _draft_extend_switch(facts, bounds) and facts.estimate(new_bs) < max(
+            facts.lo, facts.soft_lo()
+        ):
+            # Fraction and graph bs cannot make room with a useful KV pool: the third lever.
+            switched = _by_model(facts, open_bs, ceiling, without_extend=True)
+            if switched != (milli, new_bs):
+                (milli, new_bs), extend_off = switched, True
     else:
-        pick = _by_step(last, mfs, ladder[0], facts, bounds, ladder, ceiling)
-    milli, new_bs = pick
-    return Decision(LaunchParams(_f(milli), new_bs), _why(last, mfs, bs, milli, new_bs, facts))
+        milli, new_bs = _by_step(last, mfs, ladder[0], facts, bounds, ladder, ceiling)
+    milli = min(milli, max(facts.lo, _deficit_cap(last, mfs, new_bs, bs, facts)))
+    params = replace(last.params, mem_fraction_static=_f(milli))
+    if new_bs != bs or raw_bs == bs or params.cuda_graph_max_bs is None:
+        params = replace(params, cuda_graph_max_bs=new_bs if new_bs != bs else raw_bs)
+    if extend_off:
+        params = params.with_env(DISABLE_DRAFT_EXTEND_ENV, "1")
+    why = _why(last, mfs, bs, milli, new_bs, facts)
+    if extend_off:
+        why += f"; {DISABLE_DRAFT_EXTEND_ENV}=1 (draft extend graph off)"
+    if facts.ctx.spec:
+        why += "; speculative params unchanged"
+    return Decision(params, why)
 
 
-def _by_model(facts: _Facts, open_bs: list[int], ceiling: int) -> tuple[int, int]:
+def _draft_extend_switch(facts: _Facts, bounds: Bounds) -> bool:
+    """Whether the policy may turn the draft-extend graph off (the third lever)."""
+    ctx = facts.ctx
+    return (
+        bounds.allow_disable_draft_extend_graph
+        and ctx.spec
+        and not ctx.draft_extend_off
+        and version_tuple(ctx.version) >= DRAFT_EXTEND_SWITCH_FROM
+        and any(facts.extend.values())
+    )
+
+
+def _deficit_cap(
+    last: AttemptRecord, mfs: float, new_bs: int, bs: int, facts: _Facts
+) -> int:
+    """The highest fraction the OOM's own deficit allows at an unchanged graph bs.
+
+    ``tried - free`` more GiB are needed than the failed attempt had, so at the same bs the
+    fraction must fall by at least that over ``pre`` (whatever a model estimates).
+    """
+    n = last.numbers
+    size = facts.pre or n.total_gib
+    if (
+        last.outcome not in (Outcome.OOM_GRAPH_CAPTURE, Outcome.OOM_RUNTIME)
+        or new_bs < bs
+        or n.tried_gib is None
+        or n.free_gib is None
+        or not size
+    ):
+        return _MILLI
+    return _down(mfs - max(0.0, n.tried_gib - n.free_gib) / size)
+
+
+def _by_model(
+    facts: _Facts, open_bs: list[int], ceiling: int, *, without_extend: bool = False
+) -> tuple[int, int]:
     """Highest estimated-fitting fraction at the largest bs that leaves a useful KV pool."""
     want = max(facts.lo, facts.soft_lo())
     for b in open_bs:
-        est = facts.estimate(b)
+        est = facts.estimate(b, without_extend=without_extend)
         if est >= want:
             return min(est, facts.hi(b, ceiling)), b
     # Nothing is estimated to fit with a useful pool. At the smallest open bs, try the most KV
     # the brackets allow without the estimate's guesses: if a window exists it is at the top,
     # and a failure there narrows the brackets with exact figures.
     b = open_bs[-1]
-    return max(facts.lo, min(facts.estimate(b, optimistic=True), facts.hi(b, ceiling))), b
+    est = facts.estimate(b, optimistic=True, without_extend=without_extend)
+    return max(facts.lo, min(est, facts.hi(b, ceiling))), b
 
 
 def _by_step(
@@ -520,14 +801,19 @@ def _by_step(
     n = last.numbers
     pre = facts.pre
     if last.outcome is Outcome.KV_TOO_SMALL:
-        # SGLang's stated minimum (or weights / pre) plus a cushion; at least what SGLang's auto
-        # rule would keep for graphs, since a pool at the bare minimum serves little. Once a
-        # pool > 0 was too small, the need is unknown: take the most the brackets allow (an
-        # OOM there brings the graph figures).
-        target = facts.soft_lo() if facts.knows_kv() else max(facts.lo, _down(mfs + STEP_FRACTION))
-        auto = facts.auto_target(bs)
-        if auto is not None:
-            target = max(target, auto)
+        # SGLang's stated minimum (or weights / pre) plus a cushion, never the auto value: the
+        # auto value keeps only what SGLang's rule keeps for graphs, and a 0.60 whose minimum
+        # was 0.648 went to 0.856 and then OOMed at warmup. Without figures, a fixed step (at
+        # least the auto value's level when the GPU size is known). Once a pool > 0 was too
+        # small, the need is unknown: take the most the brackets allow (an OOM there brings
+        # the graph figures).
+        if facts.knows_kv():
+            target = facts.soft_lo()
+        else:
+            target = max(facts.lo, _down(mfs + STEP_FRACTION))
+            auto = facts.auto_target(bs)
+            if auto is not None:
+                target = max(target, auto)
         if facts.small_pool > 0:
             target = facts.hi(bs, ceiling)
     else:
@@ -564,7 +850,13 @@ def _why(last: AttemptRecord, mfs: float, bs: int, milli: int, new_bs: int, fact
             Outcome.OOM_KV_CACHE: "KV-pool OOM",
             Outcome.OOM_RUNTIME: f"{last.phase.value} OOM",
         }[last.outcome]
-        head = f"{label}: needed {_gib(n.tried_gib)} GiB, {_gib(n.free_gib)} free of {pre} pre-load"
+        where = f" in {n.graph_pass}" if n.graph_pass and last.outcome is (
+            Outcome.OOM_GRAPH_CAPTURE) else ""
+        head = (f"{label}{where}: needed {_gib(n.tried_gib)} GiB, {_gib(n.free_gib)} free of "
+                f"{pre} pre-load")
+        start = _capture_start(n)
+        if start is not None and last.outcome is Outcome.OOM_GRAPH_CAPTURE:
+            head += f", {start:.2f} free when capture began"
     kept = f"{bs} kept" if new_bs == bs else f"{bs}→{new_bs}"
     return f"{head}; fraction {mfs:.3f}→{_f(milli):.3f}, graph bs {kept}"
 

@@ -175,12 +175,12 @@ def fingerprint(server: ServerConfig, host: HostConfig, sglang_version: str) -> 
 
     Contract: anything that changes how much GPU memory the server needs or has changes the
     fingerprint: the host's identity (name, address, ssh port), the GPUs (as a set), the
-    model path, tp, dp, the SGLang version, the extra arguments (in order) and the server's
-    environment. Things launcher decides or that do not touch memory do not: the
-    mem_fraction_static / cuda_graph_max_bs being remembered, port, listen address, served
-    name, probes and policy. The same inputs give the same value in every process and
-    version of Python (canonical JSON, no ``hash()``); changing this recipe would only cost
-    one cold start per server.
+    model path, tp, dp, the SGLang version, the extra arguments (in order), the server's
+    environment and its configured running-request / Mamba knobs. Things launcher decides or
+    that do not touch memory do not: the mem_fraction_static / cuda_graph_max_bs being
+    remembered, port, listen address, served name, probes and policy. The same inputs give the
+    same value in every process and version of Python (canonical JSON, no ``hash()``);
+    changing this recipe would only cost one cold start per server.
     """
     identity = {
         "host": {"name": host.name, "address": host.address, "port": host.port},
@@ -192,6 +192,11 @@ def fingerprint(server: ServerConfig, host: HostConfig, sglang_version: str) -> 
         "extra_args": list(server.extra_args),
         "env": dict(sorted(server.env.items())),
     }
+    # Configured relaunch knobs other than the two remembered ones (only when set, so older
+    # fingerprints stay): a config change there must not be overridden by warm-start params.
+    knobs = server.launch_params().extras()
+    if knobs:
+        identity["knobs"] = knobs
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -225,10 +230,7 @@ class AttemptRow:
             "server": self.server,
             "fingerprint": self.fingerprint,
             "attempt": self.attempt,
-            "params": {
-                "mem_fraction_static": self.params.mem_fraction_static,
-                "cuda_graph_max_bs": self.params.cuda_graph_max_bs,
-            },
+            "params": self.params.as_dict(),
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "outcome": self.outcome,
@@ -284,12 +286,18 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             attempts INTEGER NOT NULL
         )""",
     ),
+    (
+        # LaunchParams beyond the fraction and graph bs (running requests, Mamba knobs, env a
+        # relaunch set), as the JSON of ``LaunchParams.extras()``.
+        "ALTER TABLE attempts ADD COLUMN params_extra TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE last_good ADD COLUMN params_extra TEXT NOT NULL DEFAULT '{}'",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 _ROW_COLUMNS = (
     "id, server, fingerprint, attempt, mem_fraction_static, cuda_graph_max_bs, started_at, "
-    "ended_at, outcome, phase, numbers, evidence, log_tail, seconds_to_ready"
+    "ended_at, outcome, phase, numbers, evidence, log_tail, seconds_to_ready, params_extra"
 )
 
 
@@ -383,17 +391,18 @@ class Ledger:
         with self._writing("attempt_started") as conn:
             conn.execute(
                 """INSERT INTO attempts (server, fingerprint, attempt, mem_fraction_static,
-                       cuda_graph_max_bs, started_at)
-                   VALUES (?, ?, ?, ?, ?, ?)
+                       cuda_graph_max_bs, started_at, params_extra)
+                   VALUES (?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT (server, attempt) DO UPDATE SET
                        fingerprint = excluded.fingerprint,
                        mem_fraction_static = excluded.mem_fraction_static,
                        cuda_graph_max_bs = excluded.cuda_graph_max_bs,
+                       params_extra = excluded.params_extra,
                        started_at = excluded.started_at,
                        ended_at = NULL, outcome = NULL, phase = NULL, numbers = '{}',
                        evidence = '[]', log_tail = '', seconds_to_ready = NULL""",
                 (server, fingerprint, attempt, params.mem_fraction_static,
-                 params.cuda_graph_max_bs, started_at),
+                 params.cuda_graph_max_bs, started_at, _to_json(params.extras())),
             )
 
     def attempt_adopted(
@@ -404,11 +413,11 @@ class Ledger:
         with self._writing("attempt_adopted") as conn:
             conn.execute(
                 """INSERT INTO attempts (server, fingerprint, attempt, mem_fraction_static,
-                       cuda_graph_max_bs, started_at)
-                   VALUES (?, ?, ?, ?, ?, ?)
+                       cuda_graph_max_bs, started_at, params_extra)
+                   VALUES (?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT (server, attempt) DO NOTHING""",
                 (server, fingerprint, attempt, params.mem_fraction_static,
-                 params.cuda_graph_max_bs, at),
+                 params.cuda_graph_max_bs, at, _to_json(params.extras())),
             )
 
     def attempt_finished(
@@ -438,8 +447,8 @@ class Ledger:
             conn.execute(
                 """INSERT INTO attempts (server, fingerprint, attempt, mem_fraction_static,
                        cuda_graph_max_bs, started_at, ended_at, outcome, phase, numbers,
-                       evidence, log_tail)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                       evidence, log_tail, params_extra)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT (server, attempt) DO UPDATE SET
                        ended_at = excluded.ended_at, outcome = excluded.outcome,
                        phase = excluded.phase, numbers = excluded.numbers,
@@ -447,7 +456,8 @@ class Ledger:
                 (server, fingerprint, attempt, p.mem_fraction_static, p.cuda_graph_max_bs,
                  ended_at if started_at is None else started_at, ended_at, str(outcome),
                  None if phase is None else str(phase), _to_json(dict(numbers)),
-                 _to_json([str(line) for line in evidence]), _bound_tail(log_tail)),
+                 _to_json([str(line) for line in evidence]), _bound_tail(log_tail),
+                 _to_json(p.extras())),
             )
 
     def server_ready(
@@ -462,25 +472,27 @@ class Ledger:
             conn.execute(
                 """INSERT INTO attempts (server, fingerprint, attempt, mem_fraction_static,
                        cuda_graph_max_bs, started_at, ended_at, outcome, phase,
-                       seconds_to_ready)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, 'ready', 'ready', ?)
+                       seconds_to_ready, params_extra)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, 'ready', 'ready', ?, ?)
                    ON CONFLICT (server, attempt) DO UPDATE SET
                        ended_at = excluded.ended_at, outcome = 'ready', phase = 'ready',
                        seconds_to_ready = excluded.seconds_to_ready""",
                 (server, fingerprint, attempts, params.mem_fraction_static,
-                 params.cuda_graph_max_bs, now - seconds, now, seconds),
+                 params.cuda_graph_max_bs, now - seconds, now, seconds,
+                 _to_json(params.extras())),
             )
             conn.execute(
                 """INSERT INTO last_good (fingerprint, server, mem_fraction_static,
-                       cuda_graph_max_bs, updated_at, attempts)
-                   VALUES (?, ?, ?, ?, ?, ?)
+                       cuda_graph_max_bs, updated_at, attempts, params_extra)
+                   VALUES (?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT (fingerprint) DO UPDATE SET
                        server = excluded.server,
                        mem_fraction_static = excluded.mem_fraction_static,
                        cuda_graph_max_bs = excluded.cuda_graph_max_bs,
+                       params_extra = excluded.params_extra,
                        updated_at = excluded.updated_at, attempts = excluded.attempts""",
                 (fingerprint, server, params.mem_fraction_static, params.cuda_graph_max_bs,
-                 now, attempts),
+                 now, attempts, _to_json(params.extras())),
             )
 
     # -- reads --------------------------------------------------------------------------
@@ -495,13 +507,14 @@ class Ledger:
         with self._reading() as conn:
             row = conn.execute(
                 """SELECT fingerprint, server, mem_fraction_static, cuda_graph_max_bs,
-                          updated_at, attempts
+                          updated_at, attempts, params_extra
                    FROM last_good WHERE fingerprint = ?""",
                 (fingerprint,),
             ).fetchone()
         if row is None:
             return None
-        return LastGood(row[0], row[1], LaunchParams(row[2], row[3]), row[4], row[5])
+        params = LaunchParams.from_extras(row[2], row[3], json.loads(row[6]))
+        return LastGood(row[0], row[1], params, row[4], row[5])
 
     def history(self, server: str | None = None, limit: int = 100) -> list[AttemptRow]:
         """Up to ``limit`` attempts (of ``server``, or of all servers), newest start first."""
@@ -604,7 +617,7 @@ def _attempt_row(row: tuple[Any, ...]) -> AttemptRow:
         server=row[1],
         fingerprint=row[2],
         attempt=row[3],
-        params=LaunchParams(row[4], row[5]),
+        params=LaunchParams.from_extras(row[4], row[5], json.loads(row[14])),
         started_at=row[6],
         ended_at=row[7],
         outcome=row[8],
@@ -776,6 +789,6 @@ def _params(data: object) -> LaunchParams:
     if not isinstance(data, Mapping):
         return LaunchParams()
     mfs, bs = data.get("mem_fraction_static"), data.get("cuda_graph_max_bs")
-    return LaunchParams(
-        None if mfs is None else float(mfs), None if bs is None else int(bs)
+    return LaunchParams.from_extras(
+        None if mfs is None else float(mfs), None if bs is None else int(bs), dict(data)
     )

@@ -12,7 +12,6 @@ through the state machine; only bugs escape.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -29,7 +28,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from launcher import remote
 from launcher.backoff import RestartBackoff
 from launcher.classify import classify, diagnose
-from launcher.command import ServerCommand, server_command
+from launcher.command import PARAMS_ENV, ServerCommand, params_from_argv, server_command
 from launcher.config import Config, ServerConfig
 from launcher.errors import HostUnreachable, LauncherError, PreflightError
 from launcher.gpus import check_gpus
@@ -130,13 +129,15 @@ class ServerSupervisor:
         self.policy = config.policy_for(server.name)
         self.host = config.host(server.host)
         self.log = structlog.get_logger("launcher").bind(server=server.name, host=server.host)
-        first = initial or LaunchParams(server.mem_fraction_static, server.cuda_graph_max_bs)
+        first = initial or server.launch_params()
         p = self.policy
         self.machine = ServerMachine(
             initial=first,
             limits=Limits(
                 bounds=Bounds(
-                    p.mem_fraction_floor, p.mem_fraction_ceiling, p.graph_bs_floor, p.max_attempts
+                    p.mem_fraction_floor, p.mem_fraction_ceiling, p.graph_bs_floor, p.max_attempts,
+                    apply_prescribed_fixes=p.apply_prescribed_fixes,
+                    allow_disable_draft_extend_graph=p.allow_disable_draft_extend_graph,
                 ),
                 max_stalls=p.max_stalls,
                 probe_failures=p.probe_failures,
@@ -310,17 +311,13 @@ class ServerSupervisor:
         try:
             res = await self.transport.run(["cat", f"{handle.dir}/cmd"], timeout=10)
             words = res.stdout.decode(errors="replace").split()
+            # Only the names a relaunch sets: the env file also holds secrets.
+            pattern = "^export (" + "|".join(PARAMS_ENV) + ")="
+            env = await self.transport.run(["grep", "-E", pattern, f"{handle.dir}/env"], timeout=10)
+            env_lines = env.stdout.decode(errors="replace").splitlines()
         except LauncherError:
-            words = []
-        mfs: float | None = None
-        bs: int | None = None
-        for flag, value in itertools.pairwise(words):
-            value = value.strip("'\"")
-            if flag == "--mem-fraction-static":
-                mfs = float(value)
-            elif flag.startswith("--cuda-graph-max-bs"):
-                bs = int(value)
-        return LaunchParams(mfs, bs)
+            words, env_lines = [], []
+        return params_from_argv(words, env_lines)
 
     async def _preflight(self) -> None:
         problems, transient = await self._preflight_problems()
@@ -411,7 +408,7 @@ class ServerSupervisor:
                         for line in splitter.flush():
                             self._on_line(att, line)
                         att.follower.finish()
-                        diag = diagnose(att.follower, item.status)
+                        diag = diagnose(att.follower, item.status, sglang_version=self.version)
                         self._post(Exited(status=item.status, diagnosis=diag))
                         return
                 return
@@ -428,7 +425,7 @@ class ServerSupervisor:
                     for line in splitter.flush():
                         self._on_line(att, line)
                     att.follower.finish()
-                    diag = diagnose(att.follower, status.exit_status)
+                    diag = diagnose(att.follower, status.exit_status, sglang_version=self.version)
                     self._post(Exited(status=status.exit_status, diagnosis=diag))
                     return
                 self._emit("follow.failed", {"error": str(exc), "retry_in_s": delay})
@@ -443,7 +440,7 @@ class ServerSupervisor:
                 self._post(ReadyLineSeen())
         if att.follower.port_in_use is not None and not att.port_reported:
             att.port_reported = True
-            self._post(FatalLineSeen(diagnose(att.follower, None)))
+            self._post(FatalLineSeen(diagnose(att.follower, None, sglang_version=self.version)))
 
     async def _stall_watch(self, att: _Attempt) -> None:
         budgets = self.policy.stall
@@ -649,6 +646,4 @@ async def supervise_all(
 
 
 def _params_dict(p: LaunchParams | None) -> dict[str, Any]:
-    if p is None:
-        return {}
-    return {"mem_fraction_static": p.mem_fraction_static, "cuda_graph_max_bs": p.cuda_graph_max_bs}
+    return {} if p is None else p.as_dict()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,11 @@ CATALOGUE = [
     ("v0523_ready_tp2.log", None, "ready", "ready", None),
     ("v0523_oom_graph_capture_seed_tp4.log", 137, "oom_graph_capture", "cuda_graph", "TP1"),
     ("v056_oom_graph_capture_wrapped_tp2.log", 137, "oom_graph_capture", "cuda_graph", "TP0"),
+    # The seeds' DeepSeek-V4-Flash MTP OOM (tp4, 94.97 GiB, 0.70, bs 32, NEXTN 1/1/2), written
+    # in each version's start-up order and texts (sglang-advanced.md A1/A2, checked against the
+    # 0.5.23 and 0.5.10 sources); labelled by the wrapped CUDA OOM.
+    ("v0523_oom_draft_extend_mtp_seed_tp4.log", 137, "oom_graph_capture", "cuda_graph", "TP1"),
+    ("v0510_oom_draft_extend_mtp_seed_tp4.log", 137, "oom_graph_capture", "cuda_graph", "TP1"),
     ("v0410_oom_weights_old_torch.log", 137, "oom_weights", "weights", None),
     ("v056_oom_kv_cache_tp2.log", 137, "oom_kv_cache", "kv_cache", "TP1"),
     ("v056_oom_runtime_warmup_tp2.log", 137, "oom_runtime", "warmup", "TP0"),
@@ -39,6 +45,9 @@ CATALOGUE = [
     ("v056_kv_too_small.log", 137, "kv_too_small", "kv_cache", None),
     ("v0523_kv_too_small_min_fraction.log", -9, "kv_too_small", "kv_cache", None),
     ("v056_kv_too_small_pool.log", 137, "kv_too_small", "kv_cache", None),
+    # Built from 0.5.23's texts (kv_cache_configurator.py:3394, the scheduler's frames as in
+    # the other 0.5.23 fixtures); labelled by that source's RuntimeError.
+    ("v0523_hybrid_state_too_small_mtp.log", -9, "hybrid_state_too_small", "kv_cache", None),
     ("v056_port_in_use_false_ready.log", 3, "port_in_use", "warmup", None),
     ("v0523_port_in_use_internal.log", 1, "port_in_use", "init", None),
     ("v056_port_in_use_torch_dist.log", 137, "port_in_use", "init", "TP0"),
@@ -513,3 +522,75 @@ def test_diagnose_does_not_disturb_the_follower() -> None:
         first.outcome,
         diagnose(follower).outcome,
     )
+
+
+GLOO_WRAPPED = "\n".join([
+    "[2026-06-17 19:52:52 TP0] Capture target verify CUDA graph begin. backend=full, "
+    "num_tokens_per_req=4, avail mem=26.88 GB",
+    "[2026-06-17 19:53:10 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+    '  File "/opt/venv/lib/python3.12/site-packages/sglang/srt/model_executor/runner/'
+    'decode_cuda_graph_runner.py", line 612, in __init__',
+    "    raise Exception(",
+    "Exception: Capture cuda graph failed: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+    "Connection closed by peer [10.0.0.2]:41822",
+    "Possible solutions:",
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
+    "",
+    "[2026-06-17 19:53:10] Received sigquit from a child process. It usually means the child "
+    "failed.",
+    "",
+])
+
+
+def test_capture_failed_wrapping_a_gloo_error_is_nccl_error_not_oom() -> None:
+    """sglang#4205: the capture wrapper around a gloo peer loss is nccl_error (retryable)."""
+    d = diagnose_text(GLOO_WRAPPED, 137)
+    assert (Outcome.NCCL_ERROR, Phase.CUDA_GRAPH, "TP0") == (d.outcome, d.phase, d.rank)
+    assert d.numbers.tried_gib is None
+
+
+def test_wrapped_cuda_oom_is_attributed_to_the_last_capture_pass() -> None:
+    """The 0.5.23 seed log fails in draft extend, after target prefill and verify captured."""
+    n = diag("v0523_oom_draft_extend_mtp_seed_tp4.log", 137).numbers
+    assert ("draft_extend", 3) == (n.graph_pass, n.graph_passes_begun)
+    assert (7.5, 2.3, 9.26, 28.0) == (
+        n.tried_gib, n.free_gib, n.graph_begin_avail_gib, n.graph_first_begin_avail_gib
+    )
+
+
+def test_hybrid_state_error_keeps_its_figures() -> None:
+    """0.5.23's "Not enough GPU memory for hybrid ... state cache" states K and per-request MB."""
+    d = diag("v0523_hybrid_state_too_small_mtp.log", -9)
+    assert (-3, 146.25) == (d.numbers.mamba_cache_size, d.numbers.mamba_per_req_mib)
+    assert d.retryable and "--max-running-requests" in d.advice
+
+
+def test_the_0_5_10_mamba_spec_error_carries_its_prescribed_fix() -> None:
+    """"please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1."."""
+    d = diag("v0510_bad_argument_mamba_spec.log", 1)
+    assert Outcome.BAD_ARGUMENT == d.outcome
+    assert ("extra_buffer", "SGLANG_ENABLE_SPEC_V2=1") == (
+        d.numbers.prescribed_mamba_strategy, d.numbers.prescribed_env
+    )
+
+
+
+@pytest.mark.parametrize(
+    ("version", "flags", "env"),
+    [("0.5.10", ["--mamba-scheduler-strategy", "extra_buffer"], {"SGLANG_ENABLE_SPEC_V2": "1"}),
+     ("0.5.23", ["--mamba-radix-cache-strategy", "extra_buffer"], {})],
+)
+def test_prescribed_fix_is_given_in_the_servers_dialect(
+    version: str, flags: list[str], env: dict[str, str]
+) -> None:
+    """The advice holds the config change as TOML; 0.5.23 gets the renamed flag and not the
+    variable it no longer reads."""
+    d = diagnose_text(read_log("v0510_bad_argument_mamba_spec.log"), 1, sglang_version=version)
+    assert d.prescribed_fix is not None
+    assert (flags, env) == (d.prescribed_fix["flags"], d.prescribed_fix["env"])
+    toml = d.prescribed_fix["toml"]
+    assert 'mamba_strategy = "extra_buffer"' in toml and toml in d.advice
+    assert ("SGLANG_ENABLE_SPEC_V2" in toml.split("\n", 1)[1]) == bool(env)
+    assert d.as_dict()["prescribed_fix"] == d.prescribed_fix
+    table = tomllib.loads(toml)["servers"][0]
+    assert ("extra_buffer", env) == (table["mamba_strategy"], table.get("env", {}))

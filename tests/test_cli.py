@@ -309,3 +309,35 @@ def test_diagnose_refuses_unreadable_params_naming_them() -> None:
     result = run_cli("diagnose", str(log), "--params", "mem_fraction=0.8")
     assert 2 == result.returncode
     assert "--params" in result.stderr and "mem_fraction=0.8" in result.stderr
+LOGS = Path(__file__).parent / "data" / "logs"
+
+
+@pytest.mark.parametrize(
+    ("version", "flags"),
+    [("0.5.10", ["--mamba-scheduler-strategy", "extra_buffer"]),
+     ("0.5.23", ["--mamba-radix-cache-strategy", "extra_buffer"])],
+)
+def test_diagnose_gives_a_prescribed_fix_in_the_versions_dialect(
+    version: str, flags: list[str]
+) -> None:
+    """`diagnose --sglang-version` on 0.5.10's spec + no_buffer error: the fix as TOML, with
+    the env var only where that version reads it; the text output prints it verbatim."""
+    log = LOGS / "v0510_bad_argument_mamba_spec.log"
+    data = json.loads(
+        run_cli("diagnose", str(log), "--json", "--sglang-version", version).stdout
+    )
+    fix = data["prescribed_fix"]
+    assert flags == fix["flags"]
+    assert ("SGLANG_ENABLE_SPEC_V2" in fix["env"]) == (version == "0.5.10")
+    text = run_cli("diagnose", str(log), "--sglang-version", version).stdout
+    assert "[[servers]]\nmamba_strategy = \"extra_buffer\"" in text
+
+
+def test_diagnose_advises_the_seed_oom_from_the_failing_pass() -> None:
+    """The seeds' MTP OOM in draft extend: the next fraction is below 0.70 by more than the
+    deficit (5.2 GiB over 93.4), bs 32 kept."""
+    log = LOGS / "v0523_oom_draft_extend_mtp_seed_tp4.log"
+    data = json.loads(run_cli("diagnose", str(log), "--json", "--exit-status", "137").stdout)
+    nxt = data["next_params"]
+    assert nxt["mem_fraction_static"] <= 0.70 - 5.2 / 93.4 and 32 == nxt["cuda_graph_max_bs"]
+    assert "draft_extend" == data["numbers"]["graph_pass"]

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.command import build_command, graph_bs_flag
+from launcher.command import (
+    build_command,
+    env_is_read,
+    graph_bs_flag,
+    mamba_strategy_flag,
+    params_argv,
+    params_from_argv,
+)
 from launcher.params import LaunchParams
 
 
@@ -59,3 +66,53 @@ def test_env_has_gpus_and_attempt_and_secrets_stay_out_of_argv() -> None:
     assert ("3", "llama") == (c.env["LAUNCHER_ATTEMPT"], c.env["LAUNCHER_SERVER"])
     assert not any("hf_secret" in a for a in c.argv)
     assert "***" == c.masked_env()["HF_TOKEN"]
+
+
+@pytest.mark.parametrize(
+    ("version", "flag"),
+    [("0.5.10", "--mamba-scheduler-strategy"), ("0.5.15", "--mamba-radix-cache-strategy"),
+     ("0.5.23", "--mamba-radix-cache-strategy")],
+)
+def test_mamba_strategy_flag_follows_version(version: str, flag: str) -> None:
+    """0.5.23 rejects --mamba-scheduler-strategy; 0.5.10 has no --mamba-radix-cache-strategy."""
+    assert flag == mamba_strategy_flag(version)
+    argv = cmd(version, LaunchParams(mamba_strategy="extra_buffer"))
+    assert [flag, "extra_buffer"] == argv[argv.index(flag):argv.index(flag) + 2]
+
+
+def test_running_requests_and_mamba_knobs_are_rendered() -> None:
+    p = LaunchParams(0.7, 16, max_running_requests=24, max_mamba_cache_size=96,
+                     mamba_full_memory_ratio=0.5)
+    assert [
+        "--mem-fraction-static", "0.7", "--cuda-graph-max-bs-decode", "16",
+        "--max-running-requests", "24", "--max-mamba-cache-size", "96",
+        "--mamba-full-memory-ratio", "0.5",
+    ] == params_argv(p, "0.5.23")
+
+
+def test_params_env_overrides_the_configured_env() -> None:
+    """A relaunch's SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 wins over the config's 0."""
+    p = LaunchParams(0.6, 16).with_env("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "1")
+    c = build_command(
+        command=["sglang", "serve"], model_path="/m", tp=1, dp=1, port=1, listen="127.0.0.1",
+        gpus=[0], params=p, sglang_version="0.5.23",
+        env={"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "0", "NCCL_DEBUG": "WARN"},
+    )
+    assert ("1", "WARN") == (c.env["SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"], c.env["NCCL_DEBUG"])
+
+
+def test_spec_v2_env_is_read_only_before_its_removal() -> None:
+    assert env_is_read("SGLANG_ENABLE_SPEC_V2", "0.5.10")
+    assert not env_is_read("SGLANG_ENABLE_SPEC_V2", "0.5.23")
+    assert env_is_read("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "0.5.23")
+
+
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.23"])
+def test_params_from_argv_inverts_params_argv(version: str) -> None:
+    """What an adopted attempt's cmd and env files say gives back the params it ran with."""
+    p = LaunchParams(0.655, 24, max_running_requests=24, max_mamba_cache_size=64,
+                     mamba_full_memory_ratio=0.4, mamba_strategy="extra_buffer",
+                     env=(("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "1"),))
+    argv = cmd(version, p, extra_args=["--speculative-num-steps", "3"])
+    env = ["export HF_TOKEN='secret'", "export SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH='1'"]
+    assert p == params_from_argv([f"'{a}'" for a in argv], env)

@@ -366,6 +366,11 @@ def test_rule_reports_path_named_problem(tmp_path: Path, text: str, expected: st
         ("--cuda-graph-max-bs", "cuda_graph_max_bs"),
         ("--cuda-graph-max-bs-decode=64", "cuda_graph_max_bs"),
         ("--served-model-name", "served_model_name"),
+        ("--max-running-requests", "max_running_requests"),
+        ("--max-mamba-cache-size", "max_mamba_cache_size"),
+        ("--mamba-full-memory-ratio=0.5", "mamba_full_memory_ratio"),
+        ("--mamba-scheduler-strategy", "mamba_strategy"),
+        ("--mamba-radix-cache-strategy", "mamba_strategy"),
     ],
 )
 def test_extra_args_reject_owned_flags(tmp_path: Path, arg: str, field: str) -> None:
@@ -764,3 +769,34 @@ def test_env_override_of_missing_array_names_the_variable(tmp_path: Path) -> Non
         "LAUNCHER_HOSTS__0__PORT: hosts has no entries to override",
         "servers[0].host: unknown host 'h'; known: none",
     ] == problems(tmp_path, text, {"LAUNCHER_HOSTS__0__PORT": "22"})
+
+
+def test_relaunch_knobs_load_into_the_first_params(tmp_path: Path) -> None:
+    """Running requests and the Mamba knobs are config fields; the spec shape stays in
+    extra_args (launcher never changes it)."""
+    text = BASE + (
+        'max_running_requests = 32\nmax_mamba_cache_size = 64\nmamba_full_memory_ratio = 0.5\n'
+        'mamba_strategy = "extra_buffer"\nextra_args = ["--speculative-algorithm", "EAGLE", '
+        '"--speculative-num-steps", "3", "--mamba-ssm-dtype", "bfloat16"]\n'
+    )
+    p = load(tmp_path, text).server("llama").launch_params()
+    assert (None, None, 32, 64, 0.5, "extra_buffer", ()) == (
+        p.mem_fraction_static, p.cuda_graph_max_bs, p.max_running_requests,
+        p.max_mamba_cache_size, p.mamba_full_memory_ratio, p.mamba_strategy, p.env,
+    )
+
+
+def test_extra_buffer_lazy_needs_a_version_that_has_it(tmp_path: Path) -> None:
+    text = BASE + 'sglang_version = "0.5.10"\nmamba_strategy = "extra_buffer_lazy"\n'
+    assert any("extra_buffer_lazy" in p and "0.5.15" in p for p in problems(tmp_path, text))
+    ok = BASE + 'sglang_version = "0.5.23"\nmamba_strategy = "extra_buffer_lazy"\n'
+    assert "extra_buffer_lazy" == load(tmp_path, ok).server("llama").mamba_strategy
+
+
+def test_policy_switches_default_off_and_override_per_server(tmp_path: Path) -> None:
+    text = BASE + "[servers.policy]\napply_prescribed_fixes = true\n"
+    config = load(tmp_path, text)
+    assert (False, False) == (
+        config.policy.apply_prescribed_fixes, config.policy.allow_disable_draft_extend_graph
+    )
+    assert config.policy_for("llama").apply_prescribed_fixes

@@ -25,14 +25,17 @@ from launcher.logparse import (
     Signature,
     Source,
     Traceback,
+    fill_error_figures,
+    graph_pass_of,
     match_signatures,
     parse_line,
     parse_oom,
     parse_size_gib,
     split_records,
 )
+from launcher.outcome import Numbers
 from launcher.params import LaunchParams
-from launcher.phases import Phase
+from launcher.phases import GraphPass, Phase
 
 LOGS = Path(__file__).parent / "data" / "logs"
 T = TypeVar("T")
@@ -500,3 +503,156 @@ def test_failures_kept_are_bounded() -> None:
     kept = follower.failures()
     assert MAX_FAILURES == len(kept)
     assert isinstance(kept[0], FailureSignature) and kept[0].line.endswith("something 0")
+
+
+# -- capture passes, draft weights, hybrid and speculative settings ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("message", "speculative", "gpass"),
+    [
+        # 0.5.23 cuda_graph_setup.py:685/759, eagle_worker_v2.py:515/634
+        ("Capture target prefill CUDA graph begin. backend=breakable, num_tokens=[64], "
+         "avail mem=28.00 GB", True, GraphPass.TARGET_PREFILL),
+        ("Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+         "avail mem=20.00 GB", False, GraphPass.TARGET_DECODE),
+        ("Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=4, "
+         "avail mem=20.00 GB", True, GraphPass.TARGET_VERIFY),
+        ("Capture draft prefill CUDA graph begin. backend=breakable, num_tokens=[64], "
+         "avail mem=9.00 GB", True, GraphPass.DRAFT_PREFILL),
+        ("Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs=[1, 2], "
+         "avail mem=9.00 GB", True, GraphPass.DRAFT_DECODE),
+        ("Capture draft extend CUDA graph begin. backend=full, num_tokens_per_req=4, bs=[1, 2], "
+         "avail mem=9.00 GB", True, GraphPass.DRAFT_EXTEND),
+        ("Capture draft extend CUDA graph begin. step=1, avail mem=9.00 GB", True,
+         GraphPass.DRAFT_EXTEND),
+        ("Capture single-CG draft extend begin. This can take several minutes. avail mem=9.00 GB",
+         True, GraphPass.DRAFT_EXTEND),
+        ("Capture Frozen-KV MTP draft cuda graph begin.", True, GraphPass.DRAFT_DECODE),
+        # 0.5.10 model_runner.py:2446/2566, eagle_worker.py:250/265
+        ("Capture cuda graph begin. This can take up to several minutes. avail mem=28.00 GB",
+         False, GraphPass.TARGET_DECODE),
+        ("Capture cuda graph begin. This can take up to several minutes. avail mem=28.00 GB",
+         True, GraphPass.TARGET_VERIFY),
+        ("Capture piecewise CUDA graph begin. avail mem=30.00 GB", False,
+         GraphPass.TARGET_PREFILL),
+        ("Capture draft cuda graph begin. This can take up to several minutes. avail mem=8 GB",
+         True, GraphPass.DRAFT_DECODE),
+        ("Capture draft extend cuda graph begin. This can take up to several minutes. "
+         "avail mem=8.49 GB", True, GraphPass.DRAFT_EXTEND),
+        ("Capture draft extend cuda graph begin (step 2). This can take up to several minutes. "
+         "avail mem=8.49 GB", True, GraphPass.DRAFT_EXTEND),
+    ],
+)
+def test_graph_pass_of_names_every_capture_begin_spelling(
+    message: str, speculative: bool, gpass: GraphPass
+) -> None:
+    """Each version's begin line names its pass; 0.5.10's bare one is decode or verify."""
+    assert gpass is graph_pass_of(message, speculative=speculative)
+
+
+def test_capture_figures_belong_to_the_last_pass_begun() -> None:
+    """0.5.23 order: the failing pass's start and bar, the first pass's start kept apart."""
+    follower, _ = follow(read_log("v0523_oom_draft_extend_mtp_seed_tp4.log"))
+    n = follower.numbers
+    assert ("draft_extend", 3, 9.26, 28.0) == (
+        n.graph_pass, n.graph_passes_begun, n.graph_begin_avail_gib, n.graph_first_begin_avail_gib
+    )
+    assert (9.2, 32, 0, 20) == (
+        n.graph_last_avail_gib, n.graph_last_bs, n.graph_steps_done, n.graph_steps_total
+    )
+
+
+def test_a_new_pass_starts_its_own_figures_and_ranks_in_lockstep_share_one() -> None:
+    """TP1's prefill begin after TP0's verify begin does not reopen the prefill pass."""
+    text = (
+        "[2026-06-17 19:52:43 TP0] Capture target prefill CUDA graph begin. backend=breakable, "
+        "num_tokens=[64], avail mem=28.00 GB\n"
+        "[2026-06-17 19:52:52 TP0] Capture target verify CUDA graph begin. backend=full, "
+        "num_tokens_per_req=2, avail mem=26.88 GB\n"
+        "[2026-06-17 19:52:43 TP1] Capture target prefill CUDA graph begin. backend=breakable, "
+        "num_tokens=[64], avail mem=27.90 GB\n"
+        "[2026-06-17 19:52:52 TP1] Capture target verify CUDA graph begin. backend=full, "
+        "num_tokens_per_req=2, avail mem=26.70 GB\n"
+    )
+    n = follow(text)[0].numbers
+    assert ("target_verify", 2, 26.7, 27.9) == (
+        n.graph_pass, n.graph_passes_begun, n.graph_begin_avail_gib, n.graph_first_begin_avail_gib
+    )
+
+
+@pytest.mark.parametrize("version", ["0523", "0510"])
+def test_draft_weights_are_not_a_second_target(version: str) -> None:
+    """type=...NextN is the draft: the target's weight figures stay, the draft's are apart."""
+    n = follow(read_log(f"v{version}_oom_draft_extend_mtp_seed_tp4.log"))[0].numbers
+    assert (93.4, 55.83, 37.57, 1.49) == (
+        n.pre_load_avail_gib, n.post_weights_avail_gib, n.weights_gib, n.draft_weights_gib
+    )
+
+
+@pytest.mark.parametrize("version", ["0523", "0510"])
+def test_speculative_settings_come_from_the_args_dump(version: str) -> None:
+    """0.5.23's dict and 0.5.10's ServerArgs repr both give the spec shape and the cap."""
+    n = follow(read_log(f"v{version}_oom_draft_extend_mtp_seed_tp4.log"))[0].numbers
+    assert ("EAGLE", 1, 1, 2, 48, 32) == (
+        n.speculative_algorithm, n.speculative_num_steps, n.speculative_eagle_topk,
+        n.speculative_num_draft_tokens, n.max_running_requests, n.cuda_graph_max_bs,
+    )
+    assert n.speculative
+
+
+def test_0_5_10_bare_capture_line_is_target_verify_with_spec() -> None:
+    """In 0.5.10 the first (target) pass of a speculative server is the verify graph."""
+    lines = read_log("v0510_oom_draft_extend_mtp_seed_tp4.log").split("\n")
+    upto = next(i for i, line in enumerate(lines) if "Capture cuda graph begin" in line)
+    assert "target_verify" == follow("\n".join(lines[: upto + 1]))[0].numbers.graph_pass
+
+
+@pytest.mark.parametrize(
+    ("line", "size", "gib"),
+    [
+        # 0.5.23 memory_pool.py:1005 (no spec; trailing space as printed)
+        ("[2026-07-02 10:14:40] Mamba Cache is allocated. max_mamba_cache_size: 288, "
+         "conv_state size: 0.41GB, ssm_state size: 12.66GB ", 288, 13.07),
+        # 0.5.10 memory_pool.py:311 (spec: the intermediate caches on the same line)
+        ("[2026-07-02 10:14:40] Mamba Cache is allocated. max_mamba_cache_size: 96, "
+         "conv_state size: 0.14GB, ssm_state size: 4.22GB intermediate_ssm_state_cache size: "
+         "2.11GB intermediate_conv_window_cache size: 0.07GB ", 96, 6.54),
+    ],
+)
+def test_mamba_cache_line_is_read(line: str, size: int, gib: float) -> None:
+    n = follow(line + "\n")[0].numbers
+    assert (size, gib) == (n.mamba_cache_size, n.mamba_state_gib)
+
+
+def test_max_running_requests_reset_warning_sets_the_cap() -> None:
+    """speculative_hook.py: "Max running requests is reset to 48 for speculative decoding."."""
+    line = (
+        "[2026-06-17 19:51:01] Max running requests is reset to 48 for speculative decoding. "
+        "You can override this by explicitly setting --max-running-requests.\n"
+    )
+    assert 48 == follow(line)[0].numbers.max_running_requests
+
+
+def test_hybrid_state_errors_are_their_own_signature() -> None:
+    """Both 0.5.23 texts (kv_cache_configurator.py:3154, 3394); neither is kv_too_small."""
+    for text in (
+        "RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) state cache. "
+        "Computed max_mamba_cache_size=-3 (total_rest_memory=0.41 GB, ...",
+        "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any "
+        "requests. max_mamba_cache_size=2, mamba_ratio=3, resulting max_num_reqs=0. Try: ...",
+    ):
+        assert [Signature.HYBRID_STATE] == match_signatures(text)
+
+
+def test_strategy_named_by_using_is_not_a_prescription() -> None:
+    """"when using --mamba-scheduler-strategy no_buffer" is the cause, not the fix."""
+    n = Numbers()
+    fill_error_figures(
+        n, "Speculative decoding for X is not compatible with radix cache when using "
+        "--mamba-scheduler-strategy no_buffer.", overwrite=True,
+    )
+    assert n.prescribed_mamba_strategy is None
+    fill_error_figures(n, "AssertionError: extra_buffer is not supported for NemotronHForCausalLM; "
+                       "use no_buffer.", overwrite=True)
+    assert ("no_buffer", None) == (n.prescribed_mamba_strategy, n.prescribed_env)

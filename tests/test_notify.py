@@ -8,6 +8,7 @@ import random
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -16,9 +17,12 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
+from launcher.classify import diagnose_text
 from launcher.errors import ConfigError
 from launcher.notify import Redactor, ServerInfo, SlackNotifier, ready_message
 from tests.httpsink import HANG, HttpSink, Reply
+
+LOGS = Path(__file__).parent / "data" / "logs"
 
 HOOK_PATH = "/services/T0000AAAA/B0000BBBB/XXXXXXXXXXXXXXXXXXXXXXXX"
 INFO = {
@@ -230,6 +234,30 @@ async def test_gave_up_message_has_reason_ledger_evidence_and_advice(
         "*Advice*\nthe weights do not fit: use more GPUs (tp) or a smaller model",
     ] == sections
     assert ":x: llama gave up" == body["blocks"][0]["text"]["text"]
+
+
+async def test_gave_up_shows_a_prescribed_fix_as_a_config_block(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """The TOML a prescribed fix ends the advice with is its own code block in Slack."""
+    d = diagnose_text(
+        (LOGS / "v0510_bad_argument_mamba_spec.log").read_text(), 1, sglang_version="0.5.23"
+    )
+    last = failed(1, 0.8, 32, "bad_argument", "init") | {"advice": d.advice}
+    gave_up = {"reason": "bad_argument", "attempts": 1,
+               "history": [record(0.8, 32, "bad_argument", "init")]}
+    await deliver(
+        make(sink, client, FakeClock()),
+        [("llama", "attempt.failed", last), ("llama", "server.gave_up", gave_up)],
+    )
+    body = sink.wait_for(1)[0].json()
+    sections = [b["text"]["text"] for b in body["blocks"] if b["type"] == "section" and "text" in b]
+    assert sections[-1] == (
+        "*Config change*\n```# SGLang 0.5.23: --mamba-radix-cache-strategy extra_buffer "
+        "(SGLANG_ENABLE_SPEC_V2 left out: SGLang 0.5.23 no longer reads it)\n[[servers]]\n"
+        'mamba_strategy = "extra_buffer"```'
+    )
+    assert sections[-2].startswith("*Advice*\nSGLang rejected the command line")
 
 
 async def test_unhealthy_and_relaunch_are_reported_and_the_next_ready_is_recovered(

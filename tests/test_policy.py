@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
+from launcher.classify import diagnose_text
 from launcher.errors import PolicyError
 from launcher.outcome import Numbers, Outcome
-from launcher.params import LaunchParams
-from launcher.phases import Phase
+from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
+from launcher.phases import GraphPass, Phase
 from launcher.policy import (
     ASSUMED_GRAPH_BS,
     ASSUMED_MEM_FRACTION,
+    KV_CUSHION,
     STEP_FRACTION,
     AttemptRecord,
     Bounds,
@@ -25,6 +30,8 @@ from launcher.sim.memory import (
     simulate,
 )
 from launcher.sim.observe import observed, run_policy
+from tests.multipass import Pass, World
+from tests.multipass import run_policy as run_multipass
 
 CAPTURE = (Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH)
 TOO_SMALL = (Outcome.KV_TOO_SMALL, Phase.KV_CACHE)
@@ -406,3 +413,157 @@ def test_observed_ready_has_the_token_summary() -> None:
     outcome, phase, n = observed(s, simulate(s, LaunchParams(0.8, 32)))
     assert (Outcome.READY, Phase.READY, None) == (outcome, phase, n.tried_gib)
     assert n.max_total_num_tokens == n.kv_tokens and n.kv_tokens is not None
+
+
+# --- multi-pass capture, speculative decoding, hybrid models, prescribed fixes ---------------
+
+SEED_LOGS = Path(__file__).parent / "data" / "logs"
+
+
+def seed_record(version: str) -> AttemptRecord:
+    """The seeds' DeepSeek-V4-Flash MTP OOM at (0.70, 32), read from its log like the daemon."""
+    text = (SEED_LOGS / f"v{version}_oom_draft_extend_mtp_seed_tp4.log").read_text()
+    d = diagnose_text(text, 137)
+    return AttemptRecord(LaunchParams(0.70, 32), d.outcome, d.phase, d.numbers)
+
+
+@pytest.mark.parametrize(("version", "sglang"), [("0523", "0.5.23"), ("0510", "0.5.10")])
+def test_seed_mtp_oom_steps_by_at_least_the_deficit_and_keeps_spec(
+    version: str, sglang: str
+) -> None:
+    """Tried 7.50 with 2.30 free of 93.40 pre-load in draft extend: the step is >= 5.2/93.4,
+    it covers everything capture used since the first pass began, bs 32 and spec stay."""
+    rec = seed_record(version)
+    decision = next_params(rec.params, Bounds(), [rec], tp=4, sglang_version=sglang)
+    p = decision.params
+    assert p is not None and p.mem_fraction_static is not None
+    assert p.mem_fraction_static <= 0.70 - 5.2 / 93.4
+    # Next time all passes start with (1 - mfs) x 93.40: they used 28.00 - 2.30 and need 7.50.
+    assert (1 - p.mem_fraction_static) * 93.4 >= 28.0 - 2.3 + 7.5 + 0.5
+    assert p == LaunchParams(p.mem_fraction_static, 32)  # nothing else changed
+    assert "capture OOM in draft_extend: needed 7.50 GiB, 2.30 free of 93.40" in decision.reason
+    assert "speculative params unchanged" in decision.reason
+
+
+def test_seed_mtp_converges_within_two_relaunches() -> None:
+    """A world with the seed's shape (prefill, verify, draft extend) is ready by attempt 3."""
+    for v in ("0.5.23", "0.5.10"):
+        run = run_multipass(SEED_WORLD if v == "0.5.23" else replace(SEED_WORLD, version=v),
+                            LaunchParams(0.70, 32))
+        assert run.ready and len(run.history) <= 3, run.reason
+        assert all(r.params.cuda_graph_max_bs == 32 for r in run.history)
+
+
+SEED_WORLD = World(
+    pre=93.4, weights=37.57, draft_weights=1.49, spec=True, steps=1, draft_tokens=2, warmup=1.5,
+    passes=(Pass(GraphPass.TARGET_PREFILL, 1.1, 0.0, 0.0),
+            Pass(GraphPass.TARGET_VERIFY, 2.0, 0.45, 0.06),
+            Pass(GraphPass.DRAFT_EXTEND, 3.0, 0.35, 0.05)),
+)
+
+
+def test_plain_capture_oom_at_075_counts_the_prefill_pass() -> None:
+    """Non-speculative: the decode graphs fail after the prefill graphs took 6 GiB; the next
+    fraction leaves room for both, so the loop is ready within 2 attempts after the OOM."""
+    world = World(
+        pre=80.0, weights=40.0, tp=1, warmup=1.0,
+        passes=(Pass(GraphPass.TARGET_PREFILL, 6.0, 0.0, 0.0),
+                Pass(GraphPass.TARGET_DECODE, 3.0, 0.05, 0.02)),
+    )
+    run = run_multipass(world, LaunchParams(0.75, 256))
+    assert Outcome.OOM_GRAPH_CAPTURE == run.history[0].outcome
+    assert "target_decode" == run.history[0].numbers.graph_pass
+    assert run.ready and run.after_first_failure <= 2
+
+
+def test_spec_graph_bs_above_the_running_request_cap_is_searched_at_the_cap() -> None:
+    """bs 160 with spec captures only up to 48: a smaller bs is below 48, never 160 → 128."""
+    world = replace(SEED_WORLD, weights=60.0)
+    run = run_multipass(world, LaunchParams(0.80, 160))
+    bss = [r.params.cuda_graph_max_bs for r in run.history[1:]]
+    assert all(b is not None and (b == 160 or b < 48) for b in bss), bss
+
+
+def test_draft_extend_graph_goes_off_only_when_policy_allows_it() -> None:
+    """Fraction and bs cannot make room with a useful pool: on 0.5.23 with the [policy] switch
+    the next attempt sets SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1; without it, never."""
+    world = replace(SEED_WORLD, weights=62.0, passes=(
+        Pass(GraphPass.TARGET_VERIFY, 12.0, 0.05, 0.01),
+        Pass(GraphPass.DRAFT_EXTEND, 14.0, 0.02, 0.01),
+    ))
+    allowed = Bounds(graph_bs_floor=8, allow_disable_draft_extend_graph=True)
+    run = run_multipass(world, LaunchParams(0.70, 32), allowed)
+    assert run.ready, run.reason
+    assert "1" == run.history[-1].params.env_value(DISABLE_DRAFT_EXTEND_ENV)
+    plain = run_multipass(world, LaunchParams(0.70, 32), Bounds(graph_bs_floor=8))
+    assert all(r.params.env == () for r in plain.history)
+    old = run_multipass(replace(world, version="0.5.10"), LaunchParams(0.70, 32), allowed)
+    assert all(r.params.env == () for r in old.history)  # 0.5.10 has no such switch
+
+
+def test_kv_too_small_goes_to_the_stated_minimum_plus_a_cushion_not_the_auto_value() -> None:
+    """Too small at 0.60 whose minimum was 0.648: next is about 0.668, not 0.856."""
+    p = LaunchParams(0.60, 32)
+    rec = record(p, TOO_SMALL, min_mem_fraction=0.648, pre_load_avail_gib=93.4,
+                 post_weights_avail_gib=32.88, total_gib=94.97, mem_fraction_static=0.6)
+    mfs, bs = decide(rec)
+    assert (32, True) == (bs, 0.648 < mfs <= 0.648 + KV_CUSHION + 0.002)
+
+
+def hybrid_record(params: LaunchParams, **numbers: object) -> AttemptRecord:
+    n = Numbers(speculative_algorithm="EAGLE", mamba_cache_size=-3, **numbers)  # type: ignore[arg-type]
+    return AttemptRecord(params, Outcome.HYBRID_STATE_TOO_SMALL, Phase.KV_CACHE, n)
+
+
+def test_hybrid_state_error_lowers_running_requests_then_raises_the_fraction() -> None:
+    """SGLang's order: (1) reduce --max-running-requests (48 under spec), (2) raise the fraction."""
+    p = LaunchParams(0.56, 48)
+    first = next_params(p, Bounds(), [hybrid_record(p)]).params
+    assert first == LaunchParams(0.56, 24, max_running_requests=24)
+    low = LaunchParams(0.56, 8, max_running_requests=8)
+    second = next_params(p, Bounds(), [hybrid_record(low)]).params
+    assert second == LaunchParams(round(0.56 + STEP_FRACTION, 3), 8, max_running_requests=8)
+
+
+def test_hybrid_state_error_doubles_a_configured_mamba_cache_size_first() -> None:
+    p = LaunchParams(0.8, 48, max_mamba_cache_size=24)
+    decision = next_params(p, Bounds(), [hybrid_record(p)])
+    assert decision.params == replace(p, max_mamba_cache_size=48)
+
+
+MAMBA_SPEC = Numbers(prescribed_mamba_strategy="extra_buffer",
+                     prescribed_env="SGLANG_ENABLE_SPEC_V2=1")
+
+
+def test_prescribed_fix_is_advised_but_not_applied_by_default() -> None:
+    p = LaunchParams(0.8, 32)
+    rec = AttemptRecord(p, Outcome.BAD_ARGUMENT, Phase.INIT, MAMBA_SPEC)
+    decision = next_params(p, Bounds(), [rec], sglang_version="0.5.10")
+    assert decision.give_up
+    assert "--mamba-scheduler-strategy extra_buffer and SGLANG_ENABLE_SPEC_V2=1" in decision.reason
+    assert "apply_prescribed_fixes" in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("version", "env"), [("0.5.10", (("SGLANG_ENABLE_SPEC_V2", "1"),)), ("0.5.23", ())]
+)
+def test_prescribed_fix_is_applied_once_in_the_versions_dialect(
+    version: str, env: tuple[tuple[str, str], ...]
+) -> None:
+    """0.5.10 gets the env var too; 0.5.23 no longer reads it. A repeat gives up."""
+    p = LaunchParams(0.8, 32)
+    bounds = Bounds(apply_prescribed_fixes=True)
+    rec = AttemptRecord(p, Outcome.BAD_ARGUMENT, Phase.INIT, MAMBA_SPEC)
+    fixed = next_params(p, bounds, [rec], sglang_version=version).params
+    assert fixed == replace(p, mamba_strategy="extra_buffer", env=env)
+    again = AttemptRecord(fixed, Outcome.BAD_ARGUMENT, Phase.INIT, MAMBA_SPEC)
+    assert next_params(p, bounds, [rec, again], sglang_version=version).give_up
+
+
+def test_relaunch_keeps_the_other_knobs() -> None:
+    """A capture OOM changes the fraction; running requests, Mamba knobs and env stay."""
+    p = LaunchParams(0.7, 32, max_running_requests=32, mamba_strategy="extra_buffer",
+                     env=(("SGLANG_ENABLE_SPEC_V2", "1"),))
+    rec = record(p, CAPTURE, tried_gib=7.5, free_gib=2.3, total_gib=93.0, pre_load_avail_gib=85.0)
+    new = next_params(p, Bounds(), [rec]).params
+    assert new is not None and new == replace(p, mem_fraction_static=new.mem_fraction_static)

@@ -48,9 +48,12 @@ def test_corpus_is_labelled_with_provenance() -> None:
     for case in cases:
         assert case.label["url"].startswith("https://"), case.id
         assert "/" in case.label["repository"], case.id
-    # Every outcome a real log can show is covered (the supervisor's hang needs no log).
+    # Every outcome a real log can show is covered (the supervisor's hang needs no log), but
+    # 0.5.23's hybrid state-cache errors: no public issue thread quotes them yet (searched
+    # 2026-12-01); tests/test_classify.py covers them with SGLang's own message text.
     covered = {case.outcome for case in cases}
-    assert covered == set(Outcome), sorted(o.value for o in set(Outcome) - covered)
+    expected = set(Outcome) - {Outcome.HYBRID_STATE_TOO_SMALL}
+    assert covered >= expected, sorted(o.value for o in expected - covered)
 
 
 def test_accuracy_does_not_drop_below_the_recorded_level(results: list[object]) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from launcher.command import build_command, graph_bs_flag
+from launcher.command import build_command, graph_bs_flag, mamba_strategy_flag
 from launcher.params import LaunchParams
 from launcher.sim.logfmt import Dialect
 from launcher.sim.server import Flags
@@ -144,6 +144,35 @@ SERVERS = (
         {"trust_remote_code": True, "chunked_prefill_size": 4096},
     ),
 )
+# Speculative decoding and hybrid (Mamba) servers: the knobs a relaunch may change are config
+# fields rendered in each version's dialect; the speculative shape stays in extra_args.
+SPEC_MTP = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2"]
+SPEC_HYBRID_SERVERS = (
+    Server(
+        "dsv4-mtp",
+        {"model_path": "/data/models/DeepSeek-V4-Flash", "tp": 4, "gpus": [0, 1, 2, 3],
+         "port": 30010, "mem_fraction_static": 0.7, "cuda_graph_max_bs": 32,
+         "max_running_requests": 48, "extra_args": SPEC_MTP},
+        {"mem_fraction_static": 0.7, "cuda_graph_max_bs": 32, "tp_size": 4},
+        {"speculative_algorithm": "EAGLE", "speculative_num_steps": 1,
+         "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 2,
+         "max_running_requests": 48},
+    ),
+    Server(
+        "qwen36-hybrid-mtp",
+        {"model_path": "/models/Qwen3.6-27B", "gpus": [4], "port": 30011,
+         "mem_fraction_static": 0.8, "cuda_graph_max_bs": 16, "max_running_requests": 24,
+         "max_mamba_cache_size": 64, "mamba_full_memory_ratio": 0.5,
+         "mamba_strategy": "extra_buffer",
+         "extra_args": ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+                        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]},
+        {"mem_fraction_static": 0.8, "cuda_graph_max_bs": 16, "tp_size": 1},
+        {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
+         "speculative_num_draft_tokens": 4, "max_running_requests": 24,
+         "max_mamba_cache_size": 64, "mamba_full_memory_ratio": 0.5},
+    ),
+)
 SHIPPED_CONFIGS = ("configs/example-8gpu.toml", "configs/demo.toml")
 # Fractions build_command writes with up to three decimals; each must parse back to itself.
 FRACTIONS = (0.5, 0.6, 0.75, 0.835, 0.88, 0.9, 0.95, 0.123, 0.999)
@@ -167,9 +196,9 @@ def _toml(value: Any) -> str:
     return repr(value)
 
 
-def _config(version: str) -> str:
+def _config(version: str, servers: tuple[Server, ...] = SERVERS) -> str:
     lines = ["[[hosts]]", 'name = "gpu-a"', 'transport = "local"']
-    for s in SERVERS:
+    for s in servers:
         keys = {"name": s.name, "host": "gpu-a", **s.keys, "sglang_version": version}
         lines += ["", "[[servers]]", *(f"{k} = {_toml(v)}" for k, v in keys.items())]
     return "\n".join(lines) + "\n"
@@ -230,6 +259,9 @@ class Cases:
     plans: dict[str, list[dict[str, Any]]]  # version -> rows of `launcher plan --json`
     shipped: list[dict[str, Any]]  # rows of the shipped configs' plans
     argvs: dict[str, list[list[str]]]  # version -> SGLang argv lists to parse
+    spec_plans: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # version -> spec/hybrid argv lists, parsed by SGLang only (not yet the simulator's parser)
+    spec_argvs: dict[str, list[list[str]]] = field(default_factory=dict)
 
     def add(self, version: str, argv: list[str]) -> list[str]:
         if argv not in self.argvs[version]:
@@ -255,6 +287,16 @@ def _collect(tmp: Path) -> Cases:
             cases.add(version, _sglang_args(_argv(version, SERVERS[0], LaunchParams(mfs, 64))))
         for argv in BROKEN:
             cases.add(version, list(argv))
+        # Spec and hybrid servers, in a config of their own (see test_spec_and_hybrid_...).
+        spec_config = tmp / f"launcher-spec-{version}.toml"
+        spec_config.write_text(_config(version, SPEC_HYBRID_SERVERS))
+        cases.spec_plans[version] = _plan(spec_config)
+        for argv in [_sglang_args(r["argv"]) for r in cases.spec_plans[version]] + [
+            _strategy_only(version)
+        ]:
+            for v in (version, _other(version)):
+                if argv not in cases.spec_argvs.setdefault(v, []):
+                    cases.spec_argvs[v].append(argv)
     for path in SHIPPED_CONFIGS:
         for row in _plan(ROOT / path):
             cases.shipped.append(row)
@@ -308,7 +350,7 @@ def real(cases: Cases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
         for v in VERSIONS:
             # A file, not a pipe, for stdin: each probe reads it at once and starts importing.
             argvs = inputs / f"{v}.json"
-            argvs.write_text(json.dumps(cases.argvs[v]))
+            argvs.write_text(json.dumps(cases.argvs[v] + cases.spec_argvs.get(v, [])))
             with argvs.open() as stdin:
                 procs[v] = subprocess.Popen(
                     [str(python), str(PROBE), "--sglang-version", v],
@@ -500,3 +542,35 @@ def test_simulator_error_lines_are_sglangs(
     actual = [(argv, _sim_parse(version, argv, capsys)[1]) for argv in rejected]
     assert len(rejected) >= len(BROKEN)
     assert expected == actual
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("server", SPEC_HYBRID_SERVERS, ids=lambda s: s.name)
+def test_spec_and_hybrid_plans_parse_in_each_versions_dialect(
+    version: str, server: Server, cases: Cases, real: dict[str, Parsed]
+) -> None:
+    """`launcher plan` renders running requests and the Mamba knobs as the version spells them
+    (--mamba-scheduler-strategy in 0.5.10, --mamba-radix-cache-strategy in 0.5.23); SGLang's
+    own parser reads back the configured values, and the other version rejects the strategy
+    flag as SGLang does (unrecognized, exit 2)."""
+    row = next(r for r in cases.spec_plans[version] if r["server"] == server.name)
+    argv = _sglang_args(row["argv"])
+    result = real[version][argv]
+    assert (True, 0) == (result["ok"], result["exit_code"]), result.get("error")
+    values = {k: result["values"][k] for k in server.expected}
+    assert server.expected == values
+    namespace = {k: result["namespace"][k] for k in server.expected_namespace}
+    assert server.expected_namespace == namespace
+    strategy = server.keys.get("mamba_strategy")
+    if strategy is None:
+        return
+    flag = mamba_strategy_flag(version)
+    assert strategy == result["namespace"][flag.removeprefix("--").replace("-", "_")]
+    other = real[_other(version)][_strategy_only(version)]
+    expected = f"sglang serve: error: unrecognized arguments: {flag} extra_buffer"
+    assert (False, 2, expected) == (other["ok"], other["exit_code"], other["error"])
+
+
+def _strategy_only(version: str) -> list[str]:
+    """A command line whose only version-specific flag is the Mamba strategy."""
+    return ["--model-path", "/m", mamba_strategy_flag(version), "extra_buffer"]

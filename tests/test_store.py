@@ -59,7 +59,8 @@ def test_new_ledger_is_migrated_to_the_current_schema(tmp_path: Path) -> None:
     with capture_logs() as logs, Ledger(path) as ledger:
         assert SCHEMA_VERSION == ledger.schema_version
     migrated = [e for e in logs if e["event"] == "ledger.migrated"]
-    assert [(0, 1)] == [(e["from_version"], e["to_version"]) for e in migrated]
+    steps = [(v, v + 1) for v in range(SCHEMA_VERSION)]
+    assert steps == [(e["from_version"], e["to_version"]) for e in migrated]
     conn = _raw(path)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"attempts", "last_good"} == tables
@@ -306,9 +307,11 @@ def test_fingerprint_is_stable() -> None:
         (_server(), _host(address="10.0.0.6"), "0.4.6.post1"),
         (_server(), _host(port=2222), "0.4.6.post1"),
         (_server(), _host(name="gpu2"), "0.4.6.post1"),
+        (_server(mamba_strategy="extra_buffer"), _host(), "0.4.6.post1"),
+        (_server(max_running_requests=24), _host(), "0.4.6.post1"),
     ],
     ids=["gpus", "model", "version", "tp-dp", "extra-args", "env", "address", "ssh-port",
-         "host-name"],
+         "host-name", "mamba-strategy", "running-requests"],
 )
 def test_fingerprint_changes_with_what_changes_memory(
     server: ServerConfig, host: HostConfig, version: str
@@ -551,3 +554,30 @@ def test_recorder_does_not_block_its_caller_while_the_database_is_busy(ledger: L
         assert hook.flush()
     assert [(1, 7.0)] == [(r.attempt, r.started_at) for r in ledger.history()]
     other.close()
+
+
+def test_params_beyond_fraction_and_bs_round_trip(tmp_path: Path) -> None:
+    """Running requests, Mamba knobs and env a relaunch set (a prescribed fix) are recorded
+    with the attempt and come back in history and as last good params."""
+    p = LaunchParams(0.8, 32, max_running_requests=24, mamba_strategy="extra_buffer",
+                     env=(("SGLANG_ENABLE_SPEC_V2", "1"),))
+    with Ledger(tmp_path / "l.sqlite3") as ledger:
+        ledger.attempt_started("s", "fp", 2, p, 10.0)
+        assert p == ledger.history("s")[0].params
+        assert {"SGLANG_ENABLE_SPEC_V2": "1"} == ledger.history("s")[0].as_dict()["params"]["env"]
+        ledger.server_ready("s", "fp", p, 5.0, 2, at=20.0)
+        assert p == ledger.last_good("fp")
+
+
+def test_recorder_keeps_a_relaunchs_extra_params(ledger: Ledger) -> None:
+    """A prescribed fix's params (strategy, env) as the supervisor reports them are recorded
+    with the attempt and as last good params."""
+    clock = FakeClock(100.0)
+    p = LaunchParams(0.8, 32, mamba_strategy="extra_buffer",
+                     env=(("SGLANG_ENABLE_SPEC_V2", "1"),))
+    with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
+        hook("llama", "attempt.started", {"attempt": 2, "params": p.as_dict()})
+        clock.now = 130.0
+        hook("llama", "server.ready", {"attempts": 2, "seconds": 30.0, "params": p.as_dict(),
+                                       "history": []})
+    assert p == ledger.history()[0].params == ledger.last_good("fp1")
