@@ -8,7 +8,8 @@ carry docker/Ray/Kubernetes prefixes, and often show no phase line at all.
 
 - ``unwrap(lines)``: the lines with a log collector's prefix removed (docker compose
   ``name-1  | ``, Docker Desktop's timestamp, Kubernetes CRI ``<ts> stdout F ``, RFC 3339
-  stamps, Ray ``(Worker pid=N) ``, a Python logging wrapper) and a wrapper's uniform indent.
+  stamps, Ray ``(Worker pid=N) ``, a Python logging wrapper, Open MPI's ``[1,0]<stderr>:``)
+  and a wrapper's uniform indent.
 - ``frame_phase(frames)``: the start-up phase (or serving) the outermost telling frame of a
   traceback belongs to.
 - ``scan(lines)``: a :class:`Hints` summary of a log tail, and ``fallback(hints)`` the verdict
@@ -37,6 +38,9 @@ _WRAPPERS = tuple(
         r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - \S+ - [A-Z]+ - ",  # Python logging wrapper
         r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: |$)",  # Docker Desktop's log view
         r"^\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ?",  # Ray worker output
+        # Open MPI's mpirun --tag-output "[jobid,rank]<stream>:", after --timestamp-output's
+        # ctime stamp when both are on; it adds no space, the rest is the line as written.
+        r"^(?:\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4})?\[\d+,\d+\]<std(?:out|err|diag)>:",
     )
 )
 _SGLANG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d|^Traceback \(most recent call last\)")

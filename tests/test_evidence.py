@@ -96,3 +96,19 @@ def test_evidence_lines_are_not_repeated() -> None:
         f"{head}\n{frame}\n{line}\n"
     )
     assert diagnose_text(text).evidence == [head, line]
+
+
+def test_open_mpi_tag_output_prefix_is_removed() -> None:
+    # mpirun --tag-output, with and without --timestamp-output; Open MPI adds no space.
+    lines = [
+        "Thu Jan 23 11:55:50 2025[1,1]<stderr>:  File \"/x/scheduler.py\", line 4, in f",
+        "Thu Jan  2 01:05:00 2025[12,0]<stdout>:[2025-01-02 01:05:00 TP0] Load weight begin.",
+        "[0,3]<stderr>:ImportError: undefined symbol: cuModuleGetFunction",
+        "[1,1]<stdin>: not a stream Open MPI tags",
+    ]
+    assert evidence.unwrap(lines) == [
+        '  File "/x/scheduler.py", line 4, in f',
+        "[2025-01-02 01:05:00 TP0] Load weight begin.",
+        "ImportError: undefined symbol: cuModuleGetFunction",
+        "[1,1]<stdin>: not a stream Open MPI tags",
+    ]
