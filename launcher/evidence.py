@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from launcher.logparse import match_signatures
 from launcher.outcome import Confidence, Outcome
 from launcher.phases import Phase
 
@@ -156,6 +157,10 @@ _TEXTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     )
 )
 _NCCL_INIT_FRAME = re.compile(r"ncclCommInit|pynccl")
+# The line that ends a Python traceback: the exception's (qualified) type and its message.
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|$)")
+_TB_HEADER = "Traceback (most recent call last):"
+_READY_TEXT = "The server is fired up and ready to roll"
 _CHILD_SIGKILL = re.compile(r"(?i)\bexit ?code:? \(?-9\b")
 _SERVING_LINE = re.compile(
     r"\] (?:Decode|Prefill) batch[.,]|Decode out of memory happened"
@@ -175,6 +180,10 @@ class Hints:
     nccl_timeout: str | None = None
     crash: str | None = None
     crash_in_nccl_init: bool = False
+    # The exception line of a traceback pasted without its header (an excerpt that starts
+    # mid-traceback) and without a text logparse knows, when no readiness line follows it:
+    # logparse sees no traceback there.
+    headless_exception: str | None = None
     serving: bool = False  # a decode/prefill batch, a served request, a health check
     child_sigkill: bool = False  # the parent reports a child's exit code -9 (any spelling)
 
@@ -184,11 +193,25 @@ def scan(lines: Iterable[str]) -> Hints:
     found: dict[str, str] = {}
     frames: list[str] = []
     serving = nccl_init = sigkill = False
+    headless: str | None = None
+    header = in_frames = False  # a traceback header is open / the last lines were frames
     for line in lines:
         if _FRAME.search(line):
             frames.append(line)
             nccl_init = nccl_init or bool(_NCCL_INIT_FRAME.search(line))
+            in_frames = True
             continue
+        if in_frames and line[:1].isspace():
+            continue  # a frame's source line or its ^^^ markers
+        if in_frames and not header and _EXC_LINE.match(line) and not match_signatures(line):
+            headless = line  # (logparse already judges a line that carries a known text)
+        if _TB_HEADER in line:
+            header = True
+        elif in_frames:
+            header = False  # the exception line closed the traceback
+        in_frames = False
+        if _READY_TEXT in line:
+            headless = None  # a failure before readiness did not stop the server
         serving = serving or bool(_SERVING_LINE.search(line))
         sigkill = sigkill or bool(_CHILD_SIGKILL.search(line))
         for name, pattern in _TEXTS:
@@ -203,6 +226,7 @@ def scan(lines: Iterable[str]) -> Hints:
         nccl_timeout=found.get("nccl_timeout"),
         crash=found.get("crash"),
         crash_in_nccl_init=nccl_init and "crash" in found,
+        headless_exception=headless,
         serving=serving,
         child_sigkill=sigkill,
     )
@@ -235,4 +259,6 @@ def fallback(h: Hints) -> Fallback | None:
         if h.crash_in_nccl_init:  # faulthandler shows the crash inside NCCL communicator init
             return Fallback(Outcome.NCCL_ERROR, Phase.INIT, h.crash, decisive)
         return Fallback(Outcome.OTHER, None, h.crash, weak)
+    if h.headless_exception:  # an error launcher does not know, in its frames' phase
+        return Fallback(Outcome.OTHER, h.frame_phase, h.headless_exception, weak)
     return None

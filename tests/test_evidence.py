@@ -101,7 +101,7 @@ def test_evidence_lines_are_not_repeated() -> None:
 def test_open_mpi_tag_output_prefix_is_removed() -> None:
     # mpirun --tag-output, with and without --timestamp-output; Open MPI adds no space.
     lines = [
-        "Thu Jan 23 11:55:50 2025[1,1]<stderr>:  File \"/x/scheduler.py\", line 4, in f",
+        'Thu Jan 23 11:55:50 2025[1,1]<stderr>:  File "/x/scheduler.py", line 4, in f',
         "Thu Jan  2 01:05:00 2025[12,0]<stdout>:[2025-01-02 01:05:00 TP0] Load weight begin.",
         "[0,3]<stderr>:ImportError: undefined symbol: cuModuleGetFunction",
         "[1,1]<stdin>: not a stream Open MPI tags",
@@ -112,3 +112,26 @@ def test_open_mpi_tag_output_prefix_is_removed() -> None:
         "ImportError: undefined symbol: cuModuleGetFunction",
         "[1,1]<stdin>: not a stream Open MPI tags",
     ]
+
+
+def test_a_traceback_pasted_without_its_header_is_an_error() -> None:
+    diag = diagnose_text(_log("gh3065_mpirun_tagged_triton_cuda_utils_importerror"))
+    assert (diag.outcome, diag.phase) == (Outcome.OTHER, Phase.READY)  # event_loop frames
+    assert diag.evidence[0].startswith("ImportError: ") and diag.confidence is Confidence.WEAK
+    # One that carries a text logparse knows is judged by logparse as before.
+    nccl = diagnose_text(_log("gh4289_nccl_unhandled_system_error"))
+    assert nccl.outcome is Outcome.NCCL_ERROR
+
+
+def test_a_headless_exception_needs_frames_before_it_and_no_header() -> None:
+    frame = '  File "/x/sglang/srt/managers/scheduler.py", line 9, in event_loop_normal'
+    assert evidence.scan([frame, "    f()", "KeyError: 'x'"]).headless_exception == "KeyError: 'x'"
+    # A whole traceback is logparse's; its EOFError (a parent's pipe) stays a follow-on.
+    whole = ["Traceback (most recent call last):", frame, "EOFError"]
+    assert evidence.scan(whole).headless_exception is None
+    assert evidence.scan(["RuntimeError: not after frames"]).headless_exception is None
+    # Before the readiness line it did not stop the server.
+    ready_line = "[2025-01-01 00:00:00] The server is fired up and ready to roll!"
+    ready = [frame, "ValueError: x", ready_line]
+    assert evidence.scan(ready).headless_exception is None
+    assert diagnose_text("\n".join(ready)).outcome is Outcome.READY
