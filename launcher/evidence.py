@@ -1,6 +1,7 @@
 """Evidence the phase lines do not give: wrapper prefixes, traceback frames, and failure texts
 that logparse's signatures leave out (gated models, older "Not enough memory" spellings,
-serving-time pool exhaustion, interpreter crashes, NCCL watchdog timeouts).
+serving-time pool exhaustion, ROCm/Triton GPU errors, interpreter crashes, NCCL watchdog
+timeouts, tracebacks pasted without their header).
 
 Pure functions over lines; ``launcher.classify`` calls them. Built from the real-log corpus in
 ``tests/fixtures/real_logs/`` (issue 12), where users paste excerpts that start mid-traceback,
@@ -145,6 +146,14 @@ _TEXTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             r"|alloc_req_slots runs out of memory",
         ),
         (
+            # GPU runtime errors in the spellings logparse's CUDA ones leave out: Triton's
+            # launcher ("Triton Error [CUDA]: %s", "Triton Error [HIP]:  Code: %d, Messsage:
+            # %s" sic), torch on ROCm ("HIP error: ...") and HIP's own enum names.
+            "gpu_error",
+            r"Triton Error \[(?:CUDA|HIP)\]:(?!.*out of memory)|\bHIP error: (?!out of memory)"
+            r"|\bhipError(?!OutOfMemory)[A-Z]\w*",
+        ),
+        (
             "nccl_timeout",
             r"ProcessGroupNCCL\.cpp.*(?:Timeout at NCCL work|timed out|detected by watchdog)"
             r"|Some NCCL operations have failed or timed out",
@@ -177,6 +186,7 @@ class Hints:
     kv_too_small: str | None = None
     kv_negative: str | None = None
     serving_oom: str | None = None
+    gpu_error: str | None = None
     nccl_timeout: str | None = None
     crash: str | None = None
     crash_in_nccl_init: bool = False
@@ -223,6 +233,7 @@ def scan(lines: Iterable[str]) -> Hints:
         kv_too_small=found.get("kv_too_small"),
         kv_negative=found.get("kv_negative"),
         serving_oom=found.get("serving_oom"),
+        gpu_error=found.get("gpu_error"),
         nccl_timeout=found.get("nccl_timeout"),
         crash=found.get("crash"),
         crash_in_nccl_init=nccl_init and "crash" in found,
@@ -253,6 +264,8 @@ def fallback(h: Hints) -> Fallback | None:
         return Fallback(Outcome.OOM_RUNTIME, Phase.READY, h.serving_oom, decisive)
     if h.kv_negative:
         return Fallback(Outcome.KV_TOO_SMALL, Phase.KV_CACHE, h.kv_negative, weak)
+    if h.gpu_error:  # a cause where it shows; NCCL timeouts are often its consequence
+        return Fallback(Outcome.CUDA_ERROR_OTHER, None, h.gpu_error, decisive)
     if h.nccl_timeout:
         return Fallback(Outcome.NCCL_ERROR, None, h.nccl_timeout, decisive)
     if h.crash:

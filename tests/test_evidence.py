@@ -135,3 +135,25 @@ def test_a_headless_exception_needs_frames_before_it_and_no_header() -> None:
     ready = [frame, "ValueError: x", ready_line]
     assert evidence.scan(ready).headless_exception is None
     assert diagnose_text("\n".join(ready)).outcome is Outcome.READY
+
+
+def test_rocm_and_triton_spellings_of_gpu_errors_are_cuda_errors() -> None:
+    diag = diagnose_text(_log("gh3400_rocm_mi210_4node_warmup_hip_invalid_arg"))
+    assert (diag.outcome, diag.phase) == (Outcome.CUDA_ERROR_OTHER, Phase.WARMUP)
+    assert diag.evidence == [
+        "RuntimeError: Triton Error [HIP]:  Code: 1, Messsage: invalid argument"
+    ]
+    for line in (
+        "RuntimeError: Triton Error [HIP]: Code: 1, Message: invalid argument",
+        "RuntimeError: Triton Error [CUDA]: misaligned address",
+        "RuntimeError: HIP error: invalid device function",
+        "hipErrorNoBinaryForGpu: Unable to find code object for all current devices!",
+    ):
+        assert evidence.scan([line]).gpu_error == line
+        assert diagnose_text(line).outcome is Outcome.CUDA_ERROR_OTHER, line
+    for oom in (
+        "RuntimeError: Triton Error [CUDA]: out of memory",
+        "RuntimeError: HIP error: out of memory",
+        "hipErrorOutOfMemory",
+    ):
+        assert evidence.scan([oom]).gpu_error is None, oom
