@@ -166,6 +166,10 @@ _TEXTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     )
 )
 _NCCL_INIT_FRAME = re.compile(r"ncclCommInit|pynccl")
+# A native stack frame: UCX's and gdb's "N 0x... func() file:line", glibc's
+# "lib.so(+0x..)[0x..]", c10's "frame #N: ..."; in NCCL when its symbol, source or library is.
+_NATIVE_FRAME = re.compile(r"^\s*#?\d+\s+0x[0-9a-fA-F]+\s|^\s*frame #\d+: |\.so(?:\.\d+)*\(\+?0x")
+_NCCL_NATIVE = re.compile(r"(?i)nccl")
 # The line that ends a Python traceback: the exception's (qualified) type and its message.
 _EXC_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|$)")
 _TB_HEADER = "Traceback (most recent call last):"
@@ -190,6 +194,7 @@ class Hints:
     nccl_timeout: str | None = None
     crash: str | None = None
     crash_in_nccl_init: bool = False
+    crash_in_nccl: bool = False  # a native stack frame of the crash is in NCCL
     # The exception line of a traceback pasted without its header (an excerpt that starts
     # mid-traceback) and without a text logparse knows, when no readiness line follows it:
     # logparse sees no traceback there.
@@ -202,7 +207,7 @@ def scan(lines: Iterable[str]) -> Hints:
     """The hints in ``lines`` (a log or its tail, in order)."""
     found: dict[str, str] = {}
     frames: list[str] = []
-    serving = nccl_init = sigkill = False
+    serving = nccl_init = nccl_native = sigkill = False
     headless: str | None = None
     header = in_frames = False  # a traceback header is open / the last lines were frames
     for line in lines:
@@ -222,6 +227,8 @@ def scan(lines: Iterable[str]) -> Hints:
         in_frames = False
         if _READY_TEXT in line:
             headless = None  # a failure before readiness did not stop the server
+        if _NATIVE_FRAME.search(line):
+            nccl_native = nccl_native or bool(_NCCL_NATIVE.search(line))
         serving = serving or bool(_SERVING_LINE.search(line))
         sigkill = sigkill or bool(_CHILD_SIGKILL.search(line))
         for name, pattern in _TEXTS:
@@ -237,6 +244,7 @@ def scan(lines: Iterable[str]) -> Hints:
         nccl_timeout=found.get("nccl_timeout"),
         crash=found.get("crash"),
         crash_in_nccl_init=nccl_init and "crash" in found,
+        crash_in_nccl=nccl_native and "crash" in found,
         headless_exception=headless,
         serving=serving,
         child_sigkill=sigkill,
@@ -271,6 +279,8 @@ def fallback(h: Hints) -> Fallback | None:
     if h.crash:
         if h.crash_in_nccl_init:  # faulthandler shows the crash inside NCCL communicator init
             return Fallback(Outcome.NCCL_ERROR, Phase.INIT, h.crash, decisive)
+        if h.crash_in_nccl:  # the native backtrace shows it in NCCL (e.g. its proxy path)
+            return Fallback(Outcome.NCCL_ERROR, None, h.crash, decisive)
         return Fallback(Outcome.OTHER, None, h.crash, weak)
     if h.headless_exception:  # an error launcher does not know, in its frames' phase
         return Fallback(Outcome.OTHER, h.frame_phase, h.headless_exception, weak)

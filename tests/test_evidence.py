@@ -157,3 +157,22 @@ def test_rocm_and_triton_spellings_of_gpu_errors_are_cuda_errors() -> None:
         "hipErrorOutOfMemory",
     ):
         assert evidence.scan([oom]).gpu_error is None, oom
+
+
+def test_a_segfault_whose_native_backtrace_is_in_nccl_is_an_nccl_error() -> None:
+    diag = diagnose_text(_log("gh5013_2node_dp_nccl_segfault_during_capture"))
+    assert (diag.outcome, diag.phase) == (Outcome.NCCL_ERROR, Phase.CUDA_GRAPH)
+    assert diag.confidence is Confidence.DECISIVE
+    crash = "Fatal Python error: Segmentation fault"
+    in_nccl = [
+        "/usr/lib/x86_64-linux-gnu/libnccl.so.2(+0x7a1b2)[0x7f2ec7a1b2]",
+        "#2  0x00007f2ec7a1b2 in ncclProxyProgress () from /usr/lib/libnccl.so.2",
+    ]
+    for frame in in_nccl:
+        assert diagnose_text(f"{frame}\n{crash}\n").outcome is Outcome.NCCL_ERROR, frame
+    # Native frames elsewhere, or NCCL named outside a stack frame, say nothing about NCCL.
+    elsewhere = " 1 0x00000000000494f4 at::native::copy_()  /pytorch/aten/src/Copy.cpp:11"
+    nccl_info = "host:343:1213 [5] NCCL INFO [Service thread] Connection closed by localRank 7"
+    for text in (f"{elsewhere}\n{crash}\n", f"{nccl_info}\n{crash}\n"):
+        diag = diagnose_text(text)
+        assert (diag.outcome, diag.confidence) == (Outcome.OTHER, Confidence.WEAK), text
