@@ -283,9 +283,8 @@ def _judge(rec: _Record, hints: ev.Hints) -> _Verdict | None:
         return None
     if Signature.GRAPH_CAPTURE_FAILED in sigs:  # wrapping an error that is not memory
         return _Verdict(Outcome.OTHER, Phase.CUDA_GRAPH, True)
-    early = phase is None or phase is Phase.INIT
-    if early and rec.exc_type is not None and rec.exc_type.endswith("ValueError"):
-        return _Verdict(Outcome.BAD_ARGUMENT, phase, True)  # config validation, before any GPU work
+    if ev.rejects_arguments(rec.exc_type, rec.text, rec.frames):
+        return _Verdict(Outcome.BAD_ARGUMENT, phase, True)  # SGLang's validation, or names a flag
     special = Signature.WARMUP_FAILED if Signature.WARMUP_FAILED in sigs else None
     return _Verdict(Outcome.OTHER, phase, False, special)
 

@@ -13,6 +13,8 @@ carry docker/Ray/Kubernetes prefixes, and often show no phase line at all.
   and a wrapper's uniform indent.
 - ``frame_phase(frames)``: the start-up phase (or serving) the outermost telling frame of a
   traceback belongs to.
+- ``rejects_arguments(exc_type, text, frames)``: whether a traceback is SGLang rejecting its
+  launch arguments (bad_argument) rather than an error of the environment.
 - ``scan(lines)``: a :class:`Hints` summary of a log tail, and ``fallback(hints)`` the verdict
   those hints support when no failure record gave one.
 """
@@ -27,7 +29,7 @@ from launcher.logparse import match_signatures
 from launcher.outcome import Confidence, Outcome
 from launcher.phases import Phase
 
-__all__ = ["Fallback", "Hints", "fallback", "frame_phase", "scan", "unwrap"]
+__all__ = ["Fallback", "Hints", "fallback", "frame_phase", "rejects_arguments", "scan", "unwrap"]
 
 # -- wrapper prefixes ------------------------------------------------------------------------
 
@@ -126,6 +128,35 @@ def frame_phase(frames: Sequence[str]) -> Phase | None:
             if phase is not None:
                 return phase
     return None
+
+
+# -- rejected arguments ---------------------------------------------------------------------
+
+# SGLang validates its arguments with ValueError and assert in server_args.py (ServerArgs
+# __post_init__, check_server_args); 0.5.23 moved most checks to srt/arg_groups/*_hook.py.
+_VALIDATION_FRAME = re.compile(r"sglang/srt/(?:server_args\.py|arg_groups/)")
+_VALIDATION_TYPES = frozenset({"ValueError", "AssertionError"})
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*\b")
+
+
+def rejects_arguments(exc_type: str | None, text: str, frames: Sequence[str]) -> bool:
+    """Whether a traceback is SGLang rejecting its launch arguments.
+
+    True for a ValueError or failed assert raised by SGLang's argument validation (the
+    raising frame, the last one, is in ``server_args.py`` or ``arg_groups/``), and for a
+    ValueError whose ``text`` names a command-line flag to change, wherever it was raised
+    (a quantization kernel building the layers: "Consider reducing tensor_parallel_size or
+    running with --quantization gptq"), unless the flag is pip's. Other ValueErrors, such as
+    transformers not knowing a model type or a registry clash between transformers and
+    SGLang, come from the environment: relaunching with other arguments does not help.
+    """
+    if exc_type is None:
+        return False
+    name = exc_type.rsplit(".", 1)[-1]
+    raising = next((f for f in reversed(frames) if 'File "' in f), None)
+    if name in _VALIDATION_TYPES and raising and _VALIDATION_FRAME.search(raising):
+        return True
+    return name == "ValueError" and bool(_FLAG.search(text)) and "pip install" not in text
 
 
 # -- failure texts --------------------------------------------------------------------------

@@ -176,3 +176,21 @@ def test_a_segfault_whose_native_backtrace_is_in_nccl_is_an_nccl_error() -> None
     for text in (f"{elsewhere}\n{crash}\n", f"{nccl_info}\n{crash}\n"):
         diag = diagnose_text(text)
         assert (diag.outcome, diag.confidence) == (Outcome.OTHER, Confidence.WEAK), text
+
+
+def test_bad_argument_is_sglang_rejecting_the_arguments_not_any_value_error() -> None:
+    awq = diagnose_text(_log("gh3571_awq_tp2_not_divisible_valueerror"))
+    assert (awq.outcome, awq.phase) == (Outcome.BAD_ARGUMENT, Phase.WEIGHTS)
+    for environment in (
+        "gh4629_singularity_transformers_registry_valueerror",
+        "amdissues_glm5_mi355x_unknown_model_type",
+    ):
+        assert diagnose_text(_log(environment)).outcome is Outcome.OTHER, environment
+    hook = '  File "/x/sglang/srt/arg_groups/parallel_hook.py", line 80, in apply'
+    tf = '  File "/x/site-packages/transformers/configuration_utils.py", line 9, in get'
+    assert evidence.rejects_arguments("AssertionError", "AssertionError: tp_size % nnodes", [hook])
+    assert evidence.rejects_arguments("ValueError", "ValueError: no --foo-size with --bar", [tf])
+    assert not evidence.rejects_arguments("KeyError", "KeyError: --x", [hook])
+    assert not evidence.rejects_arguments("ValueError", "ValueError: unknown model", [tf])
+    pip = "ValueError: too old; run pip install --upgrade transformers"
+    assert not evidence.rejects_arguments("ValueError", pip, [tf])
