@@ -202,6 +202,9 @@ _NCCL_INIT_FRAME = re.compile(r"ncclCommInit|pynccl")
 _NATIVE_FRAME = re.compile(r"^\s*#?\d+\s+0x[0-9a-fA-F]+\s|^\s*frame #\d+: |\.so(?:\.\d+)*\(\+?0x")
 _NCCL_NATIVE = re.compile(r"(?i)nccl")
 # The line that ends a Python traceback: the exception's (qualified) type and its message.
+# uvicorn is up: SGLang's warmup request follows, and only then its readiness line
+# (http_server._wait_and_warmup), so batches in between are the warmup's, not serving.
+_HTTP_START = re.compile(r"Uvicorn running on|Application startup complete")
 _EXC_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|$)")
 _TB_HEADER = "Traceback (most recent call last):"
 _READY_TEXT = "The server is fired up and ready to roll"
@@ -230,7 +233,9 @@ class Hints:
     # mid-traceback) and without a text logparse knows, when no readiness line follows it:
     # logparse sees no traceback there.
     headless_exception: str | None = None
-    serving: bool = False  # a decode/prefill batch, a served request, a health check
+    # A decode/prefill batch, a served request, a health check; not the warmup's (those
+    # between uvicorn's start and the readiness line).
+    serving: bool = False
     child_sigkill: bool = False  # the parent reports a child's exit code -9 (any spelling)
 
 
@@ -238,7 +243,7 @@ def scan(lines: Iterable[str]) -> Hints:
     """The hints in ``lines`` (a log or its tail, in order)."""
     found: dict[str, str] = {}
     frames: list[str] = []
-    serving = nccl_init = nccl_native = sigkill = False
+    serving = nccl_init = nccl_native = sigkill = warming = False
     headless: str | None = None
     header = in_frames = False  # a traceback header is open / the last lines were frames
     for line in lines:
@@ -258,9 +263,12 @@ def scan(lines: Iterable[str]) -> Hints:
         in_frames = False
         if _READY_TEXT in line:
             headless = None  # a failure before readiness did not stop the server
+            warming = False
+        elif _HTTP_START.search(line):
+            warming, serving = True, False
         if _NATIVE_FRAME.search(line):
             nccl_native = nccl_native or bool(_NCCL_NATIVE.search(line))
-        serving = serving or bool(_SERVING_LINE.search(line))
+        serving = serving or (not warming and bool(_SERVING_LINE.search(line)))
         sigkill = sigkill or bool(_CHILD_SIGKILL.search(line))
         for name, pattern in _TEXTS:
             if name not in found and pattern.search(line):

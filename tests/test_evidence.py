@@ -194,3 +194,15 @@ def test_bad_argument_is_sglang_rejecting_the_arguments_not_any_value_error() ->
     assert not evidence.rejects_arguments("ValueError", "ValueError: unknown model", [tf])
     pip = "ValueError: too old; run pip install --upgrade transformers"
     assert not evidence.rejects_arguments("ValueError", pip, [tf])
+
+
+def test_the_warmup_requests_are_not_serving() -> None:
+    diag = diagnose_text(_log("gh1191_tp8_l4_dies_at_warmup_no_error"))
+    assert (diag.outcome, diag.confidence) == (Outcome.INCOMPLETE, Confidence.WEAK)
+    up = "[2025-01-01 00:00:00] INFO:     Uvicorn running on http://0.0.0.0:30000"
+    info = '[2025-01-01 00:00:01] INFO:     127.0.0.1:1 - "GET /get_model_info HTTP/1.1" 200 OK'
+    prefill = "[2025-01-01 00:00:01 TP0] Prefill batch. #new-seq: 1, #new-token: 7"
+    ready = "[2025-01-01 00:00:02] The server is fired up and ready to roll!"
+    assert not evidence.scan([up, info, prefill]).serving
+    assert evidence.scan([up, info, prefill, ready, prefill]).serving
+    assert evidence.scan([prefill]).serving  # an excerpt from a server already serving
