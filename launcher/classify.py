@@ -294,6 +294,8 @@ def _refined_phase(phase: Phase | None, rec: _Record, hints: ev.Hints) -> Phase 
     the tail's), else serving when the tail shows a serving server."""
     if phase is not None and phase is not Phase.INIT:
         return phase
+    if hints.legacy_phase is not None:  # phase lines of SGLang before 0.3
+        return hints.legacy_phase
     framed = ev.frame_phase(rec.frames) if rec.frames else hints.frame_phase
     if framed is not None:
         return framed
@@ -360,7 +362,7 @@ def diagnose(
     ) -> Diagnosis:
         return _diagnosis(
             outcome,
-            phase or follower.phase,
+            phase or ev.later(follower.phase, hints.legacy_phase),
             follower,
             exit_status,
             evidence=evidence,

@@ -29,7 +29,16 @@ from launcher.logparse import match_signatures
 from launcher.outcome import Confidence, Outcome
 from launcher.phases import Phase
 
-__all__ = ["Fallback", "Hints", "fallback", "frame_phase", "rejects_arguments", "scan", "unwrap"]
+__all__ = [
+    "Fallback",
+    "Hints",
+    "fallback",
+    "frame_phase",
+    "later",
+    "rejects_arguments",
+    "scan",
+    "unwrap",
+]
 
 # -- wrapper prefixes ------------------------------------------------------------------------
 
@@ -130,6 +139,30 @@ def frame_phase(frames: Sequence[str]) -> Phase | None:
     return None
 
 
+# -- phase lines of SGLang before 0.3 ------------------------------------------------------
+
+# Printed without a timestamp (logparse reads only timestamped lines) behind the rank: "Rank N: "
+# in the router era (0.1, managers/router/model_runner.py), "[gpu_id=N] " and "[gpu=N] " in
+# 0.2 (model_executor/model_runner.py). Every rank prints each of them.
+_LEGACY_LINE = re.compile(r"^(?:Rank (\d+): |\[gpu(?:_id)?=(\d+)\] )(.*)")
+_LEGACY_PHASES: tuple[tuple[Phase, re.Pattern[str]], ...] = (
+    (Phase.WEIGHTS, re.compile(r"(?i)^load weight begin\b")),
+    (Phase.KV_CACHE, re.compile(r"(?i)^load weight end\b|^Memory pool end\b")),
+    (Phase.CUDA_GRAPH, re.compile(r"^Capture cuda graph begin\b")),
+    (Phase.WARMUP, re.compile(r"^max_total_num_tokens?=")),  # the pools are sized
+)
+
+
+def _legacy_phase(ranks: dict[str, Phase]) -> Phase | None:
+    # Ranks wait for each other at every collective: the start-up stands where the slowest is.
+    return min(ranks.values(), key=lambda p: p.order, default=None)
+
+
+def later(*phases: Phase | None) -> Phase | None:
+    """The latest of ``phases`` that is not None (None when all are)."""
+    return max((p for p in phases if p is not None), key=lambda p: p.order, default=None)
+
+
 # -- rejected arguments ---------------------------------------------------------------------
 
 # SGLang validates its arguments with ValueError and assert in server_args.py (ServerArgs
@@ -220,6 +253,7 @@ class Hints:
     """What a log tail shows besides failure records and phase lines (first line of each)."""
 
     frame_phase: Phase | None = None
+    legacy_phase: Phase | None = None  # from SGLang's pre-0.3 progress lines (slowest rank's)
     model_not_found: str | None = None
     kv_too_small: str | None = None
     kv_negative: str | None = None
@@ -245,6 +279,7 @@ def scan(lines: Iterable[str]) -> Hints:
     frames: list[str] = []
     serving = nccl_init = nccl_native = sigkill = warming = False
     headless: str | None = None
+    legacy: dict[str, Phase] = {}
     header = in_frames = False  # a traceback header is open / the last lines were frames
     for line in lines:
         if _FRAME.search(line):
@@ -266,6 +301,12 @@ def scan(lines: Iterable[str]) -> Hints:
             warming = False
         elif _HTTP_START.search(line):
             warming, serving = True, False
+        if m := _LEGACY_LINE.match(line):
+            rank = m.group(1) or m.group(2)
+            for phase, pattern in _LEGACY_PHASES:
+                now = legacy.get(rank)
+                if pattern.search(m.group(3)) and (now is None or phase.order > now.order):
+                    legacy[rank] = phase
         if _NATIVE_FRAME.search(line):
             nccl_native = nccl_native or bool(_NCCL_NATIVE.search(line))
         serving = serving or (not warming and bool(_SERVING_LINE.search(line)))
@@ -275,6 +316,7 @@ def scan(lines: Iterable[str]) -> Hints:
                 found[name] = line
     return Hints(
         frame_phase=frame_phase(frames),
+        legacy_phase=_legacy_phase(legacy),
         model_not_found=found.get("model_not_found"),
         kv_too_small=found.get("kv_too_small"),
         kv_negative=found.get("kv_negative"),

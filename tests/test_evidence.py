@@ -206,3 +206,30 @@ def test_the_warmup_requests_are_not_serving() -> None:
     assert not evidence.scan([up, info, prefill]).serving
     assert evidence.scan([up, info, prefill, ready, prefill]).serving
     assert evidence.scan([prefill]).serving  # an excerpt from a server already serving
+
+
+def test_phase_lines_of_sglang_before_0_3_are_read() -> None:
+    for case, phase in (
+        ("gh445_router_tp8_stuck_load_weight_begin", Phase.WEIGHTS),
+        ("gh465_router_tp2_rank0_stuck_loading", Phase.WEIGHTS),  # rank 0 never ended
+    ):
+        diag = diagnose_text(_log(case), hung=True)
+        assert (diag.outcome, diag.phase) == (Outcome.HANG, phase), case
+    capture = diagnose_text(_log("gh748_sm75_no_kernel_image_capture"))
+    assert (capture.outcome, capture.phase) == (Outcome.CUDA_ERROR_OTHER, Phase.CUDA_GRAPH)
+    warmup = diagnose_text(_log("gh1191_tp8_l4_dies_at_warmup_no_error"))
+    assert (warmup.outcome, warmup.phase) == (Outcome.INCOMPLETE, Phase.WARMUP)
+
+    def phase(*lines: str) -> Phase | None:
+        return evidence.scan(lines).legacy_phase
+
+    assert phase("Rank 0: load weight begin.", "Rank 0: load weight end.") is Phase.KV_CACHE
+    assert phase("[gpu_id=1] Memory pool end. avail mem=2.52 GB") is Phase.KV_CACHE
+    slowest = (
+        "[gpu=0] max_total_num_tokens=463405, max_prefill_tokens=16384",
+        "[gpu=1] Load weight end.",
+    )
+    assert phase(*slowest) is Phase.KV_CACHE
+    assert phase("[2025-01-01 00:00:00 TP0] Load weight begin. avail mem=70.00 GB") is None
+    assert evidence.later(None, Phase.WEIGHTS, Phase.INIT) is Phase.WEIGHTS
+    assert evidence.later(None, None) is None
