@@ -280,7 +280,8 @@ def scan(lines: Iterable[str]) -> Hints:
     serving = nccl_init = nccl_native = sigkill = warming = False
     headless: str | None = None
     legacy: dict[str, Phase] = {}
-    header = in_frames = False  # a traceback header is open / the last lines were frames
+    headers = 0  # traceback headers whose exception line has not come yet (ranks interleave)
+    in_frames = False  # the last lines were frames
     for line in lines:
         if _FRAME.search(line):
             frames.append(line)
@@ -289,12 +290,12 @@ def scan(lines: Iterable[str]) -> Hints:
             continue
         if in_frames and line[:1].isspace():
             continue  # a frame's source line or its ^^^ markers
-        if in_frames and not header and _EXC_LINE.match(line) and not match_signatures(line):
-            headless = line  # (logparse already judges a line that carries a known text)
+        if in_frames and _EXC_LINE.match(line):
+            if not headers and not match_signatures(line):
+                headless = line  # (logparse already judges a line that carries a known text)
+            headers = max(headers - 1, 0)  # the exception line closed a traceback
         if _TB_HEADER in line:
-            header = True
-        elif in_frames:
-            header = False  # the exception line closed the traceback
+            headers += 1
         in_frames = False
         if _READY_TEXT in line:
             headless = None  # a failure before readiness did not stop the server

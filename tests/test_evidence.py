@@ -130,6 +130,13 @@ def test_a_headless_exception_needs_frames_before_it_and_no_header() -> None:
     whole = ["Traceback (most recent call last):", frame, "EOFError"]
     assert evidence.scan(whole).headless_exception is None
     assert evidence.scan(["RuntimeError: not after frames"]).headless_exception is None
+    # Two ranks' tracebacks interleaved: each exception line closes one that had its header.
+    head0 = (
+        "[2025-01-01 00:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):"
+    )
+    head1 = head0.replace("TP0", "TP1")
+    both = [head0, frame, head1, frame, "KeyError: 'a'", frame, "KeyError: 'b'"]
+    assert evidence.scan(both).headless_exception is None
     # Before the readiness line it did not stop the server.
     ready_line = "[2025-01-01 00:00:00] The server is fired up and ready to roll!"
     ready = [frame, "ValueError: x", ready_line]
