@@ -234,10 +234,10 @@ _NCCL_INIT_FRAME = re.compile(r"ncclCommInit|pynccl")
 # "lib.so(+0x..)[0x..]", c10's "frame #N: ..."; in NCCL when its symbol, source or library is.
 _NATIVE_FRAME = re.compile(r"^\s*#?\d+\s+0x[0-9a-fA-F]+\s|^\s*frame #\d+: |\.so(?:\.\d+)*\(\+?0x")
 _NCCL_NATIVE = re.compile(r"(?i)nccl")
-# The line that ends a Python traceback: the exception's (qualified) type and its message.
 # uvicorn is up: SGLang's warmup request follows, and only then its readiness line
 # (http_server._wait_and_warmup), so batches in between are the warmup's, not serving.
 _HTTP_START = re.compile(r"Uvicorn running on|Application startup complete")
+# The line that ends a Python traceback: the exception's (qualified) type and its message.
 _EXC_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|$)")
 _TB_HEADER = "Traceback (most recent call last):"
 _READY_TEXT = "The server is fired up and ready to roll"
@@ -288,15 +288,14 @@ def scan(lines: Iterable[str]) -> Hints:
             nccl_init = nccl_init or bool(_NCCL_INIT_FRAME.search(line))
             in_frames = True
             continue
-        if in_frames and line[:1].isspace():
-            continue  # a frame's source line or its ^^^ markers
-        if in_frames and _EXC_LINE.match(line):
-            if not headers and not match_signatures(line):
-                headless = line  # (logparse already judges a line that carries a known text)
-            headers = max(headers - 1, 0)  # the exception line closed a traceback
-        if _TB_HEADER in line:
-            headers += 1
-        in_frames = False
+        if not (in_frames and line[:1].isspace()):  # else a frame's source line: it goes on
+            if in_frames and _EXC_LINE.match(line):
+                if not headers and not match_signatures(line):
+                    headless = line  # (logparse already judges a line with a known text)
+                headers = max(headers - 1, 0)  # the exception line closed a traceback
+            if _TB_HEADER in line:
+                headers += 1
+            in_frames = False
         if _READY_TEXT in line:
             headless = None  # a failure before readiness did not stop the server
             warming = False

@@ -177,6 +177,10 @@ def test_a_segfault_whose_native_backtrace_is_in_nccl_is_an_nccl_error() -> None
     ]
     for frame in in_nccl:
         assert diagnose_text(f"{frame}\n{crash}\n").outcome is Outcome.NCCL_ERROR, frame
+    # An indented native frame right after a Python frame (streams interleave) still counts.
+    python = '  File "/x/torch/cuda/__init__.py", line 954 in synchronize'
+    native = " 1 0x00000000000494f4 uploadProxyOps()  /build/nccl/src/enqueue.cc:1131"
+    assert diagnose_text(f"{python}\n{native}\n{crash}\n").outcome is Outcome.NCCL_ERROR
     # Native frames elsewhere, or NCCL named outside a stack frame, say nothing about NCCL.
     elsewhere = " 1 0x00000000000494f4 at::native::copy_()  /pytorch/aten/src/Copy.cpp:11"
     nccl_info = "host:343:1213 [5] NCCL INFO [Service thread] Connection closed by localRank 7"
