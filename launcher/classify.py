@@ -295,9 +295,8 @@ def _judge(rec: _Record, hints: ev.Hints) -> _Verdict | None:
         return None
     if Signature.GRAPH_CAPTURE_FAILED in sigs:  # wrapping an error that is not memory
         return _Verdict(Outcome.OTHER, Phase.CUDA_GRAPH, True)
-    early = phase is None or phase is Phase.INIT
-    if early and rec.exc_type is not None and rec.exc_type.endswith("ValueError"):
-        return _Verdict(Outcome.BAD_ARGUMENT, phase, True)  # config validation, before any GPU work
+    if ev.rejects_arguments(rec.exc_type, rec.text, rec.frames):
+        return _Verdict(Outcome.BAD_ARGUMENT, phase, True)  # SGLang's validation, or names a flag
     special = Signature.WARMUP_FAILED if Signature.WARMUP_FAILED in sigs else None
     return _Verdict(Outcome.OTHER, phase, False, special)
 
@@ -307,6 +306,8 @@ def _refined_phase(phase: Phase | None, rec: _Record, hints: ev.Hints) -> Phase 
     the tail's), else serving when the tail shows a serving server."""
     if phase is not None and phase is not Phase.INIT:
         return phase
+    if hints.legacy_phase is not None:  # phase lines of SGLang before 0.3
+        return hints.legacy_phase
     framed = ev.frame_phase(rec.frames) if rec.frames else hints.frame_phase
     if framed is not None:
         return framed
@@ -393,7 +394,7 @@ def diagnose(
     ) -> Diagnosis:
         return _diagnosis(
             outcome,
-            phase or follower.phase,
+            phase or ev.later(follower.phase, hints.legacy_phase),
             follower,
             exit_status,
             evidence=evidence,

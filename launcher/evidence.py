@@ -1,6 +1,7 @@
 """Evidence the phase lines do not give: wrapper prefixes, traceback frames, and failure texts
 that logparse's signatures leave out (gated models, older "Not enough memory" spellings,
-serving-time pool exhaustion, interpreter crashes, NCCL watchdog timeouts).
+serving-time pool exhaustion, ROCm/Triton GPU errors, interpreter crashes, NCCL watchdog
+timeouts, tracebacks pasted without their header).
 
 Pure functions over lines; ``launcher.classify`` calls them. Built from the real-log corpus in
 ``tests/fixtures/real_logs/`` (issue 12), where users paste excerpts that start mid-traceback,
@@ -8,9 +9,12 @@ carry docker/Ray/Kubernetes prefixes, and often show no phase line at all.
 
 - ``unwrap(lines)``: the lines with a log collector's prefix removed (docker compose
   ``name-1  | ``, Docker Desktop's timestamp, Kubernetes CRI ``<ts> stdout F ``, RFC 3339
-  stamps, Ray ``(Worker pid=N) ``, a Python logging wrapper) and a wrapper's uniform indent.
+  stamps, Ray ``(Worker pid=N) ``, a Python logging wrapper, Open MPI's ``[1,0]<stderr>:``)
+  and a wrapper's uniform indent.
 - ``frame_phase(frames)``: the start-up phase (or serving) the outermost telling frame of a
   traceback belongs to.
+- ``rejects_arguments(exc_type, text, frames)``: whether a traceback is SGLang rejecting its
+  launch arguments (bad_argument) rather than an error of the environment.
 - ``scan(lines)``: a :class:`Hints` summary of a log tail, and ``fallback(hints)`` the verdict
   those hints support when no failure record gave one.
 """
@@ -21,10 +25,20 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from launcher.logparse import match_signatures
 from launcher.outcome import Confidence, Outcome
 from launcher.phases import Phase
 
-__all__ = ["Fallback", "Hints", "fallback", "frame_phase", "scan", "unwrap"]
+__all__ = [
+    "Fallback",
+    "Hints",
+    "fallback",
+    "frame_phase",
+    "later",
+    "rejects_arguments",
+    "scan",
+    "unwrap",
+]
 
 # -- wrapper prefixes ------------------------------------------------------------------------
 
@@ -37,6 +51,9 @@ _WRAPPERS = tuple(
         r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - \S+ - [A-Z]+ - ",  # Python logging wrapper
         r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: |$)",  # Docker Desktop's log view
         r"^\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ?",  # Ray worker output
+        # Open MPI's mpirun --tag-output "[jobid,rank]<stream>:", after --timestamp-output's
+        # ctime stamp when both are on; it adds no space, the rest is the line as written.
+        r"^(?:\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4})?\[\d+,\d+\]<std(?:out|err|diag)>:",
     )
 )
 _SGLANG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d|^Traceback \(most recent call last\)")
@@ -122,6 +139,59 @@ def frame_phase(frames: Sequence[str]) -> Phase | None:
     return None
 
 
+# -- phase lines of SGLang before 0.3 ------------------------------------------------------
+
+# Printed without a timestamp (logparse reads only timestamped lines) behind the rank: "Rank N: "
+# in the router era (0.1, managers/router/model_runner.py), "[gpu_id=N] " and "[gpu=N] " in
+# 0.2 (model_executor/model_runner.py). Every rank prints each of them.
+_LEGACY_LINE = re.compile(r"^(?:Rank (\d+): |\[gpu(?:_id)?=(\d+)\] )(.*)")
+_LEGACY_PHASES: tuple[tuple[Phase, re.Pattern[str]], ...] = (
+    (Phase.WEIGHTS, re.compile(r"(?i)^load weight begin\b")),
+    (Phase.KV_CACHE, re.compile(r"(?i)^load weight end\b|^Memory pool end\b")),
+    (Phase.CUDA_GRAPH, re.compile(r"^Capture cuda graph begin\b")),
+    (Phase.WARMUP, re.compile(r"^max_total_num_tokens?=")),  # the pools are sized
+)
+
+
+def _legacy_phase(ranks: dict[str, Phase]) -> Phase | None:
+    # Ranks wait for each other at every collective: the start-up stands where the slowest is.
+    return min(ranks.values(), key=lambda p: p.order, default=None)
+
+
+def later(*phases: Phase | None) -> Phase | None:
+    """The latest of ``phases`` that is not None (None when all are)."""
+    return max((p for p in phases if p is not None), key=lambda p: p.order, default=None)
+
+
+# -- rejected arguments ---------------------------------------------------------------------
+
+# SGLang validates its arguments with ValueError and assert in server_args.py (ServerArgs
+# __post_init__, check_server_args); 0.5.23 moved most checks to srt/arg_groups/*_hook.py.
+_VALIDATION_FRAME = re.compile(r"sglang/srt/(?:server_args\.py|arg_groups/)")
+_VALIDATION_TYPES = frozenset({"ValueError", "AssertionError"})
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*\b")
+
+
+def rejects_arguments(exc_type: str | None, text: str, frames: Sequence[str]) -> bool:
+    """Whether a traceback is SGLang rejecting its launch arguments.
+
+    True for a ValueError or failed assert raised by SGLang's argument validation (the
+    raising frame, the last one, is in ``server_args.py`` or ``arg_groups/``), and for a
+    ValueError whose ``text`` names a command-line flag to change, wherever it was raised
+    (a quantization kernel building the layers: "Consider reducing tensor_parallel_size or
+    running with --quantization gptq"), unless the flag is pip's. Other ValueErrors, such as
+    transformers not knowing a model type or a registry clash between transformers and
+    SGLang, come from the environment: relaunching with other arguments does not help.
+    """
+    if exc_type is None:
+        return False
+    name = exc_type.rsplit(".", 1)[-1]
+    raising = next((f for f in reversed(frames) if 'File "' in f), None)
+    if name in _VALIDATION_TYPES and raising and _VALIDATION_FRAME.search(raising):
+        return True
+    return name == "ValueError" and bool(_FLAG.search(text)) and "pip install" not in text
+
+
 # -- failure texts --------------------------------------------------------------------------
 
 _TEXTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
@@ -140,6 +210,14 @@ _TEXTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             r"|alloc_req_slots runs out of memory",
         ),
         (
+            # GPU runtime errors in the spellings logparse's CUDA ones leave out: Triton's
+            # launcher ("Triton Error [CUDA]: %s", "Triton Error [HIP]:  Code: %d, Messsage:
+            # %s" sic), torch on ROCm ("HIP error: ...") and HIP's own enum names.
+            "gpu_error",
+            r"Triton Error \[(?:CUDA|HIP)\]:(?!.*out of memory)|\bHIP error: (?!out of memory)"
+            r"|\bhipError(?!OutOfMemory)[A-Z]\w*",
+        ),
+        (
             "nccl_timeout",
             r"ProcessGroupNCCL\.cpp.*(?:Timeout at NCCL work|timed out|detected by watchdog)"
             r"|Some NCCL operations have failed or timed out",
@@ -152,6 +230,17 @@ _TEXTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     )
 )
 _NCCL_INIT_FRAME = re.compile(r"ncclCommInit|pynccl")
+# A native stack frame: UCX's and gdb's "N 0x... func() file:line", glibc's
+# "lib.so(+0x..)[0x..]", c10's "frame #N: ..."; in NCCL when its symbol, source or library is.
+_NATIVE_FRAME = re.compile(r"^\s*#?\d+\s+0x[0-9a-fA-F]+\s|^\s*frame #\d+: |\.so(?:\.\d+)*\(\+?0x")
+_NCCL_NATIVE = re.compile(r"(?i)nccl")
+# uvicorn is up: SGLang's warmup request follows, and only then its readiness line
+# (http_server._wait_and_warmup), so batches in between are the warmup's, not serving.
+_HTTP_START = re.compile(r"Uvicorn running on|Application startup complete")
+# The line that ends a Python traceback: the exception's (qualified) type and its message.
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|$)")
+_TB_HEADER = "Traceback (most recent call last):"
+_READY_TEXT = "The server is fired up and ready to roll"
 _CHILD_SIGKILL = re.compile(r"(?i)\bexit ?code:? \(?-9\b")
 _SERVING_LINE = re.compile(
     r"\] (?:Decode|Prefill) batch[.,]|Decode out of memory happened"
@@ -164,14 +253,23 @@ class Hints:
     """What a log tail shows besides failure records and phase lines (first line of each)."""
 
     frame_phase: Phase | None = None
+    legacy_phase: Phase | None = None  # from SGLang's pre-0.3 progress lines (slowest rank's)
     model_not_found: str | None = None
     kv_too_small: str | None = None
     kv_negative: str | None = None
     serving_oom: str | None = None
+    gpu_error: str | None = None
     nccl_timeout: str | None = None
     crash: str | None = None
     crash_in_nccl_init: bool = False
-    serving: bool = False  # a decode/prefill batch, a served request, a health check
+    crash_in_nccl: bool = False  # a native stack frame of the crash is in NCCL
+    # The exception line of a traceback pasted without its header (an excerpt that starts
+    # mid-traceback) and without a text logparse knows, when no readiness line follows it:
+    # logparse sees no traceback there.
+    headless_exception: str | None = None
+    # A decode/prefill batch, a served request, a health check; not the warmup's (those
+    # between uvicorn's start and the readiness line).
+    serving: bool = False
     child_sigkill: bool = False  # the parent reports a child's exit code -9 (any spelling)
 
 
@@ -179,26 +277,56 @@ def scan(lines: Iterable[str]) -> Hints:
     """The hints in ``lines`` (a log or its tail, in order)."""
     found: dict[str, str] = {}
     frames: list[str] = []
-    serving = nccl_init = sigkill = False
+    serving = nccl_init = nccl_native = sigkill = warming = False
+    headless: str | None = None
+    legacy: dict[str, Phase] = {}
+    headers = 0  # traceback headers whose exception line has not come yet (ranks interleave)
+    in_frames = False  # the last lines were frames
     for line in lines:
         if _FRAME.search(line):
             frames.append(line)
             nccl_init = nccl_init or bool(_NCCL_INIT_FRAME.search(line))
+            in_frames = True
             continue
-        serving = serving or bool(_SERVING_LINE.search(line))
+        if not (in_frames and line[:1].isspace()):  # else a frame's source line: it goes on
+            if in_frames and _EXC_LINE.match(line):
+                if not headers and not match_signatures(line):
+                    headless = line  # (logparse already judges a line with a known text)
+                headers = max(headers - 1, 0)  # the exception line closed a traceback
+            if _TB_HEADER in line:
+                headers += 1
+            in_frames = False
+        if _READY_TEXT in line:
+            headless = None  # a failure before readiness did not stop the server
+            warming = False
+        elif _HTTP_START.search(line):
+            warming, serving = True, False
+        if m := _LEGACY_LINE.match(line):
+            rank = m.group(1) or m.group(2)
+            for phase, pattern in _LEGACY_PHASES:
+                now = legacy.get(rank)
+                if pattern.search(m.group(3)) and (now is None or phase.order > now.order):
+                    legacy[rank] = phase
+        if _NATIVE_FRAME.search(line):
+            nccl_native = nccl_native or bool(_NCCL_NATIVE.search(line))
+        serving = serving or (not warming and bool(_SERVING_LINE.search(line)))
         sigkill = sigkill or bool(_CHILD_SIGKILL.search(line))
         for name, pattern in _TEXTS:
             if name not in found and pattern.search(line):
                 found[name] = line
     return Hints(
         frame_phase=frame_phase(frames),
+        legacy_phase=_legacy_phase(legacy),
         model_not_found=found.get("model_not_found"),
         kv_too_small=found.get("kv_too_small"),
         kv_negative=found.get("kv_negative"),
         serving_oom=found.get("serving_oom"),
+        gpu_error=found.get("gpu_error"),
         nccl_timeout=found.get("nccl_timeout"),
         crash=found.get("crash"),
         crash_in_nccl_init=nccl_init and "crash" in found,
+        crash_in_nccl=nccl_native and "crash" in found,
+        headless_exception=headless,
         serving=serving,
         child_sigkill=sigkill,
     )
@@ -225,10 +353,16 @@ def fallback(h: Hints) -> Fallback | None:
         return Fallback(Outcome.OOM_RUNTIME, Phase.READY, h.serving_oom, decisive)
     if h.kv_negative:
         return Fallback(Outcome.KV_TOO_SMALL, Phase.KV_CACHE, h.kv_negative, weak)
+    if h.gpu_error:  # a cause where it shows; NCCL timeouts are often its consequence
+        return Fallback(Outcome.CUDA_ERROR_OTHER, None, h.gpu_error, decisive)
     if h.nccl_timeout:
         return Fallback(Outcome.NCCL_ERROR, None, h.nccl_timeout, decisive)
     if h.crash:
         if h.crash_in_nccl_init:  # faulthandler shows the crash inside NCCL communicator init
             return Fallback(Outcome.NCCL_ERROR, Phase.INIT, h.crash, decisive)
+        if h.crash_in_nccl:  # the native backtrace shows it in NCCL (e.g. its proxy path)
+            return Fallback(Outcome.NCCL_ERROR, None, h.crash, decisive)
         return Fallback(Outcome.OTHER, None, h.crash, weak)
+    if h.headless_exception:  # an error launcher does not know, in its frames' phase
+        return Fallback(Outcome.OTHER, h.frame_phase, h.headless_exception, weak)
     return None
