@@ -571,7 +571,7 @@ def _mamba_hook_error(final: str) -> str:
 
 def scenario_for(
     model: ModelSpec,
-    host: HostConfig,
+    gpu_total_gib: float,
     tp: int,
     other_used_gib: float,
     version: str,
@@ -580,11 +580,12 @@ def scenario_for(
     spec: Speculative | None = None,
     hybrid: Hybrid | None = None,
 ) -> MemoryScenario:
-    """The memory scenario of one server of ``model`` at ``tp`` on ``host`` (with ``flags``:
+    """The memory scenario of one server of ``model`` at ``tp`` on GPUs of ``gpu_total_gib``
+    (with ``flags``:
     its chunk size, context length, request cap, graphs on/off, speculative decoding and
     Mamba settings)."""
     s = model.sim
-    base = MemoryScenario(gpu_total_gib=host.gpu_total_gib, weights_gib=s["weights_gib"])
+    base = MemoryScenario(gpu_total_gib=gpu_total_gib, weights_gib=s["weights_gib"])
     spec_s: SpecScenario | None = None
     if spec is not None:
         dr = spec.draft
@@ -621,7 +622,7 @@ def scenario_for(
             disable_radix_cache=flags.disable_radix_cache,
         )
     return MemoryScenario(
-        gpu_total_gib=host.gpu_total_gib,
+        gpu_total_gib=gpu_total_gib,
         weights_gib=s["weights_gib"],
         tp=tp,
         other_used_gib=other_used_gib,
@@ -649,6 +650,30 @@ def scenario_for(
         capture_graphs=not (flags is not None and flags.disable_cuda_graph),
         mla=model.mla,
     )
+
+
+def scenario_from_argv(
+    version: str, argv: Sequence[str], gpu_total_gib: float, other_used_gib: float = 0.0
+) -> tuple[MemoryScenario, LaunchParams]:
+    """The scenario and the (unresolved) params a sim server started with ``argv`` (SGLang
+    flags) under ``SGLANG_SIM_VERSION=version`` runs; for tests and benchmarks. Raises
+    ConfigFailure as the server would (exit 1); argparse errors exit 2."""
+    d = Dialect(version)
+    flags = Flags.parse(d, argv)
+    model = load_model(flags.model_path)
+    spec = resolve_speculative(flags, model, d) if flags.speculative_algorithm else None
+    hybrid = resolve_hybrid(flags, model, d, spec)
+    scenario = scenario_for(
+        model,
+        gpu_total_gib,
+        flags.tp,
+        other_used_gib,
+        version,
+        flags=flags,
+        spec=spec,
+        hybrid=hybrid,
+    )
+    return scenario, LaunchParams(flags.mem_fraction_static, flags.graph_bs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -733,7 +758,7 @@ class Server:
     def _scenario(self, other_used_gib: float) -> MemoryScenario:
         return scenario_for(
             self.model,
-            self.host,
+            self.host.gpu_total_gib,
             self.flags.tp,
             other_used_gib,
             self.d.version,
@@ -1227,6 +1252,18 @@ class Server:
             self._kv_failure(fail)
         self._due(final=True)
         mamba = trace.mamba
+        # resolve_max_num_reqs runs before the pools are built.
+        if trace.mamba_capped and mamba is not None and self.scenario.hybrid is not None:
+            for r in self.ranks:
+                log.record(
+                    r.label,
+                    logfmt.mamba_capped_warning(
+                        cap=trace.max_running_requests or 0,
+                        size=mamba.max_mamba_cache_size,
+                        ratio=self.scenario.hybrid.ratio(),
+                    ),
+                    WARNING,
+                )
         if mamba is not None:
             for r in self.ranks:
                 log.record(
@@ -1249,17 +1286,6 @@ class Server:
                     d, tokens=tokens, pool_gib=pool, dtype=self._kv_dtype(), mla=self.model.mla
                 ),
             )
-        if trace.mamba_capped and mamba is not None and self.scenario.hybrid is not None:
-            for r in self.ranks:
-                log.record(
-                    r.label,
-                    logfmt.mamba_capped_warning(
-                        cap=trace.max_running_requests or 0,
-                        size=mamba.max_mamba_cache_size,
-                        ratio=self.scenario.hybrid.ratio(),
-                    ),
-                    WARNING,
-                )
         self._allocate(pool)
         for r in self.ranks:
             avail = self._avail(r, trace.pool_end_free_gib or 0.0)
