@@ -418,3 +418,23 @@ def test_auto_draft_params_and_auto_fraction_per_version() -> None:
         mfs, bs = scenario.resolve(params)
         plain = auto_mem_fraction_static(PRO6000, 8, version, bs, mla=True)
         assert (plain - mfs > 0.04) == (version == "0.5.10")
+
+
+def test_0_5_10_spec_v2_refuses_topk_above_one(pro6000: SimHost) -> None:
+    """0.5.10 with SGLANG_ENABLE_SPEC_V2=1 and topk > 1: ServerArgs' ValueError, exit 1, before
+    any log line; without the variable it starts (spec v1, overlap off)."""
+    argv = mtp("0.5.10", "0.60", "16")
+    argv[argv.index("--speculative-eagle-topk") + 1] = "2"
+    argv[argv.index("--speculative-num-draft-tokens") + 1] = "4"
+    code, out = pro6000.run(
+        *argv, "--port", str(free_port()), version="0.5.10", env={"SGLANG_ENABLE_SPEC_V2": "1"}
+    )
+    assert 1 == code and "server_args=" not in out
+    assert out.rstrip().endswith(
+        "ValueError: Spec v2 currently only supports topk = 1 for speculative decoding."
+    )
+    scenario, _ = trace_of("0.5.10", argv)
+    assert scenario.spec is not None and (2, 4) == (
+        scenario.spec.topk,
+        scenario.spec.num_draft_tokens,
+    )

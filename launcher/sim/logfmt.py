@@ -922,8 +922,11 @@ def draft_capture_outer_frames(d: Dialect, name: str) -> list[Frame]:
     return [*head, call, (_sg(runner), line, "__init__", "raise Exception(")]
 
 
-def server_args_error(d: Dialect, final: str, *, func: str, line: int, code: str) -> str:
-    """An error ``ServerArgs.__post_init__`` raises in the main process (exit 1)."""
+def server_args_error(
+    d: Dialect, final: str, *, func: str, line: int, code: str, via: tuple[int, str]
+) -> str:
+    """An error ``ServerArgs.__post_init__`` raises in the main process (exit 1); ``via``: the
+    (line, source) of the ``__post_init__`` call that leads to ``func``."""
     args = _sg("srt/server_args.py")
     return (
         traceback_text(
@@ -944,12 +947,18 @@ def server_args_error(d: Dialect, final: str, *, func: str, line: int, code: str
                     "return cls(**{attr: getattr(args, attr) for attr in attrs})",
                 ),
                 ("<string>", 335, "__init__", ""),
-                (args, 787, "__post_init__", "self._handle_model_specific_adjustments()"),
-                (
-                    args,
-                    2001,
-                    "_handle_model_specific_adjustments",
-                    "self._handle_mamba_radix_cache(",
+                (args, via[0], "__post_init__", via[1]),
+                *(
+                    [
+                        (
+                            args,
+                            2001,
+                            "_handle_model_specific_adjustments",
+                            "self._handle_mamba_radix_cache(",
+                        )
+                    ]
+                    if func == "_handle_mamba_radix_cache"
+                    else []
                 ),
                 (args, line, func, code),
             ],

@@ -447,6 +447,18 @@ def resolve_speculative(flags: Flags, model: ModelSpec, d: Dialect) -> Speculati
     if not d.since(0, 5, 23):
         if os.environ.get("SGLANG_ENABLE_SPEC_V2", "").lower() in ("1", "true"):
             warnings.append(logfmt.SPEC_V2_ON)
+            if flags.speculative_eagle_topk is not None and flags.speculative_eagle_topk > 1:
+                raise ConfigFailure(
+                    logfmt.server_args_error(
+                        d,
+                        "ValueError: Spec v2 currently only supports topk = 1 for speculative "
+                        "decoding.",
+                        func="_handle_speculative_decoding",
+                        line=3008,
+                        code="raise ValueError(",
+                        via=(820, "self._handle_speculative_decoding()"),
+                    )
+                )
         else:
             warnings.append(logfmt.OVERLAP_DISABLED_SPEC_V1)
     steps, topk, tokens = (
@@ -534,7 +546,12 @@ def resolve_hybrid(
 
 def _args_error(d: Dialect, final: str, *, line: int) -> str:
     return logfmt.server_args_error(
-        d, final, func="_handle_mamba_radix_cache", line=line, code="raise ValueError("
+        d,
+        final,
+        func="_handle_mamba_radix_cache",
+        line=line,
+        code="raise ValueError(",
+        via=(787, "self._handle_model_specific_adjustments()"),
     )
 
 
