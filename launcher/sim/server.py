@@ -67,6 +67,7 @@ from launcher.sim.http import (
 )
 from launcher.sim.logfmt import ERROR, INFO, WARNING, Dialect, LogWriter
 from launcher.sim.memory import (
+    Failure,
     HybridScenario,
     MemoryScenario,
     PassTrace,
@@ -1310,7 +1311,7 @@ class Server:
         if self.spec is not None and self.scenario.new_order:
             self._draft_pool_lines()
 
-    def _kv_failure(self, fail: Any) -> NoReturn:
+    def _kv_failure(self, fail: Failure) -> NoReturn:
         d, trace = self.d, self._trace()
         frames = logfmt.kv_frames(d, value_error=False)
         if fail.kind in ("hybrid_state_memory", "hybrid_too_small"):
