@@ -164,7 +164,7 @@ def test_graph_memory_grows_with_bs_draft_tokens_topk_and_steps() -> None:
         weights_gib=10,
         spec=SpecScenario("EAGLE", num_steps=1, topk=1, num_draft_tokens=2),
     )
-    assert ["target_prefill", "target_verify", "draft_extend"] == [
+    assert ["target_prefill", "target_verify", "draft_prefill", "draft_extend"] == [
         p.name for p in one_step.graph_passes(32)
     ]
     assert ["target_verify", "draft_extend"] == [
@@ -198,10 +198,10 @@ def test_each_pass_starts_where_the_previous_left_off(version: str) -> None:
     scenario, trace = trace_of(version, mtp(version, "0.70", "32"))
     names = [p.name for p in trace.passes]
     if version == "0.5.23":
-        assert ["target_prefill", "target_verify", "draft_extend"] == names
-        prefill, verify, extend = trace.passes
-        assert verify.begin_free_gib == prefill.end_free_gib
-        assert extend.begin_free_gib == verify.end_free_gib
+        assert ["target_prefill", "target_verify", "draft_prefill", "draft_extend"] == names
+        for before, after in zip(trace.passes, trace.passes[1:], strict=False):
+            assert after.begin_free_gib == before.end_free_gib
+        extend = trace.passes[-1]
         # The draft's weights and pool are inside the static budget.
         assert pytest.approx(trace.pre_load_free_gib * 0.30) == trace.draft_pool_end_free_gib
     else:
@@ -290,6 +290,7 @@ def test_seed_mtp_log_order_figures_and_oom_text(pro6000: SimHost, version: str)
         "KV Cache is allocated.",
         "Capture target prefill CUDA graph begin.",
         "Capture target verify CUDA graph begin.",
+        "Capture draft prefill CUDA graph begin.",
         "Capture draft extend CUDA graph begin.",
     ]
     if version == "0.5.10":
@@ -312,8 +313,10 @@ def test_seed_mtp_log_order_figures_and_oom_text(pro6000: SimHost, version: str)
             "Load weight end. elapsed=9.00 s, type=DeepseekV4ForCausalLMNextN, avail mem=47.57 GB, "
             "mem usage=1.49 GB."
         ) in tp0
-        # Draft capture lines come from rank 0 only.
-        assert not any("Capture draft" in msg for label, msg in recs if label == "TP1")
+        # Draft decode/extend lines come from rank 0 only; the draft prefill's from every rank.
+        tp1 = [msg for label, msg in recs if label == "TP1"]
+        assert not any("Capture draft extend" in msg for msg in tp1)
+        assert any("Capture draft prefill CUDA graph begin" in msg for msg in tp1)
     else:
         assert 4 == sum("Capture draft extend cuda graph begin" in msg for _, msg in recs)
     expected = [f"{p.begin_free_gib:.2f}" for p in trace.passes]

@@ -290,17 +290,20 @@ def mamba_allocated(
     return text
 
 
-def prefill_graph_begin(*, tokens: Sequence[int], avail_gib: float) -> str:
-    """0.5.23 ``capture_prefill_graph`` (cuda_graph_setup.py l.684)."""
+def prefill_graph_begin(*, tokens: Sequence[int], avail_gib: float, role: str = "target") -> str:
+    """0.5.23 ``capture_prefill_graph`` (cuda_graph_setup.py l.684); ``role``: target or
+    draft (EAGLE's draft worker captures its own prefill graph)."""
     return (
-        "Capture target prefill CUDA graph begin. backend=breakable, "
+        f"Capture {role} prefill CUDA graph begin. backend=breakable, "
         f"num_tokens={list(tokens)}, avail mem={gb(avail_gib)} GB"
     )
 
 
-def prefill_graph_end(*, elapsed_s: float, usage_gib: float, avail_gib: float) -> str:
+def prefill_graph_end(
+    *, elapsed_s: float, usage_gib: float, avail_gib: float, role: str = "target"
+) -> str:
     return (
-        f"Capture target prefill CUDA graph end. elapsed={elapsed_s:.2f} s, "
+        f"Capture {role} prefill CUDA graph end. elapsed={elapsed_s:.2f} s, "
         f"mem usage={gb(usage_gib)} GB, avail mem={gb(avail_gib)} GB."
     )
 

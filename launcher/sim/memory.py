@@ -21,8 +21,9 @@ CUDA graphs are captured in passes (:class:`GraphPass`), each taking memory from
 previous one left; SGLang logs a ``Capture ... begin ... avail mem=X`` line per pass:
 
 - 0.5.23: target prefill (shapes by token count), then target decode, or target verify with
-  speculative decoding, then draft decode (only when ``--speculative-num-steps`` > 1), then draft
-  extend (skipped with ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1``). The draft's weights load
+  speculative decoding, then draft prefill (the breakable prefill backend, CUDA's default), draft
+  decode (only when ``--speculative-num-steps`` > 1), then draft extend (skipped with
+  ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1``). The draft's weights load
   right after the target's and the draft KV pool shares the static budget
   (``model_executor/pool_configurator.py``: the draft's per-token bytes join the cell size).
 - up to 0.5.15: the whole target (weights, KV pool, decode/verify graph), then the whole draft
@@ -229,7 +230,8 @@ class GraphPass:
     """One CUDA-graph capture pass: its name, the sizes it captures (ascending; token counts
     for prefill) and (size, GiB) per capture step in capture order (largest first)."""
 
-    name: str  # target_prefill, target_decode, target_verify, draft_decode, draft_extend
+    # target_prefill, target_decode, target_verify, draft_prefill, draft_decode, draft_extend
+    name: str
     sizes: list[int]
     tokens_per_req: int
     allocations: list[tuple[int, float]]
@@ -355,14 +357,23 @@ class MemoryScenario:
         return passes
 
     def draft_passes(self, max_bs: int, cap: int | None = None) -> list[GraphPass]:
-        """The draft's capture passes: draft decode (steps > 1; ``bs x topk`` tokens per step,
-        all steps in one graph), then draft extend (``bs x num_draft_tokens``)."""
+        """The draft's capture passes: 0.5.23's draft prefill (prefill shapes, per-shape cost
+        only), draft decode (steps > 1; ``bs x topk`` tokens per step, all steps in one graph),
+        then draft extend (``bs x num_draft_tokens``)."""
         spec = self.spec
         if spec is None or not self.capture_graphs:
             return []
         sizes = captured_sizes(max_bs, spec=True, cap=cap or self.request_cap)
         top = sizes[-1]
         passes = []
+        if self.new_order:
+            # eagle_worker_v2.init_cuda_graphs: the draft's prefill graph (breakable backend,
+            # the CUDA default) comes first, with the target's shapes.
+            tokens = self.prefill_tokens()
+            if tokens:
+                passes.append(
+                    _pass("draft_prefill", tokens, 1, 0.0, self.prefill_graph_overhead_gib)
+                )
         g, over = spec.draft_graph_gib_per_token, spec.draft_graph_overhead_gib
         if spec.num_steps > 1:
             first = g * top * spec.topk * spec.num_steps

@@ -718,6 +718,11 @@ class Rank:
         return sum(g for _, g in self.others)
 
 
+def role(pass_name: str) -> str:
+    """``target`` or ``draft``: the role word of a capture pass's lines."""
+    return pass_name.split("_", 1)[0]
+
+
 class Server:
     """One simulated server process. :meth:`run` plays the start-up and serves; the failure
     paths end the process the way SGLang does (they never return)."""
@@ -1372,16 +1377,19 @@ class Server:
     def _capture_pass(self, p: PassTrace, duration: float, nominal: float) -> None:
         d, log, trace = self.d, self.log, self._trace()
         first = self.ranks[0]
-        # 0.5.23 logs draft passes on rank 0 only; up to 0.5.15 every rank logs them.
-        ranks = [first] if p.draft and d.since(0, 5, 23) else self.ranks
-        prefill = p.name == "target_prefill"
+        prefill = p.name in ("target_prefill", "draft_prefill")
+        # 0.5.23 logs draft decode/extend on rank 0 only (log_info_on_rank0); its prefill
+        # capture and everything up to 0.5.15 log on every rank.
+        ranks = [first] if p.draft and not prefill and d.since(0, 5, 23) else self.ranks
         verify = p.name == "target_verify"
         passes = self.scenario.graph_passes(self.bs, trace.max_running_requests)
         gp = next(g for g in passes if g.name == p.name)
         for r in ranks:
             avail = self._avail(r, p.begin_free_gib)
             if prefill:
-                lines = [logfmt.prefill_graph_begin(tokens=p.sizes, avail_gib=avail)]
+                lines = [
+                    logfmt.prefill_graph_begin(tokens=p.sizes, avail_gib=avail, role=role(p.name))
+                ]
             elif p.draft:
                 lines = [
                     logfmt.draft_graph_begin(
@@ -1433,7 +1441,9 @@ class Server:
         for r in ranks:
             avail = self._avail(r, end)
             if prefill:
-                line = logfmt.prefill_graph_end(elapsed_s=elapsed, usage_gib=usage, avail_gib=avail)
+                line = logfmt.prefill_graph_end(
+                    elapsed_s=elapsed, usage_gib=usage, avail_gib=avail, role=role(p.name)
+                )
             elif p.draft:
                 line = logfmt.draft_graph_end(
                     d, p.name, elapsed_s=elapsed, usage_gib=usage, avail_gib=avail
@@ -1453,7 +1463,7 @@ class Server:
         d = self.d
         r = self.busiest
         oom = self._oom(r, tried, free)
-        if name == "target_prefill":
+        if name in ("target_prefill", "draft_prefill"):
             # The breakable prefill backend logs and re-raises torch's error unwrapped.
             frames = [*logfmt.capture_outer_frames(d)[:-1], *logfmt.capture_inner_frames(d)[1:]]
             self._scheduler_crash(r, logfmt.traceback_text(frames, oom))
