@@ -441,3 +441,20 @@ def test_0_5_10_spec_v2_refuses_topk_above_one(pro6000: SimHost) -> None:
         scenario.spec.topk,
         scenario.spec.num_draft_tokens,
     )
+
+
+def test_0_5_23_too_small_pool_counts_the_draft_weights(pro6000: SimHost) -> None:
+    """A fraction below the weights' share fails 0.5.23's ValueError, its stated minimum taken
+    after the draft's weights (1 - 47.57/93.40 for the seeds' MTP launch)."""
+    scenario, trace = trace_of("0.5.23", mtp("0.5.23", "0.45", "16"))
+    fail = trace.failure
+    assert fail is not None and Outcome.KV_TOO_SMALL == fail.outcome
+    _, _, numbers = observed(scenario, trace)
+    assert 0.4907 == numbers.min_mem_fraction
+    code, out = pro6000.run(*mtp("0.5.23", "0.45", "16"), "--port", str(free_port()))
+    assert -signal.SIGKILL == code
+    assert (
+        "ValueError: Loaded weights leave no GPU memory for the KV cache under "
+        "--mem-fraction-static=0.45. Raise --mem-fraction-static above 0.491 (minimum viable = "
+        "1 - available/pre = 0.4907). If using speculative decoding, draft weights are now counted."
+    ) in out

@@ -90,7 +90,9 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         and post is not None
         and version_tuple(scenario.sglang_version) >= STATED_MINIMUM_SINCE
     ):
-        numbers.min_mem_fraction = round(1 - post / pre, 4)
+        # 0.5.23 loads the draft before sizing the pool: its "available" is after both.
+        available = trace.draft_post_weights_free_gib or post
+        numbers.min_mem_fraction = round(1 - available / pre, 4)
     return fail.outcome, fail.phase, numbers
 
 

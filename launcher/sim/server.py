@@ -1350,7 +1350,9 @@ class Server:
         if value_error:
             # SGLang states the fraction at which the pool would be 0 (not the minimum
             # token count): 1 - available/pre.
-            stated = 1 - (trace.post_weights_free_gib or 0.0) / trace.pre_load_free_gib
+            # 0.5.23 measures after the draft's weights too ("draft weights are now counted").
+            available = trace.draft_post_weights_free_gib or trace.post_weights_free_gib or 0.0
+            stated = 1 - available / trace.pre_load_free_gib
             final = "ValueError: " + logfmt.weights_leave_no_kv(self.mfs, stated)
         else:
             final = "RuntimeError: " + logfmt.not_enough_memory(d, self.mfs)
