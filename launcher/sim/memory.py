@@ -409,8 +409,15 @@ class MemoryScenario:
         return (low, high) if high > low else None
 
     def _feasible_by_search(self, max_bs: int) -> tuple[float, float] | None:
-        grid = [i / 1000 for i in range(1, 1000)]
-        ok = [m for m in grid if simulate(self, _params(m, max_bs)).ok]
+        """The feasible interval by simulation: a grid of 0.005 (0.001 if that finds none),
+        then bisection of both edges."""
+        ok: list[float] = []
+        step = 0.005
+        for step in (0.005, 0.001):
+            grid = [i * step for i in range(1, round(1 / step))]
+            ok = [m for m in grid if simulate(self, _params(m, max_bs)).ok]
+            if ok:
+                break
         if not ok:
             return None
         lo_ok, hi_ok = ok[0], ok[-1]
@@ -424,9 +431,9 @@ class MemoryScenario:
                     bad = mid
             return good
 
-        low = edge(lo_ok, lo_ok - 0.001) - 1e-9 if lo_ok > 0.001 else 0.0
-        high = edge(hi_ok, hi_ok + 0.001)
-        return (low, high) if high > low else None
+        low = edge(lo_ok, max(lo_ok - step, 0.0)) - 1e-9
+        high = edge(hi_ok, min(hi_ok + step, 1.0))
+        return (max(low, 0.0), high) if high > low else None
 
     def weights_fail(self) -> bool:
         return self.shard_allocations()[-1][1] < 0
