@@ -185,6 +185,73 @@ BROKEN = (
     ["--model-path", "/m", "--no-such-flag"],
 )
 
+# Speculative-decoding and hybrid (Mamba) command lines as the seeds' deployments run them, in
+# each version's dialect and in the other's: the simulator must accept and read them as SGLang
+# does (values compared in test_simulator_reads_spec_and_mamba_flags_as_sglang).
+_SPEC = [
+    "--speculative-algorithm",
+    "EAGLE",
+    "--speculative-num-steps",
+    "1",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "2",
+]
+SPEC_HYBRID = (
+    ["--model-path", "/m", "--tp-size", "4", *_SPEC, "--mem-fraction-static", "0.7"],
+    ["--model-path", "/m", "--speculative-algorithm", "NEXTN", "--speculative-draft-model", "/d"],
+    [
+        "--model-path",
+        "/m",
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        "/d",
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "4",
+        "--max-running-requests",
+        "64",
+    ],
+    ["--model-path", "/m", "--speculative-algorithm", "FOO"],
+    ["--model-path", "/m", *_SPEC, "--mamba-scheduler-strategy", "no_buffer"],
+    ["--model-path", "/m", *_SPEC, "--mamba-scheduler-strategy", "extra_buffer"],
+    ["--model-path", "/m", "--mamba-scheduler-strategy", "bogus"],
+    ["--model-path", "/m", *_SPEC, "--mamba-radix-cache-strategy", "extra_buffer"],
+    ["--model-path", "/m", "--mamba-radix-cache-strategy", "extra_buffer_lazy"],
+    [
+        "--model-path",
+        "/m",
+        "--max-mamba-cache-size",
+        "24",
+        "--mamba-full-memory-ratio",
+        "0.4",
+        "--mamba-ssm-dtype",
+        "bfloat16",
+        "--disable-radix-cache",
+        "--disable-overlap-schedule",
+    ],
+    ["--model-path", "/m", "--mamba-ssm-dtype", "float64"],
+)
+# Namespace key in SGLang -> Flags attribute in the simulator.
+SPEC_HYBRID_FIELDS = {
+    "speculative_algorithm": "speculative_algorithm",
+    "speculative_draft_model_path": "speculative_draft_model_path",
+    "speculative_num_steps": "speculative_num_steps",
+    "speculative_eagle_topk": "speculative_eagle_topk",
+    "speculative_num_draft_tokens": "speculative_num_draft_tokens",
+    "max_running_requests": "max_running_requests",
+    "max_mamba_cache_size": "max_mamba_cache_size",
+    "mamba_full_memory_ratio": "mamba_full_memory_ratio",
+    "mamba_ssm_dtype": "mamba_ssm_dtype",
+    "disable_radix_cache": "disable_radix_cache",
+    "disable_overlap_schedule": "disable_overlap_schedule",
+}
+
 
 def _toml(value: Any) -> str:
     if isinstance(value, str):
@@ -297,6 +364,8 @@ def _collect(tmp: Path) -> Cases:
             for v in (version, _other(version)):
                 if argv not in cases.spec_argvs.setdefault(v, []):
                     cases.spec_argvs[v].append(argv)
+        for argv in SPEC_HYBRID:
+            cases.add(version, list(argv))
     for path in SHIPPED_CONFIGS:
         for row in _plan(ROOT / path):
             cases.shipped.append(row)
@@ -574,3 +643,36 @@ def test_spec_and_hybrid_plans_parse_in_each_versions_dialect(
 def _strategy_only(version: str) -> list[str]:
     """A command line whose only version-specific flag is the Mamba strategy."""
     return ["--model-path", "/m", mamba_strategy_flag(version), "extra_buffer"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_simulator_reads_spec_and_mamba_flags_as_sglang(
+    version: str, real: dict[str, Parsed], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Speculative-decoding and Mamba flags: where SGLang accepts a command line, the simulator
+    holds the same values (the strategy under the version's own flag name); the rejected ones
+    are covered by test_simulator_gives_sglangs_verdicts."""
+    strategy_key = (
+        "mamba_radix_cache_strategy" if version == "0.5.23" else "mamba_scheduler_strategy"
+    )
+    expected: list[Any] = []
+    actual: list[Any] = []
+    accepted = 0
+    for argv in SPEC_HYBRID:
+        result = real[version][list(argv)]
+        if not result["ok"]:
+            continue
+        accepted += 1
+        ns = result["namespace"]
+        sim = _sim_parse(version, list(argv), capsys)
+        assert isinstance(sim, Flags), (argv, sim)
+        expected.append((argv, {k: ns[k] for k in SPEC_HYBRID_FIELDS}, ns[strategy_key]))
+        actual.append(
+            (
+                argv,
+                {k: getattr(sim, attr) for k, attr in SPEC_HYBRID_FIELDS.items()},
+                sim.mamba_strategy,
+            )
+        )
+    assert expected == actual
+    assert accepted >= 5

@@ -11,6 +11,16 @@ Environment:
     SGLANG_SIM_TIME_SCALE  overrides the host's time scale
     LAUNCHER_ATTEMPT       attempt number a fault's "attempts" list is matched against
 
+SGLang's own variables the simulator honours: SGLANG_ENABLE_SPEC_V2 (0.5.10: spec v2 on, and its
+topk = 1 check), SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH (0.5.23: no draft extend graph),
+SGLANG_WARMUP_TIMEOUT, SGLANG_LOG_MS, SGL_FORCE_SHUTDOWN,
+SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.
+
+Speculative decoding (--speculative-algorithm EAGLE/EAGLE3/NEXTN with a draft from
+--speculative-draft-model-path or the model's built-in MTP head) and hybrid Mamba models
+(the model's ``sim.hybrid``) follow each version's start-up order and memory arithmetic; see
+``memory`` and ``server``.
+
 Modules: ``memory`` (the start-up memory arithmetic), ``server`` (the process: flags, phases,
 failures, shutdown), ``logfmt`` (SGLang's lines per version), ``http`` (endpoints and the
 warmup client), ``gpustate`` (GPU occupancy shared between processes), ``faults``,

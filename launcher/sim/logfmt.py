@@ -249,7 +249,16 @@ def weight_end(
     return f"Load weight end. type={arch}, dtype={dtype}, {q}{tail}"
 
 
-def kv_allocated(d: Dialect, *, tokens: int, pool_gib: float, dtype: str) -> str:
+def kv_allocated(d: Dialect, *, tokens: int, pool_gib: float, dtype: str, mla: bool = False) -> str:
+    """``KV Cache is allocated. ...``: K and V sizes, or one ``KV size`` for MLA models (the
+    draft's pool prints the same unlabelled line)."""
+    head = (
+        f"KV Cache is allocated. dtype: {dtype}, "
+        if d.since(0, 5, 15)
+        else "KV Cache is allocated. "
+    )
+    if mla:
+        return f"{head}#tokens: {tokens}, KV size: {gb(pool_gib)} GB"
     half = gb(pool_gib / 2)
     if d.since(0, 5, 15):
         return (
@@ -259,26 +268,100 @@ def kv_allocated(d: Dialect, *, tokens: int, pool_gib: float, dtype: str) -> str
     return f"KV Cache is allocated. #tokens: {tokens}, K size: {half} GB, V size: {half} GB"
 
 
-def prefill_graph_tokens(chunked_prefill_size: int) -> list[int]:
-    """The prefill shapes 0.5.23 captures (largest first), from the chunk size down to 256."""
-    sizes: list[int] = []
-    n = max(chunked_prefill_size, 256)
-    while n >= 256:
-        sizes.append(n)
-        n //= 2
-    return sizes
+def mamba_allocated(
+    *,
+    size: int,
+    conv_gib: float,
+    ssm_gib: float,
+    intermediate_ssm_gib: float | None = None,
+    intermediate_conv_gib: float | None = None,
+) -> str:
+    """``Mamba Cache is allocated. ...`` (memory_pool.py; the same text in 0.5.10 and 0.5.23),
+    with the speculative-decoding intermediate caches when there are any; trailing space."""
+    text = (
+        f"Mamba Cache is allocated. max_mamba_cache_size: {size}, "
+        f"conv_state size: {conv_gib:.2f}GB, ssm_state size: {ssm_gib:.2f}GB "
+    )
+    if intermediate_ssm_gib is not None and intermediate_conv_gib is not None:
+        text += (
+            f"intermediate_ssm_state_cache size: {intermediate_ssm_gib:.2f}GB "
+            f"intermediate_conv_window_cache size: {intermediate_conv_gib:.2f}GB "
+        )
+    return text
 
 
-def graph_begin(d: Dialect, *, bs: Sequence[int], avail_gib: float) -> list[str]:
+def prefill_graph_begin(*, tokens: Sequence[int], avail_gib: float, role: str = "target") -> str:
+    """0.5.23 ``capture_prefill_graph`` (cuda_graph_setup.py l.684); ``role``: target or
+    draft (EAGLE's draft worker captures its own prefill graph)."""
+    return (
+        f"Capture {role} prefill CUDA graph begin. backend=breakable, "
+        f"num_tokens={list(tokens)}, avail mem={gb(avail_gib)} GB"
+    )
+
+
+def prefill_graph_end(
+    *, elapsed_s: float, usage_gib: float, avail_gib: float, role: str = "target"
+) -> str:
+    return (
+        f"Capture {role} prefill CUDA graph end. elapsed={elapsed_s:.2f} s, "
+        f"mem usage={gb(usage_gib)} GB, avail mem={gb(avail_gib)} GB."
+    )
+
+
+def draft_graph_begin(
+    d: Dialect, name: str, *, bs: Sequence[int], tokens_per_req: int, avail_gib: float
+) -> str:
+    """The draft's capture begin line: 0.5.23 ``eagle_worker_v2`` (rank 0 only), up to 0.5.15
+    ``eagle_worker`` (every rank). ``name``: draft_decode or draft_extend."""
+    if d.since(0, 5, 23):
+        kind = "decode" if name == "draft_decode" else "extend"
+        return (
+            f"Capture draft {kind} CUDA graph begin. backend=full, "
+            f"num_tokens_per_req={tokens_per_req}, bs={list(bs)}, avail mem={gb(avail_gib)} GB"
+        )
+    kind = "draft" if name == "draft_decode" else "draft extend"
+    return (
+        f"Capture {kind} cuda graph begin. This can take up to several minutes. "
+        f"avail mem={gb(avail_gib)} GB"
+    )
+
+
+def draft_graph_end(
+    d: Dialect, name: str, *, elapsed_s: float, usage_gib: float, avail_gib: float
+) -> str:
+    if d.since(0, 5, 23):
+        kind = "decode" if name == "draft_decode" else "extend"
+        return (
+            f"Capture draft {kind} CUDA graph end. elapsed={elapsed_s:.2f} s, "
+            f"mem usage={gb(usage_gib)} GB, avail mem={gb(avail_gib)} GB."
+        )
+    kind = "draft" if name == "draft_decode" else "draft extend"
+    return (
+        f"Capture {kind} cuda graph end. Time elapsed: {elapsed_s:.2f} s. "
+        f"mem usage={gb(usage_gib)} GB. avail mem={gb(avail_gib)} GB."
+    )
+
+
+def graph_begin(
+    d: Dialect,
+    *,
+    bs: Sequence[int],
+    avail_gib: float,
+    tokens_per_req: int = 1,
+    verify: bool = False,
+) -> list[str]:
+    """The target decode graph's begin line(s); ``verify``: the target verify graph of
+    speculative decoding (0.5.23 names it; 0.5.10 prints the plain decode lines)."""
+    kind = "verify" if verify else "decode"
     if d.since(0, 5, 23):
         return [
-            "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
-            f"avail mem={gb(avail_gib)} GB"
+            f"Capture target {kind} CUDA graph begin. backend=full, "
+            f"num_tokens_per_req={tokens_per_req}, avail mem={gb(avail_gib)} GB"
         ]
     if d.since(0, 5, 15):
         return [
-            "Capture target decode CUDA graph begin. backend=full, num_tokens_per_bs=1, "
-            f"bs={list(bs)}, avail mem={gb(avail_gib)} GB"
+            f"Capture target {kind} CUDA graph begin. backend=full, "
+            f"num_tokens_per_bs={tokens_per_req}, bs={list(bs)}, avail mem={gb(avail_gib)} GB"
         ]
     return [
         "Capture cuda graph begin. This can take up to several minutes. "
@@ -288,11 +371,18 @@ def graph_begin(d: Dialect, *, bs: Sequence[int], avail_gib: float) -> list[str]
 
 
 def graph_end(
-    d: Dialect, *, bs: Sequence[int], elapsed_s: float, usage_gib: float, avail_gib: float
+    d: Dialect,
+    *,
+    bs: Sequence[int],
+    elapsed_s: float,
+    usage_gib: float,
+    avail_gib: float,
+    verify: bool = False,
 ) -> str:
     if d.since(0, 5, 15):
+        kind = "verify" if verify else "decode"
         return (
-            f"Capture target decode CUDA graph end. bs={list(bs)}, elapsed={elapsed_s:.2f} s, "
+            f"Capture target {kind} CUDA graph end. bs={list(bs)}, elapsed={elapsed_s:.2f} s, "
             f"mem usage={gb(usage_gib)} GB, avail mem={gb(avail_gib)} GB."
         )
     return (
@@ -443,6 +533,72 @@ def weights_leave_no_kv(mfs: float, minimum: float) -> str:
         f"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static={mfs!r}. "
         f"Raise --mem-fraction-static above {ceil3:.3f} (minimum viable = 1 - available/pre = "
         f"{minimum:.4f}). If using speculative decoding, draft weights are now counted."
+    )
+
+
+MAX_RUNNING_RESET = (
+    "Max running requests is reset to 48 for speculative decoding. You can override this by "
+    "explicitly setting --max-running-requests."
+)
+DRAFT_TOKENS_ADJUSTED = (
+    "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+    "speculative_eagle_topk == 1"
+)
+OVERLAP_DISABLED_SPEC_V1 = (
+    "Overlap scheduler is disabled when spec v2 is off or using unsupported speculative "
+    "algorithm. You can set env SGLANG_ENABLE_SPEC_V2=True to enable the experimental overlap "
+    "scheduler. "
+)
+SPEC_V2_ON = (
+    "Spec v2 is enabled for eagle/eagle3 speculative decoding and overlap schedule is turned on."
+)
+
+
+def spec_no_buffer_error(arch: str) -> str:
+    """0.5.10 ``_handle_mamba_radix_cache`` (server_args.py l.2207): two f-strings joined with no
+    space after ``no_buffer.``."""
+    return (
+        f"ValueError: Speculative decoding for {arch} is not compatible with radix cache when "
+        "using --mamba-scheduler-strategy no_buffer.To use radix cache with speculative "
+        "decoding, please use --mamba-scheduler-strategy extra_buffer and set "
+        "SGLANG_ENABLE_SPEC_V2=1."
+    )
+
+
+NO_BUFFER_OVERLAP = (
+    "AssertionError: no_buffer do not support overlap schedule. Try to set "
+    "disable_overlap_schedule=True."
+)
+
+
+def hybrid_state_memory_error(*, size: int, rest_gib: float, per_req_mib: float) -> str:
+    """0.5.23 kv_cache_configurator.py l.3394."""
+    return (
+        "RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) state cache. "
+        f"Computed max_mamba_cache_size={size} (total_rest_memory={rest_gib:.2f} GB, "
+        f"mamba_cache_per_req={per_req_mib:.2f} MB). Try: (1) reduce --max-running-requests, "
+        "(2) increase --mem-fraction-static, (3) reduce --speculative-num-draft-tokens, or "
+        "(4) use GPUs with more memory."
+    )
+
+
+def hybrid_too_small_error(*, size: int, ratio: int, reqs: int) -> str:
+    """0.5.23 kv_cache_configurator.py l.3154."""
+    return (
+        "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any "
+        f"requests. max_mamba_cache_size={size}, mamba_ratio={ratio}, resulting "
+        f"max_num_reqs={reqs}. Try: (1) reduce --max-running-requests, (2) increase "
+        "--mem-fraction-static, or (3) use GPUs with more memory."
+    )
+
+
+def mamba_capped_warning(*, cap: int, size: int, ratio: int) -> str:
+    """0.5.23 kv_cache_configurator.py l.3141."""
+    return (
+        f"max_running_requests is capped to {cap} by the mamba state cache "
+        f"(max_mamba_cache_size={size}, {ratio} state slots per request). To raise it: increase "
+        "--mamba-full-memory-ratio or --max-mamba-cache-size, or halve the state size with "
+        "--mamba-ssm-dtype bfloat16."
     )
 
 
@@ -675,6 +831,144 @@ def capture_outer_frames(d: Dialect) -> list[Frame]:
         ),
         (_sg(runner), 382, "__init__", "raise Exception("),
     ]
+
+
+def draft_capture_inner_frames(d: Dialect, name: str) -> list[Frame]:
+    """Frames of an error inside one draft-graph capture (the wrapped exception)."""
+    extend = name == "draft_extend"
+    if extend:
+        runner = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
+        lines = (303, 305) if d.since(0, 5, 23) else (218, 220)
+    else:
+        runner = "srt/speculative/eagle_draft_cuda_graph_runner.py"
+        lines = (294, 296) if d.since(0, 5, 23) else (164, 166)
+    return [
+        (_sg(runner), lines[0], "__init__", "self.capture()"),
+        (
+            _sg(
+                "srt/model_executor/cuda_graph_runner.py"
+                if not d.since(0, 5, 23)
+                else "srt/model_executor/runner/base_cuda_graph_runner.py"
+            ),
+            498,
+            "capture",
+            ") = self.capture_one_batch_size(bs, forward)",
+        ),
+        (_sg(runner), 380, "capture_one_batch_size", "run_once()"),
+        (
+            f"{TORCH_DIR}/utils/_contextlib.py",
+            120,
+            "decorate_context",
+            "return func(*args, **kwargs)",
+        ),
+    ]
+
+
+def draft_capture_outer_frames(d: Dialect, name: str) -> list[Frame]:
+    """Frames of the ``Exception: Capture cuda graph failed`` raised by a draft runner."""
+    extend = name == "draft_extend"
+    head = [
+        *_scheduler_head(d)[:2],
+        (
+            _sg("srt/managers/scheduler.py"),
+            1035 if d.since(0, 5, 23) else 520,
+            "maybe_init_draft_worker" if d.since(0, 5, 23) else "init_model_worker",
+            "self.draft_worker = DraftWorkerClass(",
+        ),
+    ]
+    if d.since(0, 5, 23):
+        worker = _sg("srt/speculative/eagle_worker_v2.py")
+        call = (
+            (
+                worker,
+                638,
+                "_capture_cuda_graphs",
+                "self.cuda_graph_runner_for_draft_extend = extend_runner_cls(self)",
+            )
+            if extend
+            else (
+                worker,
+                519,
+                "_capture_cuda_graphs",
+                "self.cuda_graph_runner = draft_runner_cls(self)",
+            )
+        )
+        runner = (
+            "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
+            if extend
+            else "srt/speculative/eagle_draft_cuda_graph_runner.py"
+        )
+        line = 305 if extend else 296
+    else:
+        worker = _sg("srt/speculative/eagle_worker.py")
+        call = (
+            (
+                worker,
+                266,
+                "init_cuda_graphs",
+                "self.cuda_graph_runner_for_draft_extend = EAGLEDraftExtendCudaGraphRunner(",
+            )
+            if extend
+            else (
+                worker,
+                252,
+                "init_cuda_graphs",
+                "self.cuda_graph_runner = Device2DraftCudaGraphRunner[",
+            )
+        )
+        runner = (
+            "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
+            if extend
+            else "srt/speculative/eagle_draft_cuda_graph_runner.py"
+        )
+        line = 220 if extend else 166
+    return [*head, call, (_sg(runner), line, "__init__", "raise Exception(")]
+
+
+def server_args_error(
+    d: Dialect, final: str, *, func: str, line: int, code: str, via: tuple[int, str]
+) -> str:
+    """An error ``ServerArgs.__post_init__`` raises in the main process (exit 1); ``via``: the
+    (line, source) of the ``__post_init__`` call that leads to ``func``."""
+    args = _sg("srt/server_args.py")
+    return (
+        traceback_text(
+            [
+                ("<frozen runpy>", 198, "_run_module_as_main", ""),
+                ("<frozen runpy>", 88, "_run_code", ""),
+                (
+                    _sg("launch_server.py"),
+                    24,
+                    "<module>",
+                    "server_args = prepare_server_args(sys.argv[1:])",
+                ),
+                (args, 4012, "prepare_server_args", "return ServerArgs.from_cli_args(raw_args)"),
+                (
+                    args,
+                    3650,
+                    "from_cli_args",
+                    "return cls(**{attr: getattr(args, attr) for attr in attrs})",
+                ),
+                ("<string>", 335, "__init__", ""),
+                (args, via[0], "__post_init__", via[1]),
+                *(
+                    [
+                        (
+                            args,
+                            2001,
+                            "_handle_model_specific_adjustments",
+                            "self._handle_mamba_radix_cache(",
+                        )
+                    ]
+                    if func == "_handle_mamba_radix_cache"
+                    else []
+                ),
+                (args, line, func, code),
+            ],
+            final,
+        )
+        + "\n"
+    )
 
 
 def runtime_frames(d: Dialect) -> list[Frame]:

@@ -18,7 +18,6 @@ from launcher.policy import AttemptRecord, Bounds, next_params
 from launcher.sim.memory import (
     MemoryScenario,
     StartupTrace,
-    capture_bs_list,
     simulate,
     version_tuple,
 )
@@ -41,9 +40,10 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
     - weight load began (``Load weight begin. avail mem=``): ``pre_load_avail_gib``;
     - weights loaded: ``post_weights_avail_gib`` and ``weights_gib`` (per rank "mem usage");
     - KV pool allocated (a pool > 0): ``kv_tokens``; pool done: ``pool_end_avail_gib``;
-    - capture began: ``graph_begin_avail_gib`` and the last "Capturing batches" progress line,
-      which SGLang prints before each capture step (``graph_last_*``, ``graph_steps_done`` = the
-      steps finished before it, ``graph_steps_total``);
+    - capture began: ``graph_begin_avail_gib`` of the last capture pass begun (its
+      ``Capture ... begin ... avail mem`` line; earlier passes' lines do not count) and that
+      pass's last progress line, which SGLang prints before each capture step (``graph_last_*``,
+      ``graph_steps_done`` = the steps finished before it, ``graph_steps_total`` = its sizes);
     - any CUDA OOM: ``tried_gib``, ``free_gib``, ``total_gib`` from torch's message;
     - kv_too_small with a pool <= 0 on SGLang >= 0.5.23: ``min_mem_fraction`` as stated
       (4 decimals, ``1 - post_weights/pre``); never for 0.5.6's "Not enough memory";
@@ -65,13 +65,15 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         numbers.kv_tokens = trace.kv_tokens
     if trace.pool_end_free_gib is not None:
         numbers.pool_end_avail_gib = _gib(trace.pool_end_free_gib)
-    if trace.graph_steps:
-        numbers.graph_begin_avail_gib = _gib(trace.graph_steps[0][1])
-        last_bs, last_free = trace.graph_steps[-1]
+    if trace.passes:
+        # The last "Capture ... begin" line names the pass; the bar is that pass's.
+        last = trace.passes[-1]
+        numbers.graph_begin_avail_gib = _gib(last.begin_free_gib)
+        last_bs, last_free = last.steps[-1]
         numbers.graph_last_avail_gib = _gib(last_free)
         numbers.graph_last_bs = last_bs
-        numbers.graph_steps_done = len(trace.graph_steps) - 1
-        numbers.graph_steps_total = len(capture_bs_list(trace.cuda_graph_max_bs))
+        numbers.graph_steps_done = len(last.steps) - 1
+        numbers.graph_steps_total = len(last.sizes)
     if trace.graph_end_free_gib is not None:
         numbers.max_total_num_tokens = trace.kv_tokens
     if fail is None:
@@ -88,7 +90,9 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         and post is not None
         and version_tuple(scenario.sglang_version) >= STATED_MINIMUM_SINCE
     ):
-        numbers.min_mem_fraction = round(1 - post / pre, 4)
+        # 0.5.23 loads the draft before sizing the pool: its "available" is after both.
+        available = trace.draft_post_weights_free_gib or post
+        numbers.min_mem_fraction = round(1 - available / pre, 4)
     return fail.outcome, fail.phase, numbers
 
 

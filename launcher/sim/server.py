@@ -17,6 +17,19 @@ The model's ``"sim"`` object::
     min_kv_tokens         a smaller pool is "Not enough memory"
     shard_gib             checkpoint shard size (whole model)
     context_gib           optional, per rank: CUDA context + NCCL before weights (default 1.0)
+    prefill_graph_gib     optional, per rank: 0.5.23's prefill graphs, the largest shape's pool
+    prefill_graph_overhead_gib  optional, per rank, per captured prefill shape
+    mla                   optional bool: MLA attention (one ``KV size`` in the KV line)
+    draft                 optional object: the MTP/NextN draft inside the checkpoint, used when
+                          --speculative-draft-model-path is unset or the model path itself:
+                          arch, weights_gib and kv_gib_per_1k_tokens (whole model), and per rank
+                          graph_gib_per_bs (draft graphs' pool per captured token) and
+                          graph_overhead_gib. A separate draft directory (EAGLE-3) is an
+                          ordinary sim model; its graph_gib_per_bs counts per captured token.
+    hybrid                optional object: a Mamba / linear-attention hybrid; per rank and per
+                          state slot conv_gib_per_req and ssm_gib_per_req, ssm_dtype (default
+                          float32; --mamba-ssm-dtype bfloat16/float16 halves ssm), extra_buffer
+                          (bool, default true: supports the extra_buffer strategy)
 
 Exit statuses: 2 argparse; 1 config errors (missing model...); 3 HTTP port taken; -9 (137) when
 SGLang kills its own tree (scheduler exceptions, shutdown) or a die_silently fault; -15 (143)
@@ -35,7 +48,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -54,11 +67,15 @@ from launcher.sim.http import (
 )
 from launcher.sim.logfmt import ERROR, INFO, WARNING, Dialect, LogWriter
 from launcher.sim.memory import (
+    Failure,
+    HybridScenario,
     MemoryScenario,
+    PassTrace,
+    SpecScenario,
     StartupTrace,
     auto_chunked_prefill_size,
-    capture_bs_list,
     simulate,
+    version_tuple,
 )
 
 ENV_VERSION = "SGLANG_SIM_VERSION"
@@ -75,7 +92,7 @@ GENERATE_NOMINAL_S = 0.5  # one /generate after warmup
 WARMUP_POLL_NOMINAL_S = 1.0  # SGLang's warmup polls the model-info path once a second
 DRAIN_POLL_NOMINAL_S = 5.0  # SGLang's sigterm watchdog wakes every 5 s
 TORCH_COMPILE_SLOWDOWN = 10.0  # capture steps that also compile take this much longer
-PREFILL_GRAPH_SHARE = 0.15  # share of the capture phase spent on 0.5.23's prefill graphs
+DRAFT_WEIGHTS_SHARE = 0.12  # a draft's weight load against the target's (seeds: 8.82 s)
 MAX_PREFILL_TOKENS = 16384
 
 _SIM_KEYS = {
@@ -87,7 +104,20 @@ _SIM_KEYS = {
     "min_kv_tokens",
     "shard_gib",
     "context_gib",
+    "prefill_graph_gib",
+    "prefill_graph_overhead_gib",
+    "mla",
+    "draft",
+    "hybrid",
 }
+_DRAFT_KEYS = {
+    "arch",
+    "weights_gib",
+    "kv_gib_per_1k_tokens",
+    "graph_gib_per_bs",
+    "graph_overhead_gib",
+}
+_HYBRID_KEYS = {"conv_gib_per_req", "ssm_gib_per_req", "ssm_dtype", "extra_buffer"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,6 +199,39 @@ def build_parser(d: Dialect) -> argparse.ArgumentParser:
             default=None,
             choices=["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"],
         )
+    add(
+        "--speculative-draft-model-path",
+        "--speculative-draft-model",
+        dest="speculative_draft_model_path",
+        type=str,
+        default=None,
+    )
+    add("--speculative-num-steps", type=int, default=None)
+    add("--speculative-eagle-topk", type=int, default=None)
+    add("--speculative-num-draft-tokens", type=int, default=None)
+    add("--max-mamba-cache-size", type=int, default=None)
+    add("--mamba-ssm-dtype", type=str, default=None, choices=["float32", "bfloat16", "float16"])
+    # 0.5.23 leaves it None and falls back to 0.9 when sizing; 0.5.10 defaults to 0.9.
+    add("--mamba-full-memory-ratio", type=float, default=None if d.since(0, 5, 23) else 0.9)
+    if d.since(0, 5, 23):
+        # --mamba-scheduler-strategy is gone: argparse's "unrecognized arguments", exit 2.
+        add(
+            "--mamba-radix-cache-strategy",
+            dest="mamba_strategy",
+            type=str,
+            default="auto",
+            choices=["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"],
+        )
+    else:
+        add(
+            "--mamba-scheduler-strategy",
+            dest="mamba_strategy",
+            type=str,
+            default="auto",
+            choices=["auto", "no_buffer", "extra_buffer"],
+        )
+    add("--disable-radix-cache", action="store_true")
+    add("--disable-overlap-schedule", action="store_true")
     return p
 
 
@@ -211,6 +274,16 @@ class Flags:
     load_format: str
     speculative_algorithm: str | None
     deprecated_graph_flag: bool
+    speculative_draft_model_path: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    max_mamba_cache_size: int | None = None
+    mamba_ssm_dtype: str | None = None
+    mamba_full_memory_ratio: float | None = None
+    mamba_strategy: str = "auto"  # --mamba-scheduler-strategy (<= 0.5.10) / -radix-cache- (0.5.23)
+    disable_radix_cache: bool = False
+    disable_overlap_schedule: bool = False
 
     @classmethod
     def parse(cls, d: Dialect, argv: Sequence[str]) -> Flags:
@@ -259,6 +332,9 @@ class ModelSpec:
     max_position_embeddings: int
     torch_dtype: str
     sim: dict[str, float]
+    mla: bool = False
+    draft: dict[str, Any] | None = None
+    hybrid: dict[str, Any] | None = None
 
 
 def load_model(path: str) -> ModelSpec:
@@ -306,6 +382,16 @@ def load_model(path: str) -> ModelSpec:
         raise ConfigFailure(
             logfmt.config_error(f"ValueError: {cfg}: unknown sim keys {sorted(unknown)}")
         )
+    objects: dict[str, dict[str, Any] | None] = {}
+    for key, allowed in (("draft", _DRAFT_KEYS), ("hybrid", _HYBRID_KEYS)):
+        obj = sim.get(key)
+        if obj is not None and (not isinstance(obj, dict) or set(obj) - allowed):
+            raise ConfigFailure(
+                logfmt.config_error(
+                    f"ValueError: {cfg}: sim.{key} must be an object with keys {sorted(allowed)}"
+                )
+            )
+        objects[key] = obj
     archs = data.get("architectures") or ["LlamaForCausalLM"]
     return ModelSpec(
         path=path,
@@ -313,18 +399,248 @@ def load_model(path: str) -> ModelSpec:
         arch=str(archs[0]),
         max_position_embeddings=int(data.get("max_position_embeddings", 4096)),
         torch_dtype=str(data.get("torch_dtype", "bfloat16")),
-        sim={k: float(v) for k, v in sim.items() if not k.startswith("_")},
+        sim={
+            k: float(v)
+            for k, v in sim.items()
+            if not k.startswith("_") and k not in ("draft", "hybrid", "mla")
+        },
+        mla=bool(sim.get("mla", False)),
+        draft=objects["draft"],
+        hybrid=objects["hybrid"],
+    )
+
+
+SPEC_EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE")
+# Draft defaults (steps, topk, draft tokens) of _auto_choose_speculative_params.
+SPEC_AUTO = (3, 1, 4)
+SPEC_AUTO_LLAMA = (5, 4, 8)
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """Speculative decoding as SGLang resolves its flags, with the draft model's sizes."""
+
+    algorithm: str  # EAGLE, EAGLE3 or STANDALONE (NEXTN is EAGLE)
+    steps: int
+    topk: int
+    draft_tokens: int
+    max_running_requests: int
+    draft_arch: str
+    draft: dict[str, Any]  # weights_gib, kv_gib_per_1k_tokens (whole model), graph_* (per rank)
+    warnings: tuple[str, ...]
+
+
+def resolve_speculative(flags: Flags, model: ModelSpec, d: Dialect) -> Speculative | None:
+    """``_handle_speculative_decoding``: NEXTN becomes EAGLE, max_running_requests 48 unless set,
+    auto (steps, topk, draft tokens), and draft tokens = steps + 1 when topk is 1. The draft
+    comes from --speculative-draft-model-path, or from the checkpoint (the model's sim.draft)
+    when that is unset or the model path itself. Raises ConfigFailure for a missing draft."""
+    algo = (flags.speculative_algorithm or "").upper()
+    if algo == "NEXTN":
+        algo = "EAGLE"
+    if algo not in SPEC_EAGLE_FAMILY:
+        return None
+    warnings: list[str] = []
+    mrr = flags.max_running_requests
+    if mrr is None:
+        mrr = 48
+        warnings.append(logfmt.MAX_RUNNING_RESET)
+    if not d.since(0, 5, 23):
+        if os.environ.get("SGLANG_ENABLE_SPEC_V2", "").lower() in ("1", "true"):
+            warnings.append(logfmt.SPEC_V2_ON)
+            if flags.speculative_eagle_topk is not None and flags.speculative_eagle_topk > 1:
+                raise ConfigFailure(
+                    logfmt.server_args_error(
+                        d,
+                        "ValueError: Spec v2 currently only supports topk = 1 for speculative "
+                        "decoding.",
+                        func="_handle_speculative_decoding",
+                        line=3008,
+                        code="raise ValueError(",
+                        via=(820, "self._handle_speculative_decoding()"),
+                    )
+                )
+        else:
+            warnings.append(logfmt.OVERLAP_DISABLED_SPEC_V1)
+    steps, topk, tokens = (
+        flags.speculative_num_steps,
+        flags.speculative_eagle_topk,
+        flags.speculative_num_draft_tokens,
+    )
+    if steps is None:
+        auto = (
+            SPEC_AUTO_LLAMA if model.arch in ("LlamaForCausalLM", "Grok1ForCausalLM") else SPEC_AUTO
+        )
+        steps, topk, tokens = auto
+    topk = 1 if topk is None else topk
+    tokens = steps + 1 if tokens is None else tokens
+    if topk == 1 and tokens != steps + 1:
+        warnings.append(logfmt.DRAFT_TOKENS_ADJUSTED)
+        tokens = steps + 1
+    path = flags.speculative_draft_model_path
+    if path is None or Path(path) == Path(model.path):
+        if model.draft is None:
+            raise ConfigFailure(
+                logfmt.config_error(
+                    f"ValueError: {model.arch} has no draft head in its checkpoint: set "
+                    "--speculative-draft-model-path for speculative decoding."
+                )
+            )
+        draft = dict(model.draft)
+        arch = str(draft.pop("arch", model.arch + "NextN"))
+    else:
+        draft_model = load_model(path)
+        arch = draft_model.arch
+        draft = dict(draft_model.sim)
+    return Speculative(algo, steps, topk, tokens, mrr, arch, draft, tuple(warnings))
+
+
+@dataclass(frozen=True)
+class Hybrid:
+    """A hybrid model's Mamba settings as SGLang resolves them."""
+
+    strategy: str  # no_buffer, extra_buffer, extra_buffer_lazy
+    overlap: bool
+
+
+def resolve_hybrid(
+    flags: Flags, model: ModelSpec, d: Dialect, spec: Speculative | None
+) -> Hybrid | None:
+    """The Mamba radix-cache strategy, and the errors SGLang's server args raise for it in the
+    main process (ConfigFailure, exit 1): 0.5.10 ``_handle_mamba_radix_cache``, 0.5.23
+    ``_mamba_radix_cache_resolution`` and ``validate_mamba_no_buffer``."""
+    h = model.hybrid
+    if h is None:
+        return None
+    supports_extra = bool(h.get("extra_buffer", True))
+    strategy = flags.mamba_strategy
+    if not d.since(0, 5, 23):
+        strategy = "no_buffer" if strategy == "auto" else strategy
+        if flags.disable_radix_cache:
+            if strategy == "extra_buffer":
+                raise ConfigFailure(
+                    _args_error(
+                        d,
+                        "ValueError: mamba extra_buffer is not compatible with "
+                        "--disable-radix-cache Overlap scheduling is already supported with "
+                        "no_buffer + disable_radix_cache. Please use --mamba-scheduler-strategy "
+                        "no_buffer instead.",
+                        line=2167,
+                    )
+                )
+            return Hybrid(strategy, overlap=False)
+        if strategy == "no_buffer" and spec is not None:
+            raise ConfigFailure(_args_error(d, logfmt.spec_no_buffer_error(model.arch), line=2206))
+        return Hybrid(strategy, overlap=spec is None and strategy == "extra_buffer")
+    overlap = not flags.disable_overlap_schedule
+    if flags.disable_radix_cache:
+        return Hybrid(strategy if strategy != "auto" else "no_buffer", overlap)
+    if strategy == "auto":
+        if overlap and supports_extra:
+            strategy = "extra_buffer"
+        else:
+            strategy, overlap = "no_buffer", False
+    if strategy == "no_buffer" and overlap:
+        raise ConfigFailure(_mamba_hook_error(logfmt.NO_BUFFER_OVERLAP))
+    return Hybrid(strategy, overlap)
+
+
+def _args_error(d: Dialect, final: str, *, line: int) -> str:
+    return logfmt.server_args_error(
+        d,
+        final,
+        func="_handle_mamba_radix_cache",
+        line=line,
+        code="raise ValueError(",
+        via=(787, "self._handle_model_specific_adjustments()"),
+    )
+
+
+def _mamba_hook_error(final: str) -> str:
+    hooks = f"{logfmt.SGLANG_DIR}/srt/arg_groups"
+    return (
+        logfmt.traceback_text(
+            [
+                (
+                    f"{logfmt.SGLANG_DIR}/launch_server.py",
+                    24,
+                    "<module>",
+                    "server_args = prepare_server_args(sys.argv[1:])",
+                ),
+                (f"{hooks}/pipeline.py", 212, "run_post_processing", "hook(view)"),
+                (
+                    f"{hooks}/model_hook.py",
+                    1076,
+                    "_validate_mamba_strategy",
+                    "validate_mamba_no_buffer(view, hf_config.architectures[0])",
+                ),
+                (
+                    f"{hooks}/mamba_hook.py",
+                    158,
+                    "validate_mamba_no_buffer",
+                    "assert view.disable_overlap_schedule, (",
+                ),
+            ],
+            final,
+        )
+        + "\n"
     )
 
 
 def scenario_for(
-    model: ModelSpec, host: HostConfig, tp: int, other_used_gib: float, version: str
+    model: ModelSpec,
+    gpu_total_gib: float,
+    tp: int,
+    other_used_gib: float,
+    version: str,
+    *,
+    flags: Flags | None = None,
+    spec: Speculative | None = None,
+    hybrid: Hybrid | None = None,
 ) -> MemoryScenario:
-    """The memory scenario of one server of ``model`` at ``tp`` on ``host``."""
+    """The memory scenario of one server of ``model`` at ``tp`` on GPUs of ``gpu_total_gib``
+    (with ``flags``:
+    its chunk size, context length, request cap, graphs on/off, speculative decoding and
+    Mamba settings)."""
     s = model.sim
-    base = MemoryScenario(gpu_total_gib=host.gpu_total_gib, weights_gib=s["weights_gib"])
+    base = MemoryScenario(gpu_total_gib=gpu_total_gib, weights_gib=s["weights_gib"])
+    spec_s: SpecScenario | None = None
+    if spec is not None:
+        dr = spec.draft
+        spec_s = SpecScenario(
+            algorithm=spec.algorithm,
+            num_steps=spec.steps,
+            topk=spec.topk,
+            num_draft_tokens=spec.draft_tokens,
+            max_running_requests=spec.max_running_requests,
+            draft_weights_gib=float(dr.get("weights_gib", 0.0)) / tp,
+            draft_kv_gib_per_1k_tokens=float(dr.get("kv_gib_per_1k_tokens", 0.0)) / tp,
+            draft_graph_gib_per_token=float(dr.get("graph_gib_per_bs", 0.002)),
+            draft_graph_overhead_gib=float(dr.get("graph_overhead_gib", 0.005)),
+            draft_extend_graph=not (
+                version_tuple(version) >= (0, 5, 23)
+                and os.environ.get("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "").lower()
+                in ("1", "true")
+            ),
+        )
+    hybrid_s: HybridScenario | None = None
+    if hybrid is not None and model.hybrid is not None and flags is not None:
+        h = model.hybrid
+        ssm = float(h.get("ssm_gib_per_req", 0.0))
+        model_ssm_dtype = str(h.get("ssm_dtype", "float32"))
+        if flags.mamba_ssm_dtype in ("bfloat16", "float16") and model_ssm_dtype == "float32":
+            ssm /= 2
+        hybrid_s = HybridScenario(
+            conv_gib_per_req=float(h.get("conv_gib_per_req", 0.0)),
+            ssm_gib_per_req=ssm,
+            strategy=hybrid.strategy,
+            overlap=hybrid.overlap,
+            max_mamba_cache_size=flags.max_mamba_cache_size,
+            mamba_full_memory_ratio=flags.mamba_full_memory_ratio or 0.9,
+            disable_radix_cache=flags.disable_radix_cache,
+        )
     return MemoryScenario(
-        gpu_total_gib=host.gpu_total_gib,
+        gpu_total_gib=gpu_total_gib,
         weights_gib=s["weights_gib"],
         tp=tp,
         other_used_gib=other_used_gib,
@@ -336,7 +652,46 @@ def scenario_for(
         warmup_gib=s.get("warmup_gib", base.warmup_gib),
         shard_gib=s.get("shard_gib", base.shard_gib),
         sglang_version=version,
+        prefill_graph_gib=s.get("prefill_graph_gib", 0.0),
+        prefill_graph_overhead_gib=s.get("prefill_graph_overhead_gib", 0.0),
+        chunked_prefill_size=flags.chunked_prefill_size if flags is not None else None,
+        spec=spec_s,
+        hybrid=hybrid_s,
+        max_running_requests=(
+            spec.max_running_requests
+            if spec is not None
+            else (flags.max_running_requests if flags is not None else None)
+        ),
+        context_len=(
+            (flags.context_length if flags is not None else None) or model.max_position_embeddings
+        ),
+        capture_graphs=not (flags is not None and flags.disable_cuda_graph),
+        mla=model.mla,
     )
+
+
+def scenario_from_argv(
+    version: str, argv: Sequence[str], gpu_total_gib: float, other_used_gib: float = 0.0
+) -> tuple[MemoryScenario, LaunchParams]:
+    """The scenario and the (unresolved) params a sim server started with ``argv`` (SGLang
+    flags) under ``SGLANG_SIM_VERSION=version`` runs; for tests and benchmarks. Raises
+    ConfigFailure as the server would (exit 1); argparse errors exit 2."""
+    d = Dialect(version)
+    flags = Flags.parse(d, argv)
+    model = load_model(flags.model_path)
+    spec = resolve_speculative(flags, model, d) if flags.speculative_algorithm else None
+    hybrid = resolve_hybrid(flags, model, d, spec)
+    scenario = scenario_for(
+        model,
+        gpu_total_gib,
+        flags.tp,
+        other_used_gib,
+        version,
+        flags=flags,
+        spec=spec,
+        hybrid=hybrid,
+    )
+    return scenario, LaunchParams(flags.mem_fraction_static, flags.graph_bs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,6 +718,11 @@ class Rank:
         return sum(g for _, g in self.others)
 
 
+def role(pass_name: str) -> str:
+    """``target`` or ``draft``: the role word of a capture pass's lines."""
+    return pass_name.split("_", 1)[0]
+
+
 class Server:
     """One simulated server process. :meth:`run` plays the start-up and serves; the failure
     paths end the process the way SGLang does (they never return)."""
@@ -375,6 +735,8 @@ class Server:
         model: ModelSpec,
         plan: FaultPlan,
         log: LogWriter,
+        spec: Speculative | None = None,
+        hybrid: Hybrid | None = None,
     ) -> None:
         self.flags, self.d, self.host, self.model, self.plan, self.log = (
             flags,
@@ -384,6 +746,7 @@ class Server:
             plan,
             log,
         )
+        self.spec, self.hybrid = spec, hybrid
         self.pid = os.getpid()
         self.scale = host.time_scale
         self.context_len = flags.context_length or model.max_position_embeddings
@@ -393,7 +756,7 @@ class Server:
         self.ranks: list[Rank] = []
         self.registration: gpustate.Registration | None = None
         self.detokenizer: subprocess.Popen[bytes] | None = None
-        self.scenario = scenario_for(model, host, flags.tp, 0.0, d.version)
+        self.scenario = self._scenario(0.0)
         self.mfs, self.bs = self._resolve()
         self.trace: StartupTrace | None = None
         self.api_key = flags.api_key
@@ -415,10 +778,22 @@ class Server:
 
     # -- resolution -----------------------------------------------------------------------
 
+    def _scenario(self, other_used_gib: float) -> MemoryScenario:
+        return scenario_for(
+            self.model,
+            self.host.gpu_total_gib,
+            self.flags.tp,
+            other_used_gib,
+            self.d.version,
+            flags=self.flags,
+            spec=self.spec,
+            hybrid=self.hybrid,
+        )
+
     def _resolve(self) -> tuple[float, int]:
         f = self.flags
         mfs, bs = self.scenario.resolve(LaunchParams(f.mem_fraction_static, f.graph_bs))
-        if f.max_running_requests is not None:
+        if f.max_running_requests is not None and self.spec is None:
             bs = max(1, min(bs, f.max_running_requests))
         return mfs, bs
 
@@ -655,6 +1030,8 @@ class Server:
             log.record(
                 None, "--cuda-graph-max-bs is deprecated; use --cuda-graph-max-bs-decode.", WARNING
             )
+        for warning in self.spec.warnings if self.spec is not None else ():
+            log.record(None, warning, WARNING)
         log.record(
             None, "Using default HuggingFace chat template with detected content format: string"
         )
@@ -662,10 +1039,20 @@ class Server:
         self._spawn()
         self._init_phase()
         self._weights_phase()
+        draft_after_target = self.spec is not None and not self.scenario.new_order
+        if self.spec is not None and self.scenario.new_order:
+            self._draft_weights_phase()
         self._kv_phase()
-        self._graph_phase()
+        self._graph_phase(self._trace().passes if not draft_after_target else self._target_passes())
+        if draft_after_target:
+            self._draft_weights_phase()
+            self._draft_kv_phase()
+            self._graph_phase([p for p in self._trace().passes if p.draft])
         self._summary()
         return self._serve()
+
+    def _target_passes(self) -> list[PassTrace]:
+        return [p for p in self._trace().passes if not p.draft]
 
     def _spawn(self) -> None:
         f = self.flags
@@ -701,11 +1088,7 @@ class Server:
             held.setdefault(p.gpu, []).append((p.pid, p.used_gib))
         for r in self.ranks:
             r.others = held.get(r.phys, []) if r.phys is not None else []
-        self.scenario = scenario_for(
-            self.model, self.host, self.flags.tp, self.busiest.others_gib, d.version
-        )
-        if self.flags.disable_cuda_graph:
-            self.scenario = replace(self.scenario, graph_gib_per_bs=0.0, graph_overhead_gib=0.0)
+        self.scenario = self._scenario(self.busiest.others_gib)
         self.trace = trace = simulate(self.scenario, LaunchParams(self.mfs, self.bs))
         for r in self.ranks:
             log.record(r.label, logfmt.init_begin(d))
@@ -809,6 +1192,76 @@ class Server:
         dtype = self.model.torch_dtype if self.flags.dtype == "auto" else self.flags.dtype
         return "torch." + {"half": "float16", "float": "float32"}.get(dtype, dtype)
 
+    def _draft_weights_phase(self) -> None:
+        """The draft model's weight load (0.5.23: right after the target's; up to 0.5.15: after
+        the target's graphs), printed by every rank with the draft's class."""
+        d, log, trace, spec = self.d, self.log, self._trace(), self.spec
+        assert spec is not None
+        duration = self._enter(Phase.WEIGHTS) * DRAFT_WEIGHTS_SHARE
+        begin = trace.draft_begin_free_gib or 0.0
+        for r in self.ranks:
+            log.record(
+                r.label, f"Load weight begin. avail mem={logfmt.gb(self._avail(r, begin))} GB"
+            )
+        self._due()
+        self._wait(duration)
+        fail = trace.failure
+        if fail is not None and fail.draft and fail.phase is Phase.WEIGHTS:
+            r = self.busiest
+            tb = logfmt.traceback_text(
+                logfmt.weights_frames(d), self._oom(r, fail.tried_gib or 0.0, fail.free_gib or 0.0)
+            )
+            self._scheduler_crash(r, tb)
+        gib = self.scenario.spec.draft_weights_gib if self.scenario.spec is not None else 0.0
+        self._allocate(gib)
+        after = trace.draft_post_weights_free_gib or 0.0
+        for r in self.ranks:
+            log.record(
+                r.label,
+                logfmt.weight_end(
+                    d,
+                    elapsed_s=self._nominal(Phase.WEIGHTS) * DRAFT_WEIGHTS_SHARE,
+                    arch=spec.draft_arch,
+                    dtype=self._dtype(),
+                    quant=self.flags.quantization,
+                    avail_gib=self._avail(r, after),
+                    usage_gib=gib,
+                ),
+            )
+
+    def _draft_kv_phase(self) -> None:
+        """Up to 0.5.15 the draft's own pool, with the target's #tokens, from the headroom."""
+        trace = self._trace()
+        self._enter(Phase.KV_CACHE)
+        fail = trace.failure
+        if fail is not None and fail.draft and fail.phase is Phase.KV_CACHE:
+            r = self.busiest
+            tb = logfmt.traceback_text(
+                logfmt.kv_frames(self.d, value_error=False),
+                self._oom(r, fail.tried_gib or 0.0, fail.free_gib or 0.0),
+            )
+            self._scheduler_crash(r, tb)
+        self._draft_pool_lines()
+
+    def _draft_pool_lines(self) -> None:
+        log, trace = self.log, self._trace()
+        pool = trace.draft_kv_pool_gib or 0.0
+        for r in self.ranks:
+            log.record(
+                r.label,
+                logfmt.kv_allocated(
+                    self.d,
+                    tokens=trace.kv_tokens or 0,
+                    pool_gib=pool,
+                    dtype=self._kv_dtype(),
+                    mla=self.model.mla,
+                ),
+            )
+        self._allocate(pool)
+        for r in self.ranks:
+            avail = self._avail(r, trace.draft_pool_end_free_gib or 0.0)
+            log.record(r.label, f"Memory pool end. avail mem={logfmt.gb(avail)} GB")
+
     def _kv_phase(self) -> None:
         d, log, trace = self.d, self.log, self._trace()
         duration = self._enter(Phase.KV_CACHE)
@@ -818,135 +1271,223 @@ class Server:
         self._due()
         self._wait(duration)
         fail = trace.failure
-        if fail is not None and fail.phase is Phase.KV_CACHE:
-            pool = trace.kv_pool_gib or 0.0
-            value_error = d.since(0, 5, 23) and pool <= 0
-            if value_error:
-                # SGLang states the fraction at which the pool would be 0 (not the minimum
-                # token count): 1 - available/pre.
-                stated = 1 - (trace.post_weights_free_gib or 0.0) / trace.pre_load_free_gib
-                final = "ValueError: " + logfmt.weights_leave_no_kv(self.mfs, stated)
-            else:
-                final = "RuntimeError: " + logfmt.not_enough_memory(d, self.mfs)
-            tb = logfmt.traceback_text(logfmt.kv_frames(d, value_error=value_error), final)
-            self._scheduler_crash(self.ranks[0], tb)
+        if fail is not None and fail.phase is Phase.KV_CACHE and not fail.draft:
+            self._kv_failure(fail)
         self._due(final=True)
+        mamba = trace.mamba
+        # resolve_max_num_reqs runs before the pools are built.
+        if trace.mamba_capped and mamba is not None and self.scenario.hybrid is not None:
+            for r in self.ranks:
+                log.record(
+                    r.label,
+                    logfmt.mamba_capped_warning(
+                        cap=trace.max_running_requests or 0,
+                        size=mamba.max_mamba_cache_size,
+                        ratio=self.scenario.hybrid.ratio(),
+                    ),
+                    WARNING,
+                )
+        if mamba is not None:
+            for r in self.ranks:
+                log.record(
+                    r.label,
+                    logfmt.mamba_allocated(
+                        size=mamba.max_mamba_cache_size,
+                        conv_gib=mamba.conv_gib,
+                        ssm_gib=mamba.ssm_gib,
+                        intermediate_ssm_gib=mamba.intermediate_ssm_gib,
+                        intermediate_conv_gib=mamba.intermediate_conv_gib,
+                    ),
+                )
+            self._allocate(mamba.total_gib)
         tokens = trace.kv_tokens or 0
         pool = trace.kv_pool_gib or 0.0
         for r in self.ranks:
             log.record(
                 r.label,
-                logfmt.kv_allocated(d, tokens=tokens, pool_gib=pool, dtype=self._kv_dtype()),
+                logfmt.kv_allocated(
+                    d, tokens=tokens, pool_gib=pool, dtype=self._kv_dtype(), mla=self.model.mla
+                ),
             )
         self._allocate(pool)
         for r in self.ranks:
             avail = self._avail(r, trace.pool_end_free_gib or 0.0)
             log.record(r.label, f"Memory pool end. avail mem={logfmt.gb(avail)} GB")
+        if self.spec is not None and self.scenario.new_order:
+            self._draft_pool_lines()
+
+    def _kv_failure(self, fail: Failure) -> NoReturn:
+        d, trace = self.d, self._trace()
+        frames = logfmt.kv_frames(d, value_error=False)
+        if fail.kind in ("hybrid_state_memory", "hybrid_too_small"):
+            detail = fail.detail
+            if fail.kind == "hybrid_state_memory":
+                final = logfmt.hybrid_state_memory_error(
+                    size=int(detail["max_mamba_cache_size"]),
+                    rest_gib=detail["total_rest_gib"],
+                    per_req_mib=detail["per_req_gib"] * 1024,
+                )
+                line, func = 3394, "_handle_max_mamba_cache"
+            else:
+                final = logfmt.hybrid_too_small_error(
+                    size=int(detail["max_mamba_cache_size"]),
+                    ratio=int(detail["mamba_ratio"]),
+                    reqs=int(detail["max_num_reqs"]),
+                )
+                line, func = 3154, "resolve_max_num_reqs"
+            frames = [
+                *frames[:-1],
+                (
+                    f"{logfmt.SGLANG_DIR}/srt/mem_cache/kv_cache_configurator.py",
+                    line,
+                    func,
+                    "raise RuntimeError(",
+                ),
+            ]
+            self._scheduler_crash(self.ranks[0], logfmt.traceback_text(frames, final))
+        pool = trace.kv_pool_gib or 0.0
+        value_error = d.since(0, 5, 23) and pool <= 0
+        if value_error:
+            # SGLang states the fraction at which the pool would be 0 (not the minimum
+            # token count): 1 - available/pre.
+            # 0.5.23 measures after the draft's weights too ("draft weights are now counted").
+            available = trace.draft_post_weights_free_gib or trace.post_weights_free_gib or 0.0
+            stated = 1 - available / trace.pre_load_free_gib
+            final = "ValueError: " + logfmt.weights_leave_no_kv(self.mfs, stated)
+        else:
+            final = "RuntimeError: " + logfmt.not_enough_memory(d, self.mfs)
+        tb = logfmt.traceback_text(logfmt.kv_frames(d, value_error=value_error), final)
+        self._scheduler_crash(self.ranks[0], tb)
 
     def _kv_dtype(self) -> str:
         kv = self.flags.kv_cache_dtype
         return self._dtype() if kv == "auto" else f"torch.{kv}"
 
-    def _graph_phase(self) -> None:
-        if self.flags.disable_cuda_graph:
+    def _graph_phase(self, passes: list[PassTrace]) -> None:
+        """Play capture passes in order: each one's begin line (its own avail mem), its bar,
+        its end line; the failing pass ends in SGLang's capture failure."""
+        if not passes:
             return
-        d, log, trace = self.d, self.log, self._trace()
         duration = self._enter(Phase.CUDA_GRAPH)
         nominal = self._nominal(Phase.CUDA_GRAPH)
-        pool_end = trace.pool_end_free_gib or 0.0
-        if d.since(0, 5, 23):
-            self._prefill_graphs(duration * PREFILL_GRAPH_SHARE, nominal * PREFILL_GRAPH_SHARE)
-            duration *= 1 - PREFILL_GRAPH_SHARE
-            nominal *= 1 - PREFILL_GRAPH_SHARE
-        bs_list = capture_bs_list(self.bs)
-        for r in self.ranks:
-            for line in logfmt.graph_begin(d, bs=bs_list, avail_gib=self._avail(r, pool_end)):
-                log.record(r.label, line)
+        share = 1 / len(passes)
         self._due()
-        allocs = self.scenario.graph_allocations(self.bs)
-        weights = [
-            TORCH_COMPILE_SLOWDOWN
-            if self.flags.enable_torch_compile and b <= self.flags.torch_compile_max_bs
-            else 1.0
-            for b, _ in allocs
-        ]
-        # Steps that also compile (torch.compile) take longer: the phase grows with them.
-        unit = duration / len(weights)
-        unit_nominal = nominal / len(weights)
-        total = len(allocs)
+        for p in passes:
+            self._capture_pass(p, duration * share, nominal * share)
+        self._due(final=True)
+
+    def _capture_pass(self, p: PassTrace, duration: float, nominal: float) -> None:
+        d, log, trace = self.d, self.log, self._trace()
         first = self.ranks[0]
+        prefill = p.name in ("target_prefill", "draft_prefill")
+        # 0.5.23 logs draft decode/extend on rank 0 only (log_info_on_rank0); its prefill
+        # capture and everything up to 0.5.15 log on every rank.
+        ranks = [first] if p.draft and not prefill and d.since(0, 5, 23) else self.ranks
+        verify = p.name == "target_verify"
+        passes = self.scenario.graph_passes(self.bs, trace.max_running_requests)
+        gp = next(g for g in passes if g.name == p.name)
+        for r in ranks:
+            avail = self._avail(r, p.begin_free_gib)
+            if prefill:
+                lines = [
+                    logfmt.prefill_graph_begin(tokens=p.sizes, avail_gib=avail, role=role(p.name))
+                ]
+            elif p.draft:
+                lines = [
+                    logfmt.draft_graph_begin(
+                        d, p.name, bs=p.sizes, tokens_per_req=p.tokens_per_req, avail_gib=avail
+                    )
+                ]
+            else:
+                lines = logfmt.graph_begin(
+                    d, bs=p.sizes, avail_gib=avail, tokens_per_req=p.tokens_per_req, verify=verify
+                )
+                if not d.since(0, 5, 15) and r is not first:
+                    lines = lines[:1]  # "Capture cuda graph bs [...]" is rank 0 only
+            for line in lines:
+                log.record(r.label, line)
+        compile_weights = [
+            TORCH_COMPILE_SLOWDOWN
+            if self.flags.enable_torch_compile
+            and not prefill
+            and b <= self.flags.torch_compile_max_bs
+            else 1.0
+            for b, _ in gp.allocations
+        ]
+        unit = duration / len(compile_weights)
+        unit_nominal = nominal / len(compile_weights)
+        total = len(gp.allocations)
         elapsed = 0.0
         desc = ""
         log.bar(logfmt.progress_bar(None, 0, total, 0.0))
         fail = trace.failure
-        for i, (b, free) in enumerate(trace.graph_steps):
-            desc = f"Capturing batches (bs={b} avail_mem={logfmt.gb(self._avail(first, free))} GB)"
+        failing = fail is not None and fail.graph_pass == p.name
+        for i, (b, free) in enumerate(p.steps):
+            shown = logfmt.gb(self._avail(first, free))
+            desc = (
+                f"Capturing prefill shape (num_tokens={b} avail_mem={shown} GB)"
+                if prefill
+                else f"Capturing batches (bs={b} avail_mem={shown} GB)"
+            )
             log.bar(logfmt.progress_bar(desc, i, total, elapsed))
-            self._wait(unit * weights[i])
-            elapsed += unit_nominal * weights[i]
-            if fail is not None and fail.phase is Phase.CUDA_GRAPH and fail.step == i:
+            self._wait(unit * compile_weights[i])
+            elapsed += unit_nominal * compile_weights[i]
+            if failing and fail is not None and fail.step == i:
                 log.end_bar()
-                self._capture_oom(fail.tried_gib or 0.0, fail.free_gib or 0.0)
-            self._allocate(allocs[i][1], graph=True)
+                self._capture_oom(p.name, fail.tried_gib or 0.0, fail.free_gib or 0.0)
+            self._allocate(gp.allocations[i][1], graph=True)
             log.bar(logfmt.progress_bar(desc, i + 1, total, elapsed))
         log.bar(logfmt.progress_bar(desc, total, total, elapsed), close=True)
-        self._due(final=True)
-        end = trace.graph_end_free_gib or 0.0
-        for r in self.ranks:
-            log.record(
-                r.label,
-                logfmt.graph_end(
+        end = p.end_free_gib or 0.0
+        usage = p.mem_gib or 0.0
+        for r in ranks:
+            avail = self._avail(r, end)
+            if prefill:
+                line = logfmt.prefill_graph_end(
+                    elapsed_s=elapsed, usage_gib=usage, avail_gib=avail, role=role(p.name)
+                )
+            elif p.draft:
+                line = logfmt.draft_graph_end(
+                    d, p.name, elapsed_s=elapsed, usage_gib=usage, avail_gib=avail
+                )
+            else:
+                line = logfmt.graph_end(
                     d,
-                    bs=bs_list,
+                    bs=p.sizes,
                     elapsed_s=elapsed,
-                    usage_gib=trace.graph_mem_gib or 0.0,
-                    avail_gib=self._avail(r, end),
-                ),
-            )
+                    usage_gib=usage,
+                    avail_gib=avail,
+                    verify=verify,
+                )
+            log.record(r.label, line)
 
-    def _prefill_graphs(self, duration: float, nominal: float) -> None:
-        """0.5.23 captures prefill graphs first (the memory model gives them no memory)."""
-        log, trace = self.log, self._trace()
-        tokens = logfmt.prefill_graph_tokens(self.chunk)
-        pool_end = trace.pool_end_free_gib or 0.0
-        for r in self.ranks:
-            log.record(
-                r.label,
-                "Capture target prefill CUDA graph begin. backend=breakable, "
-                f"num_tokens={tokens}, avail mem={logfmt.gb(self._avail(r, pool_end))} GB",
-            )
-        avail0 = logfmt.gb(self._avail(self.ranks[0], pool_end))
-        log.bar(logfmt.progress_bar(None, 0, len(tokens), 0.0))
-        desc = ""
-        for i, n in enumerate(tokens):
-            desc = f"Capturing prefill shape (num_tokens={n} avail_mem={avail0} GB)"
-            log.bar(logfmt.progress_bar(desc, i, len(tokens), nominal * i / len(tokens)))
-            self._wait(duration / len(tokens))
-        log.bar(logfmt.progress_bar(desc, len(tokens), len(tokens), nominal), close=True)
-        for r in self.ranks:
-            log.record(
-                r.label,
-                f"Capture target prefill CUDA graph end. num_tokens={tokens}, "
-                f"elapsed={nominal:.2f} s, mem usage=0.00 GB, "
-                f"avail mem={logfmt.gb(self._avail(r, pool_end))} GB.",
-            )
-
-    def _capture_oom(self, tried: float, free: float) -> NoReturn:
+    def _capture_oom(self, name: str, tried: float, free: float) -> NoReturn:
         d = self.d
         r = self.busiest
         oom = self._oom(r, tried, free)
-        inner = logfmt.traceback_text(logfmt.capture_inner_frames(d), oom)
+        if name in ("target_prefill", "draft_prefill"):
+            # The breakable prefill backend logs and re-raises torch's error unwrapped.
+            frames = [*logfmt.capture_outer_frames(d)[:-1], *logfmt.capture_inner_frames(d)[1:]]
+            self._scheduler_crash(r, logfmt.traceback_text(frames, oom))
+        if name.startswith("draft"):
+            inner_frames = logfmt.draft_capture_inner_frames(d, name)
+            outer_frames = logfmt.draft_capture_outer_frames(d, name)
+        else:
+            inner_frames = logfmt.capture_inner_frames(d)
+            outer_frames = logfmt.capture_outer_frames(d)
+        inner = logfmt.traceback_text(inner_frames, oom)
         outer = logfmt.traceback_text(
-            logfmt.capture_outer_frames(d),
-            "Exception: " + logfmt.capture_failed(d, oom.split(": ", 1)[1]),
+            outer_frames, "Exception: " + logfmt.capture_failed(d, oom.split(": ", 1)[1])
         )
         self._scheduler_crash(r, logfmt.chained(inner, outer))
 
     def _summary(self) -> None:
         trace = self._trace()
         tokens = trace.kv_tokens or 0
-        mrr = self.flags.max_running_requests or min(
-            max(int(tokens / self.context_len * 512), 2048), 4096
+        mrr = (
+            trace.max_running_requests
+            or self.flags.max_running_requests
+            or min(max(int(tokens / self.context_len * 512), 2048), 4096)
         )
         end = trace.graph_end_free_gib or trace.pool_end_free_gib or 0.0
         for r in self.ranks:
@@ -1242,9 +1783,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigFailure(logfmt.no_accelerator_error())
         model = load_model(flags.model_path)
         _check_context_length(flags, model)
+        spec = resolve_speculative(flags, model, d) if flags.speculative_algorithm else None
+        hybrid = resolve_hybrid(flags, model, d, spec)
     except ConfigFailure as exc:
         return _fail(exc.text)
-    return Server(flags, d, host, model, plan, log).run()
+    return Server(flags, d, host, model, plan, log, spec=spec, hybrid=hybrid).run()
 
 
 def _check_context_length(flags: Flags, model: ModelSpec) -> None:

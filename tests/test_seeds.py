@@ -1,0 +1,206 @@
+"""The three deployments of shared/seeds/ end to end: launcher supervising the simulated SGLang
+host with the seeds' hardware and numbers, on SGLang 0.5.10 and 0.5.23.
+
+- DeepSeek-V4-Flash with MTP (EAGLE 1/1/2), tp 4 on RTX PRO 6000 (94.97 GiB), 0.70 / graph bs 32
+  (seeds 000-002): the seeds' capture OOM ("Tried to allocate 7.50 GiB ... 2.30 GiB is free ...
+  this process has 92.67 GiB memory in use"), then ready within 3 attempts, the MTP parameters
+  never changed.
+- Kimi-K2.5 with an EAGLE-3 draft, tp 8 (seed 003): a capture OOM at 0.92 / bs 128, then ready.
+- Qwen3.6-27B hybrid with MTP (seed 004): 0.5.10's spec + no_buffer ValueError (0.5.23: its
+  no_buffer assertion) gives the exact fix; with ``[policy] apply_prescribed_fixes`` it is
+  applied once and the server comes up.
+
+The expected outcomes come from the seeds and the issue (launcher issue 9), not from what
+launcher's classifier or policy say.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.lifecycle import State
+from tests.simhost import model_dir
+from tests.supervise import SimSetup, ready_or_done, supervise
+
+pytestmark = pytest.mark.timeout(90)
+
+PRO6000 = 94.97
+VERSIONS = ("0.5.10", "0.5.23")
+MTP_FLAGS = {
+    "--speculative-algorithm": "EAGLE",
+    "--speculative-num-steps": "1",
+    "--speculative-eagle-topk": "1",
+    "--speculative-num-draft-tokens": "2",
+}
+EAGLE3_FLAGS = {
+    "--speculative-algorithm": "EAGLE3",
+    "--speculative-draft-model-path": str(model_dir("kimi-k2.5-eagle3-sim")),
+    "--speculative-num-steps": "3",
+    "--speculative-eagle-topk": "1",
+    "--speculative-num-draft-tokens": "4",
+}
+QWEN_MTP_FLAGS = {
+    "--speculative-algorithm": "NEXTN",
+    "--speculative-num-steps": "3",
+    "--speculative-eagle-topk": "1",
+    "--speculative-num-draft-tokens": "4",
+}
+
+
+def _args(flags: dict[str, str]) -> list[str]:
+    return [word for pair in flags.items() for word in pair]
+
+
+def _flag(cmd: str, flag: str) -> str | None:
+    words = shlex.split(cmd)
+    return words[words.index(flag) + 1] if flag in words else None
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[SimSetup]:
+    """Eight RTX PRO 6000s (94.97 GiB each), as in the seeds."""
+    setup = SimSetup.create(tmp_path, gpu_count=8, gpu_total_gib=PRO6000)
+    try:
+        yield setup
+    finally:
+        setup.cleanup()
+
+
+def _server(version: str, flags: dict[str, str]) -> dict[str, Any]:
+    """The [[servers]] keys of a seed deployment on the simulated ``version``."""
+    return {
+        "sglang_version": version,
+        "extra_args": _args(flags),
+        "env": {"SGLANG_SIM_VERSION": version},
+    }
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+async def test_deepseek_mtp_capture_oom_then_ready_with_mtp_unchanged(
+    rig: SimSetup, version: str
+) -> None:
+    """The seeds' OOM text on attempt 1, ready by attempt 3, steps/topk/draft tokens as set."""
+    config = rig.config(
+        model="deepseek-v4-flash-sim",
+        tp=4,
+        mem_fraction_static=0.70,
+        cuda_graph_max_bs=32,
+        server=_server(version, MTP_FLAGS),
+    )
+    result = await supervise(config, until=ready_or_done, timeout=80)
+    rec = result.events
+    assert State.READY == result.supervisor.state, rec.summary()
+    failed = rec.of("attempt.failed")
+    assert failed and "oom_graph_capture" == failed[0]["outcome"]
+    assert (7.5, 2.3, 94.97) == (
+        failed[0]["numbers"]["tried_gib"],
+        failed[0]["numbers"]["free_gib"],
+        failed[0]["numbers"]["total_gib"],
+    )
+    log1 = rig.log(1)
+    assert (
+        "Tried to allocate 7.50 GiB. GPU 0 has a total capacity of 94.97 GiB of which 2.30 GiB is "
+        "free. Including non-PyTorch memory, this process has 92.67 GiB memory in use."
+    ) in log1
+    attempts = rig.attempts()
+    assert len(attempts) <= 3, rec.summary()
+    for attempt in attempts:
+        cmd = rig.cmd(attempt)
+        assert {f: _flag(cmd, f) for f in MTP_FLAGS} == MTP_FLAGS, cmd
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+async def test_kimi_eagle3_capture_oom_then_ready(rig: SimSetup, version: str) -> None:
+    """The EAGLE-3 launch at 0.92 / bs 128 OOMs capturing graphs, then comes up; the draft and
+    its parameters are kept."""
+    config = rig.config(
+        model="kimi-k2.5-sim",
+        tp=8,
+        mem_fraction_static=0.92,
+        cuda_graph_max_bs=128,
+        server=_server(version, EAGLE3_FLAGS),
+    )
+    result = await supervise(config, until=ready_or_done, timeout=80)
+    rec = result.events
+    assert State.READY == result.supervisor.state, rec.summary()
+    failed = rec.of("attempt.failed")
+    assert failed and "oom_graph_capture" == failed[0]["outcome"]
+    assert "type=LlamaForCausalLMEagle3," in rig.log(1)
+    for attempt in rig.attempts():
+        cmd = rig.cmd(attempt)
+        assert {f: _flag(cmd, f) for f in EAGLE3_FLAGS} == EAGLE3_FLAGS, cmd
+
+
+def _qwen(rig: SimSetup, version: str, policy: dict[str, Any] | None = None) -> Any:
+    flags = dict(QWEN_MTP_FLAGS)
+    if version == "0.5.23":
+        # As the seeds' launch written in 0.5.23's dialect: no_buffer, overlap left on.
+        flags["--mamba-radix-cache-strategy"] = "no_buffer"
+    return rig.config(
+        model="qwen3.6-27b-sim",
+        tp=1,
+        mem_fraction_static=0.90,
+        server=_server(version, flags),
+        policy=policy,
+    )
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+async def test_qwen_hybrid_no_buffer_error_names_the_exact_fix(rig: SimSetup, version: str) -> None:
+    """The no_buffer error stops the server after one attempt; the give-up carries the fix in
+    the server's own dialect: 0.5.10 extra_buffer plus SGLANG_ENABLE_SPEC_V2=1, 0.5.23 the
+    renamed strategy flag and no removed environment variable."""
+    result = await supervise(_qwen(rig, version), until=ready_or_done, timeout=60)
+    rec = result.events
+    assert State.GAVE_UP == result.supervisor.state, rec.summary()
+    assert [1] == rig.attempts()
+    log1 = rig.log(1)
+    if version == "0.5.10":
+        assert "--mamba-scheduler-strategy no_buffer.To use radix cache" in log1
+    else:
+        assert "AssertionError: no_buffer do not support overlap schedule." in log1
+    [gave_up] = rec.of("server.gave_up")
+    reason = str(gave_up["reason"])
+    # The fix as a TOML change to the server's table, as an extra_args pair or a typed key (the
+    # raw error text alone does not do: it writes SGLANG_ENABLE_SPEC_V2=1 and
+    # disable_overlap_schedule=True).
+    if version == "0.5.10":
+        assert re.search(
+            r'"--mamba-scheduler-strategy", "extra_buffer"'
+            r'|mamba_scheduler_strategy = "extra_buffer"',
+            reason,
+        ), reason
+        assert 'SGLANG_ENABLE_SPEC_V2 = "1"' in reason, reason
+    else:
+        assert "SGLANG_ENABLE_SPEC_V2" not in reason
+        assert re.search(
+            r'"--mamba-radix-cache-strategy", "extra_buffer"'
+            r'|mamba_radix_cache_strategy = "extra_buffer"|"--disable-overlap-schedule"',
+            reason,
+        ), reason
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+async def test_qwen_hybrid_prescribed_fix_applied_once_then_ready(
+    rig: SimSetup, version: str
+) -> None:
+    """With ``apply_prescribed_fixes``, launcher applies the error's fix once and the second
+    attempt is ready; MTP parameters unchanged."""
+    config = _qwen(rig, version, policy={"apply_prescribed_fixes": True})
+    result = await supervise(config, until=ready_or_done, timeout=60)
+    rec = result.events
+    assert State.READY == result.supervisor.state, rec.summary()
+    assert [1, 2] == rig.attempts()
+    cmd = rig.cmd(2)
+    for f, v in QWEN_MTP_FLAGS.items():
+        assert v == _flag(cmd, f), cmd
+    if version == "0.5.10":
+        assert "extra_buffer" == _flag(cmd, "--mamba-scheduler-strategy")
+    else:
+        assert "--mamba-scheduler-strategy" not in shlex.split(cmd)
