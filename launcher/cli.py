@@ -331,6 +331,7 @@ async def _up(config: Config, servers: list[ServerConfig], secrets: dict[str, di
     secret_values = [v for env in secrets.values() for v in env.values()]
     notifier = SlackNotifier(
         webhook, secrets=secret_values,
+        announce_adoption=(config.slack or SlackConfig()).announce_adoption,
         servers_info={s.name: ServerInfo(host=s.host, model=s.served_model_name or s.model_path)
                       for s in servers})
     code = 1

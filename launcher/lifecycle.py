@@ -103,6 +103,7 @@ class Adopted:
     pid: int
     attempt: int
     params: LaunchParams
+    started_wall: float | None = None  # when the attempt was launched (epoch s), if known
 
 
 @dataclass(frozen=True)
@@ -272,6 +273,8 @@ class ServerMachine:
     params: LaunchParams | None = None  # params of the current / last attempt
     last_good: LaunchParams | None = None  # params that reached ready
     history: list[AttemptRecord] = field(default_factory=list)
+    history_attempts: list[int] = field(default_factory=list)  # attempt number per record
+    adopted: bool = False  # the current attempt was adopted, not launched by this machine
     reason: str = ""  # why it gave up / stopped
     pid: int | None = None
     ready_line: bool = False
@@ -357,10 +360,12 @@ class ServerMachine:
         self.started_at = self.attempt_started_at = now
         self.state = State.INIT
         self._reset_attempt()
+        self.adopted = True
         return [
             Emit(
                 "server.adopted",
-                {"pid": event.pid, "attempt": event.attempt, "params": _pdict(event.params)},
+                {"pid": event.pid, "attempt": event.attempt, "params": _pdict(event.params),
+                 "started_at": event.started_wall},
             )
         ]
 
@@ -509,6 +514,7 @@ class ServerMachine:
         self.attempt += 1
         self.state = State.LAUNCHING
         self.attempt_started_at = now
+        self.adopted = False
         self._reset_attempt()
         return [
             Emit("attempt.started", {"attempt": self.attempt, "params": _pdict(self.params)}),
@@ -521,15 +527,24 @@ class ServerMachine:
         self.ready_at = now
         self.last_good = self.params
         self.restart.on_healthy(now)
+        # ``attempt`` is the host's attempt number, the one every view uses (run directory,
+        # ledger row, status, Slack); ``attempts`` only counts this supervision's attempts.
+        # An adopted attempt that turns out ready was not brought up by us: how long it took
+        # is not known here (``seconds`` None), and it is no fresh "ready".
         elapsed = now - (self.started_at if self.started_at is not None else now)
+        attempt_elapsed = now - (
+            self.attempt_started_at if self.attempt_started_at is not None else now)
         return [
             Emit(
                 "server.ready",
                 {
+                    "attempt": self.attempt,
                     "attempts": self.attempt - self.attempt_base,
-                    "seconds": round(elapsed, 2),
+                    "seconds": None if self.adopted else round(elapsed, 2),
+                    "attempt_seconds": None if self.adopted else round(attempt_elapsed, 2),
+                    "adopted": self.adopted,
                     "params": _pdict(self.params),
-                    "history": [_rdict(r) for r in self.history],
+                    "history": self._history_dicts(),
                 },
             )
         ]
@@ -538,6 +553,7 @@ class ServerMachine:
         """Record the attempt's failure and start cleaning up."""
         assert self.params is not None
         self.history.append(AttemptRecord(self.params, diag.outcome, diag.phase, diag.numbers))
+        self.history_attempts.append(self.attempt)
         self._pending = diag
         after_ready = self.was_ready
         self.state = State.CLEANING_UP
@@ -603,11 +619,16 @@ class ServerMachine:
                 "server.gave_up",
                 {
                     "reason": reason,
+                    "attempt": self.attempt,
                     "attempts": self.attempt - self.attempt_base,
-                    "history": [_rdict(r) for r in self.history],
+                    "history": self._history_dicts(),
                 },
             )
         ]
+
+    def _history_dicts(self) -> list[dict[str, Any]]:
+        return [_rdict(r) | {"attempt": n}
+                for r, n in zip(self.history, self.history_attempts, strict=True)]
 
     def _stop(self, event: StopRequested, now: float) -> list[Action]:
         self.reason = "stop requested"

@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -294,9 +295,22 @@ class ServerSupervisor:
         if handle is None:
             return None
         params = await self._params_of(handle)
+        launched = await self._launched_at(handle)
         self._attempt = _Attempt(handle=handle, last_advance=self.clock())
+        if launched is not None:
+            self._attempt.started_wall = launched
         self._start_attempt_tasks(self._attempt)
-        return Adopted(pid=handle.pid, attempt=handle.attempt, params=params)
+        return Adopted(pid=handle.pid, attempt=handle.attempt, params=params,
+                       started_wall=launched)
+
+    async def _launched_at(self, handle: remote.RunHandle) -> float | None:
+        """When an adopted attempt was launched (its run directory's ``started_at``)."""
+        try:
+            res = await self.transport.run(["cat", f"{handle.dir}/started_at"], timeout=10)
+            stamp = datetime.fromisoformat(res.stdout.decode().strip())
+        except (LauncherError, ValueError):
+            return None
+        return stamp.timestamp() if res.ok else None
 
     async def _latest_attempt(self) -> int:
         try:
