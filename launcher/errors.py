@@ -10,6 +10,7 @@
     │   ├── AuthenticationFailed       wrong user key (fatal at once)
     │   └── HostKeyError               unknown or changed host key (fatal at once)
     ├── RemoteCommandError             a remote command exited non-zero
+    │   └── CommandTimedOut            it did not finish in time (transient: retried)
     ├── PreflightError                 GPUs / port / model path not usable for a launch
     ├── StateError                     the attempt ledger / state dir (lock held, corrupt)
     └── IllegalTransition              the start-up state machine got an impossible event
@@ -90,6 +91,19 @@ class RemoteCommandError(LauncherError):
         self.exit_status = exit_status
         self.stderr = stderr
         super().__init__(message, remedy=remedy)
+
+
+class CommandTimedOut(RemoteCommandError):
+    """A command on a host did not finish within its timeout and was stopped. Transient: a
+    loaded host (or a loaded launcher) answers the next time."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says "the host could not be asked right now", so asking again later
+    may succeed: HostUnreachable (refused, timed out, lost), CommandTimedOut, and a plain
+    TransportError (the host refused a session, e.g. sshd's MaxSessions, or a jump host
+    hiccup). Never AuthenticationFailed or HostKeyError, nor a command's own failure."""
+    return isinstance(exc, HostUnreachable | CommandTimedOut) or type(exc) is TransportError
 
 
 class PreflightError(LauncherError):

@@ -33,6 +33,7 @@ class State(enum.StrEnum):
     """Where one server's supervision is. Values are stable (status output, metrics)."""
 
     IDLE = "idle"  # not started yet
+    UNKNOWN = "unknown"  # whether it runs cannot be told (its attempts could not be listed)
     PREFLIGHT = "preflight"  # checking GPUs, port, model path before an attempt
     LAUNCHING = "launching"  # the launch command is running on the host
     INIT = "init"  # process up, distributed init
@@ -74,6 +75,14 @@ _PHASE_STATE = {
 @dataclass(frozen=True)
 class Start:
     """Begin supervising (first preflight)."""
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """The host's attempts of this server could not be listed: it may be running, so nothing
+    may be launched (a second copy) until a listing succeeds."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -184,6 +193,7 @@ class StopRequested:
 
 Event = (
     Start
+    | Unknown
     | PreflightPassed
     | PreflightBlocked
     | Launched
@@ -317,11 +327,20 @@ class ServerMachine:
     def _illegal(self, event: Event) -> IllegalTransition:
         return IllegalTransition(f"{type(event).__name__} in state {self.state.value}")
 
+    def _on_Unknown(self, event: Unknown, now: float) -> list[Action]:
+        if self.state not in (State.IDLE, State.UNKNOWN):
+            raise self._illegal(event)
+        first = self.state is State.IDLE
+        self.state = State.UNKNOWN
+        self.reason = event.reason
+        return [Emit("server.unknown", {"reason": event.reason})] if first else []
+
     def _on_Start(self, event: Start, now: float) -> list[Action]:
-        if self.state not in (State.IDLE, State.STOPPED, State.GAVE_UP):
+        if self.state not in (State.IDLE, State.UNKNOWN, State.STOPPED, State.GAVE_UP):
             raise self._illegal(event)
         self.state = State.PREFLIGHT
         self.started_at = now
+        self.reason = ""
         self.params = self.params or self.initial
         return [RunPreflight()]
 
@@ -351,8 +370,9 @@ class ServerMachine:
         return [Emit("phase.entered", {"phase": Phase.INIT.value, "attempt": self.attempt})]
 
     def _on_Adopted(self, event: Adopted, now: float) -> list[Action]:
-        if self.state not in (State.IDLE, State.PREFLIGHT):
+        if self.state not in (State.IDLE, State.UNKNOWN, State.PREFLIGHT):
             raise self._illegal(event)
+        self.reason = ""
         self.pid = event.pid
         self.attempt = event.attempt
         self.attempt_base = event.attempt - 1  # the adopted attempt counts as this run's first

@@ -26,13 +26,19 @@ import httpx
 import structlog
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from launcher import remote
 from launcher.backoff import RestartBackoff
 from launcher.classify import classify, diagnose
 from launcher.command import ServerCommand, server_command
 from launcher.config import Config, ServerConfig
-from launcher.errors import HostUnreachable, LauncherError, PreflightError
+from launcher.errors import HostUnreachable, LauncherError, PreflightError, is_transient
 from launcher.gpus import check_gpus
 from launcher.lifecycle import (
     Action,
@@ -63,6 +69,7 @@ from launcher.lifecycle import (
     StartProbing,
     State,
     StopRequested,
+    Unknown,
     WaitForGpus,
 )
 from launcher.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
@@ -118,6 +125,8 @@ class ServerSupervisor:
         initial: LaunchParams | None = None,
         stop_on_exit: bool = False,
         tick: float = 0.1,
+        listing_tries: int = 6,
+        listing_recheck_s: float = 30.0,
     ) -> None:
         self.config = config
         self.server = server
@@ -128,6 +137,8 @@ class ServerSupervisor:
         self.clock = clock
         self.stop_on_exit = stop_on_exit
         self.tick = tick
+        self.listing_tries = listing_tries
+        self.listing_recheck_s = listing_recheck_s
         self.policy = config.policy_for(server.name)
         self.host = config.host(server.host)
         self.log = structlog.get_logger("launcher").bind(server=server.name, host=server.host)
@@ -157,6 +168,7 @@ class ServerSupervisor:
         # posted before that wait in ``_early``.
         self._inbox_send: MemoryObjectSendStream[Event] | None = None
         self._early: list[Event] = []
+        self._stop_asked: anyio.Event | None = None  # set by request_stop while ``run`` runs
         self._attempt: _Attempt | None = None
         self._launching = anyio.Lock()  # held while a launch runs
         self._tg: TaskGroup | None = None
@@ -194,7 +206,10 @@ class ServerSupervisor:
         """Supervise until the server gave up or a stop is requested; return the final state."""
         send, inbox = anyio.create_memory_object_stream[Event](1000)
         self._inbox_send = send
+        self._stop_asked = anyio.Event()
         for event in self._early:
+            if isinstance(event, StopRequested):
+                self._stop_asked.set()
             send.send_nowait(event)
         self._early.clear()
         with send, inbox:
@@ -211,16 +226,9 @@ class ServerSupervisor:
             self._tg = tg
             task_status.started()
             try:
-                first: Event = Start()
-                if adopt:
-                    found = await self._find_running()
-                    if found is not None:
-                        first = found
-                if not isinstance(first, Adopted):
-                    # Attempt directories on the host are never reused: number on from the last.
-                    base = await self._latest_attempt()
-                    self.machine.attempt = self.machine.attempt_base = base
-                await self._dispatch(first)
+                first = await self._first_event(adopt)
+                if first is not None:  # else a stop came first; it waits in the inbox
+                    await self._dispatch(first)
                 tg.start_soon(self._deadline_watch)
                 async for event in inbox:
                     await self._dispatch(event)
@@ -233,6 +241,8 @@ class ServerSupervisor:
 
     def request_stop(self, *, kill: bool) -> None:
         """Ask the loop to stop supervising (and stop the server when ``kill``)."""
+        if self._stop_asked is not None:
+            self._stop_asked.set()
         self._post(StopRequested(kill=kill))
 
     # -- the loop ----------------------------------------------------------------------
@@ -286,14 +296,68 @@ class ServerSupervisor:
     def run_dir(self) -> str:
         return self.server.run_dir or self.host.run_dir
 
-    async def _find_running(self) -> Adopted | None:
-        try:
-            handle = await remote.find_running(self.transport, self.run_dir, self.server.name)
-        except LauncherError as exc:
-            self._emit("adopt.failed", {"error": str(exc)})
-            return None
-        if handle is None:
-            return None
+    async def _first_event(self, adopt: bool) -> Event | None:
+        """Adopted (a running attempt was found) or Start, decided on a listing of the host's
+        attempts that succeeded: launching on a failed listing could start a second copy
+        beside a running server and leave that one unsupervised.
+
+        Transient listing errors are retried (bounded, jittered). When the listing still
+        fails the server is "unknown" (``server.unknown``), nothing is launched, and the
+        listing is tried again every ``listing_recheck_s`` until it succeeds. None when a
+        stop was requested before it was decided.
+        """
+        decided: list[Event] = []
+        stop_asked = self._stop_asked
+        assert stop_asked is not None  # made by ``run``
+        async with anyio.create_task_group() as tg:
+
+            async def decide() -> None:
+                decided.append(await self._decide_first(adopt))
+                tg.cancel_scope.cancel()
+
+            async def stop_wins() -> None:
+                await stop_asked.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(decide)
+            tg.start_soon(stop_wins)
+        return decided[0] if decided else None
+
+    async def _decide_first(self, adopt: bool) -> Event:
+        while True:
+            try:
+                found = await self._survey()
+            except LauncherError as exc:
+                await self._dispatch(Unknown(f"cannot list its attempts on {self.server.host}: "
+                                             f"{exc}"))
+                self._emit("listing.failed", {"error": str(exc),
+                                              "retry_in_s": self.listing_recheck_s})
+                await anyio.sleep(self.listing_recheck_s)
+                continue
+            if adopt and found.running is not None:
+                return await self._adopt(found.running)
+            # Attempt directories on the host are never reused: number on from the last.
+            self.machine.attempt = self.machine.attempt_base = found.latest
+            return Start()
+
+    async def _survey(self) -> remote.Survey:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self.listing_tries),
+            wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.5),
+            before_sleep=lambda rs: self._emit("listing.retry", {
+                "try": rs.attempt_number,
+                "error": str(rs.outcome.exception()) if rs.outcome else "",
+            }),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await remote.survey(self.transport, self.run_dir, self.server.name)
+        raise AssertionError("unreachable")  # pragma: no cover (reraise=True)
+
+    async def _adopt(self, handle: remote.RunHandle) -> Adopted:
         params = await self._params_of(handle)
         launched = await self._launched_at(handle)
         self._attempt = _Attempt(handle=handle, last_advance=self.clock())
@@ -311,13 +375,6 @@ class ServerSupervisor:
         except (LauncherError, ValueError):
             return None
         return stamp.timestamp() if res.ok else None
-
-    async def _latest_attempt(self) -> int:
-        try:
-            return await remote.latest_attempt(self.transport, self.run_dir, self.server.name)
-        except LauncherError as exc:
-            self._emit("attempt.numbering_failed", {"error": str(exc)})
-            return 0
 
     async def _params_of(self, handle: remote.RunHandle) -> LaunchParams:
         """Recover the params of an adopted attempt from its command file."""

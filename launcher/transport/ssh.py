@@ -42,6 +42,7 @@ from tenacity.stop import stop_base
 
 from launcher.errors import (
     AuthenticationFailed,
+    CommandTimedOut,
     HostKeyError,
     HostUnreachable,
     RemoteCommandError,
@@ -598,7 +599,7 @@ class SSHTransport:
             with anyio.fail_after(timeout):
                 stdout, stderr = await process.communicate()
         except TimeoutError:
-            raise RemoteCommandError(
+            raise CommandTimedOut(
                 f"{self.name}: command timed out after {timeout} s: {command}",
                 host=self.name,
                 command=command,
