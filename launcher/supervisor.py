@@ -127,6 +127,7 @@ class ServerSupervisor:
         tick: float = 0.1,
         listing_tries: int = 6,
         listing_recheck_s: float = 30.0,
+        preflight_tries: int = 6,
     ) -> None:
         self.config = config
         self.server = server
@@ -139,6 +140,7 @@ class ServerSupervisor:
         self.tick = tick
         self.listing_tries = listing_tries
         self.listing_recheck_s = listing_recheck_s
+        self.preflight_tries = preflight_tries
         self.policy = config.policy_for(server.name)
         self.host = config.host(server.host)
         self.log = structlog.get_logger("launcher").bind(server=server.name, host=server.host)
@@ -401,21 +403,41 @@ class ServerSupervisor:
             self._post(PreflightBlocked("; ".join(problems), transient=transient))
 
     async def _preflight_problems(self) -> tuple[list[str], bool]:
-        """(problems, all transient). GPUs busy is transient; the rest is fatal."""
+        """(problems, all transient). GPUs busy is transient; so is a host that cannot be
+        asked right now (``is_transient``: unreachable, a command timeout, a refused
+        session), after the checks were retried ``preflight_tries`` times. The rest is
+        fatal."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self.preflight_tries),
+            wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.5),
+            before_sleep=lambda rs: self._emit("preflight.retry", {
+                "try": rs.attempt_number,
+                "error": str(rs.outcome.exception()) if rs.outcome else "",
+            }),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._preflight_checks()
+        except LauncherError as exc:
+            if is_transient(exc):
+                return [f"host cannot be asked now: {exc}"], True
+            return [str(exc)], False
+        raise AssertionError("unreachable")  # pragma: no cover (reraise=True)
+
+    async def _preflight_checks(self) -> tuple[list[str], bool]:
         s = self.server
         fatal: list[str] = []
-        try:
-            busy = await self._busy_gpus()
-            if s.model_path.startswith("/") and not await remote.path_exists(
-                self.transport, s.model_path
-            ):
-                fatal.append(f"model path {s.model_path} does not exist on {s.host}")
-            if await remote.port_in_use(self.transport, s.port):
-                fatal.append(f"port {s.port} is already in use on {s.host}")
-        except HostUnreachable as exc:
-            return [f"host unreachable: {exc}"], True
-        except LauncherError as exc:
-            return [str(exc)], False
+        busy = await self._busy_gpus()
+        if s.model_path.startswith("/") and not await remote.path_exists(
+            self.transport, s.model_path
+        ):
+            fatal.append(f"model path {s.model_path} does not exist on {s.host}")
+        if await remote.port_in_use(self.transport, s.port):
+            fatal.append(f"port {s.port} is already in use on {s.host}")
         if fatal:
             return fatal + busy, False
         return busy, True
