@@ -128,6 +128,7 @@ class ServerSupervisor:
         listing_tries: int = 6,
         listing_recheck_s: float = 30.0,
         preflight_tries: int = 6,
+        inbox_size: int = 1000,
     ) -> None:
         self.config = config
         self.server = server
@@ -141,6 +142,7 @@ class ServerSupervisor:
         self.listing_tries = listing_tries
         self.listing_recheck_s = listing_recheck_s
         self.preflight_tries = preflight_tries
+        self.inbox_size = inbox_size
         self.policy = config.policy_for(server.name)
         self.host = config.host(server.host)
         self.log = structlog.get_logger("launcher").bind(server=server.name, host=server.host)
@@ -206,16 +208,14 @@ class ServerSupervisor:
         adopt: bool = True,
     ) -> State:
         """Supervise until the server gave up or a stop is requested; return the final state."""
-        send, inbox = anyio.create_memory_object_stream[Event](1000)
+        send, inbox = anyio.create_memory_object_stream[Event](self.inbox_size)
         self._inbox_send = send
         self._stop_asked = anyio.Event()
-        for event in self._early:
-            if isinstance(event, StopRequested):
-                self._stop_asked.set()
-            send.send_nowait(event)
-        self._early.clear()
+        early, self._early = self._early, []
+        if any(isinstance(event, StopRequested) for event in early):
+            self._stop_asked.set()
         with send, inbox:
-            await self._loop(inbox, task_status, adopt)
+            await self._loop(inbox, task_status, adopt, early)
         return self.machine.state
 
     async def _loop(
@@ -223,10 +223,12 @@ class ServerSupervisor:
         inbox: MemoryObjectReceiveStream[Event],
         task_status: anyio.abc.TaskStatus[None],
         adopt: bool,
+        early: list[Event],
     ) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             task_status.started()
+            tg.start_soon(self._post_in_order, early)
             try:
                 first = await self._first_event(adopt)
                 if first is not None:  # else a stop came first; it waits in the inbox
@@ -242,21 +244,38 @@ class ServerSupervisor:
                 tg.cancel_scope.cancel()
 
     def request_stop(self, *, kill: bool) -> None:
-        """Ask the loop to stop supervising (and stop the server when ``kill``)."""
+        """Ask the loop to stop supervising (and stop the server when ``kill``). Never lost:
+        with a full inbox the request waits for its turn in a task of its own."""
+        event = StopRequested(kill=kill)
         if self._stop_asked is not None:
             self._stop_asked.set()
-        self._post(StopRequested(kill=kill))
-
-    # -- the loop ----------------------------------------------------------------------
-
-    def _post(self, event: Event) -> None:
-        if self._inbox_send is None:  # not running yet
+        if self._inbox_send is None or self._tg is None:  # not running yet
             self._early.append(event)
             return
         try:
             self._inbox_send.send_nowait(event)
-        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self.log.warning("event.dropped", dropped=type(event).__name__)
+        except anyio.WouldBlock:
+            self._tg.start_soon(self._post, event)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # supervision is over already
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def _post(self, event: Event) -> None:
+        """Hand ``event`` to the loop. A full inbox makes the caller wait (back-pressure)
+        instead of dropping the event: a lost CleanedUp or GpusFree would strand the server.
+        Only once the loop has ended are events discarded (nothing is left to act on them)."""
+        if self._inbox_send is None:  # not running yet
+            self._early.append(event)
+            return
+        try:
+            await self._inbox_send.send(event)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self.log.debug("event.after_end", event_type=type(event).__name__)
+
+    async def _post_in_order(self, events: list[Event]) -> None:
+        for event in events:
+            await self._post(event)
 
     async def _dispatch(self, event: Event) -> None:
         actions = self.machine.handle(event, self.clock())
@@ -398,9 +417,9 @@ class ServerSupervisor:
     async def _preflight(self) -> None:
         problems, transient = await self._preflight_problems()
         if not problems:
-            self._post(PreflightPassed())
+            await self._post(PreflightPassed())
         else:
-            self._post(PreflightBlocked("; ".join(problems), transient=transient))
+            await self._post(PreflightBlocked("; ".join(problems), transient=transient))
 
     async def _preflight_problems(self) -> tuple[list[str], bool]:
         """(problems, all transient). GPUs busy is transient; so is a host that cannot be
@@ -471,10 +490,10 @@ class ServerSupervisor:
                 self._emit("launch.failed", {"error": str(exc)})
                 diag = classify([], None)
                 diag.advice = str(exc)
-                self._post(Exited(status=None, diagnosis=diag))
+                await self._post(Exited(status=None, diagnosis=diag))
                 return
             self._attempt = _Attempt(handle=handle, last_advance=self.clock())
-            self._post(Launched(pid=handle.pid))
+            await self._post(Launched(pid=handle.pid))
             self._start_attempt_tasks(self._attempt)
 
     def _start_attempt_tasks(self, att: _Attempt) -> None:
@@ -499,13 +518,13 @@ class ServerSupervisor:
                         att.last_advance = self.clock()
                         delay = 0.5  # following works again: the next outage starts small
                         for line in splitter.feed(item.data):
-                            self._on_line(att, line)
+                            await self._on_line(att, line)
                     else:
                         for line in splitter.flush():
-                            self._on_line(att, line)
+                            await self._on_line(att, line)
                         att.follower.finish()
                         diag = diagnose(att.follower, item.status)
-                        self._post(Exited(status=item.status, diagnosis=diag))
+                        await self._post(Exited(status=item.status, diagnosis=diag))
                         return
                 return
             except HostUnreachable as exc:
@@ -519,24 +538,24 @@ class ServerSupervisor:
                 status = await self._status_of(att)
                 if status is not None and not status.alive:
                     for line in splitter.flush():
-                        self._on_line(att, line)
+                        await self._on_line(att, line)
                     att.follower.finish()
                     diag = diagnose(att.follower, status.exit_status)
-                    self._post(Exited(status=status.exit_status, diagnosis=diag))
+                    await self._post(Exited(status=status.exit_status, diagnosis=diag))
                     return
                 self._emit("follow.failed", {"error": str(exc), "retry_in_s": delay})
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
-    def _on_line(self, att: _Attempt, line: str) -> None:
+    async def _on_line(self, att: _Attempt, line: str) -> None:
         for ev in att.follower.feed_line(line):
             if isinstance(ev, PhaseEntered):
-                self._post(PhaseSeen(ev.phase))
+                await self._post(PhaseSeen(ev.phase))
             elif isinstance(ev, ReadyLine):
-                self._post(ReadyLineSeen())
+                await self._post(ReadyLineSeen())
         if att.follower.port_in_use is not None and not att.port_reported:
             att.port_reported = True
-            self._post(FatalLineSeen(diagnose(att.follower, None)))
+            await self._post(FatalLineSeen(diagnose(att.follower, None)))
 
     async def _stall_watch(self, att: _Attempt) -> None:
         budgets = self.policy.stall
@@ -549,7 +568,7 @@ class ServerSupervisor:
             budget = budgets.for_phase(phase)
             silent = self.clock() - att.last_advance
             if silent > budget and not math.isinf(budget):
-                self._post(Stalled(silent_s=silent))
+                await self._post(Stalled(silent_s=silent))
                 return
 
     async def _probe_loop(self, att: _Attempt) -> None:
@@ -579,7 +598,7 @@ class ServerSupervisor:
                             {"ok": ok, "latency_s": latency, "detail": detail},
                         )
                     if counts:
-                        self._post(ProbeResult(ok=ok, detail=detail))
+                        await self._post(ProbeResult(ok=ok, detail=detail))
                     await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
 
     async def _status_of(self, att: _Attempt) -> remote.RunStatus | None:
@@ -617,7 +636,7 @@ class ServerSupervisor:
                 except LauncherError as exc:
                     self._emit("attempt.tail_unreadable", {"error": str(exc)})
                 self._attempt_ended(att, tail.decode("utf-8", errors="replace"))
-        self._post(CleanedUp())
+        await self._post(CleanedUp())
 
     def _attempt_ended(self, att: _Attempt, tail: str) -> None:
         """Keep the tail locally and tell the hooks how the attempt ended."""
@@ -667,15 +686,15 @@ class ServerSupervisor:
             except LauncherError as exc:
                 problems = [str(exc)]
             if not problems:
-                self._post(GpusFree())
+                await self._post(GpusFree())
                 return
             self._emit("gpu.waiting", {"problems": problems})
             await anyio.sleep(1.0)
-        self._post(GpuWaitTimedOut(holder="; ".join(problems)))
+        await self._post(GpuWaitTimedOut(holder="; ".join(problems)))
 
     async def _sleep_then(self, seconds: float, event: Event) -> None:
         await anyio.sleep(seconds)
-        self._post(event)
+        await self._post(event)
 
     async def _deadline_watch(self) -> None:
         """Post DeadlineExceeded once per start-up sequence that outlasts the deadline.
@@ -697,7 +716,7 @@ class ServerSupervisor:
                 continue
             if self.clock() - m.started_at > self.policy.start_deadline:
                 fired_for = m.started_at
-                self._post(DeadlineExceeded())
+                await self._post(DeadlineExceeded())
 
     async def _shutdown(self) -> None:
         att = self._attempt
