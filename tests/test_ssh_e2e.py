@@ -55,10 +55,10 @@ class LineRecordingSupervisor(ServerSupervisor):
         self.lines: dict[int, list[str]] = {}
         self.attempts: dict[int, _Attempt] = {}
 
-    def _on_line(self, att: _Attempt, line: str) -> None:
+    async def _on_line(self, att: _Attempt, line: str) -> None:
         self.lines.setdefault(att.handle.attempt, []).append(line)
         self.attempts[att.handle.attempt] = att
-        super()._on_line(att, line)
+        await super()._on_line(att, line)
 
 
 @pytest.fixture
