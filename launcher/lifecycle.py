@@ -185,6 +185,14 @@ class DeadlineExceeded:
 
 
 @dataclass(frozen=True)
+class HostKeyRefused:
+    """The host's key changed while we were connected: nothing more may be sent to it, so
+    supervision of this server ends at once (the server is left as it is)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class StopRequested:
     """Stop supervising; ``kill`` also stops the server."""
 
@@ -209,6 +217,7 @@ Event = (
     | GpuWaitTimedOut
     | BackoffElapsed
     | DeadlineExceeded
+    | HostKeyRefused
     | StopRequested
 )
 
@@ -519,6 +528,10 @@ class ServerMachine:
             self.state = State.CLEANING_UP
             return [Kill("deadline")]
         return self._give_up(reason)
+
+    def _on_HostKeyRefused(self, event: HostKeyRefused, now: float) -> list[Action]:
+        # No Kill: killing needs commands on a host we no longer trust.
+        return self._give_up(event.reason)
 
     # -- helpers ----------------------------------------------------------------------
 

@@ -38,7 +38,13 @@ from launcher.backoff import RestartBackoff
 from launcher.classify import classify, diagnose
 from launcher.command import ServerCommand, server_command
 from launcher.config import Config, ServerConfig
-from launcher.errors import HostUnreachable, LauncherError, PreflightError, is_transient
+from launcher.errors import (
+    HostKeyError,
+    HostUnreachable,
+    LauncherError,
+    PreflightError,
+    is_transient,
+)
 from launcher.gpus import check_gpus
 from launcher.lifecycle import (
     Action,
@@ -52,6 +58,7 @@ from launcher.lifecycle import (
     FatalLineSeen,
     GpusFree,
     GpuWaitTimedOut,
+    HostKeyRefused,
     Kill,
     Launch,
     Launched,
@@ -485,6 +492,10 @@ class ServerSupervisor:
         async with self._launching:
             try:
                 handle = await remote.launch(self.transport, spec)
+            except HostKeyError as exc:
+                self._attempt = None
+                await self._post(HostKeyRefused(str(exc)))
+                return
             except LauncherError as exc:
                 self._attempt = None  # nothing to follow or stop; the previous one is over
                 self._emit("launch.failed", {"error": str(exc)})
@@ -526,6 +537,9 @@ class ServerSupervisor:
                         diag = diagnose(att.follower, item.status)
                         await self._post(Exited(status=item.status, diagnosis=diag))
                         return
+                return
+            except HostKeyError as exc:
+                await self._post(HostKeyRefused(str(exc)))
                 return
             except HostUnreachable as exc:
                 self._emit("host.unreachable", {"error": str(exc), "retry_in_s": delay})
@@ -572,6 +586,17 @@ class ServerSupervisor:
                 return
 
     async def _probe_loop(self, att: _Attempt) -> None:
+        refused: BaseException | None = None
+        try:
+            await self._probe_forever(att)
+        except* HostKeyError as group:  # raised inside the port forward's task group
+            refused = group.exceptions[0]
+            while isinstance(refused, BaseExceptionGroup):
+                refused = refused.exceptions[0]
+        if refused is not None:
+            await self._post(HostKeyRefused(str(refused)))
+
+    async def _probe_forever(self, att: _Attempt) -> None:
         p = self.policy
         async with self.transport.forward_port(self.server.port) as local_port:
             url = f"http://127.0.0.1:{local_port}/health"
@@ -602,9 +627,12 @@ class ServerSupervisor:
                     await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
 
     async def _status_of(self, att: _Attempt) -> remote.RunStatus | None:
-        """A look at the attempt's process; None when the host cannot tell."""
+        """A look at the attempt's process; None when the host cannot tell. HostKeyError
+        propagates: that host must not be asked anything."""
         try:
             return await remote.probe(self.transport, att.handle)
+        except HostKeyError:
+            raise
         except LauncherError:
             return None
 
@@ -683,6 +711,9 @@ class ServerSupervisor:
         while self.clock() < deadline:
             try:
                 problems = await self._busy_gpus()
+            except HostKeyError as exc:
+                await self._post(HostKeyRefused(str(exc)))
+                return
             except LauncherError as exc:
                 problems = [str(exc)]
             if not problems:
