@@ -185,9 +185,10 @@ class DeadlineExceeded:
 
 
 @dataclass(frozen=True)
-class HostKeyRefused:
-    """The host's key changed while we were connected: nothing more may be sent to it, so
-    supervision of this server ends at once (the server is left as it is)."""
+class HostRefused:
+    """The host cannot be used: its key changed (or is unknown) or it rejected our
+    credentials. Nothing more may be sent to it, so supervision of this server ends at once
+    (the server is left as it is)."""
 
     reason: str
 
@@ -217,7 +218,7 @@ Event = (
     | GpuWaitTimedOut
     | BackoffElapsed
     | DeadlineExceeded
-    | HostKeyRefused
+    | HostRefused
     | StopRequested
 )
 
@@ -529,7 +530,7 @@ class ServerMachine:
             return [Kill("deadline")]
         return self._give_up(reason)
 
-    def _on_HostKeyRefused(self, event: HostKeyRefused, now: float) -> list[Action]:
+    def _on_HostRefused(self, event: HostRefused, now: float) -> list[Action]:
         # No Kill: killing needs commands on a host we no longer trust.
         return self._give_up(event.reason)
 

@@ -39,6 +39,7 @@ from launcher.classify import classify, diagnose
 from launcher.command import ServerCommand, server_command
 from launcher.config import Config, ServerConfig
 from launcher.errors import (
+    AuthenticationFailed,
     HostKeyError,
     HostUnreachable,
     LauncherError,
@@ -58,7 +59,7 @@ from launcher.lifecycle import (
     FatalLineSeen,
     GpusFree,
     GpuWaitTimedOut,
-    HostKeyRefused,
+    HostRefused,
     Kill,
     Launch,
     Launched,
@@ -355,6 +356,9 @@ class ServerSupervisor:
         while True:
             try:
                 found = await self._survey()
+            except (HostKeyError, AuthenticationFailed) as exc:
+                # Not "unknown": this host must not (or cannot) be asked again.
+                return HostRefused(f"cannot list its attempts on {self.server.host}: {exc}")
             except LauncherError as exc:
                 await self._dispatch(Unknown(f"cannot list its attempts on {self.server.host}: "
                                              f"{exc}"))
@@ -494,7 +498,7 @@ class ServerSupervisor:
                 handle = await remote.launch(self.transport, spec)
             except HostKeyError as exc:
                 self._attempt = None
-                await self._post(HostKeyRefused(str(exc)))
+                await self._post(HostRefused(str(exc)))
                 return
             except LauncherError as exc:
                 self._attempt = None  # nothing to follow or stop; the previous one is over
@@ -539,7 +543,7 @@ class ServerSupervisor:
                         return
                 return
             except HostKeyError as exc:
-                await self._post(HostKeyRefused(str(exc)))
+                await self._post(HostRefused(str(exc)))
                 return
             except HostUnreachable as exc:
                 self._emit("host.unreachable", {"error": str(exc), "retry_in_s": delay})
@@ -594,7 +598,7 @@ class ServerSupervisor:
             while isinstance(refused, BaseExceptionGroup):
                 refused = refused.exceptions[0]
         if refused is not None:
-            await self._post(HostKeyRefused(str(refused)))
+            await self._post(HostRefused(str(refused)))
 
     async def _probe_forever(self, att: _Attempt) -> None:
         p = self.policy
@@ -712,7 +716,7 @@ class ServerSupervisor:
             try:
                 problems = await self._busy_gpus()
             except HostKeyError as exc:
-                await self._post(HostKeyRefused(str(exc)))
+                await self._post(HostRefused(str(exc)))
                 return
             except LauncherError as exc:
                 problems = [str(exc)]

@@ -16,6 +16,7 @@ from launcher.lifecycle import (
     FatalLineSeen,
     GpusFree,
     GpuWaitTimedOut,
+    HostRefused,
     Kill,
     Launch,
     Launched,
@@ -425,3 +426,17 @@ def test_ready_line_seen_twice_starts_one_probe_loop() -> None:
     first = m.handle(PhaseSeen(Phase.READY), 5)
     second = m.handle(ReadyLineSeen(), 5)
     assert 1 == sum(isinstance(a, StartProbing) for a in first + second)
+
+
+def test_a_refused_host_gives_up_at_once_without_a_kill() -> None:
+    """HostRefused (host key changed, credentials rejected) ends supervision from start-up
+    or from ready alike, with its reason, and asks for no Kill: the host gets no command."""
+    m = machine()
+    actions = m.handle(HostRefused("host key of gpu1 changed: it was A, it is now B"), 0)
+    assert (State.GAVE_UP, ["server.gave_up"]) == (m.state, names(actions))
+    ready = machine()
+    ready.handle(Start(), 0)
+    to_ready(ready)
+    actions = ready.handle(HostRefused("host key of gpu1 changed: it was A, it is now B"), 9)
+    assert ["server.gave_up"] == names(actions)
+    assert "it was A, it is now B" == emitted(actions, "server.gave_up")["reason"][-21:]
