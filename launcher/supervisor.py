@@ -332,8 +332,9 @@ class ServerSupervisor:
 
         Transient listing errors are retried (bounded, jittered). When the listing still
         fails the server is "unknown" (``server.unknown``), nothing is launched, and the
-        listing is tried again every ``listing_recheck_s`` until it succeeds. None when a
-        stop was requested before it was decided.
+        listing is tried again (after 1 s, doubling up to ``listing_recheck_s``) until it
+        succeeds. A host whose key or login is refused gives the server up (HostRefused).
+        None when a stop was requested before it was decided.
         """
         decided: list[Event] = []
         stop_asked = self._stop_asked
@@ -353,6 +354,7 @@ class ServerSupervisor:
         return decided[0] if decided else None
 
     async def _decide_first(self, adopt: bool) -> Event:
+        wait = min(1.0, self.listing_recheck_s)
         while True:
             try:
                 found = await self._survey()
@@ -362,9 +364,9 @@ class ServerSupervisor:
             except LauncherError as exc:
                 await self._dispatch(Unknown(f"cannot list its attempts on {self.server.host}: "
                                              f"{exc}"))
-                self._emit("listing.failed", {"error": str(exc),
-                                              "retry_in_s": self.listing_recheck_s})
-                await anyio.sleep(self.listing_recheck_s)
+                self._emit("listing.failed", {"error": str(exc), "retry_in_s": wait})
+                await anyio.sleep(wait)
+                wait = min(wait * 2, self.listing_recheck_s)
                 continue
             if adopt and found.running is not None:
                 return await self._adopt(found.running)
