@@ -1,7 +1,16 @@
 """The `launcher` command line. The only place that prints for people or exits.
 
-Exit codes: 0 ok; 1 a server failed / gave up / a check found problems; 2 bad input
-(config, command line, unreadable log).
+Exit codes (the README's table; systemd/launcher@.service relies on them):
+
+- 0 (EXIT_OK): done. `up`: stopped by SIGTERM/SIGINT, whether or not some server gave up,
+  or `--until-ready` with every server ready. `status`: every server running and ready.
+- 1 (EXIT_ERROR): an unexpected error (a bug, an unusable state directory, another `up` on
+  the same state directory). `check`, `down` and `diagnose` also use it for "problems found".
+- 2 (EXIT_USAGE): a config or command-line error found before anything started (bad values,
+  no servers configured, a malformed Slack webhook URL, an unreadable log for `diagnose`).
+- 3 (EXIT_NOT_READY): `status`: some configured server is not running and ready.
+- 4 (EXIT_GAVE_UP): `up`: every server gave up, so nothing is left to supervise
+  (`--until-ready`: some server gave up). systemd does not restart on it.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import structlog
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from launcher import remote
@@ -67,6 +77,12 @@ from launcher.systemd import SdNotifier, run_watchdog, status_summary, watchdog_
 from launcher.transport import make_transport
 from launcher.transport.base import Transport
 
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_READY = 3
+EXIT_GAVE_UP = 4
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -89,9 +105,14 @@ def _setup() -> None:
     configure("console", stream=sys.stderr, level=logging.WARNING)
 
 
+def _exit_code(exc: LauncherError) -> int:
+    return EXIT_USAGE if isinstance(exc, ConfigError | UsageError | LogFormatError) else EXIT_ERROR
+
+
 def _fail(exc: LauncherError) -> NoReturn:
-    code = 2 if isinstance(exc, ConfigError | UsageError | LogFormatError) else 1
-    err.print(f"[bold red]{type(exc).__name__}[/]: {exc}", highlight=False)
+    code = _exit_code(exc)
+    # The message is data, not markup: "[[servers]]" or a path with brackets must print as is.
+    err.print(f"[bold red]{type(exc).__name__}[/]: {escape(str(exc))}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -107,6 +128,8 @@ def _open(path: Path) -> Config:
 
 
 def _selected(config: Config, names: list[str] | None) -> list[ServerConfig]:
+    if not config.servers:
+        raise ConfigError(["servers: no servers configured; add a [[servers]] table"])
     if not names:
         return list(config.servers)
     return [config.server(n) for n in names]
@@ -389,13 +412,31 @@ def up(
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
     secrets = _guard(lambda: {s.name: resolve_secret_env(s) for s in servers})
-    webhook = _guard(lambda: (config.slack or SlackConfig()).webhook_url())
+    slack = config.slack or SlackConfig()
+    webhook = _guard(lambda: slack.webhook_url())
+    secret_values = [v for env in secrets.values() for v in env.values()]
+    # Built here, before anything starts: a malformed webhook URL is a config error (exit 2).
+    try:
+        notifier = SlackNotifier(
+            webhook, secrets=secret_values, announce_adoption=slack.announce_adoption,
+            servers_info={s.name: ServerInfo(host=s.host,
+                                             model=s.served_model_name or s.model_path)
+                          for s in servers})
+    except ConfigError:
+        where = (f"the file {slack.webhook_url_file}" if slack.webhook_url_file is not None
+                 else f"${slack.webhook_url_env}")
+        problem = ConfigError([
+            f"slack: the webhook URL from {where} is not an http(s) URL with a host "
+            "(value not shown: it is a secret)"], source="slack")
+        problem.remedy = (f"set {where} to https://hooks.slack.com/services/..., or unset it "
+                          "to have messages logged instead")
+        _fail(problem)
     live = log_format == "auto" and sys.stdout.isatty()
     fmt: Format = (
         "json" if log_format == "json" or (log_format == "auto" and not live) else "console"
     )
     configure(fmt, stream=sys.stderr if live else sys.stdout)
-    code = anyio.run(_up, config, servers, secrets, webhook,
+    code = anyio.run(_up, config, servers, secrets, notifier,
                      Options(until_ready, stop_on_exit, live, fresh))
     raise typer.Exit(code)
 
@@ -411,14 +452,9 @@ class Options:
 
 
 async def _up(config: Config, servers: list[ServerConfig], secrets: dict[str, dict[str, str]],
-              webhook: str | None, opts: Options) -> int:
+              notifier: SlackNotifier, opts: Options) -> int:
     transports = _transports(config, servers)
-    secret_values = [v for env in secrets.values() for v in env.values()]
-    notifier = SlackNotifier(
-        webhook, secrets=secret_values,
-        servers_info={s.name: ServerInfo(host=s.host, model=s.served_model_name or s.model_path)
-                      for s in servers})
-    code = 1
+    code = EXIT_ERROR
     try:
         with StateLock(config.state_dir), Ledger(ledger_path(config.state_dir)) as ledger:
             async with anyio.create_task_group() as tg:
@@ -432,8 +468,8 @@ async def _up(config: Config, servers: list[ServerConfig], secrets: dict[str, di
                     tg.cancel_scope.cancel()
         return code
     except LauncherError as exc:
-        err.print(f"[bold red]{type(exc).__name__}[/]: {exc}", highlight=False)
-        return 1
+        err.print(f"[bold red]{type(exc).__name__}[/]: {escape(str(exc))}", highlight=False)
+        return _exit_code(exc)
     finally:
         await _close(transports)
 
@@ -521,17 +557,30 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         recorder.close()
     gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
     for sup in gave_up:
-        err.print(f"[red]{sup.server.name} gave up[/]: {sup.machine.reason}", highlight=False)
+        err.print(f"[red]{escape(sup.server.name)} gave up[/]: {escape(sup.machine.reason)}",
+                  highlight=False)
     if interrupted or until_ready:
         running = [sup.server.name for sup in sups if sup.machine.pid and not stop_on_exit
                    and sup.state is not State.GAVE_UP]
         if running:
             err.print(f"launcher exited; left running: {', '.join(running)} "
                       "(stop them with `launcher down`)", highlight=False)
-    if gave_up:
-        return 1
-    ready = [sup for sup in sups if sup.machine.ready_at is not None]
-    return 0 if (ready or interrupted) else 1
+    return _up_exit_code(interrupted=interrupted, until_ready=until_ready,
+                         gave_up=[sup.state is State.GAVE_UP for sup in sups],
+                         ready=[sup.machine.ready_at is not None for sup in sups])
+
+
+def _up_exit_code(*, interrupted: bool, until_ready: bool, gave_up: list[bool],
+                  ready: list[bool]) -> int:
+    """`up`'s exit status once supervision ended (see the module docstring); one entry per
+    server in ``gave_up`` (it gave up) and ``ready`` (it reached ready at some point)."""
+    if interrupted:
+        return EXIT_OK  # a stop was asked for: that is success, whatever the servers did
+    if any(gave_up) and (until_ready or all(gave_up)):
+        return EXIT_GAVE_UP
+    if until_ready and ready and all(ready):
+        return EXIT_OK
+    return EXIT_ERROR
 
 
 @app.command()
@@ -682,7 +731,8 @@ async def _healthy(t: Transport, port: int) -> bool:
 
 @app.command()
 def status(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None:
-    """Per server: running, pid, attempt, params, phase, ready, healthy, uptime."""
+    """Per server: running, pid, attempt, params, phase, ready, healthy, uptime. Exits 0
+    only when every server is running and ready, else 3."""
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
     results = anyio.run(_per_server, config, servers,
@@ -712,7 +762,11 @@ def status(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = 
                           r["phase"] or "", "yes" if r["ready"] else "no",
                           {None: "", True: "yes", False: "no"}[r["healthy"]], up_s)
         out.print(table)
-    raise typer.Exit(1 if any("error" in r for r in rows) else 0)
+    # Like `systemctl status`: 0 only when everything asked about is up (running, ready and
+    # not failing its health check), 3 otherwise, a host that cannot be asked included.
+    up_and_ready = all("error" not in r and r["running"] and r["ready"] and r["healthy"]
+                       is not False for r in rows)
+    raise typer.Exit(EXIT_OK if up_and_ready else EXIT_NOT_READY)
 
 
 @app.command()

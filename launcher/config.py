@@ -439,6 +439,9 @@ class SlackConfig(_Model):
 
     webhook_url_env: Annotated[str, Field(pattern=_ENV_NAME_RE.pattern)] = "LAUNCHER_SLACK_WEBHOOK"
     webhook_url_file: LocalPath | None = None
+    # A restarted launcher that finds a server running adopts it silently; true posts an
+    # "adopted" message instead.
+    announce_adoption: bool = False
 
     def webhook_url(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The webhook URL, or None when the variable is unset or empty.

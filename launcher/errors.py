@@ -9,7 +9,9 @@
     │   ├── HostUnreachable            refused / timed out / lost (transient: retried)
     │   ├── AuthenticationFailed       wrong user key (fatal at once)
     │   └── HostKeyError               unknown or changed host key (fatal at once)
+    │       └── HostKeyChanged         it changed while connected (no more commands)
     ├── RemoteCommandError             a remote command exited non-zero
+    │   └── CommandTimedOut            it did not finish in time (transient: retried)
     ├── PreflightError                 GPUs / port / model path not usable for a launch
     ├── StateError                     the attempt ledger / state dir (lock held, corrupt)
     └── IllegalTransition              the start-up state machine got an impossible event
@@ -75,7 +77,26 @@ class AuthenticationFailed(TransportError):
 
 
 class HostKeyError(TransportError):
-    """The host key is unknown or has changed. Fatal at once."""
+    """The host key is unknown or has changed. Fatal at once. ``offered_fingerprint`` is the
+    key the host offered (SHA256:...), when known."""
+
+    offered_fingerprint: str | None = None
+
+
+class HostKeyChanged(HostKeyError):
+    """The host key changed while launcher was connected to the host: this process will not
+    send it another command. ``previous`` and ``offered`` are the two fingerprints."""
+
+    def __init__(self, host: str, previous: str, offered: str, *, detail: str = "") -> None:
+        self.previous = previous
+        self.offered_fingerprint = offered
+        super().__init__(
+            f"host key of {host} changed while launcher was running: it was {previous}, it is "
+            f"now {offered}{detail}; no further commands are sent to {host}",
+            host=host,
+            remedy="this may be an attack; if the host was really reinstalled, check the new "
+            "fingerprint out of band, update known_hosts, then restart launcher",
+        )
 
 
 class RemoteCommandError(LauncherError):
@@ -90,6 +111,19 @@ class RemoteCommandError(LauncherError):
         self.exit_status = exit_status
         self.stderr = stderr
         super().__init__(message, remedy=remedy)
+
+
+class CommandTimedOut(RemoteCommandError):
+    """A command on a host did not finish within its timeout and was stopped. Transient: a
+    loaded host (or a loaded launcher) answers the next time."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says "the host could not be asked right now", so asking again later
+    may succeed: HostUnreachable (refused, timed out, lost), CommandTimedOut, and a plain
+    TransportError (the host refused a session, e.g. sshd's MaxSessions, or a jump host
+    hiccup). Never AuthenticationFailed or HostKeyError, nor a command's own failure."""
+    return isinstance(exc, HostUnreachable | CommandTimedOut) or type(exc) is TransportError
 
 
 class PreflightError(LauncherError):

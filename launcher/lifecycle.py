@@ -33,6 +33,7 @@ class State(enum.StrEnum):
     """Where one server's supervision is. Values are stable (status output, metrics)."""
 
     IDLE = "idle"  # not started yet
+    UNKNOWN = "unknown"  # whether it runs cannot be told (its attempts could not be listed)
     PREFLIGHT = "preflight"  # checking GPUs, port, model path before an attempt
     LAUNCHING = "launching"  # the launch command is running on the host
     INIT = "init"  # process up, distributed init
@@ -77,6 +78,14 @@ class Start:
 
 
 @dataclass(frozen=True)
+class Unknown:
+    """The host's attempts of this server could not be listed: it may be running, so nothing
+    may be launched (a second copy) until a listing succeeds."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class PreflightPassed:
     """GPUs, port, model path and version are fine."""
 
@@ -103,6 +112,7 @@ class Adopted:
     pid: int
     attempt: int
     params: LaunchParams
+    started_wall: float | None = None  # when the attempt was launched (epoch s), if known
 
 
 @dataclass(frozen=True)
@@ -175,6 +185,15 @@ class DeadlineExceeded:
 
 
 @dataclass(frozen=True)
+class HostRefused:
+    """The host cannot be used: its key changed (or is unknown) or it rejected our
+    credentials. Nothing more may be sent to it, so supervision of this server ends at once
+    (the server is left as it is)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class StopRequested:
     """Stop supervising; ``kill`` also stops the server."""
 
@@ -183,6 +202,7 @@ class StopRequested:
 
 Event = (
     Start
+    | Unknown
     | PreflightPassed
     | PreflightBlocked
     | Launched
@@ -198,6 +218,7 @@ Event = (
     | GpuWaitTimedOut
     | BackoffElapsed
     | DeadlineExceeded
+    | HostRefused
     | StopRequested
 )
 
@@ -272,6 +293,8 @@ class ServerMachine:
     params: LaunchParams | None = None  # params of the current / last attempt
     last_good: LaunchParams | None = None  # params that reached ready
     history: list[AttemptRecord] = field(default_factory=list)
+    history_attempts: list[int] = field(default_factory=list)  # attempt number per record
+    adopted: bool = False  # the current attempt was adopted, not launched by this machine
     reason: str = ""  # why it gave up / stopped
     pid: int | None = None
     ready_line: bool = False
@@ -314,11 +337,20 @@ class ServerMachine:
     def _illegal(self, event: Event) -> IllegalTransition:
         return IllegalTransition(f"{type(event).__name__} in state {self.state.value}")
 
+    def _on_Unknown(self, event: Unknown, now: float) -> list[Action]:
+        if self.state not in (State.IDLE, State.UNKNOWN):
+            raise self._illegal(event)
+        first = self.state is State.IDLE
+        self.state = State.UNKNOWN
+        self.reason = event.reason
+        return [Emit("server.unknown", {"reason": event.reason})] if first else []
+
     def _on_Start(self, event: Start, now: float) -> list[Action]:
-        if self.state not in (State.IDLE, State.STOPPED, State.GAVE_UP):
+        if self.state not in (State.IDLE, State.UNKNOWN, State.STOPPED, State.GAVE_UP):
             raise self._illegal(event)
         self.state = State.PREFLIGHT
         self.started_at = now
+        self.reason = ""
         self.params = self.params or self.initial
         return [RunPreflight()]
 
@@ -348,8 +380,9 @@ class ServerMachine:
         return [Emit("phase.entered", {"phase": Phase.INIT.value, "attempt": self.attempt})]
 
     def _on_Adopted(self, event: Adopted, now: float) -> list[Action]:
-        if self.state not in (State.IDLE, State.PREFLIGHT):
+        if self.state not in (State.IDLE, State.UNKNOWN, State.PREFLIGHT):
             raise self._illegal(event)
+        self.reason = ""
         self.pid = event.pid
         self.attempt = event.attempt
         self.attempt_base = event.attempt - 1  # the adopted attempt counts as this run's first
@@ -357,10 +390,12 @@ class ServerMachine:
         self.started_at = self.attempt_started_at = now
         self.state = State.INIT
         self._reset_attempt()
+        self.adopted = True
         return [
             Emit(
                 "server.adopted",
-                {"pid": event.pid, "attempt": event.attempt, "params": _pdict(event.params)},
+                {"pid": event.pid, "attempt": event.attempt, "params": _pdict(event.params),
+                 "started_at": event.started_wall},
             )
         ]
 
@@ -495,6 +530,10 @@ class ServerMachine:
             return [Kill("deadline")]
         return self._give_up(reason)
 
+    def _on_HostRefused(self, event: HostRefused, now: float) -> list[Action]:
+        # No Kill: killing needs commands on a host we no longer trust.
+        return self._give_up(event.reason)
+
     # -- helpers ----------------------------------------------------------------------
 
     def _reset_attempt(self) -> None:
@@ -509,6 +548,7 @@ class ServerMachine:
         self.attempt += 1
         self.state = State.LAUNCHING
         self.attempt_started_at = now
+        self.adopted = False
         self._reset_attempt()
         return [
             Emit("attempt.started", {"attempt": self.attempt, "params": _pdict(self.params)}),
@@ -521,15 +561,24 @@ class ServerMachine:
         self.ready_at = now
         self.last_good = self.params
         self.restart.on_healthy(now)
+        # ``attempt`` is the host's attempt number, the one every view uses (run directory,
+        # ledger row, status, Slack); ``attempts`` only counts this supervision's attempts.
+        # An adopted attempt that turns out ready was not brought up by us: how long it took
+        # is not known here (``seconds`` None), and it is no fresh "ready".
         elapsed = now - (self.started_at if self.started_at is not None else now)
+        attempt_elapsed = now - (
+            self.attempt_started_at if self.attempt_started_at is not None else now)
         return [
             Emit(
                 "server.ready",
                 {
+                    "attempt": self.attempt,
                     "attempts": self.attempt - self.attempt_base,
-                    "seconds": round(elapsed, 2),
+                    "seconds": None if self.adopted else round(elapsed, 2),
+                    "attempt_seconds": None if self.adopted else round(attempt_elapsed, 2),
+                    "adopted": self.adopted,
                     "params": _pdict(self.params),
-                    "history": [_rdict(r) for r in self.history],
+                    "history": self._history_dicts(),
                 },
             )
         ]
@@ -543,6 +592,7 @@ class ServerMachine:
             # as an OOM of unknown kind, retried lower within bounds, never a final give-up.
             outcome, retryable = Outcome.OOM_RUNTIME, True
         self.history.append(AttemptRecord(self.params, outcome, diag.phase, diag.numbers))
+        self.history_attempts.append(self.attempt)
         self._pending = diag
         after_ready = self.was_ready
         self.state = State.CLEANING_UP
@@ -609,11 +659,16 @@ class ServerMachine:
                 "server.gave_up",
                 {
                     "reason": reason,
+                    "attempt": self.attempt,
                     "attempts": self.attempt - self.attempt_base,
-                    "history": [_rdict(r) for r in self.history],
+                    "history": self._history_dicts(),
                 },
             )
         ]
+
+    def _history_dicts(self) -> list[dict[str, Any]]:
+        return [_rdict(r) | {"attempt": n}
+                for r, n in zip(self.history, self.history_attempts, strict=True)]
 
     def _stop(self, event: StopRequested, now: float) -> list[Action]:
         self.reason = "stop requested"

@@ -11,6 +11,9 @@ Which events become messages:
 - ``server.ready``: params that worked, attempts, time to ready, what each failed attempt hit
   (from ``data["history"]``). A ``server.ready`` after ``server.unhealthy`` or
   ``restart.scheduled`` for the same server is a "recovered" message instead.
+- ``server.adopted``: nothing, unless ``announce_adoption``: then an "adopted" message. The
+  adopted attempt's later ``server.ready`` (``adopted`` true) posts nothing: it is no fresh
+  ready. Every message numbers attempts as the host does (``#N``: run directory, ledger).
 - ``server.gave_up``: the reason, the attempt ledger, and the evidence lines and advice of
   that server's last ``attempt.failed`` (kept per server for this purpose).
 - ``server.unhealthy`` and ``restart.scheduled`` ("relaunched after ready").
@@ -67,6 +70,7 @@ __all__ = [
     "Redactor",
     "ServerInfo",
     "SlackNotifier",
+    "adopted_message",
     "gave_up_message",
     "ready_message",
     "restart_message",
@@ -88,6 +92,7 @@ _OBSERVED = frozenset(
     {
         "attempt.failed",
         "server.ready",
+        "server.adopted",
         "server.gave_up",
         "server.unhealthy",
         "restart.scheduled",
@@ -147,6 +152,7 @@ class Kind(enum.StrEnum):
     GAVE_UP = "gave_up"
     UNHEALTHY = "unhealthy"
     RESTART = "restart"
+    ADOPTED = "adopted"
 
 
 @dataclass(frozen=True)
@@ -181,11 +187,12 @@ def ready_message(
 ) -> Message:
     """The message for ``server.ready``; a "recovered" one when ``recovered_from`` is set.
 
-    ``data`` is the event's data (attempts, seconds, params, history); ``failures`` the
-    server's ``attempt.failed`` data in order, used to number the failed attempts.
+    ``data`` is the event's data (attempt, seconds, params, history); ``failures`` the
+    server's ``attempt.failed`` data in order, used to number failed attempts whose history
+    entry has no number.
     """
     params = _params(data.get("params"))
-    attempts = data.get("attempts", "?")
+    attempt = _attempt_no(data)
     seconds = _duration(data.get("seconds"))
     ledger = _ledger(data.get("history"), failures)
     if recovered_from is None:
@@ -194,7 +201,7 @@ def ready_message(
     else:
         kind, title = Kind.RECOVERED, f":large_green_circle: {server} recovered"
         text = f"{server} recovered on {info.host} ({info.model}) after {recovered_from}"
-    text += f" with {params}, attempt {attempts}, {seconds} to ready"
+    text += f" with {params}, attempt {attempt}, {seconds} to ready"
     if ledger:
         text += f". Failed attempts: {'; '.join(ledger)}"
     blocks = [
@@ -203,7 +210,7 @@ def ready_message(
             ("Host", info.host),
             ("Model", info.model),
             ("Params", f"`{params}`"),
-            ("Attempts", str(attempts)),
+            ("Attempt", attempt),
             ("Time to ready", seconds),
         ),
     ]
@@ -212,6 +219,34 @@ def ready_message(
     if ledger:
         blocks.append(_section("*Failed attempts*\n" + "\n".join(f"• {_esc(x)}" for x in ledger)))
     return Message(server, kind, _esc(_clip(text, _TEXT_MAX)), blocks)
+
+
+def _attempt_no(data: Mapping[str, Any]) -> str:
+    """"#N": the host's attempt number, as in the run directory, the ledger and status."""
+    number = data.get("attempt")
+    if isinstance(number, int) and not isinstance(number, bool):
+        return f"#{number}"
+    return "?"
+
+
+def adopted_message(server: str, info: ServerInfo, data: Mapping[str, Any]) -> Message:
+    """The message for ``server.adopted`` (only sent when ``announce_adoption``): a restarted
+    launcher found the server running and supervises it again; nothing was relaunched."""
+    params = _params(data.get("params"))
+    attempt = _attempt_no(data)
+    pid = data.get("pid", "?")
+    text = (f"{server} adopted on {info.host} ({info.model}): attempt {attempt} (pid {pid}) "
+            f"is still running with {params}; supervising it again, nothing relaunched")
+    blocks = [
+        _header(f":link: {server} adopted"),
+        _fields(
+            ("Host", info.host),
+            ("Model", info.model),
+            ("Params", f"`{params}`"),
+            ("Attempt", attempt),
+        ),
+    ]
+    return Message(server, Kind.ADOPTED, _esc(_clip(text, _TEXT_MAX)), blocks)
 
 
 def gave_up_message(
@@ -229,7 +264,10 @@ def gave_up_message(
     last = failures[-1] if failures else {}
     evidence = [_clip(str(line), _EVIDENCE_LINE_MAX) for line in last.get("evidence") or []]
     advice = str(last.get("advice") or data.get("advice") or "")
-    text = f"{server} gave up on {info.host} ({info.model}) after {attempts} attempt(s): {reason}"
+    last_no = _attempt_no(data)
+    text = f"{server} gave up on {info.host} ({info.model}) after {attempts} attempt(s)"
+    text += f" (last {last_no})" if last_no != "?" else ""
+    text += f": {reason}"
     if evidence:
         text += f". Last evidence: {evidence[-1]}"
     blocks = [
@@ -330,8 +368,9 @@ def _ledger(history: Any, failures: Sequence[Mapping[str, Any]]) -> list[str]:
     entries = [h for h in history if isinstance(h, Mapping)]
     # Every history record comes with one attempt.failed, so the last len(history) failures
     # are the same attempts; number them only when outcome and phase agree pairwise.
-    numbers: list[Any] = [None] * len(entries)
-    if entries and len(failures) >= len(entries):
+    # Entries carry their attempt number (the supervisor's history does); older data did not.
+    numbers: list[Any] = [h.get("attempt") for h in entries]
+    if entries and None in numbers and len(failures) >= len(entries):
         tail = failures[len(failures) - len(entries) :]
         if all(
             f.get("outcome") == h.get("outcome") and f.get("phase") == h.get("phase")
@@ -444,6 +483,7 @@ class SlackNotifier:
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 30.0,
         rng: random.Random | None = None,
+        announce_adoption: bool = False,
     ) -> None:
         if max_queue < 1 or max_tries < 1:
             raise ConfigError(["notify: max_queue and max_tries must be at least 1"])
@@ -456,6 +496,7 @@ class SlackNotifier:
             if len(url.path.strip("/")) >= 16:
                 secret_values.append(url.path.strip("/"))
         self.webhook_url = webhook_url
+        self.announce_adoption = announce_adoption
         self.servers_info = dict(servers_info)
         self.redact = Redactor(secret_values)
         self.max_queue = max_queue
@@ -517,7 +558,11 @@ class SlackNotifier:
             failures.append(data)
             del failures[:-_FAILURES_KEPT]
             return None
+        if event == "server.adopted":
+            return adopted_message(server, info, data) if self.announce_adoption else None
         if event == "server.ready":
+            if data.get("adopted"):
+                return None  # found running by a restarted launcher: not a fresh "ready"
             recovered_from = self._trouble.pop(server, None)
             return ready_message(
                 server, info, data, failures=failures, recovered_from=recovered_from

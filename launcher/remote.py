@@ -705,6 +705,26 @@ async def latest_attempt(transport: Transport, run_dir: str, server: str) -> int
     return max((a for a, _, _ in attempts), default=0)
 
 
+@dataclass(frozen=True)
+class Survey:
+    """One successful listing of a server's attempts on a host."""
+
+    running: RunHandle | None  # the newest attempt whose server still runs
+    latest: int  # the highest attempt number there (0 if none)
+
+
+async def survey(transport: Transport, run_dir: str, server: str) -> Survey:
+    """What one listing shows of ``server`` on the host: the attempt to adopt (if any) and
+    the number to go on from. Raises (never answers "nothing there") when it cannot list."""
+    directory, attempts = await _list_attempts(transport, run_dir, server)
+    running = None
+    for attempt, alive, pid in sorted(attempts, reverse=True):
+        if alive and pid is not None:
+            running = RunHandle(server, attempt, f"{directory}/{attempt}", pid)
+            break
+    return Survey(running, max((a for a, _, _ in attempts), default=0))
+
+
 async def port_in_use(transport: Transport, port: int) -> bool:
     """Whether something on the host holds TCP ``port`` (on 127.0.0.1 or 0.0.0.0)."""
     result = await transport.run(_sh(_PORT, str(port), _PORT_PY))

@@ -461,12 +461,19 @@ class Ledger:
             )
 
     def server_ready(
-        self, server: str, fingerprint: str, params: LaunchParams, seconds: float,
-        attempts: int, *, at: float | None = None,
+        self, server: str, fingerprint: str, params: LaunchParams, seconds: float | None,
+        attempt: int, *, at: float | None = None, attempts: int | None = None,
     ) -> None:
-        """Record that ``server`` became ready with ``params`` on attempt number ``attempts``
-        after ``seconds``: that attempt's row is marked ready and ``params`` become the last
-        good params of ``fingerprint``. Both in one transaction."""
+        """Record that attempt number ``attempt`` of ``server`` (the host's number, as in
+        ``attempt_started``) became ready with ``params`` after ``seconds``: that attempt's
+        row is marked ready and ``params`` become the last good params of ``fingerprint``
+        (reached in ``attempts`` attempts, default ``attempt``). Both in one transaction.
+
+        ``seconds`` None means "not measured by us" (an adopted attempt): a time to ready the
+        row already has is kept, else it is taken from the row's own start (the daemon that
+        launched it wrote that), else it stays unknown. A row that is already ready keeps
+        when it became ready.
+        """
         now = time.time() if at is None else at
         with self._writing("server_ready") as conn:
             conn.execute(
@@ -475,10 +482,16 @@ class Ledger:
                        seconds_to_ready, params_extra)
                    VALUES (?, ?, ?, ?, ?, ?, ?, 'ready', 'ready', ?, ?)
                    ON CONFLICT (server, attempt) DO UPDATE SET
-                       ended_at = excluded.ended_at, outcome = 'ready', phase = 'ready',
-                       seconds_to_ready = excluded.seconds_to_ready""",
-                (server, fingerprint, attempts, params.mem_fraction_static,
-                 params.cuda_graph_max_bs, now - seconds, now, seconds,
+                       ended_at = CASE
+                           WHEN excluded.seconds_to_ready IS NULL AND attempts.outcome = 'ready'
+                           THEN attempts.ended_at ELSE excluded.ended_at END,
+                       outcome = 'ready', phase = 'ready',
+                       seconds_to_ready = COALESCE(
+                           excluded.seconds_to_ready, attempts.seconds_to_ready,
+                           excluded.ended_at - attempts.started_at),
+                       params_extra = excluded.params_extra""",
+                (server, fingerprint, attempt, params.mem_fraction_static,
+                 params.cuda_graph_max_bs, now - (seconds or 0.0), now, seconds,
                  _to_json(params.extras())),
             )
             conn.execute(
@@ -492,7 +505,7 @@ class Ledger:
                        params_extra = excluded.params_extra,
                        updated_at = excluded.updated_at, attempts = excluded.attempts""",
                 (fingerprint, server, params.mem_fraction_static, params.cuda_graph_max_bs,
-                 now, attempts, _to_json(params.extras())),
+                 now, attempt if attempts is None else attempts, _to_json(params.extras())),
             )
 
     # -- reads --------------------------------------------------------------------------
@@ -662,8 +675,8 @@ class LedgerRecorder:
     ``attempt_adopted``; ``attempt.failed`` → ``attempt_finished`` at once (so a daemon that
     dies while cleaning up still has the outcome); ``attempt.ended`` → ``attempt_finished``
     with the log tail (evidence from the event, else from its ``attempt.failed``);
-    ``server.ready`` → ``server_ready``. Other events are ignored. Timestamps the events do
-    not carry come from ``clock`` at the call.
+    ``server.ready`` → ``server_ready`` (its ``attempt``, its ``attempt_seconds``). Other
+    events are ignored. Timestamps the events do not carry come from ``clock`` at the call.
 
     Resource handling: the call only translates the event and queues the write; one writer
     thread, started here, applies them in order. ``flush()`` waits for the queue, ``close()``
@@ -760,11 +773,20 @@ class LedgerRecorder:
             return lambda ledger: ledger.attempt_started(server, fp, attempt, params, now)
         if event == "server.adopted":
             attempt = int(data["attempt"])
-            return lambda ledger: ledger.attempt_adopted(server, fp, attempt, params, now)
+            launched = data.get("started_at")  # the launch time on the host, when known
+            at = now if launched is None else float(launched)
+            return lambda ledger: ledger.attempt_adopted(server, fp, attempt, params, at)
         if event == "server.ready":
-            seconds, attempts = float(data["seconds"]), int(data["attempts"])
+            # "attempt" is the attempt's number; "attempts" only counts this supervision's
+            # attempts (taking it for the number rewrote an older attempt's row as ready).
+            # Per-row time to ready is the attempt's own; None when it was adopted.
+            attempt = int(data["attempt"])
+            raw = data.get("attempt_seconds")
+            seconds = None if raw is None else float(raw)
+            count = data.get("attempts")
             return lambda ledger: ledger.server_ready(
-                server, fp, params, seconds, attempts, at=now
+                server, fp, params, seconds, attempt, at=now,
+                attempts=None if count is None else int(count),
             )
         attempt = int(data["attempt"])
         evidence = [str(line) for line in data.get("evidence") or []]

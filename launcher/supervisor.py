@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +25,26 @@ import httpx
 import structlog
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from launcher import remote
 from launcher.backoff import RestartBackoff
 from launcher.classify import classify, diagnose
 from launcher.command import PARAMS_ENV, ServerCommand, params_from_argv, server_command
 from launcher.config import Config, ServerConfig
-from launcher.errors import HostUnreachable, LauncherError, PreflightError
+from launcher.errors import (
+    AuthenticationFailed,
+    HostKeyError,
+    HostUnreachable,
+    LauncherError,
+    PreflightError,
+    is_transient,
+)
 from launcher.gpus import check_gpus
 from launcher.lifecycle import (
     Action,
@@ -44,6 +58,7 @@ from launcher.lifecycle import (
     FatalLineSeen,
     GpusFree,
     GpuWaitTimedOut,
+    HostRefused,
     Kill,
     Launch,
     Launched,
@@ -61,6 +76,7 @@ from launcher.lifecycle import (
     StartProbing,
     State,
     StopRequested,
+    Unknown,
     WaitForGpus,
 )
 from launcher.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
@@ -116,6 +132,10 @@ class ServerSupervisor:
         initial: LaunchParams | None = None,
         stop_on_exit: bool = False,
         tick: float = 0.1,
+        listing_tries: int = 6,
+        listing_recheck_s: float = 30.0,
+        preflight_tries: int = 6,
+        inbox_size: int = 1000,
     ) -> None:
         self.config = config
         self.server = server
@@ -126,6 +146,10 @@ class ServerSupervisor:
         self.clock = clock
         self.stop_on_exit = stop_on_exit
         self.tick = tick
+        self.listing_tries = listing_tries
+        self.listing_recheck_s = listing_recheck_s
+        self.preflight_tries = preflight_tries
+        self.inbox_size = inbox_size
         self.policy = config.policy_for(server.name)
         self.host = config.host(server.host)
         self.log = structlog.get_logger("launcher").bind(server=server.name, host=server.host)
@@ -157,6 +181,7 @@ class ServerSupervisor:
         # posted before that wait in ``_early``.
         self._inbox_send: MemoryObjectSendStream[Event] | None = None
         self._early: list[Event] = []
+        self._stop_asked: anyio.Event | None = None  # set by request_stop while ``run`` runs
         self._attempt: _Attempt | None = None
         self._launching = anyio.Lock()  # held while a launch runs
         self._tg: TaskGroup | None = None
@@ -192,13 +217,14 @@ class ServerSupervisor:
         adopt: bool = True,
     ) -> State:
         """Supervise until the server gave up or a stop is requested; return the final state."""
-        send, inbox = anyio.create_memory_object_stream[Event](1000)
+        send, inbox = anyio.create_memory_object_stream[Event](self.inbox_size)
         self._inbox_send = send
-        for event in self._early:
-            send.send_nowait(event)
-        self._early.clear()
+        self._stop_asked = anyio.Event()
+        early, self._early = self._early, []
+        if any(isinstance(event, StopRequested) for event in early):
+            self._stop_asked.set()
         with send, inbox:
-            await self._loop(inbox, task_status, adopt)
+            await self._loop(inbox, task_status, adopt, early)
         return self.machine.state
 
     async def _loop(
@@ -206,21 +232,16 @@ class ServerSupervisor:
         inbox: MemoryObjectReceiveStream[Event],
         task_status: anyio.abc.TaskStatus[None],
         adopt: bool,
+        early: list[Event],
     ) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             task_status.started()
+            tg.start_soon(self._post_in_order, early)
             try:
-                first: Event = Start()
-                if adopt:
-                    found = await self._find_running()
-                    if found is not None:
-                        first = found
-                if not isinstance(first, Adopted):
-                    # Attempt directories on the host are never reused: number on from the last.
-                    base = await self._latest_attempt()
-                    self.machine.attempt = self.machine.attempt_base = base
-                await self._dispatch(first)
+                first = await self._first_event(adopt)
+                if first is not None:  # else a stop came first; it waits in the inbox
+                    await self._dispatch(first)
                 tg.start_soon(self._deadline_watch)
                 async for event in inbox:
                     await self._dispatch(event)
@@ -232,19 +253,38 @@ class ServerSupervisor:
                 tg.cancel_scope.cancel()
 
     def request_stop(self, *, kill: bool) -> None:
-        """Ask the loop to stop supervising (and stop the server when ``kill``)."""
-        self._post(StopRequested(kill=kill))
-
-    # -- the loop ----------------------------------------------------------------------
-
-    def _post(self, event: Event) -> None:
-        if self._inbox_send is None:  # not running yet
+        """Ask the loop to stop supervising (and stop the server when ``kill``). Never lost:
+        with a full inbox the request waits for its turn in a task of its own."""
+        event = StopRequested(kill=kill)
+        if self._stop_asked is not None:
+            self._stop_asked.set()
+        if self._inbox_send is None or self._tg is None:  # not running yet
             self._early.append(event)
             return
         try:
             self._inbox_send.send_nowait(event)
-        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self.log.warning("event.dropped", dropped=type(event).__name__)
+        except anyio.WouldBlock:
+            self._tg.start_soon(self._post, event)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # supervision is over already
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def _post(self, event: Event) -> None:
+        """Hand ``event`` to the loop. A full inbox makes the caller wait (back-pressure)
+        instead of dropping the event: a lost CleanedUp or GpusFree would strand the server.
+        Only once the loop has ended are events discarded (nothing is left to act on them)."""
+        if self._inbox_send is None:  # not running yet
+            self._early.append(event)
+            return
+        try:
+            await self._inbox_send.send(event)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self.log.debug("event.after_end", event_type=type(event).__name__)
+
+    async def _post_in_order(self, events: list[Event]) -> None:
+        for event in events:
+            await self._post(event)
 
     async def _dispatch(self, event: Event) -> None:
         actions = self.machine.handle(event, self.clock())
@@ -286,25 +326,90 @@ class ServerSupervisor:
     def run_dir(self) -> str:
         return self.server.run_dir or self.host.run_dir
 
-    async def _find_running(self) -> Adopted | None:
-        try:
-            handle = await remote.find_running(self.transport, self.run_dir, self.server.name)
-        except LauncherError as exc:
-            self._emit("adopt.failed", {"error": str(exc)})
-            return None
-        if handle is None:
-            return None
-        params = await self._params_of(handle)
-        self._attempt = _Attempt(handle=handle, last_advance=self.clock())
-        self._start_attempt_tasks(self._attempt)
-        return Adopted(pid=handle.pid, attempt=handle.attempt, params=params)
+    async def _first_event(self, adopt: bool) -> Event | None:
+        """Adopted (a running attempt was found) or Start, decided on a listing of the host's
+        attempts that succeeded: launching on a failed listing could start a second copy
+        beside a running server and leave that one unsupervised.
 
-    async def _latest_attempt(self) -> int:
+        Transient listing errors are retried (bounded, jittered). When the listing still
+        fails the server is "unknown" (``server.unknown``), nothing is launched, and the
+        listing is tried again (after 1 s, doubling up to ``listing_recheck_s``) until it
+        succeeds. A host whose key or login is refused gives the server up (HostRefused).
+        None when a stop was requested before it was decided.
+        """
+        decided: list[Event] = []
+        stop_asked = self._stop_asked
+        assert stop_asked is not None  # made by ``run``
+        async with anyio.create_task_group() as tg:
+
+            async def decide() -> None:
+                decided.append(await self._decide_first(adopt))
+                tg.cancel_scope.cancel()
+
+            async def stop_wins() -> None:
+                await stop_asked.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(decide)
+            tg.start_soon(stop_wins)
+        return decided[0] if decided else None
+
+    async def _decide_first(self, adopt: bool) -> Event:
+        wait = min(1.0, self.listing_recheck_s)
+        while True:
+            try:
+                found = await self._survey()
+            except (HostKeyError, AuthenticationFailed) as exc:
+                # Not "unknown": this host must not (or cannot) be asked again.
+                return HostRefused(f"cannot list its attempts on {self.server.host}: {exc}")
+            except LauncherError as exc:
+                await self._dispatch(Unknown(f"cannot list its attempts on {self.server.host}: "
+                                             f"{exc}"))
+                self._emit("listing.failed", {"error": str(exc), "retry_in_s": wait})
+                await anyio.sleep(wait)
+                wait = min(wait * 2, self.listing_recheck_s)
+                continue
+            if adopt and found.running is not None:
+                return await self._adopt(found.running)
+            # Attempt directories on the host are never reused: number on from the last.
+            self.machine.attempt = self.machine.attempt_base = found.latest
+            return Start()
+
+    async def _survey(self) -> remote.Survey:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self.listing_tries),
+            wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.5),
+            before_sleep=lambda rs: self._emit("listing.retry", {
+                "try": rs.attempt_number,
+                "error": str(rs.outcome.exception()) if rs.outcome else "",
+            }),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await remote.survey(self.transport, self.run_dir, self.server.name)
+        raise AssertionError("unreachable")  # pragma: no cover (reraise=True)
+
+    async def _adopt(self, handle: remote.RunHandle) -> Adopted:
+        params = await self._params_of(handle)
+        launched = await self._launched_at(handle)
+        self._attempt = _Attempt(handle=handle, last_advance=self.clock())
+        if launched is not None:
+            self._attempt.started_wall = launched
+        self._start_attempt_tasks(self._attempt)
+        return Adopted(pid=handle.pid, attempt=handle.attempt, params=params,
+                       started_wall=launched)
+
+    async def _launched_at(self, handle: remote.RunHandle) -> float | None:
+        """When an adopted attempt was launched (its run directory's ``started_at``)."""
         try:
-            return await remote.latest_attempt(self.transport, self.run_dir, self.server.name)
-        except LauncherError as exc:
-            self._emit("attempt.numbering_failed", {"error": str(exc)})
-            return 0
+            res = await self.transport.run(["cat", f"{handle.dir}/started_at"], timeout=10)
+            stamp = datetime.fromisoformat(res.stdout.decode().strip())
+        except (LauncherError, ValueError):
+            return None
+        return stamp.timestamp() if res.ok else None
 
     async def _params_of(self, handle: remote.RunHandle) -> LaunchParams:
         """Recover the params of an adopted attempt from its command file."""
@@ -322,26 +427,46 @@ class ServerSupervisor:
     async def _preflight(self) -> None:
         problems, transient = await self._preflight_problems()
         if not problems:
-            self._post(PreflightPassed())
+            await self._post(PreflightPassed())
         else:
-            self._post(PreflightBlocked("; ".join(problems), transient=transient))
+            await self._post(PreflightBlocked("; ".join(problems), transient=transient))
 
     async def _preflight_problems(self) -> tuple[list[str], bool]:
-        """(problems, all transient). GPUs busy is transient; the rest is fatal."""
+        """(problems, all transient). GPUs busy is transient; so is a host that cannot be
+        asked right now (``is_transient``: unreachable, a command timeout, a refused
+        session), after the checks were retried ``preflight_tries`` times. The rest is
+        fatal."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self.preflight_tries),
+            wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.5),
+            before_sleep=lambda rs: self._emit("preflight.retry", {
+                "try": rs.attempt_number,
+                "error": str(rs.outcome.exception()) if rs.outcome else "",
+            }),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._preflight_checks()
+        except LauncherError as exc:
+            if is_transient(exc):
+                return [f"host cannot be asked now: {exc}"], True
+            return [str(exc)], False
+        raise AssertionError("unreachable")  # pragma: no cover (reraise=True)
+
+    async def _preflight_checks(self) -> tuple[list[str], bool]:
         s = self.server
         fatal: list[str] = []
-        try:
-            busy = await self._busy_gpus()
-            if s.model_path.startswith("/") and not await remote.path_exists(
-                self.transport, s.model_path
-            ):
-                fatal.append(f"model path {s.model_path} does not exist on {s.host}")
-            if await remote.port_in_use(self.transport, s.port):
-                fatal.append(f"port {s.port} is already in use on {s.host}")
-        except HostUnreachable as exc:
-            return [f"host unreachable: {exc}"], True
-        except LauncherError as exc:
-            return [str(exc)], False
+        busy = await self._busy_gpus()
+        if s.model_path.startswith("/") and not await remote.path_exists(
+            self.transport, s.model_path
+        ):
+            fatal.append(f"model path {s.model_path} does not exist on {s.host}")
+        if await remote.port_in_use(self.transport, s.port):
+            fatal.append(f"port {s.port} is already in use on {s.host}")
         if fatal:
             return fatal + busy, False
         return busy, True
@@ -370,15 +495,19 @@ class ServerSupervisor:
         async with self._launching:
             try:
                 handle = await remote.launch(self.transport, spec)
+            except HostKeyError as exc:
+                self._attempt = None
+                await self._post(HostRefused(str(exc)))
+                return
             except LauncherError as exc:
                 self._attempt = None  # nothing to follow or stop; the previous one is over
                 self._emit("launch.failed", {"error": str(exc)})
                 diag = classify([], None)
                 diag.advice = str(exc)
-                self._post(Exited(status=None, diagnosis=diag))
+                await self._post(Exited(status=None, diagnosis=diag))
                 return
             self._attempt = _Attempt(handle=handle, last_advance=self.clock())
-            self._post(Launched(pid=handle.pid))
+            await self._post(Launched(pid=handle.pid))
             self._start_attempt_tasks(self._attempt)
 
     def _start_attempt_tasks(self, att: _Attempt) -> None:
@@ -403,14 +532,17 @@ class ServerSupervisor:
                         att.last_advance = self.clock()
                         delay = 0.5  # following works again: the next outage starts small
                         for line in splitter.feed(item.data):
-                            self._on_line(att, line)
+                            await self._on_line(att, line)
                     else:
                         for line in splitter.flush():
-                            self._on_line(att, line)
+                            await self._on_line(att, line)
                         att.follower.finish()
                         diag = diagnose(att.follower, item.status, sglang_version=self.version)
-                        self._post(Exited(status=item.status, diagnosis=diag))
+                        await self._post(Exited(status=item.status, diagnosis=diag))
                         return
+                return
+            except HostKeyError as exc:
+                await self._post(HostRefused(str(exc)))
                 return
             except HostUnreachable as exc:
                 self._emit("host.unreachable", {"error": str(exc), "retry_in_s": delay})
@@ -423,24 +555,26 @@ class ServerSupervisor:
                 status = await self._status_of(att)
                 if status is not None and not status.alive:
                     for line in splitter.flush():
-                        self._on_line(att, line)
+                        await self._on_line(att, line)
                     att.follower.finish()
                     diag = diagnose(att.follower, status.exit_status, sglang_version=self.version)
-                    self._post(Exited(status=status.exit_status, diagnosis=diag))
+                    await self._post(Exited(status=status.exit_status, diagnosis=diag))
                     return
                 self._emit("follow.failed", {"error": str(exc), "retry_in_s": delay})
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
-    def _on_line(self, att: _Attempt, line: str) -> None:
+    async def _on_line(self, att: _Attempt, line: str) -> None:
         for ev in att.follower.feed_line(line):
             if isinstance(ev, PhaseEntered):
-                self._post(PhaseSeen(ev.phase))
+                await self._post(PhaseSeen(ev.phase))
             elif isinstance(ev, ReadyLine):
-                self._post(ReadyLineSeen())
+                await self._post(ReadyLineSeen())
         if att.follower.port_in_use is not None and not att.port_reported:
             att.port_reported = True
-            self._post(FatalLineSeen(diagnose(att.follower, None, sglang_version=self.version)))
+            await self._post(
+                FatalLineSeen(diagnose(att.follower, None, sglang_version=self.version))
+            )
 
     async def _stall_watch(self, att: _Attempt) -> None:
         budgets = self.policy.stall
@@ -453,10 +587,21 @@ class ServerSupervisor:
             budget = budgets.for_phase(phase)
             silent = self.clock() - att.last_advance
             if silent > budget and not math.isinf(budget):
-                self._post(Stalled(silent_s=silent))
+                await self._post(Stalled(silent_s=silent))
                 return
 
     async def _probe_loop(self, att: _Attempt) -> None:
+        refused: BaseException | None = None
+        try:
+            await self._probe_forever(att)
+        except* HostKeyError as group:  # raised inside the port forward's task group
+            refused = group.exceptions[0]
+            while isinstance(refused, BaseExceptionGroup):
+                refused = refused.exceptions[0]
+        if refused is not None:
+            await self._post(HostRefused(str(refused)))
+
+    async def _probe_forever(self, att: _Attempt) -> None:
         p = self.policy
         async with self.transport.forward_port(self.server.port) as local_port:
             url = f"http://127.0.0.1:{local_port}/health"
@@ -483,13 +628,16 @@ class ServerSupervisor:
                             {"ok": ok, "latency_s": latency, "detail": detail},
                         )
                     if counts:
-                        self._post(ProbeResult(ok=ok, detail=detail))
+                        await self._post(ProbeResult(ok=ok, detail=detail))
                     await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
 
     async def _status_of(self, att: _Attempt) -> remote.RunStatus | None:
-        """A look at the attempt's process; None when the host cannot tell."""
+        """A look at the attempt's process; None when the host cannot tell. HostKeyError
+        propagates: that host must not be asked anything."""
         try:
             return await remote.probe(self.transport, att.handle)
+        except HostKeyError:
+            raise
         except LauncherError:
             return None
 
@@ -521,7 +669,7 @@ class ServerSupervisor:
                 except LauncherError as exc:
                     self._emit("attempt.tail_unreadable", {"error": str(exc)})
                 self._attempt_ended(att, tail.decode("utf-8", errors="replace"))
-        self._post(CleanedUp())
+        await self._post(CleanedUp())
 
     def _attempt_ended(self, att: _Attempt, tail: str) -> None:
         """Keep the tail locally and tell the hooks how the attempt ended."""
@@ -568,18 +716,21 @@ class ServerSupervisor:
         while self.clock() < deadline:
             try:
                 problems = await self._busy_gpus()
+            except HostKeyError as exc:
+                await self._post(HostRefused(str(exc)))
+                return
             except LauncherError as exc:
                 problems = [str(exc)]
             if not problems:
-                self._post(GpusFree())
+                await self._post(GpusFree())
                 return
             self._emit("gpu.waiting", {"problems": problems})
             await anyio.sleep(1.0)
-        self._post(GpuWaitTimedOut(holder="; ".join(problems)))
+        await self._post(GpuWaitTimedOut(holder="; ".join(problems)))
 
     async def _sleep_then(self, seconds: float, event: Event) -> None:
         await anyio.sleep(seconds)
-        self._post(event)
+        await self._post(event)
 
     async def _deadline_watch(self) -> None:
         """Post DeadlineExceeded once per start-up sequence that outlasts the deadline.
@@ -601,7 +752,7 @@ class ServerSupervisor:
                 continue
             if self.clock() - m.started_at > self.policy.start_deadline:
                 fired_for = m.started_at
-                self._post(DeadlineExceeded())
+                await self._post(DeadlineExceeded())
 
     async def _shutdown(self) -> None:
         att = self._attempt

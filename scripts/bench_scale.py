@@ -938,8 +938,8 @@ def driver_main(args: argparse.Namespace) -> int:
     tracker = LagTracker(emit)
 
     class Observed(ServerSupervisor):
-        def _on_line(self, att: _Attempt, line: str) -> None:
-            super()._on_line(att, line)
+        async def _on_line(self, att: _Attempt, line: str) -> None:
+            await super()._on_line(att, line)
             tracker.observe(line)
 
     def hook(server: str, name: str, data: dict[str, Any]) -> None:

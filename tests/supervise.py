@@ -34,6 +34,7 @@ from launcher.config import Config, config_from_dict
 from launcher.lifecycle import State
 from launcher.sim import gpustate
 from launcher.supervisor import ServerSupervisor
+from launcher.transport.base import Transport
 from launcher.transport.local import LocalTransport
 from tests.simhost import REPO, SimHost, free_port, make_sim_host, model_dir
 
@@ -336,6 +337,8 @@ async def supervise(
     stop_when: Callable[[Recorder], bool] | None = None,
     clock: Callable[[], float] = time.monotonic,
     on_start: Callable[[ServerSupervisor], None] | None = None,
+    transport: Transport | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> Result:
     """Run a ServerSupervisor for the config's only server with an event-recording hook.
 
@@ -344,14 +347,16 @@ async def supervise(
     Once ``stop_when(recorder)`` holds, a stop with kill is requested (as ``launcher up
     --stop-on-exit`` does on Ctrl-C). ``on_start`` gets the supervisor before it runs (for
     hooks that must act on it synchronously). TimeoutError after ``timeout`` seconds (the
-    supervision is cancelled first).
+    supervision is cancelled first). ``transport`` replaces the local transport to the sim
+    host (a fake that injects faults); ``options`` are more ServerSupervisor arguments.
     """
     server = config.servers[0]
-    transport = LocalTransport(server.host, env=config.host(server.host).env)
+    if transport is None:
+        transport = LocalTransport(server.host, env=config.host(server.host).env)
     rec = recorder if recorder is not None else Recorder()
     sup = ServerSupervisor(
         config, server, transport, sglang_version=server.sglang_version or "0.5.23",
-        hooks=[rec], clock=clock,
+        hooks=[rec], clock=clock, **dict(options or {}),
     )
     if on_start is not None:
         on_start(sup)

@@ -92,6 +92,7 @@ def test_up_until_ready_then_status_then_down(sim: SimSetup) -> None:
     assert "137" == (sim.attempt_dir(1) / "exit_status").read_text().strip()
 
     after = run_cli("status", str(config), "--json")
+    assert 3 == after.returncode  # not running: not "everything is up"
     [row] = json.loads(after.stdout)
     assert (False, None, 1) == (row["running"], row["pid"], row["attempt"])
 
@@ -110,14 +111,14 @@ def test_up_with_a_bad_value_exits_2_naming_the_field(sim: SimSetup) -> None:
     assert [] == events(up.stdout)
 
 
-def test_up_until_ready_with_a_fatal_server_exits_1(sim: SimSetup) -> None:
-    """A server SGLang rejects: `up --until-ready` gives up after one attempt and exits 1,
-    saying why."""
+def test_up_until_ready_with_a_fatal_server_exits_4(sim: SimSetup) -> None:
+    """A server SGLang rejects: `up --until-ready` gives up after one attempt and exits 4
+    (gave up), saying why."""
     config = sim.write_toml(quick_server(sim, server={"extra_args": ["--no-such-flag"]}))
 
     up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
 
-    assert 1 == up.returncode, up.stderr
+    assert 4 == up.returncode, up.stderr
     assert "sim0 gave up: bad_argument in init" in up.stderr
     assert "unrecognized arguments: --no-such-flag" in up.stderr
     names = [e["event"] for e in events(up.stdout)]

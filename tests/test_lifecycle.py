@@ -16,6 +16,7 @@ from launcher.lifecycle import (
     FatalLineSeen,
     GpusFree,
     GpuWaitTimedOut,
+    HostRefused,
     Kill,
     Launch,
     Launched,
@@ -114,8 +115,43 @@ def test_ready_needs_ready_line_and_probe() -> None:
     assert [] == m.handle(ProbeResult(ok=False, detail="HTTP 503"), 6)
     actions = m.handle(ProbeResult(ok=True), 7)
     assert State.READY == m.state
-    assert {"attempts": 1, "seconds": 7.0} == {
-        k: emitted(actions, "server.ready")[k] for k in ("attempts", "seconds")}
+    assert {"attempt": 1, "attempts": 1, "seconds": 7.0, "attempt_seconds": 7.0,
+            "adopted": False} == {
+        k: emitted(actions, "server.ready")[k]
+        for k in ("attempt", "attempts", "seconds", "attempt_seconds", "adopted")}
+
+
+def test_ready_and_failures_carry_the_hosts_attempt_number() -> None:
+    """With 3 attempts already on the host, the next ones are #4 (capture OOM) and #5 (ready):
+    server.ready says attempt 5 and numbers the failure #4; attempts counts this run's two."""
+    m = machine()
+    m.attempt = m.attempt_base = 3
+    m.handle(Start(), 0)
+    m.handle(PreflightPassed(), 0)
+    m.handle(Launched(pid=1), 1)
+    m.handle(PhaseSeen(Phase.CUDA_GRAPH), 2)
+    m.handle(Exited(status=137, diagnosis=capture_oom()), 3)
+    m.handle(CleanedUp(), 4)
+    m.handle(GpusFree(), 5)
+    ready = emitted(m.handle(Launched(pid=2), 6) + m.handle(ReadyLineSeen(), 9)
+                    + m.handle(ProbeResult(ok=True), 10), "server.ready")
+    assert (5, 2, 10.0, 5.0) == (ready["attempt"], ready["attempts"], ready["seconds"],
+                                 ready["attempt_seconds"])
+    assert [4] == [h["attempt"] for h in ready["history"]]  # type: ignore[attr-defined]
+
+
+def test_an_adopted_attempt_turning_ready_is_flagged_and_not_timed() -> None:
+    """Adopting attempt 6 and seeing it ready: server.adopted and server.ready name attempt 6;
+    the ready is flagged adopted and carries no time to ready (it was not measured)."""
+    m = machine()
+    actions = m.handle(Adopted(pid=9, attempt=6, params=LaunchParams(0.8, 8),
+                               started_wall=123.0), 100)
+    assert {"pid": 9, "attempt": 6, "started_at": 123.0} == {
+        k: emitted(actions, "server.adopted")[k] for k in ("pid", "attempt", "started_at")}
+    m.handle(ReadyLineSeen(), 100.02)
+    ready = emitted(m.handle(ProbeResult(ok=True), 100.04), "server.ready")
+    assert (6, True, None, None) == (ready["attempt"], ready["adopted"], ready["seconds"],
+                                     ready["attempt_seconds"])
 
 
 def test_capture_oom_relaunches_with_policy_params() -> None:
@@ -425,3 +461,15 @@ def test_a_decisive_weights_oom_still_gives_up() -> None:
     actions = _after_failure(m, _weights_oom(Confidence.DECISIVE))
     assert State.GAVE_UP == m.state
     assert "weight" in str(emitted(actions, "server.gave_up")["reason"])
+def test_a_refused_host_gives_up_at_once_without_a_kill() -> None:
+    """HostRefused (host key changed, credentials rejected) ends supervision from start-up
+    or from ready alike, with its reason, and asks for no Kill: the host gets no command."""
+    m = machine()
+    actions = m.handle(HostRefused("host key of gpu1 changed: it was A, it is now B"), 0)
+    assert (State.GAVE_UP, ["server.gave_up"]) == (m.state, names(actions))
+    ready = machine()
+    ready.handle(Start(), 0)
+    to_ready(ready)
+    actions = ready.handle(HostRefused("host key of gpu1 changed: it was A, it is now B"), 9)
+    assert ["server.gave_up"] == names(actions)
+    assert "it was A, it is now B" == emitted(actions, "server.gave_up")["reason"][-21:]

@@ -55,6 +55,7 @@ def record(mfs: float, bs: int | None, outcome: str, phase: str) -> dict[str, An
 
 
 READY = {
+    "attempt": 3,
     "attempts": 3,
     "seconds": 432.4,
     "params": {"mem_fraction_static": 0.78, "cuda_graph_max_bs": 96},
@@ -161,7 +162,7 @@ async def test_ready_message_names_params_attempts_time_and_each_failed_attempt(
     body = request.json()
     assert (
         "llama is ready on gpu1 (meta-llama/Llama-3.1-70B-Instruct) with "
-        "mem_fraction_static=0.780 cuda_graph_max_bs=96, attempt 3, 7m12s to ready. "
+        "mem_fraction_static=0.780 cuda_graph_max_bs=96, attempt #3, 7m12s to ready. "
         "Failed attempts: "
         "#1 mem_fraction_static=0.880 cuda_graph_max_bs=auto → oom_graph_capture in cuda_graph; "
         "#2 mem_fraction_static=0.830 cuda_graph_max_bs=96 → oom_graph_capture in cuda_graph"
@@ -175,7 +176,7 @@ async def test_ready_message_names_params_attempts_time_and_each_failed_attempt(
         "*Host*\ngpu1",
         "*Model*\nmeta-llama/Llama-3.1-70B-Instruct",
         "*Params*\n`mem_fraction_static=0.780 cuda_graph_max_bs=96`",
-        "*Attempts*\n3",
+        "*Attempt*\n#3",
         "*Time to ready*\n7m12s",
     ] == fields
     assert (
@@ -271,7 +272,7 @@ async def test_unhealthy_and_relaunch_are_reported_and_the_next_ready_is_recover
             ("llama", "server.unhealthy", {"consecutive_failures": 3, "detail": "HTTP 503"}),
             ("llama", "attempt.failed", after_ready),
             ("llama", "restart.scheduled", {"delay_s": 10.0, "params": READY["params"]}),
-            ("llama", "server.ready", READY | {"attempts": 5, "seconds": 95.0}),
+            ("llama", "server.ready", READY | {"attempt": 5, "attempts": 5, "seconds": 95.0}),
             ("qwen", "server.ready", READY | {"history": []}),
         ],
     )
@@ -284,7 +285,7 @@ async def test_unhealthy_and_relaunch_are_reported_and_the_next_ready_is_recover
     ] == got[:2]
     assert got[2].startswith(
         "llama recovered on gpu1 (meta-llama/Llama-3.1-70B-Instruct) after 3 failed health "
-        "probes with mem_fraction_static=0.780 cuda_graph_max_bs=96, attempt 5, 1m35s to ready"
+        "probes with mem_fraction_static=0.780 cuda_graph_max_bs=96, attempt #5, 1m35s to ready"
     )
     assert got[3].startswith("qwen is ready on gpu2")  # trouble is per server
     headers = [r.json()["blocks"][0]["text"]["text"] for r in sink.requests]
@@ -623,3 +624,45 @@ def test_ledger_is_unnumbered_when_failures_do_not_line_up_and_is_capped() -> No
         == (ledger[2])
     )
     assert 17 == len(ledger)
+
+
+def test_ready_numbers_attempts_as_the_host_does() -> None:
+    """A daemon restarted after attempts 1-3 fails #4 and #5 and gets #6 ready: Slack says
+    attempt #6 and lists #4 and #5, the numbers of the run directories and the ledger (the
+    bug: the per-run count, "attempt 3", and failures numbered from another run)."""
+    history = [
+        record(0.88, None, "oom_graph_capture", "cuda_graph") | {"attempt": 4},
+        record(0.83, 96, "oom_graph_capture", "cuda_graph") | {"attempt": 5},
+    ]
+    data = READY | {"attempt": 6, "attempts": 3, "history": history}
+    # attempt.failed data of an earlier run that happen to line up in outcome and phase
+    stale = [failed(2, 0.9, None, "oom_graph_capture", "cuda_graph"),
+             failed(3, 0.9, None, "oom_graph_capture", "cuda_graph")]
+
+    message = ready_message("llama", INFO["llama"], data, failures=stale)
+
+    assert ", attempt #6, 7m12s to ready. Failed attempts: #4 mem_fraction_static=0.880" in (
+        message.text)
+    assert "; #5 mem_fraction_static=0.830" in message.text
+    assert "*Attempt*\n#6" in [f["text"] for f in message.blocks[1]["fields"]]
+
+
+async def test_an_adopted_server_is_no_fresh_ready(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """server.adopted and the adopted attempt's server.ready post nothing by default; with
+    announce_adoption one "adopted" message names the real attempt number and pid."""
+    adopted = {"pid": 4242, "attempt": 7, "params": READY["params"], "started_at": 1.0}
+    ready = READY | {"attempt": 7, "attempts": 1, "seconds": None, "adopted": True,
+                     "history": []}
+    await deliver(make(sink, client, FakeClock()),
+                  [("llama", "server.adopted", adopted), ("llama", "server.ready", ready)])
+    assert [] == sink.requests
+
+    await deliver(make(sink, client, FakeClock(), announce_adoption=True),
+                  [("llama", "server.adopted", adopted), ("llama", "server.ready", ready)])
+    assert [
+        "llama adopted on gpu1 (meta-llama/Llama-3.1-70B-Instruct): attempt #7 (pid 4242) is "
+        "still running with mem_fraction_static=0.780 cuda_graph_max_bs=96; supervising it "
+        "again, nothing relaunched"
+    ] == texts(sink)

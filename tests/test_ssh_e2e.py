@@ -55,10 +55,10 @@ class LineRecordingSupervisor(ServerSupervisor):
         self.lines: dict[int, list[str]] = {}
         self.attempts: dict[int, _Attempt] = {}
 
-    def _on_line(self, att: _Attempt, line: str) -> None:
+    async def _on_line(self, att: _Attempt, line: str) -> None:
         self.lines.setdefault(att.handle.attempt, []).append(line)
         self.attempts[att.handle.attempt] = att
-        super()._on_line(att, line)
+        await super()._on_line(att, line)
 
 
 @pytest.fixture
@@ -307,7 +307,8 @@ async def test_host_down_at_start_is_reported_then_supervision_proceeds(
     make_sshd: Callable[[], Sshd], sites: Callable[..., Site], tmp_path: Path
 ) -> None:
     """With nothing listening on the host's SSH port the supervisor reports the host as
-    unreachable and keeps waiting; once sshd comes up on that port the server gets ready."""
+    unreachable and the server as unknown (its attempts cannot be listed, so nothing is
+    launched); once sshd comes up on that port the server gets ready."""
     sshd = make_sshd()
     sshd.stop()  # same port and keys, nothing listening
     site = sites("gpu1", sshd)
@@ -318,7 +319,7 @@ async def test_host_down_at_start_is_reported_then_supervision_proceeds(
     async with ssh_transports(config, gpu1=fast_retries) as transports:
         sup = supervisor(config, "llm", transports, events)
         async with supervising(sup):
-            await wait_until(lambda: events.first("gpu.waiting") is not None, 15, events,
+            await wait_until(lambda: events.first("server.unknown") is not None, 15, events,
                              "waiting on the unreachable host")
             await anyio.sleep(1.0)
             up_at = time.monotonic()
@@ -341,8 +342,8 @@ async def test_two_hosts_come_up_together_and_a_failing_host_stops_no_other(
     make_sshd: Callable[[], Sshd], sites: Callable[..., Site], tmp_path: Path
 ) -> None:
     """supervise_all brings one server up on each of two SSH hosts (each its own sim host)
-    while a third host is down and gives up; then losing the second host for good leaves
-    the first one ready and healthy."""
+    while a third host is down (its server unknown, nothing launched there); then losing the
+    second host for good leaves the first one ready and healthy."""
     a, b = sites("gpu-a", make_sshd()), sites("gpu-b", make_sshd())
     down_sshd = make_sshd()
     down_sshd.stop()
@@ -363,11 +364,11 @@ async def test_two_hosts_come_up_together_and_a_failing_host_stops_no_other(
     lost_at = 0.0
 
     def up() -> bool:
-        return [State.READY, State.READY, State.GAVE_UP] == [s.state for s in sups]
+        return [State.READY, State.READY, State.UNKNOWN] == [s.state for s in sups]
 
     async def lose_host_b() -> None:
         nonlocal lost_at
-        await wait_until(up, 60, events, "a and b ready, c given up")
+        await wait_until(up, 60, events, "a and b ready, c unknown")
         for site, name in ((a, "llm-a"), (b, "llm-b")):
             sim_hosts[name] = environ(site.server_pid(name, 1))[b"SGLANG_SIM_HOST"]
         lost_at = time.monotonic()
@@ -390,7 +391,8 @@ async def test_two_hosts_come_up_together_and_a_failing_host_stops_no_other(
                 await supervise_all(sups)
     ready = {e.server for e in events.named("server.ready")}
     assert {"llm-a", "llm-b"} == ready
-    assert ["llm-c"] == [e.server for e in events.named("server.gave_up")]
+    assert ["llm-c"] == [e.server for e in events.named("server.unknown")]
+    assert [] == events.named("server.gave_up")
     assert [] == events.named("attempt.started", "llm-c")
     assert any(e.at > lost_at for e in events.named("host.unreachable", "llm-b"))
     assert [] == [e.name for e in events.events if e.server == "llm-a" and e.name in

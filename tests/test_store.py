@@ -489,12 +489,12 @@ def test_recorder_maps_supervisor_events_onto_the_ledger(ledger: Ledger) -> None
         clock.now = 1060.0
         hook("llama", "attempt.started", {"attempt": 2, "params": p2})
         clock.now = 1150.0
-        hook("llama", "server.ready", {"attempts": 2, "seconds": 150.0, "params": p2,
-                                       "history": []})
+        hook("llama", "server.ready", {"attempt": 2, "attempts": 2, "seconds": 150.0,
+                                       "attempt_seconds": 90.0, "params": p2, "history": []})
         assert hook.flush()
     rows = ledger.history()
     assert [
-        (2, LaunchParams(0.85, 160), 1060.0, 1150.0, "ready", "ready", {}, [], 150.0),
+        (2, LaunchParams(0.85, 160), 1060.0, 1150.0, "ready", "ready", {}, [], 90.0),
         (1, LaunchParams(0.88, 256), 1000.0, 1055.0, "oom_graph_capture", "cuda_graph",
          {"free_gib": 0.4, "graph_last_bs": 200},
          ["torch.OutOfMemoryError: CUDA out of memory."], None),
@@ -512,12 +512,15 @@ def test_recorder_records_an_adopted_server(ledger: Ledger) -> None:
     clock = FakeClock(500.0)
     params = {"mem_fraction_static": 0.8, "cuda_graph_max_bs": 128}
     with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
-        hook("llama", "server.adopted", {"pid": 4242, "attempt": 5, "params": params})
+        hook("llama", "server.adopted", {"pid": 4242, "attempt": 5, "params": params,
+                                         "started_at": 470.0})
         clock.now = 530.0
-        hook("llama", "server.ready", {"attempts": 5, "seconds": 30.0, "params": params,
-                                       "history": []})
+        hook("llama", "server.ready", {"attempt": 5, "attempts": 1, "seconds": None,
+                                       "attempt_seconds": None, "adopted": True,
+                                       "params": params, "history": []})
     [row] = ledger.history()
-    assert (5, 500.0, "ready", 30.0) == (row.attempt, row.started_at, row.outcome,
+    # Launched at 470 (the run directory says so), ready when seen at 530.
+    assert (5, 470.0, "ready", 60.0) == (row.attempt, row.started_at, row.outcome,
                                          row.seconds_to_ready)
     assert LaunchParams(0.8, 128) == ledger.last_good("fp1")
 
@@ -578,6 +581,108 @@ def test_recorder_keeps_a_relaunchs_extra_params(ledger: Ledger) -> None:
     with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
         hook("llama", "attempt.started", {"attempt": 2, "params": p.as_dict()})
         clock.now = 130.0
-        hook("llama", "server.ready", {"attempts": 2, "seconds": 30.0, "params": p.as_dict(),
+        hook("llama", "server.ready", {"attempt": 2, "seconds": 30.0, "params": p.as_dict(),
                                        "history": []})
     assert p == ledger.history()[0].params == ledger.last_good("fp1")
+# --- one attempt numbering: the machine's events onto the ledger ----------------------------
+
+
+def _machine(base: int) -> Any:
+    from launcher.backoff import RestartBackoff
+    from launcher.lifecycle import Limits, ServerMachine
+    from launcher.policy import Bounds
+
+    m = ServerMachine(
+        initial=P1, limits=Limits(bounds=Bounds(0.5, 0.95, 1, 6)),
+        restart=RestartBackoff(initial=10, maximum=600, healthy_reset=1800, budget=3,
+                               window=3600),
+    )
+    m.attempt = m.attempt_base = base  # what the supervisor does: number on from the host
+    return m
+
+
+def _feed(m: Any, hook: LedgerRecorder, clock: FakeClock, event: object, now: float) -> None:
+    """Apply ``event`` to the machine at ``now`` and pass its emits to the recorder."""
+    from launcher.lifecycle import Emit
+
+    clock.now = now
+    for action in m.handle(event, now):
+        if isinstance(action, Emit):
+            hook("llama", action.name, action.data)
+
+
+def _to_ready(m: Any, hook: LedgerRecorder, clock: FakeClock, t: float) -> None:
+    from launcher.lifecycle import Launched, ProbeResult, ReadyLineSeen
+
+    _feed(m, hook, clock, Launched(pid=100), t + 1)
+    _feed(m, hook, clock, ReadyLineSeen(), t + 30)
+    _feed(m, hook, clock, ProbeResult(ok=True), t + 40)
+
+
+def _rows(ledger: Ledger) -> dict[int, tuple[str | None, float | None]]:
+    return {r.attempt: (r.outcome, r.seconds_to_ready) for r in ledger.history()}
+
+
+def test_ready_after_a_restart_marks_its_own_attempt_not_the_first(ledger: Ledger) -> None:
+    """Three attempts are on the host (1, 2 OOM; 3 ready); a restarted daemon launches
+    attempt 4, which gets ready: row 4 is ready with its own time to ready and rows 1-3 keep
+    what they were (the bug: the per-run count 1 was taken for the number, so attempt #1,
+    an OOM, was rewritten as ready and #4 never got a time to ready)."""
+    from launcher.lifecycle import PreflightPassed, Start
+
+    for n, outcome in [(1, "oom_graph_capture"), (2, "oom_graph_capture"), (3, "ready")]:
+        ledger.attempt_started("llama", "fp1", n, P1, 10.0 * n)
+        if outcome == "ready":
+            ledger.server_ready("llama", "fp1", P1, 7.0, n, at=10.0 * n + 7)
+        else:
+            ledger.attempt_finished("llama", n, outcome=outcome, phase="cuda_graph",
+                                    numbers={}, evidence=[], log_tail="", ended_at=10.0 * n + 5)
+    clock = FakeClock(1000.0)
+    m = _machine(base=3)
+    with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
+        _feed(m, hook, clock, Start(), 1000.0)
+        _feed(m, hook, clock, PreflightPassed(), 1000.0)
+        _to_ready(m, hook, clock, 1000.0)
+        assert hook.flush()
+    assert {1: ("oom_graph_capture", None), 2: ("oom_graph_capture", None), 3: ("ready", 7.0),
+            4: ("ready", 40.0)} == _rows(ledger)
+    entry = ledger.last_good_entry("fp1")
+    assert entry is not None and 1 == entry.attempts  # this start-up took one attempt
+
+
+def test_adopting_a_ready_attempt_is_not_a_fresh_ready(ledger: Ledger) -> None:
+    """A restarted daemon adopts attempt 3 (ready in 42 s under the daemon that launched it)
+    and sees it ready again at once: row 3 keeps 42 s, row 1 stays an OOM."""
+    from launcher.lifecycle import Adopted, ProbeResult, ReadyLineSeen
+
+    ledger.attempt_started("llama", "fp1", 1, P1, 10.0)
+    ledger.attempt_finished("llama", 1, outcome="oom_kv_cache", phase="kv_cache", numbers={},
+                            evidence=[], log_tail="", ended_at=15.0)
+    ledger.attempt_started("llama", "fp1", 3, P2, 30.0)
+    ledger.server_ready("llama", "fp1", P2, 42.0, 3, at=72.0)
+    clock = FakeClock(5000.0)
+    m = _machine(base=0)
+    with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
+        _feed(m, hook, clock, Adopted(pid=77, attempt=3, params=P2, started_wall=30.0), 5000.0)
+        _feed(m, hook, clock, ReadyLineSeen(), 5000.02)
+        _feed(m, hook, clock, ProbeResult(ok=True), 5000.04)
+        assert hook.flush()
+    assert {1: ("oom_kv_cache", None), 3: ("ready", 42.0)} == _rows(ledger)
+    [ready] = [r for r in ledger.history() if r.attempt == 3]
+    assert 72.0 == ready.ended_at  # when it became ready, not when it was adopted
+
+
+def test_adopting_an_attempt_mid_load_times_it_from_its_launch(ledger: Ledger) -> None:
+    """The daemon that launched attempt 2 died while it loaded; the adopting daemon sees it
+    ready at t=130: its time to ready is counted from its launch at t=100."""
+    from launcher.lifecycle import Adopted, ProbeResult, ReadyLineSeen
+
+    ledger.attempt_started("llama", "fp1", 2, P1, 100.0)
+    clock = FakeClock(110.0)
+    m = _machine(base=0)
+    with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
+        _feed(m, hook, clock, Adopted(pid=77, attempt=2, params=P1, started_wall=100.0), 110.0)
+        _feed(m, hook, clock, ReadyLineSeen(), 125.0)
+        _feed(m, hook, clock, ProbeResult(ok=True), 130.0)
+        assert hook.flush()
+    assert {2: ("ready", 30.0)} == _rows(ledger)

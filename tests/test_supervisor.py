@@ -9,6 +9,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 
 import anyio
@@ -92,10 +93,10 @@ async def test_capture_oom_then_ready_with_the_policys_params(sim: SimSetup) -> 
     assert started[1]["params"] == decided["params"]
     assert decided["params"]["mem_fraction_static"] < 0.88
     [ready] = rec.of("server.ready")
-    assert 2 == ready["attempts"]
+    assert (2, 2, False) == (ready["attempt"], ready["attempts"], ready["adopted"])
     assert decided["params"] == ready["params"]
     assert [{"params": started[0]["params"], "outcome": "oom_graph_capture",
-             "phase": "cuda_graph"}] == ready["history"]
+             "phase": "cuda_graph", "attempt": 1}] == ready["history"]
 
     cmd = sim.cmd(2)
     mfs = decided["params"]["mem_fraction_static"]
@@ -491,11 +492,13 @@ async def test_new_supervisor_adopts_a_ready_server(sim: SimSetup) -> None:
     second = await supervise(config, until=ready_or_done)
     rec = second.events
 
-    assert [{"pid": pid, "attempt": 1,
-             "params": {"mem_fraction_static": 0.8, "cuda_graph_max_bs": 8}}] == rec.of(
-        "server.adopted")
+    [adopted] = rec.of("server.adopted")
+    launched = datetime.fromisoformat((sim.attempt_dir(1) / "started_at").read_text().strip())
+    assert {"pid": pid, "attempt": 1, "started_at": launched.timestamp(),
+            "params": {"mem_fraction_static": 0.8, "cuda_graph_max_bs": 8}} == adopted
     assert not rec.has("attempt.started")
-    assert 1 == rec.of("server.ready")[0]["attempts"]
+    ready = rec.of("server.ready")[0]
+    assert (1, True, None) == (ready["attempt"], ready["adopted"], ready["seconds"])
     assert [1] == sim.attempts()
     assert sim.alive(1)
 

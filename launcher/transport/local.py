@@ -17,7 +17,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppres
 import anyio
 from anyio.abc import ByteReceiveStream, Process
 
-from launcher.errors import RemoteCommandError
+from launcher.errors import CommandTimedOut, RemoteCommandError
 from launcher.transport.base import CommandResult
 
 _STDERR_TAIL = 2000
@@ -147,11 +147,11 @@ class LocalTransport:
                 await process.aclose()
 
         if scope.cancelled_caught:
-            raise self._error(
+            raise CommandTimedOut(
                 f"command on {self._name} timed out after {timeout}s and was killed",
-                argv,
-                None,
-                bytes(err),
+                host=self._name,
+                command=" ".join(argv),
+                stderr=bytes(err)[-_STDERR_TAIL:].decode("utf-8", "replace"),
             )
         assert process.returncode is not None
         result = CommandResult(_status(process.returncode), bytes(out), bytes(err))

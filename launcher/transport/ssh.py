@@ -42,6 +42,8 @@ from tenacity.stop import stop_base
 
 from launcher.errors import (
     AuthenticationFailed,
+    CommandTimedOut,
+    HostKeyChanged,
     HostKeyError,
     HostUnreachable,
     RemoteCommandError,
@@ -139,6 +141,16 @@ class _HostKeyCheck:
         self.recorded_line = f"{self.host_label} {public[0]} {public[1]}\n"
         self.recorded_fingerprint = self.offered_fingerprint
         return True
+
+
+def _offered(error: HostKeyError, fingerprint: str | None) -> HostKeyError:
+    error.offered_fingerprint = fingerprint
+    return error
+
+
+def _server_fingerprint(conn: asyncssh.SSHClientConnection) -> str:
+    key = conn.get_server_host_key()
+    return "(none)" if key is None else str(key.get_fingerprint("sha256"))
 
 
 def _read_known_hosts(path: Path) -> asyncssh.SSHKnownHosts:
@@ -277,6 +289,8 @@ class SSHTransport:
         self._lock = anyio.Lock()
         self._current: _Connection | None = None
         self._client_keys: Sequence[asyncssh.SSHKeyPair] | None = None
+        self._pinned_key: str | None = None  # the host key's fingerprint, from the first connection
+        self._changed_key: str | None = None  # another key offered later: the host is refused
 
     @classmethod
     def from_host_config(cls, host: HostConfigLike, **overrides: Any) -> SSHTransport:
@@ -346,7 +360,7 @@ class SSHTransport:
         label = check.host_label or _known_hosts_pattern(endpoint.address, port)
         keyscan = f"`ssh-keyscan -p {port} {endpoint.address} >> {self.known_hosts}`"
         if check.known_entry:
-            return HostKeyError(
+            return _offered(HostKeyError(
                 f"host key of {endpoint.role} ({label}) does not match {self.known_hosts}: "
                 f"it offered {fingerprint}",
                 host=self.name,
@@ -356,8 +370,8 @@ class SSHTransport:
                     f"`ssh-keygen -R '{label}' -f {self.known_hosts}` and {keyscan} "
                     "(trust_on_first_use never replaces a changed key)"
                 ),
-            )
-        return HostKeyError(
+            ), check.offered_fingerprint)
+        return _offered(HostKeyError(
             f"host key of {endpoint.role} ({label}) is not in {self.known_hosts}: "
             f"it offered {fingerprint} ({exc})",
             host=self.name,
@@ -365,7 +379,7 @@ class SSHTransport:
                 f"check the fingerprint {fingerprint} out of band, then {keyscan}, "
                 f"or set trust_on_first_use = true for host {self.name}"
             ),
-        )
+        ), check.offered_fingerprint)
 
     def _map_connect_error(
         self, endpoint: _Endpoint, exc: BaseException, check: _HostKeyCheck
@@ -495,6 +509,36 @@ class SSHTransport:
         )
 
     async def _connect(self) -> _Connection:
+        """Open a connection (with retries). The host's key is pinned on the first one: a
+        later connection offering another key (a known_hosts mismatch, or a key known_hosts
+        was changed to accept meanwhile) raises HostKeyChanged, then and on every later call,
+        before any command is sent."""
+        self._refuse_if_key_changed()
+        try:
+            current = await self._connect_retrying()
+        except HostKeyError as exc:
+            if self._pinned_key is None:
+                raise
+            self._changed_key = exc.offered_fingerprint or "(not shown)"
+            raise self._key_changed_error() from exc
+        offered = _server_fingerprint(current.conn)
+        if self._pinned_key is None:
+            self._pinned_key = offered
+        elif offered != self._pinned_key:
+            current.close()
+            self._changed_key = offered
+            raise self._key_changed_error()
+        return current
+
+    def _refuse_if_key_changed(self) -> None:
+        if self._changed_key is not None:
+            raise self._key_changed_error()
+
+    def _key_changed_error(self) -> HostKeyChanged:
+        assert self._pinned_key is not None and self._changed_key is not None
+        return HostKeyChanged(self.name, self._pinned_key, self._changed_key)
+
+    async def _connect_retrying(self) -> _Connection:
         retrying = AsyncRetrying(
             sleep=self._sleep,
             retry=retry_if_exception_type(HostUnreachable),
@@ -517,6 +561,7 @@ class SSHTransport:
 
     async def _connection(self) -> _Connection:
         """Return the shared connection, opening it (with retries) if there is none or it died."""
+        self._refuse_if_key_changed()  # not even on a connection still open to the host
         async with self._lock:
             current = self._current
             if current is not None and not current.closed:
@@ -598,7 +643,7 @@ class SSHTransport:
             with anyio.fail_after(timeout):
                 stdout, stderr = await process.communicate()
         except TimeoutError:
-            raise RemoteCommandError(
+            raise CommandTimedOut(
                 f"{self.name}: command timed out after {timeout} s: {command}",
                 host=self.name,
                 command=command,
