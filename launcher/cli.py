@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from launcher import remote
 from launcher.classify import diagnose_text
@@ -89,9 +90,27 @@ def _setup() -> None:
     configure("console", stream=sys.stderr, level=logging.WARNING)
 
 
+def _say(console: Console, *parts: str | tuple[str, str]) -> None:
+    """Print ``parts`` on one line: plain strings verbatim, ``(text, style)`` styled.
+
+    Nothing is parsed as rich markup: config values, host output and server log lines reach
+    the terminal as the characters they are (``[/]`` or ``[link=...]`` included).
+    """
+    console.print(Text.assemble(*parts), highlight=False)
+
+
+def _row(table: Table, *cells: str | Text) -> None:
+    """Add a row whose string cells are plain text, never markup."""
+    table.add_row(*(c if isinstance(c, Text) else Text(c) for c in cells))
+
+
+def _error(console: Console, exc: LauncherError, prefix: str = "") -> None:
+    _say(console, prefix, (type(exc).__name__, "bold red"), f": {exc}")
+
+
 def _fail(exc: LauncherError) -> NoReturn:
     code = 2 if isinstance(exc, ConfigError | UsageError | LogFormatError) else 1
-    err.print(f"[bold red]{type(exc).__name__}[/]: {exc}", highlight=False)
+    _error(err, exc)
     raise typer.Exit(code)
 
 
@@ -179,20 +198,17 @@ def diagnose(
     if as_json:
         out.print_json(json.dumps(data))
     else:
-        out.print(
-            f"[bold]outcome[/]  {diag.outcome.value}  (phase {diag.phase.value}"
-            f"{', rank ' + diag.rank if diag.rank else ''})",
-            highlight=False,
-        )
-        out.print(f"[bold]retry[/]    {'yes' if diag.retryable else 'no'}")
+        _say(out, ("outcome", "bold"), f"  {diag.outcome.value}  (phase {diag.phase.value}"
+             f"{', rank ' + diag.rank if diag.rank else ''})")
+        _say(out, ("retry", "bold"), f"    {'yes' if diag.retryable else 'no'}")
         if data["numbers"]:
             nums = ", ".join(f"{k}={v}" for k, v in data["numbers"].items())
-            out.print(f"[bold]numbers[/]  {nums}", highlight=False)
-        out.print(f"[bold]advice[/]   {data['advice']}", highlight=False)
+            _say(out, ("numbers", "bold"), f"  {nums}")
+        _say(out, ("advice", "bold"), f"   {data['advice']}")
         if diag.evidence:
-            out.print("[bold]evidence[/]")
+            _say(out, ("evidence", "bold"))
             for line in diag.evidence:
-                out.print(f"  {line}", highlight=False, markup=False)
+                _say(out, f"  {line}")
     raise typer.Exit(0 if diag.outcome.value == "ready" else 1)
 
 
@@ -240,21 +256,16 @@ def plan(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = Fa
         out.print_json(json.dumps(rows))
         return
     for r in rows:
-        out.print(
-            f"[bold]{r['server']}[/] on {r['host']}  (SGLang {r['sglang_version']}, "
-            f"{r['version_source']})",
-            highlight=False,
-        )
-        out.print(f"  command  {r['command']}", highlight=False, markup=False)
+        _say(out, (r["server"], "bold"), f" on {r['host']}  (SGLang {r['sglang_version']}, "
+             f"{r['version_source']})")
+        _say(out, f"  command  {r['command']}")
         for k, v in r["env"].items():
-            out.print(f"  env      {k}={v}", highlight=False, markup=False)
-        out.print(f"  run dir  {r['run_dir']}", highlight=False, markup=False)
+            _say(out, f"  env      {k}={v}")
+        _say(out, f"  run dir  {r['run_dir']}")
         steps = " → ".join(
             f"{q['mem_fraction_static']}/{q['cuda_graph_max_bs']}" for q in r["oom_ladder"]
         )
-        out.print(
-            f"  after capture OOMs (fraction/graph bs): {steps or 'gives up'}", highlight=False
-        )
+        _say(out, f"  after capture OOMs (fraction/graph bs): {steps or 'gives up'}")
 
 
 # --- up ---------------------------------------------------------------------------------
@@ -267,10 +278,11 @@ def _view(snaps: list[Snapshot]) -> Table:
     for s in snaps:
         pct = "" if s.progress is None else f"{s.progress * 100:.0f}%"
         color = {"ready": "green", "gave_up": "red"}.get(s.state, "yellow")
-        table.add_row(
+        _row(
+            table,
             s.server,
             s.host,
-            f"[{color}]{s.state}[/]",
+            Text(s.state, style=color),
             pct,
             str(s.attempt),
             s.params,
@@ -347,7 +359,7 @@ async def _up(config: Config, servers: list[ServerConfig], secrets: dict[str, di
                     tg.cancel_scope.cancel()
         return code
     except LauncherError as exc:
-        err.print(f"[bold red]{type(exc).__name__}[/]: {exc}", highlight=False)
+        _error(err, exc)
         return 1
     finally:
         await _close(transports)
@@ -436,13 +448,13 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         recorder.close()
     gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
     for sup in gave_up:
-        err.print(f"[red]{sup.server.name} gave up[/]: {sup.machine.reason}", highlight=False)
+        _say(err, (f"{sup.server.name} gave up", "red"), f": {sup.machine.reason}")
     if interrupted or until_ready:
         running = [sup.server.name for sup in sups if sup.machine.pid and not stop_on_exit
                    and sup.state is not State.GAVE_UP]
         if running:
-            err.print(f"launcher exited; left running: {', '.join(running)} "
-                      "(stop them with `launcher down`)", highlight=False)
+            _say(err, f"launcher exited; left running: {', '.join(running)} "
+                 "(stop them with `launcher down`)")
     if gave_up:
         return 1
     ready = [sup for sup in sups if sup.machine.ready_at is not None]
@@ -479,8 +491,8 @@ def history(
         started = datetime.fromtimestamp(r.started_at, UTC).strftime("%Y-%m-%d %H:%M:%S") \
             if r.started_at else ""
         ttr = "" if r.seconds_to_ready is None else f"{r.seconds_to_ready:.0f}s"
-        table.add_row(started, r.server, str(r.attempt), r.params.describe(),
-                      r.outcome or "running", r.phase or "", ttr)
+        _row(table, started, r.server, str(r.attempt), r.params.describe(),
+             r.outcome or "running", r.phase or "", ttr)
     out.print(table)
 
 
@@ -540,10 +552,10 @@ def down(config_path: ConfigArg, server: ServerOpt = None) -> None:
     code = 0
     for s, r in zip(servers, results, strict=True):
         if isinstance(r, LauncherError):
-            err.print(f"{s.name}: [red]{type(r).__name__}[/]: {r}", highlight=False)
+            _error(err, r, f"{s.name}: ")
             code = 1
         else:
-            out.print(f"{s.name}: {r}", highlight=False)
+            _say(out, f"{s.name}: {r}")
             code = code or (1 if "not free" in r else 0)
     raise typer.Exit(code)
 
@@ -616,16 +628,16 @@ def status(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = 
             table.add_column(col)
         for r in rows:
             if "error" in r:
-                table.add_row(r["server"], r["host"], f"[red]{r['error']}[/]")
+                _row(table, r["server"], r["host"], Text(r["error"], style="red"))
                 continue
             p = r["params"] or {}
             params = (f"{p.get('mem_fraction_static')}/{p.get('cuda_graph_max_bs')}"
                       if p else "")
             up_s = "" if r["uptime_s"] is None else f"{r['uptime_s']:.0f}s"
-            table.add_row(r["server"], r["host"], "yes" if r["running"] else "no",
-                          str(r["pid"] or ""), str(r["attempt"] or ""), params,
-                          r["phase"] or "", "yes" if r["ready"] else "no",
-                          {None: "", True: "yes", False: "no"}[r["healthy"]], up_s)
+            _row(table, r["server"], r["host"], "yes" if r["running"] else "no",
+                 str(r["pid"] or ""), str(r["attempt"] or ""), params,
+                 r["phase"] or "", "yes" if r["ready"] else "no",
+                 {None: "", True: "yes", False: "no"}[r["healthy"]], up_s)
         out.print(table)
     raise typer.Exit(1 if any("error" in r for r in rows) else 0)
 
@@ -689,14 +701,14 @@ def check(config_path: ConfigArg, server: ServerOpt = None) -> None:
     code = 0
     for s, r in zip(servers, results, strict=True):
         if isinstance(r, LauncherError):
-            err.print(f"{s.name}: [red]{type(r).__name__}[/]: {r}", highlight=False)
+            _error(err, r, f"{s.name}: ")
             code = 1
             continue
         head, *problems = r
-        mark = "[red]problems[/]" if problems else "[green]ok[/]"
-        out.print(f"{s.name} on {s.host}: {mark}  {head}", highlight=False)
+        mark = ("problems", "red") if problems else ("ok", "green")
+        _say(out, f"{s.name} on {s.host}: ", mark, f"  {head}")
         for p in problems:
-            out.print(f"  - {p}", highlight=False, markup=False)
+            _say(out, f"  - {p}")
         code = code or (1 if problems else 0)
     raise typer.Exit(code)
 
