@@ -590,7 +590,7 @@ async def _server_status(config: Config, s: ServerConfig, t: Transport) -> dict[
         try:
             since = datetime.fromisoformat(started.stdout.decode().strip())
             row["uptime_s"] = round((datetime.now(UTC) - since).total_seconds(), 1)
-        except ValueError:
+        except (ValueError, TypeError):  # not a time, or one without a zone: a forged file
             pass
     if running and row["ready"]:
         row["healthy"] = await _healthy(t, s.port)

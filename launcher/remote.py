@@ -218,6 +218,7 @@ for a in *; do
   case $a in ''|*[!0-9]*) continue ;; esac
   [ -d "$a" ] || continue
   p=$(cat "$a/pid" 2>/dev/null) || p=
+  case $p in *[!0-9]*) p='?' ;; esac
   if alive "$PWD/$a"; then l=1; else l=0; fi
   printf '%s %s %s\n' "$a" "$l" "${p:--}"
 done
@@ -343,6 +344,19 @@ class StopReport:
     signals_sent: list[str]
     exit_status: int | None
     leftover_pids: list[int]
+
+
+def _number(transport: Transport, where: str, what: str, text: str | bytes) -> int | None:
+    """``text`` (read from the file ``what`` of the attempt at ``where``) as an int, or None
+    when it is none: a forged or corrupt file is reported as ``remote.attempt_corrupt`` and
+    must never stop the supervision, status or stop of anything else."""
+    value = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    value = value.strip()
+    if value.isascii() and value.isdigit() and len(value) <= 18:
+        return int(value)
+    log.warning("remote.attempt_corrupt", host=transport.host_name, dir=where, file=what,
+                value=value[:80])
+    return None
 
 
 def _sh(script: str, *args: str) -> list[str]:
@@ -480,8 +494,11 @@ async def probe(transport: Transport, handle: RunHandle) -> RunStatus:
     fields = result.stdout.split()
     if len(fields) != 3:
         raise LogFormatError(f"probe on {transport.host_name} printed {result.stdout[:200]!r}")
-    alive, status, size = (f.decode() for f in fields)
-    return RunStatus(alive == "1", None if status == "-" else int(status), int(size))
+    alive, status, size = (f.decode("utf-8", "replace") for f in fields)
+    return RunStatus(alive == "1",
+                     None if status == "-" else _number(transport, handle.dir, "exit_status",
+                                                        status),
+                     _number(transport, handle.dir, "log size", size) or 0)
 
 
 async def _exit_status(transport: Transport, handle: RunHandle, wait_s: float) -> int | None:
@@ -610,7 +627,8 @@ async def _finish(
     fields = head.split()
     if not sep or len(fields) != 2 or fields[0] not in (b"0", b"1"):
         raise LogFormatError(f"follow on {transport.host_name} printed {result.stdout[:200]!r}")
-    status = None if fields[1] == b"-" else int(fields[1])
+    status = None if fields[1] == b"-" else _number(transport, handle.dir, "exit_status",
+                                                    fields[1])
     return fields[0] == b"1", status, data
 
 
@@ -674,10 +692,17 @@ async def _list_attempts(
     attempts = []
     for line in entries.splitlines():
         parts = line.split()
-        if len(parts) != 3:
-            raise LogFormatError(f"attempt listing on {transport.host_name}: bad line {line!r}")
-        attempt, alive, pid = parts
-        attempts.append((int(attempt), alive == "1", None if pid == "-" else int(pid)))
+        number = _number(transport, directory, "attempt listing", parts[0]) if parts else None
+        if len(parts) != 3 or number is None:
+            log.warning("remote.attempt_corrupt", host=transport.host_name, dir=directory,
+                        file="attempt listing", value=line[:80])
+            continue
+        _, alive, pid_text = parts
+        # An attempt whose pid file is not a pid still takes its number (directories are never
+        # reused), but is never adopted, probed by pid or signalled.
+        pid = None if pid_text == "-" else _number(transport, f"{directory}/{number}", "pid",
+                                                   pid_text)
+        attempts.append((number, alive == "1" and pid is not None, pid))
     return directory, attempts
 
 

@@ -316,10 +316,21 @@ class ServerSupervisor:
         bs: int | None = None
         for flag, value in itertools.pairwise(words):
             value = value.strip("'\"")
-            if flag == "--mem-fraction-static":
-                mfs = float(value)
-            elif flag.startswith("--cuda-graph-max-bs"):
-                bs = int(value)
+            try:
+                if flag == "--mem-fraction-static":
+                    mfs = float(value)
+                    if not 0.0 < mfs < 1.0:
+                        raise ValueError(value)
+                elif flag.startswith("--cuda-graph-max-bs"):
+                    bs = int(value)
+                    if bs < 1:
+                        raise ValueError(value)
+            except ValueError:
+                # A forged or corrupt cmd file: adopt with the params unknown, and say so.
+                self._emit("attempt.corrupt", {"attempt": handle.attempt, "file": "cmd",
+                                               "value": f"{flag} {value}"[:80]})
+                mfs = bs = None
+                break
         return LaunchParams(mfs, bs)
 
     async def _preflight(self) -> None:

@@ -4,6 +4,7 @@ markup; forged run-directory files are reported and skipped; remote data is boun
 from __future__ import annotations
 
 import io
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +13,12 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from launcher import cli
+from launcher import cli, remote
 from launcher.errors import RemoteCommandError
-from launcher.supervisor import Snapshot
-from tests.supervise import SimSetup, run_cli
+from launcher.params import LaunchParams
+from launcher.supervisor import ServerSupervisor, Snapshot
+from launcher.transport.local import LocalTransport
+from tests.supervise import Recorder, SimSetup, json_lines, run_cli
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -71,3 +74,60 @@ def test_live_view_and_messages_show_server_text_verbatim() -> None:
     cli._error(console, RemoteCommandError(text), "s[/]: ")
     lines = console.export_text().splitlines()
     assert [f"sim0 gave up: {text}", f"s[/]: RemoteCommandError: {text}"] == lines
+
+
+def forge_attempt(sim: SimSetup, attempt: int, **files: str) -> Path:
+    d = sim.attempt_dir(attempt)
+    d.mkdir(parents=True)
+    for name, text in files.items():
+        (d / name).write_text(text)
+    return d
+
+
+def test_forged_attempt_files_are_reported_and_skipped(sim: SimSetup) -> None:
+    """Attempt directories whose pid, exit_status and started_at are not what they should be
+    are reported (``remote.attempt_corrupt``) and skipped by `up`, `status` and `down`: the
+    server starts as attempt 3, `status` shows it, `down` stops it."""
+    forge_attempt(sim, 1, pid="abc\n", exit_status="abc\n", started_at="2020-01-01\n")
+    forge_attempt(sim, 2, pid="1 2\n3\n", exit_status="9" * 5000)
+    config = sim.write_toml(sim.data(mem_fraction_static=0.8, cuda_graph_max_bs=8))
+
+    up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+
+    assert 0 == up.returncode, up.stderr + up.stdout
+    corrupt = [e for e in json_lines(up.stdout) if e.get("event") == "remote.attempt_corrupt"]
+    assert {"pid"} == {e["file"] for e in corrupt}, corrupt
+    assert [1, 2, 3] == sim.attempts() and sim.alive(3)
+
+    status = run_cli("status", str(config), "--json")
+    assert 0 == status.returncode, status.stderr
+    [row] = json.loads(status.stdout)
+    assert (True, 3, sim.pid(3)) == (row["running"], row["attempt"], row["pid"])
+
+    down = run_cli("down", str(config))
+    assert 0 == down.returncode, down.stderr
+    assert not sim.alive(3)
+
+    # Now the newest attempt is a forged one: status reports it, and still exits.
+    forge_attempt(sim, 4, pid="abc", exit_status="abc", started_at="2020-01-01", log="")
+    status = run_cli("status", str(config), "--json")
+    assert 0 == status.returncode, status.stdout + status.stderr
+    [row] = json.loads(status.stdout)
+    assert (False, 4, None) == (row["running"], row["attempt"], row["exit_status"])
+    assert "remote.attempt_corrupt" in status.stderr and "exit_status" in status.stderr
+
+
+async def test_adopting_an_attempt_with_a_forged_cmd_reports_it(sim: SimSetup) -> None:
+    """A cmd file whose params are not numbers (or out of range) adopts with unknown params
+    and an ``attempt.corrupt`` event, instead of a ValueError."""
+    config = sim.config()
+    rec = Recorder()
+    sup = ServerSupervisor(config, config.servers[0], LocalTransport(config.hosts[0]),
+                           sglang_version="0.5.23", hooks=[rec])
+    for n, cmd in enumerate(["x --mem-fraction-static abc --cuda-graph-max-bs 8",
+                             "x --mem-fraction-static 7 --cuda-graph-max-bs 8",
+                             "x --cuda-graph-max-bs 0"], start=1):
+        d = forge_attempt(sim, n, cmd=cmd)
+        params = await sup._params_of(remote.RunHandle("sim0", n, str(d), 0))
+        assert LaunchParams(None, None) == params
+    assert [1, 2, 3] == [e["attempt"] for e in rec.of("attempt.corrupt")]
