@@ -14,7 +14,9 @@ import pytest
 from rich.console import Console
 
 from launcher import cli, remote
+from launcher.classify import diagnose
 from launcher.errors import RemoteCommandError
+from launcher.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
 from launcher.params import LaunchParams
 from launcher.supervisor import ServerSupervisor, Snapshot
 from launcher.transport.local import LocalTransport
@@ -131,3 +133,24 @@ async def test_adopting_an_attempt_with_a_forged_cmd_reports_it(sim: SimSetup) -
         params = await sup._params_of(remote.RunHandle("sim0", n, str(d), 0))
         assert LaunchParams(None, None) == params
     assert [1, 2, 3] == [e["attempt"] for e in rec.of("attempt.corrupt")]
+
+
+def test_log_follower_keeps_at_most_16_kib_of_any_line() -> None:
+    """Lines of 1 MiB (the splitter's cut) are parsed whole but kept cut to MAX_KEPT_CHARS:
+    the tail, the traceback and the failure evidence stay small, the args dump still parses."""
+    big = "x" * MAX_LINE_CHARS
+    follower = LogFollower(tail=8)
+    dump = f"[2026-01-01 00:00:00] server_args=ServerArgs({big[:100_000]}, " \
+           "mem_fraction_static=0.81, cuda_graph_max_bs=24)"
+    lines = [dump, "Traceback (most recent call last):", f'  File "{big}", line 1',
+             f"ValueError: {big}", *[big] * 5, "", f"RuntimeError: CUDA out of memory. {big}",
+             *[big] * 10]
+    for line in lines:
+        follower.feed_line(line)
+    follower.finish()
+
+    assert LaunchParams(0.81, 24) == follower.resolved_params
+    assert 8 == len(follower.last_lines)
+    assert max(map(len, follower.last_lines)) <= MAX_KEPT_CHARS + 64
+    held = repr(follower.failures) + repr(diagnose(follower, 1).evidence)
+    assert len(held) < 40 * MAX_KEPT_CHARS, len(held)
