@@ -27,7 +27,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from launcher import remote
+from launcher import health, remote
 from launcher.classify import diagnose_text
 from launcher.command import server_command
 from launcher.config import (
@@ -76,6 +76,7 @@ app = typer.Typer(
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
+_HEALTH_DEADLINE_S = 25.0  # the whole /health request of `status`, body included
 
 ConfigArg = Annotated[Path, typer.Argument(help="config.toml", show_default=False)]
 ServerOpt = Annotated[
@@ -600,10 +601,12 @@ async def _server_status(config: Config, s: ServerConfig, t: Transport) -> dict[
 async def _healthy(t: Transport, port: int) -> bool:
     try:
         async with t.forward_port(port) as local, httpx.AsyncClient(
-            timeout=25.0, trust_env=False
+            timeout=_HEALTH_DEADLINE_S, trust_env=False
         ) as client:
-            return (await client.get(f"http://127.0.0.1:{local}/health")).status_code == 200
-    except (httpx.HTTPError, LauncherError):
+            ok, _ = await health.check(client, f"http://127.0.0.1:{local}/health",
+                                       _HEALTH_DEADLINE_S)
+            return ok
+    except LauncherError:
         return False
 
 

@@ -26,7 +26,7 @@ import structlog
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from launcher import remote
+from launcher import health, remote
 from launcher.backoff import RestartBackoff
 from launcher.classify import classify, diagnose
 from launcher.command import ServerCommand, server_command
@@ -477,11 +477,7 @@ class ServerSupervisor:
             async with httpx.AsyncClient(timeout=p.probe_timeout, trust_env=False) as client:
                 while True:
                     started = self.clock()
-                    try:
-                        resp = await client.get(url)
-                        ok, detail = resp.status_code == 200, f"HTTP {resp.status_code}"
-                    except httpx.HTTPError as exc:
-                        ok, detail = False, f"{type(exc).__name__}: {exc}"
+                    ok, detail = await health.check(client, url, p.probe_timeout)
                     latency = self.clock() - started
                     ready = self.machine.state is State.READY
                     # A server that crashed also fails its probes, often before the follower

@@ -10,16 +10,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx
 import pytest
 from rich.console import Console
 
-from launcher import cli, remote
+from launcher import cli, health, remote
 from launcher.classify import diagnose
 from launcher.errors import RemoteCommandError
 from launcher.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
 from launcher.params import LaunchParams
 from launcher.supervisor import ServerSupervisor, Snapshot
 from launcher.transport.local import LocalTransport
+from tests.hostile_http import HostileHttp
 from tests.supervise import Recorder, SimSetup, json_lines, run_cli
 
 pytestmark = pytest.mark.timeout(90)
@@ -154,3 +157,24 @@ def test_log_follower_keeps_at_most_16_kib_of_any_line() -> None:
     assert max(map(len, follower.last_lines)) <= MAX_KEPT_CHARS + 64
     held = repr(follower.failures) + repr(diagnose(follower, 1).evidence)
     assert len(held) < 40 * MAX_KEPT_CHARS, len(held)
+
+
+async def test_health_check_has_a_whole_request_deadline_against_a_trickling_body() -> None:
+    """A body trickling a byte every 0.2 s (each read well within httpx's timeout) ends at
+    the deadline as a failed check instead of holding the probe for 200 s."""
+    with HostileHttp("trickle", body_len=1000, every_s=0.2) as srv:
+        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+            ok, detail = await health.check(client, f"http://127.0.0.1:{srv.port}/health", 1.0)
+    assert (False, "no complete answer within 1s") == (ok, detail)
+    assert srv.sent < 100
+
+
+async def test_health_check_reads_at_most_a_few_kib_of_a_huge_body() -> None:
+    """An 800 MB /health body: the check reads MAX_BODY bytes, answers from the status line
+    and hangs up; the server gets to send no more than what the socket buffers hold."""
+    with HostileHttp("huge", body_len=800 << 20) as srv:
+        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+            ok, detail = await health.check(client, f"http://127.0.0.1:{srv.port}/health", 20.0)
+        await anyio.sleep(0.2)
+    assert (True, "HTTP 200") == (ok, detail)
+    assert srv.sent < 64 << 20, srv.sent
