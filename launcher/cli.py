@@ -76,6 +76,8 @@ app = typer.Typer(
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
+_STATUS_HEAD = 2 << 20  # bytes of a log's start `status` reads (start-up, args, ready)
+_STATUS_TAIL = 512 << 10  # and of its end (the latest phase or failure)
 _HEALTH_DEADLINE_S = 25.0  # the whole /health request of `status`, body included
 
 ConfigArg = Annotated[Path, typer.Argument(help="config.toml", show_default=False)]
@@ -578,9 +580,10 @@ async def _server_status(config: Config, s: ServerConfig, t: Transport) -> dict[
     row["exit_status"] = st.exit_status
     row["pid"] = handle.pid if running else None
     follower = LogFollower()
-    splitter = LineSplitter()
-    for line in [*splitter.feed(await remote.read_log(t, handle)), *splitter.flush()]:
-        follower.feed_line(line)
+    for part in await _log_ends(t, handle, st.log_size):
+        splitter = LineSplitter()
+        for line in [*splitter.feed(part), *splitter.flush()]:
+            follower.feed_line(line)
     row["phase"] = follower.phase.value if follower.phase else None
     row["ready"] = follower.ready_line is not None
     rp = follower.resolved_params
@@ -596,6 +599,19 @@ async def _server_status(config: Config, s: ServerConfig, t: Transport) -> dict[
     if running and row["ready"]:
         row["healthy"] = await _healthy(t, s.port)
     return row
+
+
+async def _log_ends(t: Transport, handle: remote.RunHandle, size: int) -> list[bytes]:
+    """The log's start-up (its first _STATUS_HEAD bytes) and its last _STATUS_TAIL bytes
+    (their first, partial line dropped): what `status` reads, whatever the log's size."""
+    head = await remote.read_log(t, handle, 0, _STATUS_HEAD)
+    if size <= len(head):
+        return [head]
+    start = max(len(head), size - _STATUS_TAIL)
+    tail = await remote.read_log(t, handle, start, _STATUS_TAIL)
+    if start == len(head):
+        return [head + tail]
+    return [head, tail.partition(b"\n")[2]]
 
 
 async def _healthy(t: Transport, port: int) -> bool:

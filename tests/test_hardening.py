@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,10 @@ from launcher.errors import RemoteCommandError
 from launcher.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
 from launcher.params import LaunchParams
 from launcher.supervisor import ServerSupervisor, Snapshot
+from launcher.transport.base import CommandResult
 from launcher.transport.local import LocalTransport
 from tests.hostile_http import HostileHttp
-from tests.supervise import Recorder, SimSetup, json_lines, run_cli
+from tests.supervise import HOST, Recorder, SimSetup, json_lines, run_cli
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -178,3 +179,36 @@ async def test_health_check_reads_at_most_a_few_kib_of_a_huge_body() -> None:
         await anyio.sleep(0.2)
     assert (True, "HTTP 200") == (ok, detail)
     assert srv.sent < 64 << 20, srv.sent
+
+
+class CountingTransport(LocalTransport):
+    """A local transport that counts the stdout bytes its commands return."""
+
+    received = 0
+
+    async def run(self, argv: Sequence[str], **kwargs: Any) -> CommandResult:
+        result = await super().run(argv, **kwargs)
+        self.received += len(result.stdout)
+        return result
+
+
+async def test_status_reads_the_start_and_end_of_a_long_log_only(sim: SimSetup) -> None:
+    """`status` of a 10 MiB log reads its first 2 MiB and last 512 KiB: the args dump and the
+    ready line at the start, the crash at the end."""
+    d = forge_attempt(sim, 1, pid="", exit_status="1", started_at="")
+    with (d / "log").open("w") as f:
+        f.write("[2026-01-01 00:00:00] server_args=ServerArgs(mem_fraction_static=0.77, "
+                "cuda_graph_max_bs=16)\n[2026-01-01 00:00:09] The server is fired up and "
+                "ready to roll!\n")
+        f.write(f"[2026-01-01 00:00:10] Decode batch. {'x' * 1000}\n" * 10_000)
+        f.write("[2026-01-01 01:00:00] Received sigquit from a child process. It usually "
+                "means the child failed.\n")
+    config = sim.config()
+    transport = CountingTransport(HOST)
+
+    row = await cli._server_status(config, config.servers[0], transport)
+
+    assert (1, False, True, 1) == (row["attempt"], row["running"], row["ready"],
+                                   row["exit_status"])
+    assert {"mem_fraction_static": 0.77, "cuda_graph_max_bs": 16} == row["params"]
+    assert transport.received < 3 << 20, transport.received
