@@ -677,7 +677,10 @@ def logs(
             raise UsageError(f"{s.name} has no attempt on {s.host} yet",
                              remedy="start it with `launcher up`")
         if not follow:
-            sys.stdout.buffer.write(await remote.read_log(t, handle))
+            offset = 0
+            while data := await remote.read_log(t, handle, offset, remote.READ_CHUNK):
+                sys.stdout.buffer.write(data)
+                offset += len(data)
             return
         async for item in remote.follow(t, handle, 0):
             if isinstance(item, remote.LogChunk):

@@ -56,6 +56,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # log chunk ends with in practice, so holding back a possible marker start delays nothing.
 _END_MARK = b"\x01launcher-follow-end-"
 _VERSION_REMEDY = "set sglang_version in the config"
+READ_CHUNK = 8 << 20  # log bytes read per command (below the transports' MAX_OUTPUT)
 
 # Shell functions shared by the scripts below. ``ident`` reads the boot id and the start time
 # (field 22 of /proc/PID/stat, after the parenthesised command name) so that a recycled pid is
@@ -236,13 +237,13 @@ size=$(wc -c 2> /dev/null < "$1/log") || size=0
 printf '%s%s %s\n' "$6" "$end" $size
 """
 
-# $1 dir, $2 log offset + 1, $3 ticks of 50 ms. What follow needs when its follower died
-# without a trailer, in one round trip: "<alive 0|1> <exit status or ->" on the first line
-# (see the ticks above), then the log from the offset.
+# $1 dir, $2 log offset + 1, $3 ticks of 50 ms, $4 max bytes. What follow needs when its
+# follower died without a trailer, in one round trip: "<alive 0|1> <exit status or ->" on the
+# first line (see the ticks above), then at most $4 bytes of the log from the offset.
 _FINISH = _PRELUDE + r"""
 settled "$1" "$3"
 echo
-tail -c "+$2" "$1/log" 2>/dev/null
+tail -c "+$2" "$1/log" 2>/dev/null | head -c "$4"
 exit 0
 """
 
@@ -511,11 +512,18 @@ async def _exit_status(transport: Transport, handle: RunHandle, wait_s: float) -
 async def read_log(
     transport: Transport, handle: RunHandle, offset: int = 0, max_bytes: int | None = None,
 ) -> bytes:
-    """The log's bytes from ``offset`` (at most ``max_bytes`` of them)."""
-    limit = "" if max_bytes is None else str(max_bytes)
-    result = await transport.run(_sh(_READ, handle.log_path, str(offset + 1), limit))
-    _fail(transport, "read_log", result)
-    return result.stdout
+    """The log's bytes from ``offset`` (at most ``max_bytes`` of them), read READ_CHUNK bytes
+    per command (a transport returns at most MAX_OUTPUT per command)."""
+    data = bytearray()
+    while max_bytes is None or len(data) < max_bytes:
+        want = READ_CHUNK if max_bytes is None else min(READ_CHUNK, max_bytes - len(data))
+        result = await transport.run(
+            _sh(_READ, handle.log_path, str(offset + len(data) + 1), str(want)))
+        _fail(transport, "read_log", result)
+        data += result.stdout
+        if len(result.stdout) < want:
+            break
+    return bytes(data)
 
 
 async def tail_log(transport: Transport, handle: RunHandle, nbytes: int = 64 * 1024) -> bytes:
@@ -582,11 +590,18 @@ async def follow(
             alive, exit_status, data = await _finish(transport, handle, position)
         else:
             alive, exit_status, size = end
-            data = await read_log(transport, handle, position) if size > position else b""
+            data = (await read_log(transport, handle, position, READ_CHUNK)
+                    if size > position else b"")
         if data:
             position += len(data)
             yield LogChunk(data, position)
         if not alive:
+            # What the server wrote beyond the one piece read above, a piece at a time.
+            while len(data) == READ_CHUNK:
+                data = await read_log(transport, handle, position, READ_CHUNK)
+                if data:
+                    position += len(data)
+                    yield LogChunk(data, position)
             break
         # The follower ended while the server lives (no GNU tail, or it was killed): what it
         # missed was just read; try again shortly so a missing --pid cannot busy-loop.
@@ -620,7 +635,8 @@ async def _finish(
 ) -> tuple[bool, int | None, bytes]:
     """(alive, exit status, log bytes from ``offset``) in one command (see _FINISH)."""
     ticks = str(math.ceil(_EXIT_STATUS_WAIT_S / 0.05))
-    result = await transport.run(_sh(_FINISH, handle.dir, str(offset + 1), ticks),
+    result = await transport.run(_sh(_FINISH, handle.dir, str(offset + 1), ticks,
+                                     str(READ_CHUNK)),
                                  timeout=_EXIT_STATUS_WAIT_S + 30.0)
     _fail(transport, "follow", result)
     head, sep, data = result.stdout.partition(b"\n")

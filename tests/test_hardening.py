@@ -21,9 +21,11 @@ from launcher.errors import RemoteCommandError
 from launcher.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
 from launcher.params import LaunchParams
 from launcher.supervisor import ServerSupervisor, Snapshot
-from launcher.transport.base import CommandResult
+from launcher.transport.base import MAX_OUTPUT, CommandResult
 from launcher.transport.local import LocalTransport
+from launcher.transport.ssh import SSHTransport
 from tests.hostile_http import HostileHttp
+from tests.sshd import Sshd
 from tests.supervise import HOST, Recorder, SimSetup, json_lines, run_cli
 
 pytestmark = pytest.mark.timeout(90)
@@ -212,3 +214,53 @@ async def test_status_reads_the_start_and_end_of_a_long_log_only(sim: SimSetup) 
                                    row["exit_status"])
     assert {"mem_fraction_static": 0.77, "cuda_graph_max_bs": 16} == row["params"]
     assert transport.received < 3 << 20, transport.received
+
+
+JUNK = "head -c 100000000 /dev/zero"  # 100 MB on stdout, like a broken nvidia-smi
+
+
+async def test_local_run_stops_a_command_past_max_output() -> None:
+    """100 MB of stdout: RemoteCommandError once MAX_OUTPUT is passed, the command killed."""
+    t = LocalTransport(HOST)
+    with pytest.raises(RemoteCommandError, match=f"more than {MAX_OUTPUT} bytes"):
+        await t.run(["sh", "-c", JUNK], timeout=60)
+    assert (await t.run(["sh", "-c", "head -c 1000 /dev/zero"])).stdout == bytes(1000)
+
+
+@pytest.mark.ssh
+async def test_ssh_run_stops_a_command_past_max_output(sshd_host: Sshd) -> None:
+    """The same over SSH: the channel is closed and the connection stays usable."""
+    t = SSHTransport("gpu1", **sshd_host.transport_kwargs())
+    try:
+        with pytest.raises(RemoteCommandError, match=f"more than {MAX_OUTPUT} bytes"):
+            await t.run(["sh", "-c", JUNK], timeout=60)
+        after = await t.run(["echo", "still usable"])
+    finally:
+        await t.aclose()
+    assert b"still usable\n" == after.stdout
+
+
+@pytest.mark.ssh
+async def test_ssh_timeout_kills_the_command_on_the_host(sshd_host: Sshd, tmp_path: Path) -> None:
+    """A command that ignores its closed channel (a hung nvidia-smi: no output, no input) is
+    killed on the host by ``timeout`` shortly after launcher's own timeout fires."""
+    pid_file = tmp_path / "pid"
+    t = SSHTransport("gpu1", **sshd_host.transport_kwargs())
+    try:
+        with pytest.raises(RemoteCommandError, match="timed out"):
+            await t.run(["sh", "-c", f"echo $$ > {pid_file}; exec sleep 300"], timeout=3.0)
+    finally:
+        await t.aclose()
+    pid = int(pid_file.read_text())
+    for _ in range(400):  # timeout(1) fires HOST_TIMEOUT_SLACK_S after ours
+        if _proc_state(pid) in ("gone", "Z"):
+            break
+        await anyio.sleep(0.05)
+    assert _proc_state(pid) in ("gone", "Z")
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "gone"

@@ -18,7 +18,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, Process
 
 from launcher.errors import RemoteCommandError
-from launcher.transport.base import CommandResult
+from launcher.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult
 
 _STDERR_TAIL = 2000
 
@@ -38,11 +38,20 @@ def _kill_group(process: Process) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-async def _read_all(stream: ByteReceiveStream | None, sink: bytearray) -> None:
+class _TooMuchOutput(Exception):
+    pass
+
+
+async def _read_all(stream: ByteReceiveStream | None, sink: bytearray, cap: int) -> None:
+    """Collect ``stream``; raise _TooMuchOutput past ``cap`` bytes (``-cap``: keep the last)."""
     if stream is None:
         return
     async for chunk in stream:
         sink += chunk
+        if cap < 0 and len(sink) > -cap:
+            del sink[:len(sink) + cap]
+        elif 0 < cap < len(sink):
+            raise _TooMuchOutput
 
 
 class LocalTransport:
@@ -127,11 +136,12 @@ class LocalTransport:
 
         out = bytearray()
         err = bytearray()
+        too_much = False
         try:
             with anyio.move_on_after(timeout) as scope:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(_read_all, process.stdout, out)
-                    tg.start_soon(_read_all, process.stderr, err)
+                    tg.start_soon(_read_all, process.stdout, out, MAX_OUTPUT)
+                    tg.start_soon(_read_all, process.stderr, err, -MAX_STDERR)
                     if process.stdin is not None:
                         assert stdin is not None
                         # A command that exits without reading its input is not an error.
@@ -139,13 +149,22 @@ class LocalTransport:
                             await process.stdin.send(stdin)
                         await process.stdin.aclose()
                     await process.wait()
+        except* _TooMuchOutput:
+            too_much = True
         finally:
             with anyio.CancelScope(shield=True):
-                if process.returncode is None or scope.cancelled_caught:
+                if process.returncode is None or scope.cancelled_caught or too_much:
                     _kill_group(process)
                 await process.wait()
                 await process.aclose()
 
+        if too_much:
+            raise self._error(
+                f"command on {self._name} printed more than {MAX_OUTPUT} bytes and was killed",
+                argv,
+                None,
+                bytes(err),
+            )
         if scope.cancelled_caught:
             raise self._error(
                 f"command on {self._name} timed out after {timeout}s and was killed",

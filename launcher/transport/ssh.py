@@ -24,6 +24,7 @@ AcceptEnv is usually off.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import shlex
@@ -47,7 +48,7 @@ from launcher.errors import (
     RemoteCommandError,
     TransportError,
 )
-from launcher.transport.base import CommandResult
+from launcher.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult
 
 log = structlog.get_logger(__name__)
 
@@ -59,6 +60,10 @@ STDERR_TAIL = 2000
 INITIAL_WAIT_S = 0.5
 MAX_WAIT_S = 10.0
 JITTER_S = 0.5
+# A command run with a timeout runs under the host's coreutils ``timeout``, a little longer
+# than ours: our timeout only closes the channel, which a hung nvidia-smi never notices.
+HOST_TIMEOUT_SLACK_S = 2
+HOST_KILL_AFTER_S = 5
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 Sleep = Callable[[float], Awaitable[Any]]
@@ -589,24 +594,41 @@ class SSHTransport:
         RemoteCommandError raised; a connection lost while the command runs raises
         HostUnreachable (whether the command finished is unknown).
         """
+        if timeout is not None:
+            limit = str(math.ceil(timeout) + HOST_TIMEOUT_SLACK_S)
+            argv = ["timeout", "-k", str(HOST_KILL_AFTER_S), limit, *argv]
         command = build_command(argv, self._merged_env(env))
         current, process = await self._open_process(command)
+        out, err = bytearray(), bytearray()
         try:
             if stdin:
                 process.stdin.write(stdin)
             process.stdin.write_eof()
             with anyio.fail_after(timeout):
-                stdout, stderr = await process.communicate()
-        except TimeoutError:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_collect, process.stderr, err, -MAX_STDERR)
+                    await _collect(process.stdout, out, MAX_OUTPUT)
+                await process.wait_closed()
+            stdout, stderr = bytes(out), bytes(err)
+        except* _TooMuchOutput:
+            raise RemoteCommandError(
+                f"{self.name}: command printed more than {MAX_OUTPUT} bytes: {command}",
+                host=self.name,
+                command=command,
+                stderr=_tail(bytes(err)),
+                remedy="its channel was closed (the host's `timeout` ends it)",
+            ) from None
+        except* TimeoutError:
             raise RemoteCommandError(
                 f"{self.name}: command timed out after {timeout} s: {command}",
                 host=self.name,
                 command=command,
-                stderr=_tail(process.collect_output()[1]),
+                stderr=_tail(bytes(err)),
                 remedy="the command's channel was closed; raise the timeout if it is just slow",
             ) from None
-        except (OSError, asyncssh.DisconnectError) as exc:
+        except* (OSError, asyncssh.DisconnectError) as group:
             self._discard(current)
+            exc = group.exceptions[0]
             raise self._lost(exc, f"while running {command}") from exc
         finally:
             process.close()
@@ -789,6 +811,21 @@ async def _channel_to_socket(reader: asyncssh.SSHReader[bytes], conn: socket.soc
         conn.shutdown(socket.SHUT_WR)
     except (OSError, asyncssh.Error):
         pass  # the client or the channel is gone: the relay closes both
+
+
+class _TooMuchOutput(Exception):
+    pass
+
+
+async def _collect(stream: asyncssh.SSHReader[bytes], sink: bytearray, cap: int) -> None:
+    """Read ``stream`` to EOF into ``sink``; raise _TooMuchOutput past ``cap`` bytes, or with
+    a negative ``cap`` keep only the last ``-cap``."""
+    while chunk := await stream.read(STREAM_CHUNK):
+        sink += _bytes(chunk)
+        if cap < 0 and len(sink) > -cap:
+            del sink[:len(sink) + cap]
+        elif 0 < cap < len(sink):
+            raise _TooMuchOutput
 
 
 def _bytes(data: bytes | str) -> bytes:
