@@ -60,9 +60,11 @@ READ_CHUNK = 8 << 20  # log bytes read per command (below the transports' MAX_OU
 
 # Shell functions shared by the scripts below. ``ident`` reads the boot id and the start time
 # (field 22 of /proc/PID/stat, after the parenthesised command name) so that a recycled pid is
-# never mistaken for our server. ``settled DIR TICKS`` prints "<alive 0|1> <exit status or ->",
-# first waiting up to TICKS × 50 ms for a dead server's status (the wrapper writes it right
-# after reaping the server).
+# never mistaken for our server. ``ours`` trusts a pid only when it is a number above 1 and
+# matches the attempt's pid_start: a missing or forged pid_start trusts nothing (a pid file
+# holding 1 must never become ``kill -- -1``). ``settled DIR TICKS`` prints
+# "<alive 0|1> <exit status or ->", first waiting up to TICKS × 50 ms for a dead server's
+# status (the wrapper writes it right after reaping the server).
 _PRELUDE = r"""
 expand() { case $1 in "~") x=$HOME ;; "~/"*) x=$HOME/${1#"~/"} ;; *) x=$1 ;; esac; }
 ident() {
@@ -72,8 +74,9 @@ ident() {
   printf '%s %s' "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)" "$1"
 }
 ours() {
-  [ -r "$1/pid_start" ] || return 0
-  i=$(ident "$2") || return 0
+  case $2 in ''|*[!0-9]*|0|1) return 1 ;; esac
+  [ -r "$1/pid_start" ] || return 1
+  i=$(ident "$2") || return 1
   [ "$i" = "$(cat "$1/pid_start")" ]
 }
 alive() {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -40,6 +41,17 @@ def sim(tmp_path: Path) -> Iterator[SimSetup]:
         yield setup
     finally:
         setup.cleanup()
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """An unrelated process in its own session (what a forged pid file could name)."""
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def script_server(sim: SimSetup, code: str, **kwargs: Any) -> dict[str, Any]:
@@ -264,3 +276,36 @@ def _proc_state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except OSError:
         return "gone"
+
+
+async def test_a_pid_is_trusted_only_with_a_matching_start_time(
+    sim: SimSetup, sleeper: subprocess.Popen[bytes],
+) -> None:
+    """``ours`` refuses pid 1, 0, junk, a live pid without pid_start and one whose pid_start
+    does not match; only the pid with its own start time is ours."""
+    t = LocalTransport(HOST)
+    ident = await t.run(remote._sh(remote._PRELUDE + 'ident "$1"', str(sleeper.pid)))
+    d = forge_attempt(sim, 1)
+    script = remote._PRELUDE + 'if ours "$1" "$2"; then echo ours; else echo not; fi'
+
+    async def ours(pid: str) -> str:
+        result = await t.run(remote._sh(script, str(d), pid))
+        return result.stdout.decode().strip()
+
+    assert ["not"] * 4 == [await ours(p) for p in ("1", "0", "-1", str(sleeper.pid))]
+    (d / "pid_start").write_text("not the start time\n")
+    assert "not" == await ours(str(sleeper.pid))
+    (d / "pid_start").write_bytes(ident.stdout)
+    assert ["ours", "not"] == [await ours(str(sleeper.pid)), await ours("1")]
+
+
+def test_down_never_signals_a_pid_without_its_start_time(
+    sim: SimSetup, sleeper: subprocess.Popen[bytes],
+) -> None:
+    """An attempt whose pid file names an unrelated live process (no pid_start) is not
+    running: `down` leaves that process alone."""
+    forge_attempt(sim, 1, pid=f"{sleeper.pid}\n", log="")
+    config = sim.write_toml(sim.data())
+    down = run_cli("down", str(config))
+    assert (0, "sim0: not running") == (down.returncode, down.stdout.strip()), down.stderr
+    assert sleeper.poll() is None
