@@ -65,6 +65,7 @@ from launcher.lifecycle import (
     WaitForGpus,
 )
 from launcher.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
+from launcher.notify import Redactor
 from launcher.params import LaunchParams
 from launcher.phases import Phase
 from launcher.policy import Bounds
@@ -123,6 +124,9 @@ class ServerSupervisor:
         self.transport = transport
         self.version = sglang_version
         self.secret_env = secret_env or {}
+        # Every sink (event log, hooks: ledger, Slack, metrics; saved tails; the live view)
+        # gets text from the server with these values masked: a server may print its token.
+        self.redact = Redactor(list(self.secret_env.values()))
         self.hooks = hooks or []
         self.clock = clock
         self.stop_on_exit = stop_on_exit
@@ -181,7 +185,7 @@ class ServerSupervisor:
             params=(m.params or m.initial).describe(),
             elapsed_s=self.clock() - self._started,
             pid=m.pid,
-            reason=m.reason,
+            reason=self.redact.text(m.reason),
         )
 
     async def run(
@@ -272,6 +276,7 @@ class ServerSupervisor:
             self._tg.start_soon(self._sleep_then, action.seconds, BackoffElapsed())
 
     def _emit(self, name: str, data: dict[str, Any]) -> None:
+        data = self.redact(data)
         self.log.info(name, **data)
         for hook in self.hooks:
             hook(self.server.name, name, data)
@@ -548,6 +553,7 @@ class ServerSupervisor:
             "started_at": att.started_wall, "ended_at": time.time(), "log_tail": tail,
             "tail_path": str(self.tail_path) if self.tail_path else None,
         }
+        data = self.redact(data)
         for hook in self.hooks:
             hook(self.server.name, "attempt.ended", data)
 
@@ -566,7 +572,7 @@ class ServerSupervisor:
             folder = self.config.state_dir / "logs" / self.server.name
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"attempt-{attempt}.log"
-            path.write_text(tail, encoding="utf-8")
+            path.write_text(self.redact.text(tail), encoding="utf-8")
             return path
         except OSError as exc:
             self.log.warning("attempt.tail_not_saved", error=str(exc))

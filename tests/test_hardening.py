@@ -309,3 +309,31 @@ def test_down_never_signals_a_pid_without_its_start_time(
     down = run_cli("down", str(config))
     assert (0, "sim0: not running") == (down.returncode, down.stdout.strip()), down.stderr
     assert sleeper.poll() is None
+
+
+SECRET = "hf_do_not_print_me_3141"
+
+
+def test_a_token_the_server_prints_is_masked_at_every_sink(sim: SimSetup) -> None:
+    """A server that prints its own HF_TOKEN and dies: the JSON event log, the gave-up line,
+    the ledger (history and the database file) and the saved log tail show ``***``."""
+    code = ("import os, sys; print('loading with token', os.environ['HF_TOKEN'], flush=True); "
+            "print(f\"ValueError: token {os.environ['HF_TOKEN']} rejected\", flush=True); "
+            "sys.exit(1)")
+    data = script_server(sim, code)
+    data["servers"][0]["secret_env"] = {"HF_TOKEN": "env:TEST_HF_TOKEN"}
+    config = sim.write_toml(data)
+
+    up = run_cli("up", str(config), "--until-ready", "--log-format", "json",
+                 env={"TEST_HF_TOKEN": SECRET})
+
+    assert 1 == up.returncode, up.stderr
+    assert SECRET in sim.log(1)  # the server did print it
+    assert "ValueError: token *** rejected" in up.stderr
+    history = run_cli("history", "--config", str(config), "--json")
+    saved = [p.read_text() for p in (sim.state_dir / "logs").rglob("*.log")]
+    assert saved and all("token ***" in text for text in saved)
+    stored = b"".join(p.read_bytes() for p in sim.state_dir.rglob("*") if p.is_file())
+    for sink in (up.stdout, up.stderr, history.stdout, *saved):
+        assert SECRET not in sink
+    assert SECRET.encode() not in stored
