@@ -337,3 +337,17 @@ def test_a_token_the_server_prints_is_masked_at_every_sink(sim: SimSetup) -> Non
     for sink in (up.stdout, up.stderr, history.stdout, *saved):
         assert SECRET not in sink
     assert SECRET.encode() not in stored
+
+
+async def test_local_commands_inherit_only_a_login_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """launcher's own secrets (the Slack webhook, whatever an env file held) never reach a
+    command on the local transport; PATH, HOME, the host's and the command's env do."""
+    monkeypatch.setenv("LAUNCHER_SLACK_WEBHOOK", "https://hooks.slack.com/services/T/B/x")
+    monkeypatch.setenv("SOME_TOKEN", "from-the-env-file")
+    t = LocalTransport(HOST, env={"HOST_VAR": "h"})
+    result = await t.run(["env"], env={"CMD_VAR": "c"})
+    names = {line.partition("=")[0] for line in result.stdout.decode().splitlines()}
+    assert {"PATH", "HOME", "HOST_VAR", "CMD_VAR"} <= names
+    assert not names & {"LAUNCHER_SLACK_WEBHOOK", "SOME_TOKEN"}

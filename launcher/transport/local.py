@@ -21,6 +21,13 @@ from launcher.errors import RemoteCommandError
 from launcher.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult
 
 _STDERR_TAIL = 2000
+# What a command inherits from launcher's own environment: what a login shell would have (as
+# over SSH). Everything else (LAUNCHER_SLACK_WEBHOOK, a systemd EnvironmentFile's secrets)
+# stays in launcher; a server gets more only through the config's ``env``.
+INHERITED_ENV = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+    "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
+})
 
 
 def _status(returncode: int) -> int:
@@ -57,8 +64,9 @@ async def _read_all(stream: ByteReceiveStream | None, sink: bytearray, cap: int)
 class LocalTransport:
     """A Transport for the machine launcher runs on.
 
-    ``env`` is the host-level environment from the config: it is laid over launcher's own
-    environment for every command, and a command's ``env`` is laid over that.
+    ``env`` is the host-level environment from the config: it is laid over the INHERITED_ENV
+    (and ``LC_*``) part of launcher's own environment for every command, and a command's
+    ``env`` is laid over that.
 
     Resource handling: nothing is held between calls; ``aclose`` is a no-op kept for the
     protocol. A command outliving its ``timeout`` (or a cancelled caller) gets its whole
@@ -78,7 +86,8 @@ class LocalTransport:
         return self._name
 
     def _environment(self, env: Mapping[str, str] | None) -> dict[str, str]:
-        merged = dict(os.environ)
+        merged = {k: v for k, v in os.environ.items()
+                  if k in INHERITED_ENV or k.startswith("LC_")}
         merged.update(self._env)
         if env:
             merged.update(env)
