@@ -7,7 +7,8 @@ SSH and local transports behave alike.
 Each attempt owns a run directory ``<run_dir>/<server>/<attempt>/`` on the host::
 
     cmd          the server's command line, shell-quoted (for humans)
-    env          mode 0600, ``export K='v'`` lines sourced just before exec (written via stdin)
+    env          mode 0600, ``export K='v'`` lines (written via stdin); the server's shell
+                 sources and removes it before it writes ``pid``, so it never outlives launch
     log          stdout + stderr of the server
     pid_start    "<boot id> <start time>" of the server process (guards against pid reuse)
     pid          the server's pid, which is also its process-group and session id
@@ -114,9 +115,11 @@ _launcher_dir=$1; _launcher_cwd=$2; shift 2
 if ident $$ > "$_launcher_dir/pid_start.tmp"; then
   mv -f "$_launcher_dir/pid_start.tmp" "$_launcher_dir/pid_start"
 fi
+. "$_launcher_dir/env"; _launcher_st=$?
+rm -f "$_launcher_dir/env"
 printf '%s\n' $$ > "$_launcher_dir/pid.tmp" && mv -f "$_launcher_dir/pid.tmp" "$_launcher_dir/pid" \
   || exit 126
-. "$_launcher_dir/env" || exit 126
+[ "$_launcher_st" = 0 ] || exit 126
 if [ -n "$_launcher_cwd" ]; then cd "$_launcher_cwd" || exit 126; fi
 exec "$@"
 """
