@@ -4,7 +4,10 @@ One protocol for every transport: it only uses ``Transport.run`` and ``Transport
 POSIX ``sh`` scripts whose inputs travel as positional arguments (never interpolated), so the
 SSH and local transports behave alike.
 
-Each attempt owns a run directory ``<run_dir>/<server>/<attempt>/`` on the host::
+Each attempt owns a run directory ``<run_dir>/<server>/<attempt>/`` on the host, made 0700
+(``run_dir`` and ``<server>`` too when launch creates them). Launch refuses a ``run_dir`` or
+server directory that is a symlink, not owned by the login user or writable by group or
+others: whoever could write there could swap the files the server's shell sources::
 
     cmd          the server's command line, shell-quoted (for humans)
     env          mode 0600, ``export K='v'`` lines (written via stdin); the server's shell
@@ -52,6 +55,7 @@ _EXIT_STATUS_WAIT_S = 2.0  # the wrapper writes exit_status right after reaping 
 _STOP_POLL_S = 0.1
 _PID_WAIT_TICKS = 200  # launch waits 200 × 50 ms for the server's pid file
 _EXISTS_STATUS = 17  # launch script: the attempt directory already exists
+_UNSAFE_STATUS = 13  # launch script: run_dir or its server directory is not safely ours
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Starts the trailer of a follow stream (plus a random token per stream). \x01: a byte no
 # log chunk ends with in practice, so holding back a possible marker start delays nothing.
@@ -139,14 +143,17 @@ _LAUNCH = _PRELUDE + r"""
 set -u
 command -v setsid > /dev/null || { echo "setsid not found on this host" >&2; exit 127; }
 expand "$1"; base=$x
-mkdir -p "$base/$2" || exit 1
+(umask 077 && mkdir -p "$base/$2") || exit 1
+for p in "$base" "$base/$2"; do
+  [ -n "$(find "$p" -maxdepth 0 -type d -user "$(id -u)" ! -perm -020 ! -perm -002)" ] || {
+    echo "unsafe run directory $p: it must be a real directory (not a symlink) owned by" \
+      "$(id -un) and writable by nobody else (chmod go-w)" >&2; exit 13; }
+done
 d=$(cd "$base/$2" && pwd -P) || exit 1
 d=$d/$3
 if [ -e "$d" ]; then echo "attempt directory exists: $d" >&2; exit 17; fi
-mkdir "$d" || exit 1
-(umask 077 && cat > "$d/env") || exit 1
+(umask 077 && mkdir "$d" && cat > "$d/env" && : > "$d/log") || exit 1
 printf '%s\n' "$5" > "$d/cmd"
-: > "$d/log"
 date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started_at"
 cwd=$4; wrapper=$6; shim=$7; shift 7
 if [ -n "$cwd" ]; then expand "$cwd"; cwd=$x; fi
@@ -464,6 +471,13 @@ async def _launch_once(
         raise StateError(
             f"attempt {spec.attempt} of {spec.server} already exists on {transport.host_name}",
             remedy="attempt numbers must increase; start from latest_attempt() + 1",
+        )
+    if result.exit_status == _UNSAFE_STATUS:
+        raise RemoteCommandError(
+            f"launch on {transport.host_name}: "
+            + result.stderr[-500:].decode("utf-8", "replace").strip(),
+            host=transport.host_name, command="launch", exit_status=result.exit_status,
+            remedy="chmod go-w the run directory, or point run_dir at one of your own",
         )
     _fail(transport, "launch", result)
     return result.stdout

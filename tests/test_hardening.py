@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -351,3 +352,42 @@ async def test_local_commands_inherit_only_a_login_environment(
     names = {line.partition("=")[0] for line in result.stdout.decode().splitlines()}
     assert {"PATH", "HOME", "HOST_VAR", "CMD_VAR"} <= names
     assert not names & {"LAUNCHER_SLACK_WEBHOOK", "SOME_TOKEN"}
+
+
+def spec(run_dir: Path, attempt: int = 1) -> remote.AttemptSpec:
+    return remote.AttemptSpec(server="srv", attempt=attempt, run_dir=str(run_dir),
+                              argv=["sleep", "30"], env={}, secret_env={"T": "secret"})
+
+
+async def test_launch_makes_private_directories_and_log(tmp_path: Path) -> None:
+    """A fresh run_dir: run_dir, server and attempt directories 0700, the log 0600."""
+    t = LocalTransport(HOST)
+    handle = await remote.launch(t, spec(tmp_path / "run"))
+    try:
+        d = Path(handle.dir)
+        modes = [stat.S_IMODE(p.stat().st_mode) for p in (d.parent.parent, d.parent, d)]
+        assert [0o700] * 3 == modes
+        assert 0o600 == stat.S_IMODE((d / "log").stat().st_mode)
+    finally:
+        await remote.stop(t, handle, grace=1.0)
+
+
+@pytest.mark.parametrize("how", ["world-writable", "group-writable", "symlink",
+                                 "server-world-writable"])
+async def test_launch_refuses_a_run_dir_others_could_swap(tmp_path: Path, how: str) -> None:
+    """A run_dir (or server directory) that others can write, or a symlink: launch refuses
+    with the fix in the error, and starts nothing."""
+    run_dir = tmp_path / "run"
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    if how == "symlink":
+        run_dir.symlink_to(real)
+    else:
+        run_dir.mkdir(mode=0o700)
+        target = run_dir / "srv" if how.startswith("server") else run_dir
+        target.mkdir(exist_ok=True)
+        target.chmod(0o777 if "world" in how else 0o770)
+    with pytest.raises(RemoteCommandError, match="unsafe run directory") as caught:
+        await remote.launch(LocalTransport(HOST), spec(run_dir))
+    assert "chmod go-w" in caught.value.remedy
+    assert not [p async for p in anyio.Path(tmp_path).rglob("log")]
