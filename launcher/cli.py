@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
-import httpx
 import structlog
 import typer
 from rich.console import Console
@@ -616,11 +615,8 @@ async def _log_ends(t: Transport, handle: remote.RunHandle, size: int) -> list[b
 
 async def _healthy(t: Transport, port: int) -> bool:
     try:
-        async with t.forward_port(port) as local, httpx.AsyncClient(
-            timeout=_HEALTH_DEADLINE_S, trust_env=False
-        ) as client:
-            ok, _ = await health.check(client, f"http://127.0.0.1:{local}/health",
-                                       _HEALTH_DEADLINE_S)
+        async with health.client_for(t, port, _HEALTH_DEADLINE_S) as (client, url):
+            ok, _ = await health.check(client, url, _HEALTH_DEADLINE_S)
             return ok
     except LauncherError:
         return False

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import structlog
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -477,29 +476,28 @@ class ServerSupervisor:
 
     async def _probe_loop(self, att: _Attempt) -> None:
         p = self.policy
-        async with self.transport.forward_port(self.server.port) as local_port:
-            url = f"http://127.0.0.1:{local_port}/health"
-            async with httpx.AsyncClient(timeout=p.probe_timeout, trust_env=False) as client:
-                while True:
-                    started = self.clock()
-                    ok, detail = await health.check(client, url, p.probe_timeout)
-                    latency = self.clock() - started
-                    ready = self.machine.state is State.READY
-                    # A server that crashed also fails its probes, often before the follower
-                    # reports its exit; counting those would call the crash a hang and lose
-                    # the log's diagnosis. Only a live server's failures count.
-                    counts = ok or not ready or await self._still_running(att)
-                    if not counts:
-                        detail += " (the server has exited)"
-                    for hook in self.hooks:
-                        hook(
-                            self.server.name,
-                            "probe.result",
-                            {"ok": ok, "latency_s": latency, "detail": detail},
-                        )
-                    if counts:
-                        self._post(ProbeResult(ok=ok, detail=detail))
-                    await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
+        async with health.client_for(self.transport, self.server.port,
+                                     p.probe_timeout) as (client, url):
+            while True:
+                started = self.clock()
+                ok, detail = await health.check(client, url, p.probe_timeout)
+                latency = self.clock() - started
+                ready = self.machine.state is State.READY
+                # A server that crashed also fails its probes, often before the follower
+                # reports its exit; counting those would call the crash a hang and lose
+                # the log's diagnosis. Only a live server's failures count.
+                counts = ok or not ready or await self._still_running(att)
+                if not counts:
+                    detail += " (the server has exited)"
+                for hook in self.hooks:
+                    hook(
+                        self.server.name,
+                        "probe.result",
+                        {"ok": ok, "latency_s": latency, "detail": detail},
+                    )
+                if counts:
+                    self._post(ProbeResult(ok=ok, detail=detail))
+                await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
 
     async def _status_of(self, att: _Attempt) -> remote.RunStatus | None:
         """A look at the attempt's process; None when the host cannot tell."""

@@ -56,7 +56,7 @@ class HostileHttp:
                 conn.recv(65536)
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
                              b"Content-Length: %d\r\n\r\n" % self.body_len)
-                chunk = b"x" * (1 << 20 if self.mode == "huge" else 1)
+                chunk = b"x" * (min(1 << 20, self.body_len) if self.mode == "huge" else 1)
                 while self.sent < self.body_len and not self._stop.is_set():
                     conn.sendall(chunk)
                     self.sent += len(chunk)

@@ -3,8 +3,10 @@ markup; forged run-directory files are reported and skipped; remote data is boun
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -391,3 +393,46 @@ async def test_launch_refuses_a_run_dir_others_could_swap(tmp_path: Path, how: s
         await remote.launch(LocalTransport(HOST), spec(run_dir))
     assert "chmod go-w" in caught.value.remedy
     assert not [p async for p in anyio.Path(tmp_path).rglob("log")]
+
+
+def _listening_tcp_ports() -> set[int]:
+    """Local ports of the TCP sockets this process has listening (from /proc)."""
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                ports.add(int(fields[1].rpartition(":")[2], 16))
+    return ports
+
+
+@pytest.mark.ssh
+async def test_ssh_probes_use_a_private_unix_socket_not_a_loopback_port(
+    sshd_host: Sshd,
+) -> None:
+    """The health client over SSH reaches the server through a Unix socket in a 0700
+    directory: launcher opens no TCP listener that other local users could connect to."""
+    t = SSHTransport("gpu1", **sshd_host.transport_kwargs())
+    try:
+        with HostileHttp("huge", body_len=2) as srv:
+            before = _listening_tcp_ports()
+            async with health.client_for(t, srv.port, 10.0) as (client, url):
+                during = _listening_tcp_ports()
+                ok = await health.check(client, url, 10.0)
+                transport = client._transport
+                assert isinstance(transport, httpx.AsyncHTTPTransport)
+                uds = transport._pool._uds
+                assert uds is not None
+                mode = stat.S_IMODE(os.stat(os.path.dirname(uds)).st_mode)
+    finally:
+        await t.aclose()
+    assert (True, "HTTP 200") == ok
+    assert set() == during - before
+    assert 0o700 == mode
+    assert not await anyio.Path(uds).exists()

@@ -24,11 +24,14 @@ AcceptEnv is usually off.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import random
 import re
 import shlex
 import socket
+import tempfile
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -700,9 +703,39 @@ class SSHTransport:
         without an await in between, so cancellation can never drop one unclosed.
         """
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        accepted: set[socket.socket] = set()
         try:
             listener.bind(("127.0.0.1", 0))
+            async with self._serve_forward(listener, remote_port):
+                yield int(listener.getsockname()[1])
+        finally:
+            listener.close()
+
+    @asynccontextmanager
+    async def forward_unix(self, remote_port: int) -> AsyncIterator[str]:
+        """Like forward_port, but listening on a Unix socket in a fresh 0700 directory; yields
+        its path. Unlike a loopback port, no other local user can reach the server through it
+        (the probes use this: SGLang's admin endpoints are on the same port)."""
+        folder = tempfile.mkdtemp(prefix="launcher-fwd-")  # mode 0700
+        path = os.path.join(folder, "s")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(path)
+            async with self._serve_forward(listener, remote_port):
+                yield path
+        finally:
+            listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+
+    @asynccontextmanager
+    async def _serve_forward(
+        self, listener: socket.socket, remote_port: int
+    ) -> AsyncIterator[None]:
+        """Accept on the bound ``listener`` and relay each connection (see forward_port)."""
+        accepted: set[socket.socket] = set()
+        try:
             listener.listen()
             listener.setblocking(False)
             async with anyio.create_task_group() as tg:
@@ -720,13 +753,12 @@ class SSHTransport:
 
                 tg.start_soon(accept_loop)
                 try:
-                    yield int(listener.getsockname()[1])
+                    yield
                 finally:
                     tg.cancel_scope.cancel()
         finally:
             for conn in accepted:
                 conn.close()
-            listener.close()
 
     async def _relay(
         self, remote_port: int, conn: socket.socket, accepted: set[socket.socket]
