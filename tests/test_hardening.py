@@ -21,7 +21,8 @@ from rich.console import Console
 
 from launcher import cli, health, remote
 from launcher.classify import diagnose
-from launcher.errors import RemoteCommandError
+from launcher.config import SlackConfig, config_from_dict
+from launcher.errors import ConfigError, RemoteCommandError
 from launcher.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
 from launcher.params import LaunchParams
 from launcher.supervisor import ServerSupervisor, Snapshot
@@ -436,3 +437,52 @@ async def test_ssh_probes_use_a_private_unix_socket_not_a_loopback_port(
     assert set() == during - before
     assert 0o700 == mode
     assert not await anyio.Path(uds).exists()
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda d: d["servers"][0]["env"].update(A="x\0y"),
+     "servers[0].env.A: contains the control character '\\x00' at position 1"),
+    (lambda d: d["servers"][0].update(extra_args=["--foo", "a\x1b[2Jb"]),
+     "servers[0].extra_args[1]: contains the control character '\\x1b' at position 1"),
+    (lambda d: d["servers"][0].update(name=".."), "servers[0].name: '..' is not a valid name"),
+    (lambda d: d["hosts"][0].update(jump_host="admin@bastion:ssh"),
+     "hosts[0].jump_host: 'admin@bastion:ssh' is not [user@]host[:port]"),
+    (lambda d: d["hosts"][0].update(jump_host="bastion:70000"),
+     "hosts[0].jump_host: 'bastion:70000' is not [user@]host[:port]"),
+    (lambda d: d["hosts"][0].update(run_dir="-rf"),
+     "hosts[0].run_dir: '-rf' starts with '-'"),
+    (lambda d: d["servers"][0].update(run_dir="--help"),
+     "servers[0].run_dir: '--help' starts with '-'"),
+])
+def test_config_rejects_hostile_values(sim: SimSetup, change: Any, expected: str) -> None:
+    """Control characters, a '..' name, a malformed jump_host port, a run_dir read as an
+    option: one ConfigError naming the field, never a crash or a retry loop later."""
+    data = sim.data()
+    change(data)
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict(data, environ={})
+    assert any(p.startswith(expected) for p in caught.value.problems), caught.value.problems
+
+
+def test_config_accepts_a_good_jump_host_and_multiline_env(sim: SimSetup) -> None:
+    data = sim.data()
+    data["hosts"][0]["jump_host"] = "admin@bastion.example:2222"
+    data["servers"][0]["env"]["NOTE"] = "two\nlines\tand a tab"
+    assert config_from_dict(data, environ={}).hosts[0].jump_host == "admin@bastion.example:2222"
+
+
+@pytest.mark.parametrize(("url", "ok"), [
+    ("https://hooks.slack.com/services/T0/B0/xyz", True),
+    ("http://127.0.0.1:8080/hook", True),
+    ("http://localhost/hook", True),
+    ("http://hooks.slack.com/services/T0/B0/xyz", False),
+    ("http://127.0.0.1.evil.example/hook", False),
+    ("ftp://hooks.slack.com/x", False),
+])
+def test_slack_webhook_must_be_https_except_loopback(url: str, ok: bool) -> None:
+    slack = SlackConfig()
+    if ok:
+        assert url == slack.webhook_url({"LAUNCHER_SLACK_WEBHOOK": url})
+    else:
+        with pytest.raises(ConfigError, match="must be https://"):
+            slack.webhook_url({"LAUNCHER_SLACK_WEBHOOK": url})
