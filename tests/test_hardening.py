@@ -22,7 +22,7 @@ from rich.console import Console
 from launcher import cli, health, remote
 from launcher.classify import diagnose
 from launcher.config import SlackConfig, config_from_dict
-from launcher.errors import ConfigError, RemoteCommandError
+from launcher.errors import ConfigError, HostKeyError, RemoteCommandError
 from launcher.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
 from launcher.params import LaunchParams
 from launcher.supervisor import ServerSupervisor, Snapshot
@@ -486,3 +486,22 @@ def test_slack_webhook_must_be_https_except_loopback(url: str, ok: bool) -> None
     else:
         with pytest.raises(ConfigError, match="must be https://"):
             slack.webhook_url({"LAUNCHER_SLACK_WEBHOOK": url})
+
+
+@pytest.mark.ssh
+async def test_tofu_that_cannot_record_the_key_is_a_clear_host_key_error(
+    sshd_host: Sshd, tmp_path: Path,
+) -> None:
+    """trust_on_first_use with a known_hosts that cannot be written (here its directory is a
+    file; under systemd, a read-only home): HostKeyError naming the file, no connection."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    kwargs = {**sshd_host.transport_kwargs(), "known_hosts": blocker / "known_hosts",
+              "trust_on_first_use": True, "retry_attempts": 1}
+    t = SSHTransport("gpu1", **kwargs)
+    try:
+        with pytest.raises(HostKeyError, match="cannot record it in") as caught:
+            await t.run(["true"])
+    finally:
+        await t.aclose()
+    assert "known_hosts" in caught.value.remedy

@@ -451,7 +451,20 @@ class SSHTransport:
         except (OSError, TimeoutError, asyncssh.DisconnectError, asyncssh.ChannelOpenError) as exc:
             raise self._map_connect_error(endpoint, exc, check) from exc
         if check.recorded_line is not None:
-            self._record_host_key(check)
+            try:
+                self._record_host_key(check)
+            except OSError as exc:
+                # Unrecorded, the key would be trusted afresh on every connection (and a
+                # changed one never noticed): refuse, and close what was opened.
+                conn.close()
+                raise HostKeyError(
+                    f"{endpoint.role}: trust_on_first_use accepted host key "
+                    f"{check.recorded_fingerprint} but cannot record it in "
+                    f"{self.known_hosts}: {exc.strerror or exc}",
+                    host=self.name,
+                    remedy="make known_hosts writable, set known_hosts to a writable file, or "
+                    "add the host's key yourself (ssh-keyscan) and turn trust_on_first_use off",
+                ) from exc
         return conn
 
     def _record_host_key(self, check: _HostKeyCheck) -> None:
