@@ -22,9 +22,10 @@ from rich.console import Console
 from launcher import cli, health, remote
 from launcher.classify import diagnose
 from launcher.config import SlackConfig, config_from_dict
-from launcher.errors import ConfigError, HostKeyError, RemoteCommandError
+from launcher.errors import ConfigError, HostKeyError, RemoteCommandError, StateError
 from launcher.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
 from launcher.params import LaunchParams
+from launcher.store import StateLock
 from launcher.supervisor import ServerSupervisor, Snapshot
 from launcher.transport.base import MAX_OUTPUT, CommandResult
 from launcher.transport.local import LocalTransport
@@ -505,3 +506,15 @@ async def test_tofu_that_cannot_record_the_key_is_a_clear_host_key_error(
     finally:
         await t.aclose()
     assert "known_hosts" in caught.value.remedy
+
+
+def test_state_lock_refuses_a_symlinked_lock_file(tmp_path: Path) -> None:
+    """A symlink at state_dir/launcher.lock: StateError, and the file it names untouched."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (state / "launcher.lock").symlink_to(victim)
+    with pytest.raises(StateError, match="cannot open the lock file"), StateLock(state):
+        pass
+    assert "precious\n" == victim.read_text()
