@@ -5,7 +5,8 @@
     with HostileHttp("huge", body_len=800 << 20) as srv:               # as fast as it can
         ... srv.sent: body bytes the client took before it hung up
 
-Also runnable as ``python -m tests.hostile_http MODE BODY_LEN PORT`` (scripts/measure_bounds.py).
+Also runnable as ``python -m tests.hostile_http MODE BODY_LEN PORT`` (scripts/measure_bounds.py):
+it then prints SGLang's ready line, so launcher probes it.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ class HostileHttp:
 
 
 if __name__ == "__main__":
+    # As a server command: MODE BODY_LEN PORT, then whatever flags launcher adds (ignored).
     mode, body_len, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     with HostileHttp(mode, body_len, port=port) as server:
         print(f"listening on {server.port}", flush=True)
+        print("[2026-01-01 00:00:00] The server is fired up and ready to roll!", flush=True)
         threading.Event().wait()
