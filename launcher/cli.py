@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import sys
@@ -92,18 +93,29 @@ def _setup() -> None:
     configure("console", stream=sys.stderr, level=logging.WARNING)
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _plain(text: str) -> str:
+    """``text`` with control characters shown as ``\\xNN``: an ESC from a server's log must not
+    reach the terminal (it could clear it, retitle it or make a hyperlink)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def _say(console: Console, *parts: str | tuple[str, str]) -> None:
     """Print ``parts`` on one line: plain strings verbatim, ``(text, style)`` styled.
 
-    Nothing is parsed as rich markup: config values, host output and server log lines reach
-    the terminal as the characters they are (``[/]`` or ``[link=...]`` included).
+    Nothing is parsed as rich markup and no control character gets through: config values,
+    host output and server log lines reach the terminal as the characters they are (``[/]``
+    or ``[link=...]`` included).
     """
-    console.print(Text.assemble(*parts), highlight=False)
+    console.print(Text.assemble(*(_plain(p) if isinstance(p, str) else (_plain(p[0]), p[1])
+                                  for p in parts)), highlight=False)
 
 
 def _row(table: Table, *cells: str | Text) -> None:
-    """Add a row whose string cells are plain text, never markup."""
-    table.add_row(*(c if isinstance(c, Text) else Text(c) for c in cells))
+    """Add a row whose string cells are plain text (see _say), never markup."""
+    table.add_row(*(c if isinstance(c, Text) else Text(_plain(c)) for c in cells))
 
 
 def _error(console: Console, exc: LauncherError, prefix: str = "") -> None:
@@ -643,7 +655,7 @@ def status(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = 
             table.add_column(col)
         for r in rows:
             if "error" in r:
-                _row(table, r["server"], r["host"], Text(r["error"], style="red"))
+                _row(table, r["server"], r["host"], Text(_plain(r["error"]), style="red"))
                 continue
             p = r["params"] or {}
             params = (f"{p.get('mem_fraction_static')}/{p.get('cuda_graph_max_bs')}"

@@ -101,6 +101,20 @@ def test_live_view_and_messages_show_server_text_verbatim() -> None:
     assert [f"sim0 gave up: {text}", f"s[/]: RemoteCommandError: {text}"] == lines
 
 
+def test_terminal_escapes_from_a_server_are_shown_not_sent() -> None:
+    """An ESC sequence in a log line (clear screen, an OSC 8 hyperlink) reaches the terminal
+    as visible ``\\x1b`` text, in messages and in table cells."""
+    text = "boom \x1b[2J\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\ \x07"
+    console = Console(record=True, width=400, file=io.StringIO(), force_terminal=True)
+    cli._say(console, ("sim0 gave up", "red"), f": {text}")
+    snap = Snapshot(server="s", host="h", state="gave_up", phase=None, progress=None,
+                    attempt=1, params="", elapsed_s=1.0, pid=None, reason=text)
+    console.print(cli._view([snap]))
+    raw = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "\x1b[2J" not in raw and "\x1b]8" not in raw and "\x07" not in raw
+    assert raw.count("\\x1b[2J") == 2 and raw.count("\\x07") == 2
+
+
 def forge_attempt(sim: SimSetup, attempt: int, **files: str) -> Path:
     d = sim.attempt_dir(attempt)
     d.mkdir(parents=True)
