@@ -65,9 +65,10 @@ READ_CHUNK = 8 << 20  # log bytes read per command (below the transports' MAX_OU
 
 # Shell functions shared by the scripts below. ``ident`` reads the boot id and the start time
 # (field 22 of /proc/PID/stat, after the parenthesised command name) so that a recycled pid is
-# never mistaken for our server. ``ours`` trusts a pid only when it is a number above 1 and
-# matches the attempt's pid_start: a missing or forged pid_start trusts nothing (a pid file
-# holding 1 must never become ``kill -- -1``). ``settled DIR TICKS`` prints
+# never mistaken for our server. ``ours`` trusts a pid only when it is a number above 1, the
+# attempt has a pid_start, and a live process with that pid matches it (a missing pid_start
+# trusts nothing: a pid file holding 1 must never become ``kill -- -1``). When the pid is gone,
+# its group (orphaned schedulers) is still ours: no process gets the id of a live group. ``settled DIR TICKS`` prints
 # "<alive 0|1> <exit status or ->", first waiting up to TICKS × 50 ms for a dead server's
 # status (the wrapper writes it right after reaping the server).
 _PRELUDE = r"""
@@ -81,7 +82,7 @@ ident() {
 ours() {
   case $2 in ''|*[!0-9]*|0|1) return 1 ;; esac
   [ -r "$1/pid_start" ] || return 1
-  i=$(ident "$2") || return 1
+  i=$(ident "$2") || return 0
   [ "$i" = "$(cat "$1/pid_start")" ]
 }
 alive() {
