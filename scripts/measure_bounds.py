@@ -61,7 +61,7 @@ def measured(argv: list[str], env: dict[str, str] | None = None,
         return {"rc": os.waitstatus_to_exitcode(status),
                 "wall_s": round(time.monotonic() - started, 2),
                 "max_rss_mb": round(usage.ru_maxrss / 1024, 1), "stderr_tail": stderr[-300:],
-                "stdout_head": stdout[:400]}
+                "stdout_head": stdout[:1500]}
 
 
 def cli(*args: str) -> dict[str, Any]:
