@@ -68,9 +68,9 @@ READ_CHUNK = 8 << 20  # log bytes read per command (below the transports' MAX_OU
 # never mistaken for our server. ``ours`` trusts a pid only when it is a number above 1, the
 # attempt has a pid_start, and a live process with that pid matches it (a missing pid_start
 # trusts nothing: a pid file holding 1 must never become ``kill -- -1``). When the pid is gone,
-# its group (orphaned schedulers) is still ours: no process gets the id of a live group. ``settled DIR TICKS`` prints
-# "<alive 0|1> <exit status or ->", first waiting up to TICKS × 50 ms for a dead server's
-# status (the wrapper writes it right after reaping the server).
+# its group (orphaned schedulers) is still ours: no process gets the id of a live group.
+# ``settled DIR TICKS`` prints "<alive 0|1> <exit status or ->", first waiting up to
+# TICKS × 50 ms for a dead server's status (the wrapper writes it right after reaping it).
 _PRELUDE = r"""
 expand() { case $1 in "~") x=$HOME ;; "~/"*) x=$HOME/${1#"~/"} ;; *) x=$1 ;; esac; }
 ident() {
