@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import sys
@@ -28,15 +29,14 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
-import httpx
 import structlog
 import typer
 from rich.console import Console
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from launcher import remote
+from launcher import health, remote
 from launcher.classify import diagnose_text
 from launcher.command import server_command
 from launcher.config import (
@@ -91,6 +91,9 @@ app = typer.Typer(
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
+_STATUS_HEAD = 2 << 20  # bytes of a log's start `status` reads (start-up, args, ready)
+_STATUS_TAIL = 512 << 10  # and of its end (the latest phase or failure)
+_HEALTH_DEADLINE_S = 25.0  # the whole /health request of `status`, body included
 
 ConfigArg = Annotated[Path, typer.Argument(help="config.toml", show_default=False)]
 ServerOpt = Annotated[
@@ -105,14 +108,42 @@ def _setup() -> None:
     configure("console", stream=sys.stderr, level=logging.WARNING)
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _plain(text: str) -> str:
+    """``text`` with control characters shown as ``\\xNN``: an ESC from a server's log must not
+    reach the terminal (it could clear it, retitle it or make a hyperlink)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _say(console: Console, *parts: str | tuple[str, str]) -> None:
+    """Print ``parts`` on one line: plain strings verbatim, ``(text, style)`` styled.
+
+    Nothing is parsed as rich markup and no control character gets through: config values,
+    host output and server log lines reach the terminal as the characters they are (``[/]``
+    or ``[link=...]`` included).
+    """
+    console.print(Text.assemble(*(_plain(p) if isinstance(p, str) else (_plain(p[0]), p[1])
+                                  for p in parts)), highlight=False)
+
+
+def _row(table: Table, *cells: str | Text) -> None:
+    """Add a row whose string cells are plain text (see _say), never markup."""
+    table.add_row(*(c if isinstance(c, Text) else Text(_plain(c)) for c in cells))
+
+
+def _error(console: Console, exc: LauncherError, prefix: str = "") -> None:
+    _say(console, prefix, (type(exc).__name__, "bold red"), f": {exc}")
+
+
 def _exit_code(exc: LauncherError) -> int:
     return EXIT_USAGE if isinstance(exc, ConfigError | UsageError | LogFormatError) else EXIT_ERROR
 
 
 def _fail(exc: LauncherError) -> NoReturn:
     code = _exit_code(exc)
-    # The message is data, not markup: "[[servers]]" or a path with brackets must print as is.
-    err.print(f"[bold red]{type(exc).__name__}[/]: {escape(str(exc))}", highlight=False)
+    _error(err, exc)
     raise typer.Exit(code)
 
 
@@ -283,24 +314,19 @@ def diagnose(
     if as_json:
         out.print_json(json.dumps(data))
     else:
-        out.print(
-            f"[bold]outcome[/]  {diag.outcome.value}  (phase {diag.phase.value}"
-            f"{', rank ' + diag.rank if diag.rank else ''}; {diag.confidence.value})",
-            highlight=False,
-        )
-        out.print(f"[bold]retry[/]    {'yes' if diag.retryable else 'no'}")
+        _say(out, ("outcome", "bold"), f"  {diag.outcome.value}  (phase {diag.phase.value}"
+             f"{', rank ' + diag.rank if diag.rank else ''}; {diag.confidence.value})")
+        _say(out, ("retry", "bold"), f"    {'yes' if diag.retryable else 'no'}")
         if data["numbers"]:
             nums = ", ".join(f"{k}={v}" for k, v in data["numbers"].items())
-            out.print(f"[bold]numbers[/]  {nums}", highlight=False)
-        out.print("[bold]advice[/]   ", end="")
-        out.print(data["advice"], highlight=False, markup=False)
+            _say(out, ("numbers", "bold"), f"  {nums}")
+        _say(out, ("advice", "bold"), f"   {data['advice']}")
         for remark in diag.remarks:
-            out.print("[bold]note[/]     ", end="")
-            out.print(remark, highlight=False, markup=False)
+            _say(out, ("note", "bold"), f"     {remark}")
         if diag.evidence:
-            out.print("[bold]evidence[/]")
+            _say(out, ("evidence", "bold"))
             for line in diag.evidence:
-                out.print(f"  {line}", highlight=False, markup=False)
+                _say(out, f"  {line}")
     raise typer.Exit(0 if diag.outcome.value == "ready" else 1)
 
 
@@ -348,21 +374,16 @@ def plan(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = Fa
         out.print_json(json.dumps(rows))
         return
     for r in rows:
-        out.print(
-            f"[bold]{r['server']}[/] on {r['host']}  (SGLang {r['sglang_version']}, "
-            f"{r['version_source']})",
-            highlight=False,
-        )
-        out.print(f"  command  {r['command']}", highlight=False, markup=False)
+        _say(out, (r["server"], "bold"), f" on {r['host']}  (SGLang {r['sglang_version']}, "
+             f"{r['version_source']})")
+        _say(out, f"  command  {r['command']}")
         for k, v in r["env"].items():
-            out.print(f"  env      {k}={v}", highlight=False, markup=False)
-        out.print(f"  run dir  {r['run_dir']}", highlight=False, markup=False)
+            _say(out, f"  env      {k}={v}")
+        _say(out, f"  run dir  {r['run_dir']}")
         steps = " → ".join(
             f"{q['mem_fraction_static']}/{q['cuda_graph_max_bs']}" for q in r["oom_ladder"]
         )
-        out.print(
-            f"  after capture OOMs (fraction/graph bs): {steps or 'gives up'}", highlight=False
-        )
+        _say(out, f"  after capture OOMs (fraction/graph bs): {steps or 'gives up'}")
 
 
 # --- up ---------------------------------------------------------------------------------
@@ -375,10 +396,11 @@ def _view(snaps: list[Snapshot]) -> Table:
     for s in snaps:
         pct = "" if s.progress is None else f"{s.progress * 100:.0f}%"
         color = {"ready": "green", "gave_up": "red"}.get(s.state, "yellow")
-        table.add_row(
+        _row(
+            table,
             s.server,
             s.host,
-            f"[{color}]{s.state}[/]",
+            Text(s.state, style=color),
             pct,
             str(s.attempt),
             s.params,
@@ -468,7 +490,7 @@ async def _up(config: Config, servers: list[ServerConfig], secrets: dict[str, di
                     tg.cancel_scope.cancel()
         return code
     except LauncherError as exc:
-        err.print(f"[bold red]{type(exc).__name__}[/]: {escape(str(exc))}", highlight=False)
+        _error(err, exc)
         return _exit_code(exc)
     finally:
         await _close(transports)
@@ -557,14 +579,13 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         recorder.close()
     gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
     for sup in gave_up:
-        err.print(f"[red]{escape(sup.server.name)} gave up[/]: {escape(sup.machine.reason)}",
-                  highlight=False)
+        _say(err, (f"{sup.server.name} gave up", "red"), f": {sup.snapshot().reason}")
     if interrupted or until_ready:
         running = [sup.server.name for sup in sups if sup.machine.pid and not stop_on_exit
                    and sup.state is not State.GAVE_UP]
         if running:
-            err.print(f"launcher exited; left running: {', '.join(running)} "
-                      "(stop them with `launcher down`)", highlight=False)
+            _say(err, f"launcher exited; left running: {', '.join(running)} "
+                 "(stop them with `launcher down`)")
     return _up_exit_code(interrupted=interrupted, until_ready=until_ready,
                          gave_up=[sup.state is State.GAVE_UP for sup in sups],
                          ready=[sup.machine.ready_at is not None for sup in sups])
@@ -613,8 +634,8 @@ def history(
         started = datetime.fromtimestamp(r.started_at, UTC).strftime("%Y-%m-%d %H:%M:%S") \
             if r.started_at else ""
         ttr = "" if r.seconds_to_ready is None else f"{r.seconds_to_ready:.0f}s"
-        table.add_row(started, r.server, str(r.attempt), r.params.describe(),
-                      r.outcome or "running", r.phase or "", ttr)
+        _row(table, started, r.server, str(r.attempt), r.params.describe(),
+             r.outcome or "running", r.phase or "", ttr)
     out.print(table)
 
 
@@ -674,10 +695,10 @@ def down(config_path: ConfigArg, server: ServerOpt = None) -> None:
     code = 0
     for s, r in zip(servers, results, strict=True):
         if isinstance(r, LauncherError):
-            err.print(f"{s.name}: [red]{type(r).__name__}[/]: {r}", highlight=False)
+            _error(err, r, f"{s.name}: ")
             code = 1
         else:
-            out.print(f"{s.name}: {r}", highlight=False)
+            _say(out, f"{s.name}: {r}")
             code = code or (1 if "not free" in r else 0)
     raise typer.Exit(code)
 
@@ -699,9 +720,10 @@ async def _server_status(config: Config, s: ServerConfig, t: Transport) -> dict[
     row["exit_status"] = st.exit_status
     row["pid"] = handle.pid if running else None
     follower = LogFollower()
-    splitter = LineSplitter()
-    for line in [*splitter.feed(await remote.read_log(t, handle)), *splitter.flush()]:
-        follower.feed_line(line)
+    for part in await _log_ends(t, handle, st.log_size):
+        splitter = LineSplitter()
+        for line in [*splitter.feed(part), *splitter.flush()]:
+            follower.feed_line(line)
     row["phase"] = follower.phase.value if follower.phase else None
     row["ready"] = follower.ready_line is not None
     rp = follower.resolved_params
@@ -712,20 +734,32 @@ async def _server_status(config: Config, s: ServerConfig, t: Transport) -> dict[
         try:
             since = datetime.fromisoformat(started.stdout.decode().strip())
             row["uptime_s"] = round((datetime.now(UTC) - since).total_seconds(), 1)
-        except ValueError:
+        except (ValueError, TypeError):  # not a time, or one without a zone: a forged file
             pass
     if running and row["ready"]:
         row["healthy"] = await _healthy(t, s.port)
     return row
 
 
+async def _log_ends(t: Transport, handle: remote.RunHandle, size: int) -> list[bytes]:
+    """The log's start-up (its first _STATUS_HEAD bytes) and its last _STATUS_TAIL bytes
+    (their first, partial line dropped): what `status` reads, whatever the log's size."""
+    head = await remote.read_log(t, handle, 0, _STATUS_HEAD)
+    if size <= len(head):
+        return [head]
+    start = max(len(head), size - _STATUS_TAIL)
+    tail = await remote.read_log(t, handle, start, _STATUS_TAIL)
+    if start == len(head):
+        return [head + tail]
+    return [head, tail.partition(b"\n")[2]]
+
+
 async def _healthy(t: Transport, port: int) -> bool:
     try:
-        async with t.forward_port(port) as local, httpx.AsyncClient(
-            timeout=25.0, trust_env=False
-        ) as client:
-            return (await client.get(f"http://127.0.0.1:{local}/health")).status_code == 200
-    except (httpx.HTTPError, LauncherError):
+        async with health.client_for(t, port, _HEALTH_DEADLINE_S) as (client, url):
+            ok, _ = await health.check(client, url, _HEALTH_DEADLINE_S)
+            return ok
+    except LauncherError:
         return False
 
 
@@ -751,16 +785,16 @@ def status(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = 
             table.add_column(col)
         for r in rows:
             if "error" in r:
-                table.add_row(r["server"], r["host"], f"[red]{r['error']}[/]")
+                _row(table, r["server"], r["host"], Text(_plain(r["error"]), style="red"))
                 continue
             p = r["params"] or {}
             params = (f"{p.get('mem_fraction_static')}/{p.get('cuda_graph_max_bs')}"
                       if p else "")
             up_s = "" if r["uptime_s"] is None else f"{r['uptime_s']:.0f}s"
-            table.add_row(r["server"], r["host"], "yes" if r["running"] else "no",
-                          str(r["pid"] or ""), str(r["attempt"] or ""), params,
-                          r["phase"] or "", "yes" if r["ready"] else "no",
-                          {None: "", True: "yes", False: "no"}[r["healthy"]], up_s)
+            _row(table, r["server"], r["host"], "yes" if r["running"] else "no",
+                 str(r["pid"] or ""), str(r["attempt"] or ""), params,
+                 r["phase"] or "", "yes" if r["ready"] else "no",
+                 {None: "", True: "yes", False: "no"}[r["healthy"]], up_s)
         out.print(table)
     # Like `systemctl status`: 0 only when everything asked about is up (running, ready and
     # not failing its health check), 3 otherwise, a host that cannot be asked included.
@@ -785,7 +819,10 @@ def logs(
             raise UsageError(f"{s.name} has no attempt on {s.host} yet",
                              remedy="start it with `launcher up`")
         if not follow:
-            sys.stdout.buffer.write(await remote.read_log(t, handle))
+            offset = 0
+            while data := await remote.read_log(t, handle, offset, remote.READ_CHUNK):
+                sys.stdout.buffer.write(data)
+                offset += len(data)
             return
         async for item in remote.follow(t, handle, 0):
             if isinstance(item, remote.LogChunk):
@@ -828,14 +865,14 @@ def check(config_path: ConfigArg, server: ServerOpt = None) -> None:
     code = 0
     for s, r in zip(servers, results, strict=True):
         if isinstance(r, LauncherError):
-            err.print(f"{s.name}: [red]{type(r).__name__}[/]: {r}", highlight=False)
+            _error(err, r, f"{s.name}: ")
             code = 1
             continue
         head, *problems = r
-        mark = "[red]problems[/]" if problems else "[green]ok[/]"
-        out.print(f"{s.name} on {s.host}: {mark}  {head}", highlight=False)
+        mark = ("problems", "red") if problems else ("ok", "green")
+        _say(out, f"{s.name} on {s.host}: ", mark, f"  {head}")
         for p in problems:
-            out.print(f"  - {p}", highlight=False, markup=False)
+            _say(out, f"  - {p}")
         code = code or (1 if problems else 0)
     raise typer.Exit(code)
 

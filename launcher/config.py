@@ -137,6 +137,27 @@ def _above_health_timeout(seconds: float) -> float:
 def _name(value: str) -> str:
     if not _NAME_RE.match(value):
         raise ValueError(f"{value!r} is not a valid name: use letters, digits, '_', '.' and '-'")
+    if value in (".", ".."):  # names become directory names on hosts
+        raise ValueError(f"{value!r} is not a valid name: it is a directory of its own")
+    return value
+
+
+def _remote_dir(value: str) -> str:
+    if value.startswith("-"):
+        raise ValueError(f"{value!r} starts with '-' (it would read as an option): "
+                         "use an absolute path, or prefix it with './'")
+    return value
+
+
+def _jump_host(value: str) -> str:
+    """``[user@]host[:port]``, parsed as the SSH transport does."""
+    _, _, hostport = value.rpartition("@")
+    address, sep, port = hostport.rpartition(":")
+    if not sep:
+        address, port = hostport, ""
+    if not address or (sep and not (port.isascii() and port.isdigit()
+                                    and 1 <= int(port) <= 65535)):
+        raise ValueError(f"{value!r} is not [user@]host[:port] with a port from 1 to 65535")
     return value
 
 
@@ -187,6 +208,7 @@ Argv = Annotated[list[str], BeforeValidator(_argv)]
 Program = Annotated[list[str], BeforeValidator(_argv), AfterValidator(_non_empty_argv)]
 EnvMap = Annotated[dict[str, str], BeforeValidator(_env_values), AfterValidator(_env_names)]
 LocalPath = Annotated[Path, AfterValidator(_expand)]
+RemoteDir = Annotated[str, Field(min_length=1), AfterValidator(_remote_dir)]
 
 
 class _Model(BaseModel):
@@ -304,13 +326,13 @@ class HostConfig(_Model):
     identity_file: LocalPath | None = None
     known_hosts: LocalPath | None = None
     use_ssh_config: bool = True
-    jump_host: str | None = None
+    jump_host: Annotated[str, AfterValidator(_jump_host)] | None = None
     trust_on_first_use: bool = False
     connect_timeout: Duration = 10.0
     keepalive_interval: Duration = 15.0
     nvidia_smi: Program = Field(default_factory=lambda: ["nvidia-smi"])
     env: EnvMap = Field(default_factory=dict)
-    run_dir: Annotated[str, Field(min_length=1)] = "~/.launcher/runs"
+    run_dir: RemoteDir = "~/.launcher/runs"
 
 
 class ServerConfig(_Model):
@@ -344,7 +366,7 @@ class ServerConfig(_Model):
     secret_env: EnvMap = Field(default_factory=dict)
     command: Program = Field(default_factory=lambda: ["python3", "-m", "sglang.launch_server"])
     sglang_version: str | None = None
-    run_dir: Annotated[str, Field(min_length=1)] | None = None
+    run_dir: RemoteDir | None = None
     probe: Literal["tunnel", "direct"] = "tunnel"
     policy: PolicyOverride = Field(default_factory=PolicyOverride)
 
@@ -449,9 +471,21 @@ class SlackConfig(_Model):
         Raises ConfigError when ``webhook_url_file`` is set but cannot be read or is empty.
         """
         if self.webhook_url_file is not None:
-            return _read_secret_file(self.webhook_url_file, "slack.webhook_url_file", "slack")
-        env = os.environ if environ is None else environ
-        return env.get(self.webhook_url_env) or None
+            url = _read_secret_file(self.webhook_url_file, "slack.webhook_url_file", "slack")
+            where = "slack.webhook_url_file"
+        else:
+            env = os.environ if environ is None else environ
+            url, where = env.get(self.webhook_url_env) or "", self.webhook_url_env
+        if not url:
+            return None
+        scheme, _, rest = url.partition("://")
+        host = rest.split("/", 1)[0].rpartition("@")[2].rsplit(":", 1)[0].strip("[]")
+        if not (scheme.lower() == "https"
+                or (scheme.lower() == "http" and host in ("127.0.0.1", "localhost", "::1"))):
+            raise ConfigError([f"{where}: the Slack webhook URL must be https:// (plain http "
+                               "only to 127.0.0.1/localhost): it carries the webhook's secret"],
+                              source="slack")
+        return url
 
 
 class MetricsConfig(_Model):
@@ -574,6 +608,7 @@ def config_from_dict(
     except ValidationError as exc:
         found.extend(_pydantic_problem(error) for error in exc.errors())
     found.extend(_cross_checks(tree))
+    found.extend(_control_characters(tree, ()))
 
     problems = list(loose)
     for loc, message in found:
@@ -764,6 +799,24 @@ def _model_at(loc: Sequence[str | int]) -> type[BaseModel] | None:
 
 
 # --- cross-entry checks ------------------------------------------------------------------
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _control_characters(node: Any, loc: Loc) -> Iterator[tuple[Loc, str]]:
+    """Every string (key or value) holding a control character other than tab and newline:
+    a NUL cannot pass through exec or SSH, the others only hide what a value really is."""
+    items: Any = (node.items() if isinstance(node, Mapping)
+                  else enumerate(node) if isinstance(node, list) else ())
+    for key, value in items:
+        at = (*loc, key)
+        for text in (key, value):
+            if isinstance(text, str) and (m := _CONTROL.search(text)):
+                yield at, (f"contains the control character {m.group()!r} at position "
+                           f"{m.start()}: remove it")
+        if isinstance(value, Mapping | list):
+            yield from _control_characters(value, at)
 
 
 def _cross_checks(tree: Mapping[str, Any]) -> Iterator[tuple[Loc, str]]:

@@ -42,6 +42,7 @@ from launcher.phases import GraphPass, Phase
 __all__ = [
     "DEFAULT_TAIL",
     "MAX_FAILURES",
+    "MAX_KEPT_CHARS",
     "MAX_LINE_CHARS",
     "FailureSignature",
     "Figure",
@@ -68,6 +69,10 @@ __all__ = [
 
 MAX_LINE_CHARS = 1 << 20  # a line longer than this is cut into pieces (a runaway writer)
 DEFAULT_TAIL = 400  # lines kept in LogFollower.last_lines
+# What LogFollower keeps of one line (tail, evidence, traceback frames): a whole line is
+# parsed (up to MAX_LINE_CHARS, e.g. a long server_args dump) but only this much is held.
+MAX_KEPT_CHARS = 16 * 1024
+_MAX_MESSAGE_LINES = 200  # lines kept of one exception's message
 MAX_FAILURES = 64  # failure records kept by LogFollower (the first ones: the root cause is early)
 
 # ---------------------------------------------------------------------------------------------
@@ -114,6 +119,13 @@ def _split(text: str, *, final: bool, max_line: int) -> tuple[list[str], str]:
             lines.append(rest[:max_line])
             rest = rest[max_line:]
     return lines, rest + hold
+
+
+def _kept(line: str) -> str:
+    """``line`` cut to MAX_KEPT_CHARS, so that what LogFollower holds stays bounded."""
+    if len(line) <= MAX_KEPT_CHARS:
+        return line
+    return line[:MAX_KEPT_CHARS] + f" …[{len(line) - MAX_KEPT_CHARS} characters cut]"
 
 
 def split_records(chunk: str, *, max_line: int = MAX_LINE_CHARS) -> list[str]:
@@ -342,9 +354,11 @@ def match_signatures(message: str) -> list[Signature]:
     """Every known failure text in one line's message (the part after any prefix).
 
     "Decode out of memory happened" (a scheduler retracting requests) matches nothing: it is
-    normal operation, not a failure.
+    normal operation, not a failure. Only the first MAX_KEPT_CHARS are searched: failure
+    texts start their line, and a runaway 1 MiB line must not cost the event loop a second.
     """
-    return [sig for sig, pattern in _SIGNATURES if pattern.search(message)]
+    head = message[:MAX_KEPT_CHARS]
+    return [sig for sig, pattern in _SIGNATURES if pattern.search(head)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -831,7 +845,7 @@ class LogFollower:
 
     def feed_line(self, line: str) -> list[LogEvent]:
         """Events for one line (without its terminator), in order."""
-        self.last_lines.append(line)
+        self.last_lines.append(_kept(line))
         pieces = _GLUED_PREFIX.split(line) if line[:1] != "[" else [line]
         if len(pieces) == 1:
             return self._feed(line)
@@ -851,7 +865,8 @@ class LogFollower:
             if self._tb is not None:  # a header while one is open: the first was cut short
                 events.append(self._tb.close())
             self._tb = _OpenTraceback(
-                line_no=line_no, header=line, rank=parsed.rank, phase=self.phase_of(parsed.rank)
+                line_no=line_no, header=_kept(line), rank=parsed.rank,
+                phase=self.phase_of(parsed.rank),
             )
             role = _Role.TEXT
         if role is not _Role.FRAME:
@@ -896,12 +911,12 @@ class LogFollower:
             if text == _TB_HEADER:
                 return self._tb_close()
             if text[:1].isspace() or not text:
-                tb.frames.append(text)
+                tb.frames.append(_kept(text))
                 return _Role.FRAME, None
             exc = _exception_line(text)
             if exc is None:  # a tqdm bar or an NCCL line written in the middle
                 return _Role.OUTSIDE, None
-            tb.exceptions.append((exc[0], [exc[1]], text))
+            tb.exceptions.append((exc[0][:MAX_KEPT_CHARS], [_kept(exc[1])], _kept(text)))
             tb.state = _TbState.MESSAGE
             return _Role.TEXT, None
         if tb.state is _TbState.MESSAGE:
@@ -910,7 +925,8 @@ class LogFollower:
             if not text.strip():
                 tb.state = _TbState.AFTER_BLANK
                 return _Role.FRAME, None
-            tb.exceptions[-1][1].append(text)
+            if len(tb.exceptions[-1][1]) < _MAX_MESSAGE_LINES:
+                tb.exceptions[-1][1].append(_kept(text))
             return _Role.TEXT, None
         # AFTER_BLANK or CHAIN
         if p.source is Source.BARE and not text.strip():
@@ -921,7 +937,8 @@ class LogFollower:
         if tb.state is _TbState.AFTER_BLANK and text.startswith(_MESSAGE_RESUMES):
             # SGLang appends its advice to a wrapped message that ended with a newline.
             tb.state = _TbState.MESSAGE
-            tb.exceptions[-1][1].append(text)
+            if len(tb.exceptions[-1][1]) < _MAX_MESSAGE_LINES:
+                tb.exceptions[-1][1].append(_kept(text))
             return _Role.TEXT, None
         if tb.state is _TbState.CHAIN and text == _TB_HEADER:
             tb.state = _TbState.FRAMES
@@ -945,15 +962,17 @@ class LogFollower:
         else:
             rank, phase = p.rank, self.phase_of(p.rank)
         if Signature.CUDA_OOM in kinds or Signature.KV_TOO_SMALL in kinds:
-            fill_error_figures(self.numbers, p.message, overwrite=False)
+            fill_error_figures(self.numbers, p.message[:MAX_KEPT_CHARS], overwrite=False)
         if p.source is not Source.BARE and Signature.KILLED in kinds:
             kinds.remove(Signature.KILLED)  # only a shell's own bare line means that
-        return [FailureSignature(kind, p.raw, line_no, rank, phase, in_traceback) for kind in kinds]
+        return [FailureSignature(kind, _kept(p.raw), line_no, rank, phase, in_traceback)
+                for kind in kinds]
 
     # -- start-up progress -----------------------------------------------------------------
 
     def _startup(self, p: ParsedLine, line_no: int) -> list[LogEvent]:
-        msg = p.message
+        # Progress lines are short; only the args dump can be long (and is read whole).
+        msg = p.message if p.message.startswith("server_args=") else p.message[:MAX_KEPT_CHARS]
         events: list[LogEvent] = []
         rank = p.rank
 
@@ -972,8 +991,8 @@ class LogFollower:
         if msg.startswith(READY_TEXT):
             enter(Phase.READY)
             if self.ready_line_no is None:
-                self.ready_line_no, self.ready_line = line_no, p.raw
-            events.append(ReadyLine(p.raw, line_no))
+                self.ready_line_no, self.ready_line = line_no, _kept(p.raw)
+            events.append(ReadyLine(_kept(p.raw), line_no))
         elif _INIT_MARK.match(msg):
             enter(Phase.INIT)
             if msg.startswith("server_args="):

@@ -4,10 +4,14 @@ One protocol for every transport: it only uses ``Transport.run`` and ``Transport
 POSIX ``sh`` scripts whose inputs travel as positional arguments (never interpolated), so the
 SSH and local transports behave alike.
 
-Each attempt owns a run directory ``<run_dir>/<server>/<attempt>/`` on the host::
+Each attempt owns a run directory ``<run_dir>/<server>/<attempt>/`` on the host, made 0700
+(``run_dir`` and ``<server>`` too when launch creates them). Launch refuses a ``run_dir`` or
+server directory that is a symlink, not owned by the login user or writable by group or
+others: whoever could write there could swap the files the server's shell sources::
 
     cmd          the server's command line, shell-quoted (for humans)
-    env          mode 0600, ``export K='v'`` lines sourced just before exec (written via stdin)
+    env          mode 0600, ``export K='v'`` lines (written via stdin); the server's shell
+                 sources and removes it before it writes ``pid``, so it never outlives launch
     log          stdout + stderr of the server
     pid_start    "<boot id> <start time>" of the server process (guards against pid reuse)
     pid          the server's pid, which is also its process-group and session id
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 import anyio
 import structlog
 
+from launcher.command import PARAMS_ENV
 from launcher.errors import (
     ConfigError,
     HostUnreachable,
@@ -51,17 +56,22 @@ _EXIT_STATUS_WAIT_S = 2.0  # the wrapper writes exit_status right after reaping 
 _STOP_POLL_S = 0.1
 _PID_WAIT_TICKS = 200  # launch waits 200 × 50 ms for the server's pid file
 _EXISTS_STATUS = 17  # launch script: the attempt directory already exists
+_UNSAFE_STATUS = 13  # launch script: run_dir or its server directory is not safely ours
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Starts the trailer of a follow stream (plus a random token per stream). \x01: a byte no
 # log chunk ends with in practice, so holding back a possible marker start delays nothing.
 _END_MARK = b"\x01launcher-follow-end-"
 _VERSION_REMEDY = "set sglang_version in the config"
+READ_CHUNK = 8 << 20  # log bytes read per command (below the transports' MAX_OUTPUT)
 
 # Shell functions shared by the scripts below. ``ident`` reads the boot id and the start time
 # (field 22 of /proc/PID/stat, after the parenthesised command name) so that a recycled pid is
-# never mistaken for our server. ``settled DIR TICKS`` prints "<alive 0|1> <exit status or ->",
-# first waiting up to TICKS × 50 ms for a dead server's status (the wrapper writes it right
-# after reaping the server).
+# never mistaken for our server. ``ours`` trusts a pid only when it is a number above 1, the
+# attempt has a pid_start, and a live process with that pid matches it (a missing pid_start
+# trusts nothing: a pid file holding 1 must never become ``kill -- -1``). When the pid is gone,
+# its group (orphaned schedulers) is still ours: no process gets the id of a live group.
+# ``settled DIR TICKS`` prints "<alive 0|1> <exit status or ->", first waiting up to
+# TICKS × 50 ms for a dead server's status (the wrapper writes it right after reaping it).
 _PRELUDE = r"""
 expand() { case $1 in "~") x=$HOME ;; "~/"*) x=$HOME/${1#"~/"} ;; *) x=$1 ;; esac; }
 ident() {
@@ -71,7 +81,8 @@ ident() {
   printf '%s %s' "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)" "$1"
 }
 ours() {
-  [ -r "$1/pid_start" ] || return 0
+  case $2 in ''|*[!0-9]*|0|1) return 1 ;; esac
+  [ -r "$1/pid_start" ] || return 1
   i=$(ident "$2") || return 0
   [ "$i" = "$(cat "$1/pid_start")" ]
 }
@@ -110,9 +121,11 @@ _launcher_dir=$1; _launcher_cwd=$2; shift 2
 if ident $$ > "$_launcher_dir/pid_start.tmp"; then
   mv -f "$_launcher_dir/pid_start.tmp" "$_launcher_dir/pid_start"
 fi
+. "$_launcher_dir/env"; _launcher_st=$?
+rm -f "$_launcher_dir/env"
 printf '%s\n' $$ > "$_launcher_dir/pid.tmp" && mv -f "$_launcher_dir/pid.tmp" "$_launcher_dir/pid" \
   || exit 126
-. "$_launcher_dir/env" || exit 126
+[ "$_launcher_st" = 0 ] || exit 126
 if [ -n "$_launcher_cwd" ]; then cd "$_launcher_cwd" || exit 126; fi
 exec "$@"
 """
@@ -132,14 +145,17 @@ _LAUNCH = _PRELUDE + r"""
 set -u
 command -v setsid > /dev/null || { echo "setsid not found on this host" >&2; exit 127; }
 expand "$1"; base=$x
-mkdir -p "$base/$2" || exit 1
+(umask 077 && mkdir -p "$base/$2") || exit 1
+for p in "$base" "$base/$2"; do
+  [ -n "$(find "$p" -maxdepth 0 -type d -user "$(id -u)" ! -perm -020 ! -perm -002)" ] || {
+    echo "unsafe run directory $p: it must be a real directory (not a symlink) owned by" \
+      "$(id -un) and writable by nobody else (chmod go-w)" >&2; exit 13; }
+done
 d=$(cd "$base/$2" && pwd -P) || exit 1
 d=$d/$3
 if [ -e "$d" ]; then echo "attempt directory exists: $d" >&2; exit 17; fi
-mkdir "$d" || exit 1
-(umask 077 && cat > "$d/env") || exit 1
+(umask 077 && mkdir "$d" && cat > "$d/env" && : > "$d/log") || exit 1
 printf '%s\n' "$5" > "$d/cmd"
-: > "$d/log"
 date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started_at"
 cwd=$4; wrapper=$6; shim=$7; shift 7
 if [ -n "$cwd" ]; then expand "$cwd"; cwd=$x; fi
@@ -218,6 +234,7 @@ for a in *; do
   case $a in ''|*[!0-9]*) continue ;; esac
   [ -d "$a" ] || continue
   p=$(cat "$a/pid" 2>/dev/null) || p=
+  case $p in *[!0-9]*) p='?' ;; esac
   if alive "$PWD/$a"; then l=1; else l=0; fi
   printf '%s %s %s\n' "$a" "$l" "${p:--}"
 done
@@ -235,13 +252,13 @@ size=$(wc -c 2> /dev/null < "$1/log") || size=0
 printf '%s%s %s\n' "$6" "$end" $size
 """
 
-# $1 dir, $2 log offset + 1, $3 ticks of 50 ms. What follow needs when its follower died
-# without a trailer, in one round trip: "<alive 0|1> <exit status or ->" on the first line
-# (see the ticks above), then the log from the offset.
+# $1 dir, $2 log offset + 1, $3 ticks of 50 ms, $4 max bytes. What follow needs when its
+# follower died without a trailer, in one round trip: "<alive 0|1> <exit status or ->" on the
+# first line (see the ticks above), then at most $4 bytes of the log from the offset.
 _FINISH = _PRELUDE + r"""
 settled "$1" "$3"
 echo
-tail -c "+$2" "$1/log" 2>/dev/null
+tail -c "+$2" "$1/log" 2>/dev/null | head -c "$4"
 exit 0
 """
 
@@ -345,6 +362,19 @@ class StopReport:
     leftover_pids: list[int]
 
 
+def _number(transport: Transport, where: str, what: str, text: str | bytes) -> int | None:
+    """``text`` (read from the file ``what`` of the attempt at ``where``) as an int, or None
+    when it is none: a forged or corrupt file is reported as ``remote.attempt_corrupt`` and
+    must never stop the supervision, status or stop of anything else."""
+    value = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    value = value.strip()
+    if value.isascii() and value.isdigit() and len(value) <= 18:
+        return int(value)
+    log.warning("remote.attempt_corrupt", host=transport.host_name, dir=where, file=what,
+                value=value[:80])
+    return None
+
+
 def _sh(script: str, *args: str) -> list[str]:
     """argv running ``script`` with ``args`` as $1, $2, … (values are never interpolated)."""
     return ["sh", "-c", script, "sh", *args]
@@ -409,9 +439,12 @@ async def launch(transport: Transport, spec: AttemptSpec) -> RunHandle:
         raise StateError(f"attempt numbers start at 1, got {spec.attempt}")
     if not spec.argv:
         raise ConfigError([f"servers.{spec.server}.command is empty"])
+    # The command file shows what ran: the argv, led by the settings a relaunch put in the
+    # environment (adoption reads both back; the env file is removed once read, secrets too).
+    shown = [f"{name}={spec.env[name]}" for name in PARAMS_ENV if name in spec.env]
     args = [
-        spec.run_dir, spec.server, str(spec.attempt), spec.cwd or "", shlex.join(spec.argv),
-        _WRAPPER, _SHIM, *spec.argv,
+        spec.run_dir, spec.server, str(spec.attempt), spec.cwd or "",
+        shlex.join([*shown, *spec.argv]), _WRAPPER, _SHIM, *spec.argv,
     ]
     stdout = await _launch_once(transport, spec, args)
     if stdout is None:  # the connection was lost before the command reached the host
@@ -443,6 +476,13 @@ async def _launch_once(
         raise StateError(
             f"attempt {spec.attempt} of {spec.server} already exists on {transport.host_name}",
             remedy="attempt numbers must increase; start from latest_attempt() + 1",
+        )
+    if result.exit_status == _UNSAFE_STATUS:
+        raise RemoteCommandError(
+            f"launch on {transport.host_name}: "
+            + result.stderr[-500:].decode("utf-8", "replace").strip(),
+            host=transport.host_name, command="launch", exit_status=result.exit_status,
+            remedy="chmod go-w the run directory, or point run_dir at one of your own",
         )
     _fail(transport, "launch", result)
     return result.stdout
@@ -480,8 +520,11 @@ async def probe(transport: Transport, handle: RunHandle) -> RunStatus:
     fields = result.stdout.split()
     if len(fields) != 3:
         raise LogFormatError(f"probe on {transport.host_name} printed {result.stdout[:200]!r}")
-    alive, status, size = (f.decode() for f in fields)
-    return RunStatus(alive == "1", None if status == "-" else int(status), int(size))
+    alive, status, size = (f.decode("utf-8", "replace") for f in fields)
+    return RunStatus(alive == "1",
+                     None if status == "-" else _number(transport, handle.dir, "exit_status",
+                                                        status),
+                     _number(transport, handle.dir, "log size", size) or 0)
 
 
 async def _exit_status(transport: Transport, handle: RunHandle, wait_s: float) -> int | None:
@@ -494,11 +537,18 @@ async def _exit_status(transport: Transport, handle: RunHandle, wait_s: float) -
 async def read_log(
     transport: Transport, handle: RunHandle, offset: int = 0, max_bytes: int | None = None,
 ) -> bytes:
-    """The log's bytes from ``offset`` (at most ``max_bytes`` of them)."""
-    limit = "" if max_bytes is None else str(max_bytes)
-    result = await transport.run(_sh(_READ, handle.log_path, str(offset + 1), limit))
-    _fail(transport, "read_log", result)
-    return result.stdout
+    """The log's bytes from ``offset`` (at most ``max_bytes`` of them), read READ_CHUNK bytes
+    per command (a transport returns at most MAX_OUTPUT per command)."""
+    data = bytearray()
+    while max_bytes is None or len(data) < max_bytes:
+        want = READ_CHUNK if max_bytes is None else min(READ_CHUNK, max_bytes - len(data))
+        result = await transport.run(
+            _sh(_READ, handle.log_path, str(offset + len(data) + 1), str(want)))
+        _fail(transport, "read_log", result)
+        data += result.stdout
+        if len(result.stdout) < want:
+            break
+    return bytes(data)
 
 
 async def tail_log(transport: Transport, handle: RunHandle, nbytes: int = 64 * 1024) -> bytes:
@@ -565,11 +615,18 @@ async def follow(
             alive, exit_status, data = await _finish(transport, handle, position)
         else:
             alive, exit_status, size = end
-            data = await read_log(transport, handle, position) if size > position else b""
+            data = (await read_log(transport, handle, position, READ_CHUNK)
+                    if size > position else b"")
         if data:
             position += len(data)
             yield LogChunk(data, position)
         if not alive:
+            # What the server wrote beyond the one piece read above, a piece at a time.
+            while len(data) == READ_CHUNK:
+                data = await read_log(transport, handle, position, READ_CHUNK)
+                if data:
+                    position += len(data)
+                    yield LogChunk(data, position)
             break
         # The follower ended while the server lives (no GNU tail, or it was killed): what it
         # missed was just read; try again shortly so a missing --pid cannot busy-loop.
@@ -603,14 +660,16 @@ async def _finish(
 ) -> tuple[bool, int | None, bytes]:
     """(alive, exit status, log bytes from ``offset``) in one command (see _FINISH)."""
     ticks = str(math.ceil(_EXIT_STATUS_WAIT_S / 0.05))
-    result = await transport.run(_sh(_FINISH, handle.dir, str(offset + 1), ticks),
+    result = await transport.run(_sh(_FINISH, handle.dir, str(offset + 1), ticks,
+                                     str(READ_CHUNK)),
                                  timeout=_EXIT_STATUS_WAIT_S + 30.0)
     _fail(transport, "follow", result)
     head, sep, data = result.stdout.partition(b"\n")
     fields = head.split()
     if not sep or len(fields) != 2 or fields[0] not in (b"0", b"1"):
         raise LogFormatError(f"follow on {transport.host_name} printed {result.stdout[:200]!r}")
-    status = None if fields[1] == b"-" else int(fields[1])
+    status = None if fields[1] == b"-" else _number(transport, handle.dir, "exit_status",
+                                                    fields[1])
     return fields[0] == b"1", status, data
 
 
@@ -674,10 +733,17 @@ async def _list_attempts(
     attempts = []
     for line in entries.splitlines():
         parts = line.split()
-        if len(parts) != 3:
-            raise LogFormatError(f"attempt listing on {transport.host_name}: bad line {line!r}")
-        attempt, alive, pid = parts
-        attempts.append((int(attempt), alive == "1", None if pid == "-" else int(pid)))
+        number = _number(transport, directory, "attempt listing", parts[0]) if parts else None
+        if len(parts) != 3 or number is None:
+            log.warning("remote.attempt_corrupt", host=transport.host_name, dir=directory,
+                        file="attempt listing", value=line[:80])
+            continue
+        _, alive, pid_text = parts
+        # An attempt whose pid file is not a pid still takes its number (directories are never
+        # reused), but is never adopted, probed by pid or signalled.
+        pid = None if pid_text == "-" else _number(transport, f"{directory}/{number}", "pid",
+                                                   pid_text)
+        attempts.append((number, alive == "1" and pid is not None, pid))
     return directory, attempts
 
 

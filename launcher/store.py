@@ -109,7 +109,9 @@ class StateLock:
         try:
             # os.open's descriptors are not inherited (PEP 446): a server we spawn cannot keep
             # the lock alive after we exit.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            # O_NOFOLLOW: a symlink planted at the lock's path must not make us lock (and
+            # write our pid into) whatever file it points at.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise StateError(
                 f"cannot open the lock file {self.path}: {exc.strerror or exc}",

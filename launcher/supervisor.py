@@ -12,6 +12,7 @@ through the state machine; only bugs escape.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import structlog
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -32,10 +32,10 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from launcher import remote
+from launcher import health, remote
 from launcher.backoff import RestartBackoff
 from launcher.classify import classify, diagnose
-from launcher.command import PARAMS_ENV, ServerCommand, params_from_argv, server_command
+from launcher.command import ServerCommand, params_from_argv, server_command
 from launcher.config import Config, ServerConfig
 from launcher.errors import (
     AuthenticationFailed,
@@ -80,6 +80,7 @@ from launcher.lifecycle import (
     WaitForGpus,
 )
 from launcher.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
+from launcher.notify import Redactor
 from launcher.params import LaunchParams
 from launcher.phases import Phase
 from launcher.policy import Bounds
@@ -142,6 +143,9 @@ class ServerSupervisor:
         self.transport = transport
         self.version = sglang_version
         self.secret_env = secret_env or {}
+        # Every sink (event log, hooks: ledger, Slack, metrics; saved tails; the live view)
+        # gets text from the server with these values masked: a server may print its token.
+        self.redact = Redactor(list(self.secret_env.values()))
         self.hooks = hooks or []
         self.clock = clock
         self.stop_on_exit = stop_on_exit
@@ -207,7 +211,7 @@ class ServerSupervisor:
             params=(m.params or m.initial).describe(),
             elapsed_s=self.clock() - self._started,
             pid=m.pid,
-            reason=m.reason,
+            reason=self.redact.text(m.reason),
         )
 
     async def run(
@@ -313,6 +317,7 @@ class ServerSupervisor:
             self._tg.start_soon(self._sleep_then, action.seconds, BackoffElapsed())
 
     def _emit(self, name: str, data: dict[str, Any]) -> None:
+        data = self.redact(data)
         self.log.info(name, **data)
         for hook in self.hooks:
             hook(self.server.name, name, data)
@@ -412,17 +417,29 @@ class ServerSupervisor:
         return stamp.timestamp() if res.ok else None
 
     async def _params_of(self, handle: remote.RunHandle) -> LaunchParams:
-        """Recover the params of an adopted attempt from its command file."""
+        """Recover the params of an adopted attempt from its command file: the server's argv,
+        led by the ``PARAMS_ENV`` settings a relaunch made (``NAME=value`` words; the env file
+        itself is removed once the server has read it, and it holds secrets besides). A value
+        that cannot be what launcher wrote (a forged or corrupt file) is reported as
+        ``attempt.corrupt`` and the params are taken as unknown."""
         try:
             res = await self.transport.run(["cat", f"{handle.dir}/cmd"], timeout=10)
             words = res.stdout.decode(errors="replace").split()
-            # Only the names a relaunch sets: the env file also holds secrets.
-            pattern = "^export (" + "|".join(PARAMS_ENV) + ")="
-            env = await self.transport.run(["grep", "-E", pattern, f"{handle.dir}/env"], timeout=10)
-            env_lines = env.stdout.decode(errors="replace").splitlines()
         except LauncherError:
-            words, env_lines = [], []
-        return params_from_argv(words, env_lines)
+            words = []
+        for flag, raw in itertools.pairwise(words):
+            value = raw.strip("'\"")
+            try:
+                if flag == "--mem-fraction-static" and not 0.0 < float(value) < 1.0:
+                    raise ValueError(value)
+                if flag.startswith("--cuda-graph-max-bs") and int(value) < 1:
+                    raise ValueError(value)
+            except ValueError:
+                self._emit("attempt.corrupt", {"attempt": handle.attempt, "file": "cmd",
+                                               "value": f"{flag} {value}"[:80]})
+                return LaunchParams()
+        leading = itertools.takewhile(lambda w: "=" in w and not w.startswith("-"), words)
+        return params_from_argv(words, [f"export {w}" for w in leading])
 
     async def _preflight(self) -> None:
         problems, transient = await self._preflight_problems()
@@ -603,33 +620,28 @@ class ServerSupervisor:
 
     async def _probe_forever(self, att: _Attempt) -> None:
         p = self.policy
-        async with self.transport.forward_port(self.server.port) as local_port:
-            url = f"http://127.0.0.1:{local_port}/health"
-            async with httpx.AsyncClient(timeout=p.probe_timeout, trust_env=False) as client:
-                while True:
-                    started = self.clock()
-                    try:
-                        resp = await client.get(url)
-                        ok, detail = resp.status_code == 200, f"HTTP {resp.status_code}"
-                    except httpx.HTTPError as exc:
-                        ok, detail = False, f"{type(exc).__name__}: {exc}"
-                    latency = self.clock() - started
-                    ready = self.machine.state is State.READY
-                    # A server that crashed also fails its probes, often before the follower
-                    # reports its exit; counting those would call the crash a hang and lose
-                    # the log's diagnosis. Only a live server's failures count.
-                    counts = ok or not ready or await self._still_running(att)
-                    if not counts:
-                        detail += " (the server has exited)"
-                    for hook in self.hooks:
-                        hook(
-                            self.server.name,
-                            "probe.result",
-                            {"ok": ok, "latency_s": latency, "detail": detail},
-                        )
-                    if counts:
-                        await self._post(ProbeResult(ok=ok, detail=detail))
-                    await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
+        async with health.client_for(self.transport, self.server.port,
+                                     p.probe_timeout) as (client, url):
+            while True:
+                started = self.clock()
+                ok, detail = await health.check(client, url, p.probe_timeout)
+                latency = self.clock() - started
+                ready = self.machine.state is State.READY
+                # A server that crashed also fails its probes, often before the follower
+                # reports its exit; counting those would call the crash a hang and lose
+                # the log's diagnosis. Only a live server's failures count.
+                counts = ok or not ready or await self._still_running(att)
+                if not counts:
+                    detail += " (the server has exited)"
+                for hook in self.hooks:
+                    hook(
+                        self.server.name,
+                        "probe.result",
+                        {"ok": ok, "latency_s": latency, "detail": detail},
+                    )
+                if counts:
+                    await self._post(ProbeResult(ok=ok, detail=detail))
+                await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
 
     async def _status_of(self, att: _Attempt) -> remote.RunStatus | None:
         """A look at the attempt's process; None when the host cannot tell. HostKeyError
@@ -686,6 +698,7 @@ class ServerSupervisor:
             "started_at": att.started_wall, "ended_at": time.time(), "log_tail": tail,
             "tail_path": str(self.tail_path) if self.tail_path else None,
         }
+        data = self.redact(data)
         for hook in self.hooks:
             hook(self.server.name, "attempt.ended", data)
 
@@ -704,7 +717,7 @@ class ServerSupervisor:
             folder = self.config.state_dir / "logs" / self.server.name
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"attempt-{attempt}.log"
-            path.write_text(tail, encoding="utf-8")
+            path.write_text(self.redact.text(tail), encoding="utf-8")
             return path
         except OSError as exc:
             self.log.warning("attempt.tail_not_saved", error=str(exc))

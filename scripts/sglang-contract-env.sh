@@ -20,6 +20,11 @@
 # 0.75 GB, triton 1 GB); with it built, this script returns at once.
 # Other settings: SGLANG_CONTRACT_WHEELS (the folder holding torch 2.13.0+cpu for cp311, default
 # /opt/wheels), PYTHON (a Python 3.11, default python3).
+# Without that wheel (any machine but this build image), torch 2.13.0 comes from PyPI, which only
+# has the CUDA build for Linux x86-64: torch with its nvidia-* wheels and triton, about 3.5 GB
+# more to download. It imports without a GPU, and the parser never touches CUDA. SGLang's
+# server_args cannot be imported without torch (its utils import torch, triton and
+# torch.distributed at module level), and a stand-in torch could hide a real import failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -77,10 +82,19 @@ took() {
   lap=$SECONDS
 }
 
-# torch: only the CPU wheel on this disk, never PyPI's CUDA build (several GB of nvidia-* wheels).
-# --no-index makes a missing wheel fail at once; its own dependencies are pinned below.
-quiet "${pip[@]}" --no-deps --no-index --find-links "$wheels" torch==2.13.0
-took "torch (local CPU wheel)"
+# torch: the CPU wheel on this disk when there is one (--no-index: nothing else can be picked; its
+# own dependencies are pinned below), else PyPI's CUDA build with its dependencies (see above).
+if compgen -G "$wheels/torch-2.13.0+cpu-cp311-*.whl" > /dev/null; then
+  torch_from=local
+  quiet "${pip[@]}" --no-deps --no-index --find-links "$wheels" torch==2.13.0
+  took "torch (local CPU wheel)"
+else
+  torch_from=pypi
+  echo "sglang-contract-env: no torch 2.13.0+cpu wheel in $wheels: PyPI's torch 2.13.0 (CUDA" \
+    "build, about 3.5 GB with its nvidia-* wheels)" >&2
+  quiet "${pip[@]}" torch==2.13.0
+  took "torch (PyPI)"
+fi
 
 # What `from sglang.srt.server_args import ServerArgs` imports in 0.5.23 and 0.5.10, found by
 # listing the distributions in sys.modules after that import, then frozen (pip freeze) so a new
@@ -88,7 +102,9 @@ took "torch (local CPU wheel)"
 # build replaces the CPU torch with a CUDA one, and the probe stands in a stub for it.
 # The list is closed under dependencies (pip check below proves it), so --no-deps: nothing can
 # pull in another torch. Never add a package that depends on torch without a pin 2.13.0 meets.
-quiet "${pip[@]}" --no-deps -r /dev/stdin <<'PINS'
+# PyPI's torch brings the triton it was built with; keep that one.
+if [ "$torch_from" = pypi ]; then keep() { grep -v '^triton=='; }; else keep() { cat; }; fi
+keep <<'PINS' | quiet "${pip[@]}" --no-deps -r /dev/stdin
 aiohappyeyeballs==2.7.1
 aiohttp==3.14.5
 aiosignal==1.4.0
@@ -170,9 +186,11 @@ PINS
 took "pinned packages (PyPI)"
 
 "$venv/bin/python" -m pip check >&2
-"$venv/bin/python" - <<'EOF'
+"$venv/bin/python" - "$torch_from" <<'EOF'
+import sys
 import torch
-assert torch.__version__.endswith("+cpu"), f"expected the CPU torch, got {torch.__version__}"
+if sys.argv[1] == "local":
+    assert torch.__version__.endswith("+cpu"), f"expected the CPU torch, got {torch.__version__}"
 EOF
 
 for v in "${versions[@]}"; do

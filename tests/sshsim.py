@@ -164,17 +164,24 @@ def ssh_config(
 
 
 class RecordingSSHTransport(SSHTransport):
-    """The real SSH transport; also records every port forward as (remote port, local port)."""
+    """The real SSH transport; also records every port forward as (remote port, local port
+    or Unix socket path)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.forwards: list[tuple[int, int]] = []
+        self.forwards: list[tuple[int, int | str]] = []
 
     @asynccontextmanager
     async def forward_port(self, remote_port: int) -> AsyncIterator[int]:
         async with super().forward_port(remote_port) as local_port:
             self.forwards.append((remote_port, local_port))
             yield local_port
+
+    @asynccontextmanager
+    async def forward_unix(self, remote_port: int) -> AsyncIterator[str]:
+        async with super().forward_unix(remote_port) as path:
+            self.forwards.append((remote_port, path))
+            yield path
 
 
 def transport_for(config: Config, host: str, **overrides: Any) -> RecordingSSHTransport:

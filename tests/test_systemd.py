@@ -447,7 +447,9 @@ def test_unit_leaves_servers_running_and_uses_notify_and_watchdog() -> None:
     assert ["-/etc/launcher/%i.env"] == s["EnvironmentFile"]
     assert ["launcher/%i"] == s["StateDirectory"]
     assert (["launcher"], ["launcher"]) == (s["User"], s["Group"])
-    assert (["strict"], ["read-only"]) == (s["ProtectSystem"], s["ProtectHome"])
+    assert (["strict"], ["tmpfs"]) == (s["ProtectSystem"], s["ProtectHome"])
+    assert (["-%h/.ssh"], ["invisible"]) == (s["BindReadOnlyPaths"], s["ProtectProc"])
+    assert ["4G"] == s["MemoryMax"]
 
 
 def test_unit_command_line_is_accepted_by_the_cli() -> None:

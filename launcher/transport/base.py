@@ -19,6 +19,12 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+# The most stdout one ``run`` collects; beyond it the command is stopped and RemoteCommandError
+# raised (a host printing junk must not take launcher's memory). stderr keeps its last
+# MAX_STDERR bytes. Callers that read more (logs) read it in pieces.
+MAX_OUTPUT = 32 << 20
+MAX_STDERR = 64 << 10
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -50,7 +56,11 @@ class Transport(Protocol):
         timeout: float | None = 30.0,
         check: bool = False,
     ) -> CommandResult:
-        """Run ``argv`` to completion and return its status and output."""
+        """Run ``argv`` to completion and return its status and output.
+
+        At most MAX_OUTPUT bytes of stdout: a command printing more is stopped and
+        RemoteCommandError raised. On ``timeout`` the command is killed on the host too.
+        """
         ...
 
     def stream(

@@ -18,9 +18,16 @@ import anyio
 from anyio.abc import ByteReceiveStream, Process
 
 from launcher.errors import CommandTimedOut, RemoteCommandError
-from launcher.transport.base import CommandResult
+from launcher.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult
 
 _STDERR_TAIL = 2000
+# What a command inherits from launcher's own environment: what a login shell would have (as
+# over SSH). Everything else (LAUNCHER_SLACK_WEBHOOK, a systemd EnvironmentFile's secrets)
+# stays in launcher; a server gets more only through the config's ``env``.
+INHERITED_ENV = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+    "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
+})
 
 
 def _status(returncode: int) -> int:
@@ -38,18 +45,28 @@ def _kill_group(process: Process) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-async def _read_all(stream: ByteReceiveStream | None, sink: bytearray) -> None:
+class _TooMuchOutput(Exception):
+    pass
+
+
+async def _read_all(stream: ByteReceiveStream | None, sink: bytearray, cap: int) -> None:
+    """Collect ``stream``; raise _TooMuchOutput past ``cap`` bytes (``-cap``: keep the last)."""
     if stream is None:
         return
     async for chunk in stream:
         sink += chunk
+        if cap < 0 and len(sink) > -cap:
+            del sink[:len(sink) + cap]
+        elif 0 < cap < len(sink):
+            raise _TooMuchOutput
 
 
 class LocalTransport:
     """A Transport for the machine launcher runs on.
 
-    ``env`` is the host-level environment from the config: it is laid over launcher's own
-    environment for every command, and a command's ``env`` is laid over that.
+    ``env`` is the host-level environment from the config: it is laid over the INHERITED_ENV
+    (and ``LC_*``) part of launcher's own environment for every command, and a command's
+    ``env`` is laid over that.
 
     Resource handling: nothing is held between calls; ``aclose`` is a no-op kept for the
     protocol. A command outliving its ``timeout`` (or a cancelled caller) gets its whole
@@ -69,7 +86,8 @@ class LocalTransport:
         return self._name
 
     def _environment(self, env: Mapping[str, str] | None) -> dict[str, str]:
-        merged = dict(os.environ)
+        merged = {k: v for k, v in os.environ.items()
+                  if k in INHERITED_ENV or k.startswith("LC_")}
         merged.update(self._env)
         if env:
             merged.update(env)
@@ -127,11 +145,12 @@ class LocalTransport:
 
         out = bytearray()
         err = bytearray()
+        too_much = False
         try:
             with anyio.move_on_after(timeout) as scope:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(_read_all, process.stdout, out)
-                    tg.start_soon(_read_all, process.stderr, err)
+                    tg.start_soon(_read_all, process.stdout, out, MAX_OUTPUT)
+                    tg.start_soon(_read_all, process.stderr, err, -MAX_STDERR)
                     if process.stdin is not None:
                         assert stdin is not None
                         # A command that exits without reading its input is not an error.
@@ -139,13 +158,22 @@ class LocalTransport:
                             await process.stdin.send(stdin)
                         await process.stdin.aclose()
                     await process.wait()
+        except* _TooMuchOutput:
+            too_much = True
         finally:
             with anyio.CancelScope(shield=True):
-                if process.returncode is None or scope.cancelled_caught:
+                if process.returncode is None or scope.cancelled_caught or too_much:
                     _kill_group(process)
                 await process.wait()
                 await process.aclose()
 
+        if too_much:
+            raise self._error(
+                f"command on {self._name} printed more than {MAX_OUTPUT} bytes and was killed",
+                argv,
+                None,
+                bytes(err),
+            )
         if scope.cancelled_caught:
             raise CommandTimedOut(
                 f"command on {self._name} timed out after {timeout}s and was killed",

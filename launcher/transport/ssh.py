@@ -24,10 +24,14 @@ AcceptEnv is usually off.
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
 import random
 import re
 import shlex
 import socket
+import tempfile
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -49,7 +53,7 @@ from launcher.errors import (
     RemoteCommandError,
     TransportError,
 )
-from launcher.transport.base import CommandResult
+from launcher.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult
 
 log = structlog.get_logger(__name__)
 
@@ -61,6 +65,10 @@ STDERR_TAIL = 2000
 INITIAL_WAIT_S = 0.5
 MAX_WAIT_S = 10.0
 JITTER_S = 0.5
+# A command run with a timeout runs under the host's coreutils ``timeout``, a little longer
+# than ours: our timeout only closes the channel, which a hung nvidia-smi never notices.
+HOST_TIMEOUT_SLACK_S = 2
+HOST_KILL_AFTER_S = 5
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 Sleep = Callable[[float], Awaitable[Any]]
@@ -457,7 +465,20 @@ class SSHTransport:
         except (OSError, TimeoutError, asyncssh.DisconnectError, asyncssh.ChannelOpenError) as exc:
             raise self._map_connect_error(endpoint, exc, check) from exc
         if check.recorded_line is not None:
-            self._record_host_key(check)
+            try:
+                self._record_host_key(check)
+            except OSError as exc:
+                # Unrecorded, the key would be trusted afresh on every connection (and a
+                # changed one never noticed): refuse, and close what was opened.
+                conn.close()
+                raise HostKeyError(
+                    f"{endpoint.role}: trust_on_first_use accepted host key "
+                    f"{check.recorded_fingerprint} but cannot record it in "
+                    f"{self.known_hosts}: {exc.strerror or exc}",
+                    host=self.name,
+                    remedy="make known_hosts writable, set known_hosts to a writable file, or "
+                    "add the host's key yourself (ssh-keyscan) and turn trust_on_first_use off",
+                ) from exc
         return conn
 
     def _record_host_key(self, check: _HostKeyCheck) -> None:
@@ -634,24 +655,41 @@ class SSHTransport:
         RemoteCommandError raised; a connection lost while the command runs raises
         HostUnreachable (whether the command finished is unknown).
         """
+        if timeout is not None:
+            limit = str(math.ceil(timeout) + HOST_TIMEOUT_SLACK_S)
+            argv = ["timeout", "-k", str(HOST_KILL_AFTER_S), limit, *argv]
         command = build_command(argv, self._merged_env(env))
         current, process = await self._open_process(command)
+        out, err = bytearray(), bytearray()
         try:
             if stdin:
                 process.stdin.write(stdin)
             process.stdin.write_eof()
             with anyio.fail_after(timeout):
-                stdout, stderr = await process.communicate()
-        except TimeoutError:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_collect, process.stderr, err, -MAX_STDERR)
+                    await _collect(process.stdout, out, MAX_OUTPUT)
+                await process.wait_closed()
+            stdout, stderr = bytes(out), bytes(err)
+        except* _TooMuchOutput:
+            raise RemoteCommandError(
+                f"{self.name}: command printed more than {MAX_OUTPUT} bytes: {command}",
+                host=self.name,
+                command=command,
+                stderr=_tail(bytes(err)),
+                remedy="its channel was closed (the host's `timeout` ends it)",
+            ) from None
+        except* TimeoutError:
             raise CommandTimedOut(
                 f"{self.name}: command timed out after {timeout} s: {command}",
                 host=self.name,
                 command=command,
-                stderr=_tail(process.collect_output()[1]),
+                stderr=_tail(bytes(err)),
                 remedy="the command's channel was closed; raise the timeout if it is just slow",
             ) from None
-        except (OSError, asyncssh.DisconnectError) as exc:
+        except* (OSError, asyncssh.DisconnectError) as group:
             self._discard(current)
+            exc = group.exceptions[0]
             raise self._lost(exc, f"while running {command}") from exc
         finally:
             process.close()
@@ -723,9 +761,39 @@ class SSHTransport:
         without an await in between, so cancellation can never drop one unclosed.
         """
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        accepted: set[socket.socket] = set()
         try:
             listener.bind(("127.0.0.1", 0))
+            async with self._serve_forward(listener, remote_port):
+                yield int(listener.getsockname()[1])
+        finally:
+            listener.close()
+
+    @asynccontextmanager
+    async def forward_unix(self, remote_port: int) -> AsyncIterator[str]:
+        """Like forward_port, but listening on a Unix socket in a fresh 0700 directory; yields
+        its path. Unlike a loopback port, no other local user can reach the server through it
+        (the probes use this: SGLang's admin endpoints are on the same port)."""
+        folder = tempfile.mkdtemp(prefix="launcher-fwd-")  # mode 0700
+        path = os.path.join(folder, "s")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(path)
+            async with self._serve_forward(listener, remote_port):
+                yield path
+        finally:
+            listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+
+    @asynccontextmanager
+    async def _serve_forward(
+        self, listener: socket.socket, remote_port: int
+    ) -> AsyncIterator[None]:
+        """Accept on the bound ``listener`` and relay each connection (see forward_port)."""
+        accepted: set[socket.socket] = set()
+        try:
             listener.listen()
             listener.setblocking(False)
             async with anyio.create_task_group() as tg:
@@ -743,13 +811,12 @@ class SSHTransport:
 
                 tg.start_soon(accept_loop)
                 try:
-                    yield int(listener.getsockname()[1])
+                    yield
                 finally:
                     tg.cancel_scope.cancel()
         finally:
             for conn in accepted:
                 conn.close()
-            listener.close()
 
     async def _relay(
         self, remote_port: int, conn: socket.socket, accepted: set[socket.socket]
@@ -834,6 +901,21 @@ async def _channel_to_socket(reader: asyncssh.SSHReader[bytes], conn: socket.soc
         conn.shutdown(socket.SHUT_WR)
     except (OSError, asyncssh.Error):
         pass  # the client or the channel is gone: the relay closes both
+
+
+class _TooMuchOutput(Exception):
+    pass
+
+
+async def _collect(stream: asyncssh.SSHReader[bytes], sink: bytearray, cap: int) -> None:
+    """Read ``stream`` to EOF into ``sink``; raise _TooMuchOutput past ``cap`` bytes, or with
+    a negative ``cap`` keep only the last ``-cap``."""
+    while chunk := await stream.read(STREAM_CHUNK):
+        sink += _bytes(chunk)
+        if cap < 0 and len(sink) > -cap:
+            del sink[:len(sink) + cap]
+        elif 0 < cap < len(sink):
+            raise _TooMuchOutput
 
 
 def _bytes(data: bytes | str) -> bytes:
