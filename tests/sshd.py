@@ -130,7 +130,9 @@ class Sshd:
 
     host = "127.0.0.1"
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, max_sessions: int | None = 50) -> None:
+        """``max_sessions`` None leaves MaxSessions at OpenSSH's default (10): a stock host."""
+        self.max_sessions = max_sessions
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.sshd_path = find_sshd()
@@ -193,7 +195,6 @@ class Sshd:
             "AllowTcpForwarding yes",
             "ClientAliveInterval 2",
             "ClientAliveCountMax 3",
-            "MaxSessions 50",
             "MaxStartups 50",
             "LoginGraceTime 20",
             "AcceptEnv LAUNCHER_*",
@@ -201,6 +202,8 @@ class Sshd:
             "LogLevel VERBOSE",
             "Subsystem sftp internal-sftp",
         ]
+        if self.max_sessions is not None:
+            lines.append(f"MaxSessions {self.max_sessions}")
         self.config_file.write_text("\n".join(lines) + "\n")
 
     def start(self, timeout: float = 10.0) -> None:
