@@ -6,6 +6,9 @@ whose MaxSessions is lower than the cap is learnt from its refusals. Real sshd, 
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -15,8 +18,12 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
+from launcher.lifecycle import State
 from launcher.transport.ssh import SESSIONS_PER_CONNECTION, SSHTransport
+from tests.simhost import free_port
 from tests.sshd import Sshd
+from tests.sshsim import EventRecorder, Site, kill_leftovers, server_entry, ssh_config
+from tests.test_ssh_e2e import ssh_transports, supervising, supervisor, wait_until
 
 pytestmark = pytest.mark.ssh
 
@@ -141,3 +148,51 @@ async def test_sessions_per_connection_is_honoured(stock_sshd: Sshd, tmp_path: P
     finally:
         await t.aclose()
     assert (5, 3) == counts
+
+
+# -- 16 servers on one stock sshd, end to end ------------------------------------------------
+
+
+async def test_sixteen_servers_on_one_stock_sshd_become_ready_and_stay_supervised(
+    stock_sshd: Sshd, tmp_path: Path
+) -> None:
+    """16 simulated servers on one host behind an unmodified sshd_config (MaxSessions 10) all
+    become ready with one attempt each and no refused session, all 16 followers holding a
+    session at once; afterwards SIGKILLs of two of them are each noticed by that server's own
+    follower and relaunched to ready."""
+    site = Site.create(tmp_path, "gpu1", stock_sshd, gpu_count=16)
+    names = [f"llm{i:02d}" for i in range(16)]
+    config = ssh_config(tmp_path, [site.host_entry()], [
+        server_entry(name, site, gpus=[i], port=free_port()) for i, name in enumerate(names)
+    ])
+    events = EventRecorder()
+    victims = [names[0], names[15]]
+    try:
+        async with ssh_transports(config) as transports:
+            sups = [supervisor(config, name, transports, events) for name in names]
+            with capture_logs() as logs:
+                async with supervising(*sups):
+                    started = time.monotonic()
+                    await wait_until(lambda: all(s.state is State.READY for s in sups), 120,
+                                     events, "all 16 ready")
+                    print(f"16 servers ready in {time.monotonic() - started:.1f} s")
+                    pool = (transports["gpu1"].sessions_open,
+                            transports["gpu1"].connections_open)
+                    for name in victims:
+                        os.kill(site.server_pid(name, 1), signal.SIGKILL)
+                    await wait_until(
+                        lambda: all(len(events.named("server.ready", n)) == 2 for n in victims)
+                        and all(s.state is State.READY for s in sups),
+                        120, events, "the killed two ready again",
+                    )
+    finally:
+        kill_leftovers([site.run_dir])
+    assert set(names) == {e.server for e in events.named("server.ready")}
+    assert sorted(victims) == sorted(e.server for e in events.named("process.died"))
+    assert {n: (2 if n in victims else 1) for n in names} == {
+        n: len(events.named("attempt.started", n)) for n in names
+    }
+    assert [] == [e for e in logs if e["event"] == "ssh.session_refused"]
+    assert sorted(victims) == sorted(e.server for e in events.named("attempt.failed"))
+    assert [] == events.named("adopt.failed") + events.named("host.unreachable")
+    assert pool[0] >= 16 and pool[1] >= 2  # 16 followers: more than one connection
