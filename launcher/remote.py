@@ -501,6 +501,33 @@ async def read_log(
     return result.stdout
 
 
+# $1 log. Prints "<host's time now> <log's mtime>", both in seconds since the epoch: with
+# nanoseconds where GNU date can (date -r), else whole seconds from stat.
+_LOG_AGE = r"""
+now=$(date +%s.%N); m=$(date -r "$1" +%s.%N 2>/dev/null) || m=$(stat -c %Y "$1") || exit 1
+case $now$m in *N*) now=$(date +%s); m=$(stat -c %Y "$1") || exit 1 ;; esac
+printf '%s %s\n' "$now" "$m"
+"""
+
+
+async def log_age(transport: Transport, handle: RunHandle) -> float:
+    """Seconds since the log last changed, by the host's own clock (never negative).
+
+    This is what the stall check trusts after the operator box lost sight of the host: the
+    log's modification time does not depend on whether we were connected meanwhile.
+    Error handling: HostUnreachable from the transport; RemoteCommandError when the log
+    cannot be stat'ed; LogFormatError for output that is not two numbers.
+    """
+    result = await transport.run(_sh(_LOG_AGE, handle.log_path))
+    _fail(transport, "log age", result)
+    try:
+        now, mtime = (float(f) for f in result.stdout.split())
+    except ValueError:
+        raise LogFormatError(
+            f"log age on {transport.host_name} printed {result.stdout[:200]!r}") from None
+    return max(0.0, now - mtime)
+
+
 async def tail_log(transport: Transport, handle: RunHandle, nbytes: int = 64 * 1024) -> bytes:
     """The last ``nbytes`` bytes of the log."""
     result = await transport.run(["tail", "-c", str(nbytes), handle.log_path])
