@@ -8,6 +8,14 @@ was requested: cancelling ``run`` leaves the server running (detached on its hos
 Error handling: transport outages while following are retried forever (reported as
 ``host.unreachable``); everything the server does wrong arrives as an event and goes
 through the state machine; only bugs escape.
+
+Unreachable is not unhealthy: a probe or follow that fails because the host cannot be reached
+counts toward nothing. The server is marked unreachable (``host.unreachable`` events, the
+snapshot's ``unreachable_s``) until a command reaches the host again (``host.reachable`` with
+the time it was unreachable); following resumes at the byte offset it had reached. A stall is
+only declared once the host confirms it: the log's own modification time, read on the host,
+must be older than the budget, so silence caused by our side of the network (or our CPU)
+never kills a server.
 """
 
 from __future__ import annotations
@@ -87,6 +95,7 @@ class Snapshot:
     elapsed_s: float
     pid: int | None
     reason: str = ""
+    unreachable_s: float | None = None  # how long the host has been unreachable, if it is
 
 
 @dataclass
@@ -160,6 +169,8 @@ class ServerSupervisor:
         self._launching = anyio.Lock()  # held while a launch runs
         self._tg: TaskGroup | None = None
         self._started = clock()
+        self._unreachable_since: float | None = None
+        self._outages = 0  # outages begun or ended so far: a probe spanning one never counts
         self.tail_path: Path | None = None  # local copy of the last failed attempt's log tail
 
     # -- public ----------------------------------------------------------------------
@@ -171,6 +182,11 @@ class ServerSupervisor:
     def snapshot(self) -> Snapshot:
         m = self.machine
         att = self._attempt
+        reason, unreachable_s = m.reason, None
+        if self._unreachable_since is not None:
+            unreachable_s = self.clock() - self._unreachable_since
+            note = f"host unreachable for {unreachable_s:.0f}s"
+            reason = f"{reason}; {note}" if reason else note
         return Snapshot(
             server=self.server.name,
             host=self.server.host,
@@ -181,7 +197,8 @@ class ServerSupervisor:
             params=(m.params or m.initial).describe(),
             elapsed_s=self.clock() - self._started,
             pid=m.pid,
-            reason=m.reason,
+            reason=reason,
+            unreachable_s=unreachable_s,
         )
 
     async def run(
@@ -275,6 +292,26 @@ class ServerSupervisor:
         self.log.info(name, **data)
         for hook in self.hooks:
             hook(self.server.name, name, data)
+
+    def _host_unreachable(self, exc: Exception, retry_in_s: float | None = None) -> None:
+        """Report that the host cannot be reached (every time), remembering since when."""
+        now = self.clock()
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+            self._outages += 1
+        data: dict[str, Any] = {
+            "error": str(exc), "unreachable_s": round(now - self._unreachable_since, 3),
+        }
+        if retry_in_s is not None:
+            data["retry_in_s"] = retry_in_s
+        self._emit("host.unreachable", data)
+
+    def _host_reachable(self) -> None:
+        """A command reached the host: end an outage, reporting how long it lasted."""
+        since, self._unreachable_since = self._unreachable_since, None
+        if since is not None:
+            self._outages += 1
+            self._emit("host.reachable", {"unreachable_s": round(self.clock() - since, 3)})
 
     # -- actions -----------------------------------------------------------------------
 
@@ -399,12 +436,25 @@ class ServerSupervisor:
         splitter = LineSplitter()
         delay = 0.5
         while True:
+            if self._unreachable_since is not None:
+                # Say when the host is back even if the log stays silent after the outage.
+                try:
+                    await remote.log_age(self.transport, att.handle)
+                except HostUnreachable as exc:
+                    self._host_unreachable(exc, delay)
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 30.0)
+                    continue
+                except LauncherError:
+                    pass  # the host answered; the follow below reports what is wrong
+                self._host_reachable()
             try:
                 async for item in remote.follow(self.transport, att.handle, att.offset):
                     if isinstance(item, remote.LogChunk):
                         att.offset = item.end_offset
                         att.last_advance = self.clock()
                         delay = 0.5  # following works again: the next outage starts small
+                        self._host_reachable()
                         for line in splitter.feed(item.data):
                             self._on_line(att, line)
                     else:
@@ -416,7 +466,7 @@ class ServerSupervisor:
                         return
                 return
             except HostUnreachable as exc:
-                self._emit("host.unreachable", {"error": str(exc), "retry_in_s": delay})
+                self._host_unreachable(exc, delay)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 30.0)
             except LauncherError as exc:
@@ -453,11 +503,33 @@ class ServerSupervisor:
             if phase is None or phase is Phase.READY:
                 att.last_advance = self.clock()
                 continue
+            if self._unreachable_since is not None:
+                continue  # silence is only counted while connected (and confirmed below)
             budget = budgets.for_phase(phase)
             silent = self.clock() - att.last_advance
             if silent > budget and not math.isinf(budget):
-                self._post(Stalled(silent_s=silent))
+                # Confirm with the host: only the log's own age there says it is silent.
+                age = await self._remote_silence(att)
+                if age is None or self.machine.phase is not phase:
+                    continue
+                if age <= budget:
+                    att.last_advance = self.clock() - age  # it wrote; our follower lags
+                    continue
+                self._post(Stalled(silent_s=age))
                 return
+
+    async def _remote_silence(self, att: _Attempt) -> float | None:
+        """Seconds since the attempt's log changed, by the host's clock; None when the host
+        is unreachable; what we saw locally when the host cannot tell (e.g. no log)."""
+        try:
+            age = await remote.log_age(self.transport, att.handle)
+        except HostUnreachable as exc:
+            self._host_unreachable(exc)
+            return None
+        except LauncherError:
+            return self.clock() - att.last_advance
+        self._host_reachable()
+        return age
 
     async def _probe_loop(self, att: _Attempt) -> None:
         p = self.policy
@@ -466,6 +538,7 @@ class ServerSupervisor:
             async with httpx.AsyncClient(timeout=p.probe_timeout, trust_env=False) as client:
                 while True:
                     started = self.clock()
+                    outages = self._outages if self._unreachable_since is None else -1
                     try:
                         resp = await client.get(url)
                         ok, detail = resp.status_code == 200, f"HTTP {resp.status_code}"
@@ -475,10 +548,18 @@ class ServerSupervisor:
                     ready = self.machine.state is State.READY
                     # A server that crashed also fails its probes, often before the follower
                     # reports its exit; counting those would call the crash a hang and lose
-                    # the log's diagnosis. Only a live server's failures count.
-                    counts = ok or not ready or await self._still_running(att)
-                    if not counts:
+                    # the log's diagnosis. Only a live server's failures count, and only when
+                    # the host can be reached (an SSH outage is not the server's fault).
+                    running = True if ok or not ready else await self._still_running(att)
+                    if not ok and outages != self._outages:
+                        running = None  # the host was unreachable during this probe
+                    counts = running is True
+                    if ok:
+                        self._host_reachable()
+                    elif running is False:
                         detail += " (the server has exited)"
+                    elif running is None:
+                        detail += " (host unreachable)"
                     for hook in self.hooks:
                         hook(
                             self.server.name,
@@ -496,10 +577,18 @@ class ServerSupervisor:
         except LauncherError:
             return None
 
-    async def _still_running(self, att: _Attempt) -> bool:
-        """Whether the attempt's server process still lives (True when that cannot be told)."""
-        status = await self._status_of(att)
-        return status is None or status.alive
+    async def _still_running(self, att: _Attempt) -> bool | None:
+        """Whether the attempt's server process still lives: None when the host cannot be
+        reached, True when it answers but cannot tell."""
+        try:
+            status = await remote.probe(self.transport, att.handle)
+        except HostUnreachable as exc:
+            self._host_unreachable(exc)
+            return None
+        except LauncherError:
+            return True
+        self._host_reachable()
+        return status.alive
 
     async def _kill(self, reason: str) -> None:
         with anyio.CancelScope(shield=True):
