@@ -133,6 +133,7 @@ class Sshd:
     def __init__(self, directory: Path, *, max_sessions: int | None = 50) -> None:
         """``max_sessions`` None leaves MaxSessions at OpenSSH's default (10): a stock host."""
         self.max_sessions = max_sessions
+        self.exec_prefix: list[str] = []  # e.g. ["ip", "netns", "exec", NS]: must exec sshd
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.sshd_path = find_sshd()
@@ -213,7 +214,7 @@ class Sshd:
         log = self.log_file.open("ab")
         self._log_handle = log
         self._proc = subprocess.Popen(
-            [self.sshd_path, "-D", "-e", "-f", str(self.config_file)],
+            [*self.exec_prefix, self.sshd_path, "-D", "-e", "-f", str(self.config_file)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,

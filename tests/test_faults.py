@@ -1,0 +1,157 @@
+"""The fault matrix with real parts: real sshd (in a network namespace where the network is cut),
+the simulated SGLang host, the real supervisor. docs/reliability.md records what each measured.
+
+Budgets are small (stall budgets of seconds, keepalives of 1 s) so each fault plays out in
+seconds; assertions are about behaviour (what was relaunched, which bytes were delivered), the
+measured durations are printed for the record only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from launcher.lifecycle import State
+from launcher.logparse import LineSplitter
+from tests.netns import NetnsSshd
+from tests.simhost import free_port
+from tests.sshsim import (
+    EventRecorder,
+    RecordingSSHTransport,
+    Site,
+    kill_leftovers,
+    server_entry,
+    ssh_config,
+)
+from tests.test_ssh_e2e import LineRecordingSupervisor, alive, supervising, wait_until
+
+pytestmark = pytest.mark.ssh
+
+
+@pytest.fixture
+def ns_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsSshd]:
+    """A stock sshd (default MaxSessions) in its own network namespace."""
+    daemon = NetnsSshd(tmp_path_factory.mktemp("ns-sshd"))
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+class FollowRecordingTransport(RecordingSSHTransport):
+    """The real SSH transport; also records the byte offset every log follower starts from."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.follow_offsets: list[int] = []
+
+    def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None
+               ) -> AsyncIterator[bytes]:
+        if "tail -c" in argv[2] and "--pid" in argv[2]:  # remote._FOLLOW: $2 is offset + 1
+            self.follow_offsets.append(int(argv[5]) - 1)
+        return super().stream(argv, env=env)
+
+
+# -- the host's network cut for 3x the stall budget ------------------------------------------
+
+STALL_BUDGET_S = 2.0
+CUT_S = 3 * STALL_BUDGET_S
+
+
+async def test_network_cut_for_three_stall_budgets_relaunches_nothing_and_resumes_at_offset(
+    ns_sshd: NetnsSshd, tmp_path: Path
+) -> None:
+    """The host's network is cut for 3x the stall budget twice: while CUDA graphs are being
+    captured (the log keeps growing on the host) and while ready (with lines appended to the
+    log during the cut). Neither cut stalls, fails a probe or relaunches; each is reported as
+    host.unreachable and then host.reachable with the time unreachable; the follower resumes
+    at the offset it had reached and delivers the log's lines exactly once."""
+    site = Site.create(tmp_path, "gpu1", ns_sshd)
+    # tiny-1b captures ~36 batch sizes: slowed 200x, one progress write every ~0.75 s.
+    faults = site.sim.write_faults([{"kind": "slow", "phase": "cuda_graph", "factor": 200}])
+    config = ssh_config(
+        tmp_path,
+        [site.host_entry(keepalive_interval="1s", connect_timeout="2s")],
+        [server_entry("llm", site, port=free_port(), env={"SGLANG_SIM_FAULTS": str(faults)})],
+        policy={"stall": {"cuda_graph": f"{STALL_BUDGET_S}s"}},
+    )
+    events = EventRecorder()
+    transport = FollowRecordingTransport.from_host_config(config.host("gpu1"))
+    assert isinstance(transport, FollowRecordingTransport)
+    sup = LineRecordingSupervisor(config, config.server("llm"), transport,
+                                  sglang_version="0.5.23", hooks=[events])
+    outages: list[dict[str, Any]] = []
+
+    async def cut(appended: bytes = b"") -> None:
+        offset = sup.attempts[1].offset
+        before = len(transport.follow_offsets)
+        log_at_cut = len(site.log_bytes("llm", 1))
+        ns_sshd.cut()
+        try:
+            await wait_until(lambda: len(events.named("host.unreachable")) > len(outages), 30,
+                             events, "host.unreachable")
+            append_at = len(site.log_bytes("llm", 1))
+            if appended:
+                with (site.attempt_dir("llm", 1) / "log").open("ab") as fh:
+                    fh.write(appended)
+            await anyio.sleep(CUT_S)
+        finally:
+            ns_sshd.heal()
+        await wait_until(lambda: len(events.named("host.reachable")) > len(outages), 60,
+                         events, "host.reachable")
+        await wait_until(lambda: len(transport.follow_offsets) > before, 30, events,
+                         "a new follower")
+        outages.append({
+            "offset_at_cut": offset, "log_at_cut": log_at_cut, "append_at": append_at,
+            "resumed_at": transport.follow_offsets[before],
+            "unreachable_s": events.named("host.reachable")[-1].data["unreachable_s"],
+        })
+
+    try:
+        async with supervising(sup):
+            await wait_until(lambda: sup.state is State.CUDA_GRAPH, 60, events, "cuda_graph")
+            await wait_until(lambda: 1 in sup.attempts and sup.attempts[1].offset > 0, 10,
+                             events, "a followed line")
+            await cut()
+            state_after_first = sup.state
+            await wait_until(lambda: sup.state is State.READY, 90, events, "ready")
+            await wait_until(lambda: len(events.named("probe.result")) >= 3, 20, events,
+                             "probes")
+            await cut(b"written during the cut 1\nwritten during the cut 2\n")
+            await wait_until(
+                lambda: sup.attempts[1].offset >= len(site.log_bytes("llm", 1)), 20, events,
+                "catch-up")
+            ready_probes_after = [e for e in events.named("probe.result") if e.data["ok"]]
+            final = sup.state
+            offset = sup.attempts[1].offset
+        pid = site.server_pid("llm", 1)
+        server_alive = alive(pid)
+    finally:
+        await transport.aclose()
+        kill_leftovers([site.run_dir])
+    for i, outage in enumerate(outages, 1):
+        print(f"cut {i}: unreachable_s={outage['unreachable_s']} offset_at_cut="
+              f"{outage['offset_at_cut']} resumed_at={outage['resumed_at']} "
+              f"log_at_cut={outage['log_at_cut']}")
+    log_bytes = site.log_bytes("llm", 1)
+    assert 2 == len(outages)
+    assert state_after_first in (State.CUDA_GRAPH, State.WARMUP)
+    assert State.READY == final
+    assert ["attempt.started"] == [n for n in events.names() if n in (
+        "attempt.started", "attempt.failed", "stall.detected", "probe.failed",
+        "server.unhealthy", "process.died")]
+    # The follower resumed where it was; the log had grown on the host meanwhile.
+    # (bytes in flight when the link went down may still have arrived: never fewer).
+    assert all(o["offset_at_cut"] <= o["resumed_at"] for o in outages)
+    assert outages[1]["resumed_at"] <= outages[1]["append_at"]  # nothing written meanwhile lost
+    assert all(o["unreachable_s"] > 0 for o in outages)
+    assert server_alive and pid == sup.machine.pid
+    assert ready_probes_after
+    assert offset == len(log_bytes)
+    assert LineSplitter().feed(log_bytes) == sup.lines[1]
+    assert b"written during the cut 2\n" in log_bytes
