@@ -19,6 +19,7 @@ from launcher.lifecycle import State
 from launcher.logparse import LineSplitter
 from tests.netns import NetnsSshd
 from tests.simhost import free_port
+from tests.sshd import Sshd
 from tests.sshsim import (
     EventRecorder,
     RecordingSSHTransport,
@@ -30,6 +31,10 @@ from tests.sshsim import (
 from tests.test_ssh_e2e import LineRecordingSupervisor, alive, supervising, wait_until
 
 pytestmark = pytest.mark.ssh
+
+# Events that mean a launch or a failure; a fault that must cost nothing shows only the first.
+FAILURE_EVENTS = ("attempt.started", "attempt.failed", "stall.detected", "probe.failed",
+                  "server.unhealthy", "process.died", "launch.failed")
 
 
 @pytest.fixture
@@ -142,9 +147,7 @@ async def test_network_cut_for_three_stall_budgets_relaunches_nothing_and_resume
     assert 2 == len(outages)
     assert state_after_first in (State.CUDA_GRAPH, State.WARMUP)
     assert State.READY == final
-    assert ["attempt.started"] == [n for n in events.names() if n in (
-        "attempt.started", "attempt.failed", "stall.detected", "probe.failed",
-        "server.unhealthy", "process.died")]
+    assert ["attempt.started"] == [n for n in events.names() if n in FAILURE_EVENTS]
     # The follower resumed where it was; the log had grown on the host meanwhile.
     # (bytes in flight when the link went down may still have arrived: never fewer).
     assert all(o["offset_at_cut"] <= o["resumed_at"] for o in outages)
@@ -155,3 +158,65 @@ async def test_network_cut_for_three_stall_budgets_relaunches_nothing_and_resume
     assert offset == len(log_bytes)
     assert LineSplitter().feed(log_bytes) == sup.lines[1]
     assert b"written during the cut 2\n" in log_bytes
+
+
+# -- sshd killed mid-load, then restarted ---------------------------------------------------
+
+
+@pytest.fixture
+def stock_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    """A real sshd on 127.0.0.1 with OpenSSH's default MaxSessions."""
+    daemon = Sshd(tmp_path_factory.mktemp("stock-sshd"), max_sessions=None)
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+async def test_sshd_killed_mid_load_then_restarted_relaunches_nothing_and_loses_no_line(
+    stock_sshd: Sshd, tmp_path: Path
+) -> None:
+    """sshd (listener and every connection) is killed while CUDA graphs are captured and
+    started again 3x the stall budget later: the server keeps its pid and attempt, nothing
+    stalls or relaunches, and the follower delivered every log line exactly once."""
+    site = Site.create(tmp_path, "gpu1", stock_sshd)
+    faults = site.sim.write_faults([{"kind": "slow", "phase": "cuda_graph", "factor": 200}])
+    config = ssh_config(
+        tmp_path,
+        [site.host_entry(keepalive_interval="1s", connect_timeout="2s")],
+        [server_entry("llm", site, port=free_port(), env={"SGLANG_SIM_FAULTS": str(faults)})],
+        policy={"stall": {"cuda_graph": f"{STALL_BUDGET_S}s"}},
+    )
+    events = EventRecorder()
+    transport = FollowRecordingTransport.from_host_config(config.host("gpu1"))
+    assert isinstance(transport, FollowRecordingTransport)
+    sup = LineRecordingSupervisor(config, config.server("llm"), transport,
+                                  sglang_version="0.5.23", hooks=[events])
+    try:
+        async with supervising(sup):
+            await wait_until(lambda: sup.state is State.CUDA_GRAPH, 60, events, "cuda_graph")
+            await wait_until(lambda: 1 in sup.attempts and sup.attempts[1].offset > 0, 10,
+                             events, "a followed line")
+            pid = site.server_pid("llm", 1)
+            await anyio.to_thread.run_sync(stock_sshd.stop)
+            await anyio.sleep(CUT_S)
+            state_while_down = sup.state
+            await anyio.to_thread.run_sync(stock_sshd.start)
+            await wait_until(lambda: sup.state is State.READY, 90, events, "ready")
+            await wait_until(
+                lambda: sup.attempts[1].offset >= len(site.log_bytes("llm", 1)), 20, events,
+                "catch-up")
+            offset = sup.attempts[1].offset
+        server_alive = alive(pid)
+    finally:
+        await transport.aclose()
+        kill_leftovers([site.run_dir])
+    reachable = events.named("host.reachable")
+    print(f"sshd down {CUT_S}s: unreachable_s="
+          f"{[e.data['unreachable_s'] for e in reachable]}")
+    log_bytes = site.log_bytes("llm", 1)
+    assert state_while_down is State.CUDA_GRAPH
+    assert ["attempt.started"] == [n for n in events.names() if n in FAILURE_EVENTS]
+    assert events.named("host.unreachable") and reachable
+    assert server_alive and pid == sup.machine.pid
+    assert offset == len(log_bytes)
+    assert LineSplitter().feed(log_bytes) == sup.lines[1]
