@@ -51,6 +51,7 @@ _EXIT_STATUS_WAIT_S = 2.0  # the wrapper writes exit_status right after reaping 
 _STOP_POLL_S = 0.1
 _PID_WAIT_TICKS = 200  # launch waits 200 × 50 ms for the server's pid file
 _EXISTS_STATUS = 17  # launch script: the attempt directory already exists
+_WRITE_FAILED_STATUS = 28  # launch script: a file or directory in the run dir not writable
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Starts the trailer of a follow stream (plus a random token per stream). \x01: a byte no
 # log chunk ends with in practice, so holding back a possible marker start delays nothing.
@@ -131,16 +132,17 @@ printf '%s\n' "$st" > "$d/exit_status.tmp" && mv -f "$d/exit_status.tmp" "$d/exi
 _LAUNCH = _PRELUDE + r"""
 set -u
 command -v setsid > /dev/null || { echo "setsid not found on this host" >&2; exit 127; }
+w() { printf 'cannot write %s\n' "$1" >&2; exit $WRITE_FAILED; }
 expand "$1"; base=$x
-mkdir -p "$base/$2" || exit 1
+mkdir -p "$base/$2" || w "$base/$2"
 d=$(cd "$base/$2" && pwd -P) || exit 1
 d=$d/$3
 if [ -e "$d" ]; then echo "attempt directory exists: $d" >&2; exit 17; fi
-mkdir "$d" || exit 1
-(umask 077 && cat > "$d/env") || exit 1
-printf '%s\n' "$5" > "$d/cmd"
-: > "$d/log"
-date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started_at"
+mkdir "$d" || w "$d"
+(umask 077 && cat > "$d/env") || w "$d/env"
+printf '%s\n' "$5" > "$d/cmd" || w "$d/cmd"
+: > "$d/log" || w "$d/log"
+date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started_at" || w "$d/started_at"
 cwd=$4; wrapper=$6; shim=$7; shift 7
 if [ -n "$cwd" ]; then expand "$cwd"; cwd=$x; fi
 setsid sh -c "$wrapper" sh "$d" "$shim" "$cwd" "$@" < /dev/null > /dev/null 2>&1 &
@@ -151,7 +153,7 @@ while [ ! -s "$d/pid" ]; do
   sleep 0.05
 done
 printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
-""".replace("$PID_TICKS", str(_PID_WAIT_TICKS))
+""".replace("$PID_TICKS", str(_PID_WAIT_TICKS)).replace("$WRITE_FAILED", "28")
 
 # $1 run_dir, $2 server, $3 attempt. After a launch whose reply was lost: prints "absent" when
 # the attempt directory was never made (the launch never ran), "nopid" when no pid appeared in
@@ -345,6 +347,11 @@ class StopReport:
     leftover_pids: list[int]
 
 
+class RunDirUnwritable(RemoteCommandError):
+    """The run directory on the host cannot be written (filesystem full, read-only, no
+    permission): relaunching cannot help until someone fixes the host."""
+
+
 def _sh(script: str, *args: str) -> list[str]:
     """argv running ``script`` with ``args`` as $1, $2, … (values are never interpolated)."""
     return ["sh", "-c", script, "sh", *args]
@@ -443,6 +450,19 @@ async def _launch_once(
         raise StateError(
             f"attempt {spec.attempt} of {spec.server} already exists on {transport.host_name}",
             remedy="attempt numbers must increase; start from latest_attempt() + 1",
+        )
+    if result.exit_status == _WRITE_FAILED_STATUS:
+        stderr = result.stderr[-2000:].decode("utf-8", "replace")
+        path = next((line.removeprefix("cannot write ") for line in stderr.splitlines()
+                     if line.startswith("cannot write ")), spec.run_dir)
+        reason = next((line for line in stderr.splitlines()
+                       if not line.startswith("cannot write ")), "")
+        raise RunDirUnwritable(
+            f"cannot write {path} on {transport.host_name}" + (f": {reason}" if reason else ""),
+            host=transport.host_name, command="launch", exit_status=result.exit_status,
+            stderr=stderr,
+            remedy=f"free space on the filesystem of {path} on {transport.host_name} "
+            "(df -h), or point run_dir at one with room",
         )
     _fail(transport, "launch", result)
     return result.stdout
