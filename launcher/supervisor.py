@@ -415,6 +415,8 @@ class ServerSupervisor:
                 self._emit("launch.failed", {"error": str(exc)})
                 diag = classify([], None)
                 diag.advice = str(exc)
+                # A run directory that cannot be written fails every relaunch the same way.
+                diag.retryable = not isinstance(exc, remote.RunDirUnwritable)
                 self._post(Exited(status=None, diagnosis=diag))
                 return
             self._attempt = _Attempt(handle=handle, last_advance=self.clock())
