@@ -8,6 +8,7 @@ measured durations are printed for the record only.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,14 @@ from tests.sshsim import (
     server_entry,
     ssh_config,
 )
-from tests.test_ssh_e2e import LineRecordingSupervisor, alive, supervising, wait_until
+from tests.test_ssh_e2e import (
+    LineRecordingSupervisor,
+    alive,
+    ssh_transports,
+    supervising,
+    supervisor,
+    wait_until,
+)
 
 pytestmark = pytest.mark.ssh
 
@@ -220,3 +228,46 @@ async def test_sshd_killed_mid_load_then_restarted_relaunches_nothing_and_loses_
     assert server_alive and pid == sup.machine.pid
     assert offset == len(log_bytes)
     assert LineSplitter().feed(log_bytes) == sup.lines[1]
+
+
+# -- the remote run directory's filesystem full ----------------------------------------------
+
+
+@pytest.fixture
+def full_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs, filled up to the last byte (needs root: mount)."""
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
+                   check=True, capture_output=True)
+    try:
+        filler = subprocess.run(["sh", "-c", f"cat /dev/zero > {mount_point}/filler"],
+                                capture_output=True, text=True)
+        assert "No space left on device" in filler.stderr
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False, capture_output=True)
+
+
+async def test_full_run_dir_filesystem_gives_up_at_once_naming_host_and_path(
+    stock_sshd: Sshd, full_tmpfs: Path, tmp_path: Path
+) -> None:
+    """With the run directory's filesystem full, the launch fails with an error that names
+    the host and the path it could not write, and the server gives up after that one launch:
+    no relaunch loop."""
+    site = Site.create(tmp_path, "gpu1", stock_sshd)
+    config = ssh_config(tmp_path, [site.host_entry(run_dir=str(full_tmpfs / "runs"))],
+                        [server_entry("llm", site, port=free_port())])
+    events = EventRecorder()
+    async with ssh_transports(config) as transports:
+        sup = supervisor(config, "llm", transports, events)
+        with anyio.fail_after(60):
+            final = await sup.run()
+    failed = events.named("launch.failed")
+    gave_up = events.named("server.gave_up")
+    print(f"gave up: {sup.machine.reason!r}")
+    assert State.GAVE_UP == final
+    assert 1 == len(failed) == len(gave_up) == len(events.named("attempt.started"))
+    assert f"cannot write {full_tmpfs}/runs/llm/1/env on gpu1" in failed[0].data["error"]
+    assert "No space left on device" in failed[0].data["error"]
+    assert f"{full_tmpfs}/runs/llm/1/env on gpu1" in sup.machine.reason
