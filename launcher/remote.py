@@ -108,6 +108,9 @@ ident() {
   printf '%s %s' "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)" "$1"
 }
 _launcher_dir=$1; _launcher_cwd=$2; shift 2
+# Whoever makes "claim" first decides: this shim (the server starts) or a launcher that gave
+# up on the launch (the server never starts, so no unsupervised copy can appear later).
+mkdir "$_launcher_dir/claim" 2> /dev/null || exit 125
 if ident $$ > "$_launcher_dir/pid_start.tmp"; then
   mv -f "$_launcher_dir/pid_start.tmp" "$_launcher_dir/pid_start"
 fi
@@ -149,7 +152,10 @@ setsid sh -c "$wrapper" sh "$d" "$shim" "$cwd" "$@" < /dev/null > /dev/null 2>&1
 i=0
 while [ ! -s "$d/pid" ]; do
   i=$((i + 1))
-  if [ "$i" -gt "$PID_TICKS" ]; then echo "server wrote no pid file in $d" >&2; exit 3; fi
+  if [ "$i" -eq "$PID_TICKS" ] && mkdir "$d/claim" 2> /dev/null; then
+    echo "server wrote no pid file in $d; it will not start" >&2; exit 3
+  fi
+  if [ "$i" -gt $((PID_TICKS + 40)) ]; then echo "server wrote no pid file in $d" >&2; exit 3; fi
   sleep 0.05
 done
 printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
@@ -165,7 +171,8 @@ d=$(cd "$x/$2/$3" && pwd -P) || exit 1
 i=0
 while [ ! -s "$d/pid" ]; do
   i=$((i + 1))
-  if [ "$i" -gt "$PID_TICKS" ]; then echo nopid; exit 0; fi
+  if [ "$i" -eq "$PID_TICKS" ] && mkdir "$d/claim" 2> /dev/null; then echo nopid; exit 0; fi
+  if [ "$i" -gt $((PID_TICKS + 40)) ]; then echo nopid; exit 0; fi
   sleep 0.05
 done
 printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
@@ -210,8 +217,10 @@ for q in $(strays "$p"); do kill -s "$2" "$q" 2>/dev/null; done
 echo sent
 """
 
-# $1 run_dir, $2 server. Prints "<attempt> <alive 0|1> <pid or ->" lines, "@@", the absolute
-# server directory (nothing at all when it does not exist).
+# $1 run_dir, $2 server, $3 "claim" when adopting. Prints "<attempt> <alive 0|1> <pid or ->"
+# lines, "@@", the absolute server directory (nothing at all when it does not exist).
+# Adopting, an attempt with neither pid nor exit status is claimed (see the shim): if its shim
+# claimed it first, its server is starting and its pid is waited for; else it never starts.
 _LIST = _PRELUDE + r"""
 expand "$1"
 [ -d "$x/$2" ] || exit 0
@@ -220,6 +229,12 @@ for a in *; do
   case $a in ''|*[!0-9]*) continue ;; esac
   [ -d "$a" ] || continue
   p=$(cat "$a/pid" 2>/dev/null) || p=
+  if [ -z "$p" ] && [ "${3-}" = claim ] && [ ! -e "$a/exit_status" ] \
+      && ! mkdir "$a/claim" 2> /dev/null; then
+    i=0
+    while [ ! -s "$a/pid" ] && [ "$i" -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
+    p=$(cat "$a/pid" 2>/dev/null) || p=
+  fi
   if alive "$PWD/$a"; then l=1; else l=0; fi
   printf '%s %s %s\n' "$a" "$l" "${p:--}"
 done
@@ -708,11 +723,13 @@ async def stop(
 
 
 async def _list_attempts(
-    transport: Transport, run_dir: str, server: str,
+    transport: Transport, run_dir: str, server: str, *, claim: bool = False,
 ) -> tuple[str, list[tuple[int, bool, int | None]]]:
-    """The absolute server directory and its attempts as (attempt, alive, pid)."""
+    """The absolute server directory and its attempts as (attempt, alive, pid); ``claim``:
+    see _LIST."""
     _check_name(server)
-    result = await transport.run(_sh(_LIST, run_dir, server))
+    result = await transport.run(_sh(_LIST, run_dir, server, "claim" if claim else ""),
+                                 timeout=60.0)
     _fail(transport, "listing attempts", result)
     entries, sep, directory = result.stdout.decode("utf-8", "surrogateescape").partition(
         "@@\n")
@@ -728,9 +745,16 @@ async def _list_attempts(
     return directory, attempts
 
 
-async def find_running(transport: Transport, run_dir: str, server: str) -> RunHandle | None:
-    """The newest attempt of ``server`` whose server still runs (for adoption), or None."""
-    directory, attempts = await _list_attempts(transport, run_dir, server)
+async def find_running(
+    transport: Transport, run_dir: str, server: str, *, adopting: bool = False,
+) -> RunHandle | None:
+    """The newest attempt of ``server`` whose server still runs, or None.
+
+    ``adopting`` (only the launcher that will supervise the server): launches left half-way
+    by a launcher that died are settled first, so that none can start a second copy later:
+    one whose server is already starting is waited for (and found), any other never starts.
+    """
+    directory, attempts = await _list_attempts(transport, run_dir, server, claim=adopting)
     for attempt, alive, pid in sorted(attempts, reverse=True):
         if alive and pid is not None:
             return RunHandle(server, attempt, f"{directory}/{attempt}", pid)
