@@ -324,7 +324,8 @@ class ServerSupervisor:
 
     async def _find_running(self) -> Adopted | None:
         try:
-            handle = await remote.find_running(self.transport, self.run_dir, self.server.name)
+            handle = await remote.find_running(self.transport, self.run_dir, self.server.name,
+                                               adopting=True)
         except LauncherError as exc:
             self._emit("adopt.failed", {"error": str(exc)})
             return None
