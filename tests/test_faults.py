@@ -8,8 +8,10 @@ measured durations are printed for the record only.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +273,103 @@ async def test_full_run_dir_filesystem_gives_up_at_once_naming_host_and_path(
     assert f"cannot write {full_tmpfs}/runs/llm/1/env on gpu1" in failed[0].data["error"]
     assert "No space left on device" in failed[0].data["error"]
     assert f"{full_tmpfs}/runs/llm/1/env on gpu1" in sup.machine.reason
+
+
+# -- launcher SIGKILLed at each step of a launch ---------------------------------------------
+
+
+def gated_setsid(bin_dir: Path) -> None:
+    """Put a setsid in ``bin_dir`` that holds a launch at a step while a gate file exists.
+
+    ``<attempt dir>.hold-wrapper``: before the wrapper is spawned (nothing runs yet);
+    ``<attempt dir>.hold-shim``: after the wrapper, before the server's shim writes its pid.
+    Reaching a gate touches ``<gate>.reached``. Then it execs the real setsid.
+    """
+    real = shutil.which("setsid")
+    assert real is not None
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / "setsid"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case $3 in *_launcher_dir*) gate=$5.hold-shim ;; *) gate=$5.hold-wrapper ;; esac\n'
+        'if [ -e "$gate" ]; then : > "$gate.reached"; fi\n'
+        'while [ -e "$gate" ]; do sleep 0.05; done\n'
+        f'exec {real} "$@"\n'
+    )
+    script.chmod(0o755)
+
+
+def sim_servers(site: Site) -> list[int]:
+    """Pids of the live sim servers of ``site`` (process-group leaders, zombies excluded)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+            env = (entry / "environ").read_bytes()
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if (b"launcher.sim.server" in cmd and stat[0] != "Z" and int(stat[2]) == int(entry.name)
+                and f"SGLANG_SIM_HOST={site.sim.path}".encode() in env.split(b"\0")):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("step", ["before_spawn", "after_spawn_before_pid", "after_pid"])
+async def test_launcher_killed_at_a_launch_step_restarts_with_exactly_one_copy(
+    stock_sshd: Sshd, tmp_path: Path, step: str
+) -> None:
+    """launcher dies (its supervisor cancelled mid-launch and its SSH connections closed: what
+    the host sees of a SIGKILL) at a step of the launch; a new launcher adopts or relaunches,
+    and once the held launch is let go, exactly one copy runs, the supervised one."""
+    site = Site.create(tmp_path, "gpu1", stock_sshd)
+    gated_setsid(tmp_path / "gate-bin")
+    env = {"SGLANG_SIM_HOST": str(site.sim.path),
+           "PATH": f"{tmp_path / 'gate-bin'}:{os.environ['PATH']}"}
+    config = ssh_config(tmp_path, [site.host_entry(env=env)],
+                        [server_entry("llm", site, port=free_port())])
+    first = site.attempt_dir("llm", 1)
+    first.parent.mkdir(parents=True)
+    gate = {"before_spawn": Path(f"{first}.hold-wrapper"),
+            "after_spawn_before_pid": Path(f"{first}.hold-shim")}.get(step)
+    reached: Callable[[], bool] = lambda: (first / "pid").exists()  # noqa: E731
+    if gate is not None:
+        gate.touch()
+        reached = Path(f"{gate}.reached").exists
+    events = EventRecorder()
+    try:
+        # The launcher that dies.
+        async with ssh_transports(config) as transports:
+            sup = supervisor(config, "llm", transports, events)
+            async with anyio.create_task_group() as tg:
+                await tg.start(sup.run)
+                await wait_until(reached, 60, events, f"the launch at {step}")
+                tg.cancel_scope.cancel()
+        # The launcher that restarts.
+        async with ssh_transports(config) as transports:
+            sup = supervisor(config, "llm", transports, events)
+            async with supervising(sup):
+                await wait_until(lambda: sup.state is State.READY, 60, events, "ready")
+                if gate is not None:
+                    gate.unlink()  # the held launch goes on now
+                    await wait_until((first / "exit_status").exists, 30, events,
+                                     "the held launch to end")
+                await anyio.sleep(1.0)  # room for a second copy to show itself
+                copies = sim_servers(site)
+                supervised = sup.machine.pid
+                attempt = sup.machine.attempt
+    finally:
+        kill_leftovers([site.run_dir])
+    print(f"{step}: copies={copies} supervised={supervised} attempt={attempt} "
+          f"adopted={bool(events.named('server.adopted'))}")
+    assert [supervised] == copies
+    if step == "after_pid":
+        assert events.named("server.adopted")
+        assert site.server_pid("llm", 1) == supervised
+        assert not site.attempt_dir("llm", 2).exists()
+    else:
+        assert site.server_pid("llm", 2) == supervised
+        assert "125" == (first / "exit_status").read_text().strip()  # its shim lost the claim
+        assert not (first / "pid").exists()
