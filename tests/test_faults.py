@@ -8,6 +8,7 @@ measured durations are printed for the record only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -373,3 +374,73 @@ async def test_launcher_killed_at_a_launch_step_restarts_with_exactly_one_copy(
         assert site.server_pid("llm", 2) == supervised
         assert "125" == (first / "exit_status").read_text().strip()  # its shim lost the claim
         assert not (first / "pid").exists()
+
+
+# -- the operator box CPU-starved ------------------------------------------------------------
+
+
+def _pin_process(cpus: set[int]) -> None:
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(task.name), cpus)
+
+
+@pytest.fixture
+def starved_core() -> Iterator[int]:
+    """This process pinned to one core that two busy loops share with it (2x its cores)."""
+    core = min(os.sched_getaffinity(0))
+    saved = os.sched_getaffinity(0)
+    hogs = [subprocess.Popen(["taskset", "-c", str(core), "sh", "-c", "while :; do :; done"])
+            for _ in range(2)]
+    _pin_process({core})
+    try:
+        yield core
+    finally:
+        _pin_process(saved)
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+async def test_cpu_starved_operator_side_sees_no_false_death_or_stall(
+    stock_sshd: Sshd, starved_core: int, tmp_path: Path
+) -> None:
+    """The launcher's side (this process, pinned to one core) shares its core with two busy
+    loops (a hog at 2x its cores) from launch until well after ready, with stall budgets of
+    2 s: the server comes up in one attempt and no stall, probe failure or death is reported."""
+    site = Site.create(tmp_path, "gpu1", stock_sshd)
+    config = ssh_config(
+        tmp_path, [site.host_entry()], [server_entry("llm", site, port=free_port())],
+        policy={"stall": {p: f"{STALL_BUDGET_S}s"
+                          for p in ("init", "weights", "kv_cache", "cuda_graph", "warmup")}},
+    )
+    events = EventRecorder()
+    lags: list[float] = []
+
+    async def measure_lag() -> None:
+        while True:
+            before = anyio.current_time()
+            await anyio.sleep(0.1)
+            lags.append(anyio.current_time() - before - 0.1)
+
+    try:
+        async with ssh_transports(config) as transports:
+            sup = supervisor(config, "llm", transports, events)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(measure_lag)
+                async with supervising(sup):
+                    await wait_until(lambda: sup.state is State.READY, 90, events, "ready")
+                    ready_at = len(events.named("probe.result"))
+                    await wait_until(lambda: len(events.named("probe.result")) >= ready_at + 10,
+                                     60, events, "10 probes while starved")
+                    final = sup.state
+                tg.cancel_scope.cancel()
+    finally:
+        kill_leftovers([site.run_dir])
+    latencies = [e.data["latency_s"] for e in events.named("probe.result")]
+    print(f"starved core {starved_core}: loop lag max={max(lags):.3f}s "
+          f"p50={sorted(lags)[len(lags) // 2]:.3f}s probe latency max={max(latencies):.3f}s "
+          f"probes={len(latencies)}")
+    assert State.READY == final
+    assert ["attempt.started"] == [n for n in events.names() if n in FAILURE_EVENTS]
+    assert all(e.data["ok"] for e in events.named("probe.result")[ready_at:])
