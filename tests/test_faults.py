@@ -11,7 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,8 @@ import pytest
 
 from launcher.lifecycle import State
 from launcher.logparse import LineSplitter
+from launcher.sim import gpustate
+from launcher.supervisor import ServerSupervisor
 from tests.netns import NetnsSshd
 from tests.simhost import free_port
 from tests.sshd import Sshd
@@ -444,3 +449,61 @@ async def test_cpu_starved_operator_side_sees_no_false_death_or_stall(
     assert State.READY == final
     assert ["attempt.started"] == [n for n in events.names() if n in FAILURE_EVENTS]
     assert all(e.data["ok"] for e in events.named("probe.result")[ready_at:])
+
+
+# -- an orphan holding GPU memory after a crash ----------------------------------------------
+
+
+def start_orphan(site: Site, gpu: int, gib: float) -> subprocess.Popen[bytes]:
+    """A process outside any server's session registered in the sim host as holding ``gib``
+    on ``gpu``: a scheduler that escaped its server's process group and is stuck in the
+    driver. Its memory is free once it is gone."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    host = gpustate.HostConfig.load(site.sim.path, {})
+    deadline = time.monotonic() + 5
+    while (holder := gpustate.holder_of(proc, gpu, "sglang::scheduler_TP0")).start < 0:
+        assert time.monotonic() < deadline, "the orphan did not start"
+        time.sleep(0.01)
+    gpustate.Registration(host, proc.pid, [holder]).update({gpu: gib})
+    return proc
+
+
+async def test_orphan_holding_gpu_memory_after_a_crash_is_waited_for_then_reported_by_pid(
+    stock_sshd: Sshd, tmp_path: Path
+) -> None:
+    """A ready server is SIGKILLed and an orphan of it keeps 40 GiB of its GPU: the relaunch
+    waits for the GPU (gpu.waiting names the orphan's pid) and, the GPU still held after
+    gpu_free_timeout, gives up naming the pid; nothing is launched onto the held GPU."""
+    site = Site.create(tmp_path, "gpu1", stock_sshd)
+    config = ssh_config(tmp_path, [site.host_entry()],
+                        [server_entry("llm", site, port=free_port())],
+                        policy={"gpu_free_timeout": "3s"})
+    orphans: list[subprocess.Popen[bytes]] = []
+
+    def orphan_on_failure(server: str, name: str, data: dict[str, Any]) -> None:
+        if name == "attempt.failed" and not orphans:
+            orphans.append(start_orphan(site, 0, 40.0))
+
+    events = EventRecorder()
+    try:
+        async with ssh_transports(config) as transports:
+            sup = ServerSupervisor(config, config.server("llm"), transports["gpu1"],
+                                   sglang_version="0.5.23", hooks=[events, orphan_on_failure])
+            async with supervising(sup):
+                await wait_until(lambda: sup.state is State.READY, 60, events, "ready")
+                os.kill(site.server_pid("llm", 1), signal.SIGKILL)
+                await wait_until(lambda: sup.state is State.GAVE_UP, 60, events, "gave up")
+            reason = sup.machine.reason
+    finally:
+        kill_leftovers([site.run_dir])
+        for proc in orphans:
+            proc.kill()
+            proc.wait()
+    pid = orphans[0].pid
+    waiting = [e for e in events.named("gpu.waiting") if "problems" in e.data]
+    print(f"orphan pid={pid} gpu.waiting={len(waiting)} reason={reason!r}")
+    assert waiting and all(any(f"pid {pid}" in p for p in e.data["problems"]) for e in waiting)
+    assert "GPUs still in use after waiting" in reason and f"pid {pid}" in reason
+    assert 1 == len(events.named("attempt.started"))  # nothing launched onto the held GPU
