@@ -80,6 +80,10 @@ from launcher.transport.base import Transport
 
 EventHook = Callable[[str, str, dict[str, Any]], None]
 
+# The follower's longest wait between tries while its host is unreachable (each try also
+# reconnects with the transport's own bounded, jittered backoff).
+_OUTAGE_RETRY_MAX_S = 10.0
+
 
 @dataclass
 class Snapshot:
@@ -171,6 +175,7 @@ class ServerSupervisor:
         self._started = clock()
         self._unreachable_since: float | None = None
         self._outages = 0  # outages begun or ended so far: a probe spanning one never counts
+        self._back: anyio.Event | None = None  # set when the current outage ends
         self.tail_path: Path | None = None  # local copy of the last failed attempt's log tail
 
     # -- public ----------------------------------------------------------------------
@@ -299,6 +304,7 @@ class ServerSupervisor:
         if self._unreachable_since is None:
             self._unreachable_since = now
             self._outages += 1
+            self._back = anyio.Event()
         data: dict[str, Any] = {
             "error": str(exc), "unreachable_s": round(now - self._unreachable_since, 3),
         }
@@ -311,6 +317,8 @@ class ServerSupervisor:
         since, self._unreachable_since = self._unreachable_since, None
         if since is not None:
             self._outages += 1
+            if self._back is not None:
+                self._back.set()
             self._emit("host.reachable", {"unreachable_s": round(self.clock() - since, 3)})
 
     # -- actions -----------------------------------------------------------------------
@@ -445,8 +453,8 @@ class ServerSupervisor:
                     await remote.log_age(self.transport, att.handle)
                 except HostUnreachable as exc:
                     self._host_unreachable(exc, delay)
-                    await anyio.sleep(delay)
-                    delay = min(delay * 2, 30.0)
+                    await self._outage_wait(delay)
+                    delay = min(delay * 2, _OUTAGE_RETRY_MAX_S)
                     continue
                 except LauncherError:
                     pass  # the host answered; the follow below reports what is wrong
@@ -470,8 +478,8 @@ class ServerSupervisor:
                 return
             except HostUnreachable as exc:
                 self._host_unreachable(exc, delay)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                await self._outage_wait(delay)
+                delay = min(delay * 2, _OUTAGE_RETRY_MAX_S)
             except LauncherError as exc:
                 # The host answers but reading the log failed (e.g. its file vanished). A dead
                 # server is reported with what the log showed so far; a live one is followed
@@ -487,6 +495,14 @@ class ServerSupervisor:
                 self._emit("follow.failed", {"error": str(exc), "retry_in_s": delay})
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+
+    async def _outage_wait(self, delay: float) -> None:
+        """Sleep ``delay`` before following again, less once another task (a probe, the stall
+        check) has reached the host again."""
+        back = self._back
+        with anyio.move_on_after(delay):
+            if back is not None:
+                await back.wait()
 
     def _on_line(self, att: _Attempt, line: str) -> None:
         for ev in att.follower.feed_line(line):
