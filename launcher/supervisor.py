@@ -708,6 +708,7 @@ class ServerSupervisor:
                 or m.was_ready
                 or m.state in (State.READY, State.BACKING_OFF)
                 or m.state.terminal
+                or self._unreachable_since is not None  # decided once the host answers again
             ):
                 continue
             if self.clock() - m.started_at > self.policy.start_deadline:
