@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a venv in .venv with launcher and its dev tools, and
-# (when run as root on Debian and missing) OpenSSH's sshd and systemd-analyze, which tests use.
+# (when run as root on Debian and missing) OpenSSH's sshd, systemd-analyze, iproute2 and
+# util-linux, which tests use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Debian packages the tests need: sshd (SSH tests on loopback), systemd-analyze (unit check).
 need=()
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v systemd-analyze >/dev/null || need+=(systemd)
+# ip netns + veth (network faults), unshare/taskset/mount (PID namespaces, CPU hog, tmpfs).
+command -v ip >/dev/null || need+=(iproute2)
+command -v unshare >/dev/null && command -v taskset >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "setup: installing ${need[*]} (for the tests)" >&2
   export DEBIAN_FRONTEND=noninteractive

@@ -84,6 +84,8 @@ STALL_BUDGET_S = 2.0
 CUT_S = 3 * STALL_BUDGET_S
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # two outages of seconds each, plus reconnects
 async def test_network_cut_for_three_stall_budgets_relaunches_nothing_and_resumes_at_offset(
     ns_sshd: NetnsSshd, tmp_path: Path
 ) -> None:
@@ -188,6 +190,8 @@ def stock_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     daemon.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # two outages of seconds each, plus reconnects
 async def test_sshd_killed_mid_load_then_restarted_relaunches_nothing_and_loses_no_line(
     stock_sshd: Sshd, tmp_path: Path
 ) -> None:
