@@ -191,7 +191,7 @@ def stock_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)  # two outages of seconds each, plus reconnects
+@pytest.mark.timeout(300)  # a 6 s sshd outage during a slowed capture, plus reconnects
 async def test_sshd_killed_mid_load_then_restarted_relaunches_nothing_and_loses_no_line(
     stock_sshd: Sshd, tmp_path: Path
 ) -> None:

@@ -154,7 +154,7 @@ async def test_sessions_per_connection_is_honoured(stock_sshd: Sshd, tmp_path: P
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)  # 16 sim servers or a 6 s outage on a loaded 2-core box
+@pytest.mark.timeout(300)  # 16 sim servers starting at once on a loaded 2-core box
 async def test_sixteen_servers_on_one_stock_sshd_become_ready_and_stay_supervised(
     stock_sshd: Sshd, tmp_path: Path
 ) -> None:
