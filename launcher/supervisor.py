@@ -615,15 +615,9 @@ class ServerSupervisor:
                 att = self._attempt
             if att is not None:
                 att.scope.cancel()
-                try:
-                    report = await remote.stop(self.transport, att.handle, grace=5.0,
-                                               kill_wait=5.0)
-                    self._emit("process.stopped", {
-                        "reason": reason, "signals": report.signals_sent,
-                        "leftover_pids": report.leftover_pids,
-                    })
-                except LauncherError as exc:
-                    self._emit("process.stop_failed", {"reason": reason, "error": str(exc)})
+        if att is not None:
+            await self._stop_reaching_host(att, reason)
+            with anyio.CancelScope(shield=True):
                 # Read after the stop, so the tail has the server's last words; a tail that
                 # cannot be read must not keep the server from being stopped (hence apart).
                 tail = b""
@@ -633,6 +627,34 @@ class ServerSupervisor:
                     self._emit("attempt.tail_unreadable", {"error": str(exc)})
                 self._attempt_ended(att, tail.decode("utf-8", errors="replace"))
         self._post(CleanedUp())
+
+    async def _stop_reaching_host(self, att: _Attempt, reason: str) -> None:
+        """Stop the attempt's processes; while the host is unreachable, wait and try again,
+        so that no relaunch starts beside a server that could not be stopped.
+
+        Each try is shielded from cancellation; the waits between tries are not, so shutting
+        launcher down during an outage ends them (the server is left to the next launcher).
+        """
+        delay = 0.5
+        while True:
+            with anyio.CancelScope(shield=True):
+                try:
+                    report = await remote.stop(self.transport, att.handle, grace=5.0,
+                                               kill_wait=5.0)
+                except HostUnreachable as exc:
+                    self._host_unreachable(exc, delay)
+                except LauncherError as exc:
+                    self._emit("process.stop_failed", {"reason": reason, "error": str(exc)})
+                    return
+                else:
+                    self._host_reachable()
+                    self._emit("process.stopped", {
+                        "reason": reason, "signals": report.signals_sent,
+                        "leftover_pids": report.leftover_pids,
+                    })
+                    return
+            await self._outage_wait(delay)
+            delay = min(delay * 2, _OUTAGE_RETRY_MAX_S)
 
     def _attempt_ended(self, att: _Attempt, tail: str) -> None:
         """Keep the tail locally and tell the hooks how the attempt ended."""
