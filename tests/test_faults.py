@@ -178,6 +178,47 @@ async def test_network_cut_for_three_stall_budgets_relaunches_nothing_and_resume
     assert b"written during the cut 2\n" in log_bytes
 
 
+async def test_stop_with_kill_during_a_network_cut_waits_for_the_host_then_stops(
+    ns_sshd: NetnsSshd, tmp_path: Path
+) -> None:
+    """A stop with kill requested while the host's network is cut neither gives up nor
+    reports the server stopped: it waits for the host, then stops the server for real."""
+    site = Site.create(tmp_path, "gpu1", ns_sshd)
+    config = ssh_config(tmp_path, [site.host_entry(keepalive_interval="1s", connect_timeout="2s")],
+                        [server_entry("llm", site, port=free_port())])
+    events = EventRecorder()
+    # Connection retries give up within a second, so the stop's own tries fail during the cut.
+    fast = {"gpu1": {"retry_attempts": 2, "retry_max_seconds": 1.0}}
+    try:
+        async with ssh_transports(config, **fast) as transports:
+            sup = supervisor(config, "llm", transports, events)
+            async with supervising(sup):
+                await wait_until(lambda: sup.state is State.READY, 60, events, "ready")
+                pid = site.server_pid("llm", 1)
+                ns_sshd.cut()
+                try:
+                    await wait_until(lambda: bool(events.named("host.unreachable")), 30, events,
+                                     "host.unreachable")
+                    sup.request_stop(kill=True)
+                    asked = len(events.named("host.unreachable"))
+                    await wait_until(lambda: len(events.named("host.unreachable")) > asked + 2
+                                     or sup.state is State.STOPPED, 60, events,
+                                     "failed stop tries")
+                    during = (sup.state, alive(pid), events.named("process.stop_failed"))
+                finally:
+                    ns_sshd.heal()
+                await wait_until(lambda: sup.state is State.STOPPED, 90, events, "stopped")
+                after = alive(pid)
+    finally:
+        kill_leftovers([site.run_dir])
+    stopped = [e.data for e in events.named("process.stopped")]
+    print(f"stop during a cut: state while cut {during[0]}, then {stopped}")
+    assert (State.CLEANING_UP, True, []) == during
+    assert not after
+    assert [("stop", ["SIGTERM"], [])] == [
+        (d["reason"], d["signals"][:1], d["leftover_pids"]) for d in stopped]
+
+
 # -- sshd killed mid-load, then restarted ---------------------------------------------------
 
 
