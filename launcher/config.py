@@ -205,6 +205,11 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 GpuIndex = Annotated[int, Field(ge=0)]
 Name = Annotated[str, AfterValidator(_name)]
 Argv = Annotated[list[str], BeforeValidator(_argv)]
+# Programs whose command runs somewhere launcher's signals do not reach (see
+# ServerConfig._signalable_command).
+_DETACHED_EXEC_CLIENTS = frozenset({
+    "docker", "podman", "nerdctl", "kubectl", "oc", "crictl", "ctr", "lxc", "incus", "ssh",
+})
 Program = Annotated[list[str], BeforeValidator(_argv), AfterValidator(_non_empty_argv)]
 EnvMap = Annotated[dict[str, str], BeforeValidator(_env_values), AfterValidator(_env_names)]
 LocalPath = Annotated[Path, AfterValidator(_expand)]
@@ -377,6 +382,21 @@ class ServerConfig(_Model):
         if repeated:
             raise ValueError(f"GPU {', '.join(map(str, repeated))} listed more than once")
         return gpus
+
+    @field_validator("command")
+    @classmethod
+    def _signalable_command(cls, command: list[str]) -> list[str]:
+        client = command[0].rpartition("/")[2]
+        if client in _DETACHED_EXEC_CLIENTS:
+            raise ValueError(
+                f"{shlex.join(command[:3])!r}: a process that {client} starts belongs to "
+                "the container runtime (or another machine), not to the process group "
+                "launcher signals, so stop and kill would end only the client and leave the "
+                "server holding its GPUs; run sglang on the host, add the container (with "
+                "an sshd) as a host of its own, or use a prefix that keeps the server its "
+                "child (unshare, nsenter, env, nice, numactl, taskset)"
+            )
+        return command
 
     @field_validator("extra_args")
     @classmethod

@@ -17,6 +17,8 @@ Exported series (label ``server`` on every one):
 ``launcher_startup_duration_seconds``       histogram of those start-up times
 ``launcher_probe_latency_seconds``          latency of the last ``/health`` probe
 ``launcher_probes_total{result}``           probes by result (``ok`` / ``failed``)
+``launcher_host_unreachable``               1 while the server's host cannot be reached
+``launcher_host_unreachable_seconds_total``  time the host was unreachable (ended outages)
 =========================================  ===========================================
 
 State values are ``launcher.lifecycle.State`` values (``cuda_graph``, ``gave_up``, ...).
@@ -191,6 +193,18 @@ class Metrics:
             ["server", "result"],
             registry=registry,
         )
+        self.host_unreachable = Gauge(
+            "launcher_host_unreachable",
+            "1 while the server's host cannot be reached over its transport, else 0.",
+            ["server"],
+            registry=registry,
+        )
+        self.host_unreachable_seconds = Counter(
+            "launcher_host_unreachable_seconds",
+            "Seconds the server's host was unreachable, counted when each outage ends.",
+            ["server"],
+            registry=registry,
+        )
 
     # -- the event hook -------------------------------------------------------------------
 
@@ -231,6 +245,13 @@ class Metrics:
             self._set_state(server, State.GAVE_UP.value)
         elif event == "server.stopped":
             self._set_state(server, State.STOPPED.value)
+        elif event == "host.unreachable":
+            self.host_unreachable.labels(server).set(1)
+        elif event == "host.reachable":
+            self.host_unreachable.labels(server).set(0)
+            seconds = _number(data.get("unreachable_s"))
+            if seconds is not None and seconds >= 0:
+                self.host_unreachable_seconds.labels(server).inc(seconds)
 
     # -- state snapshots ------------------------------------------------------------------
 

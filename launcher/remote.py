@@ -57,6 +57,7 @@ _STOP_POLL_S = 0.1
 _PID_WAIT_TICKS = 200  # launch waits 200 × 50 ms for the server's pid file
 _EXISTS_STATUS = 17  # launch script: the attempt directory already exists
 _UNSAFE_STATUS = 13  # launch script: run_dir or its server directory is not safely ours
+_WRITE_FAILED_STATUS = 28  # launch script: a file or directory in the run dir not writable
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Starts the trailer of a follow stream (plus a random token per stream). \x01: a byte no
 # log chunk ends with in practice, so holding back a possible marker start delays nothing.
@@ -118,6 +119,9 @@ ident() {
   printf '%s %s' "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)" "$1"
 }
 _launcher_dir=$1; _launcher_cwd=$2; shift 2
+# Whoever makes "claim" first decides: this shim (the server starts) or a launcher that gave
+# up on the launch (the server never starts, so no unsupervised copy can appear later).
+mkdir "$_launcher_dir/claim" 2> /dev/null || exit 125
 if ident $$ > "$_launcher_dir/pid_start.tmp"; then
   mv -f "$_launcher_dir/pid_start.tmp" "$_launcher_dir/pid_start"
 fi
@@ -144,8 +148,9 @@ printf '%s\n' "$st" > "$d/exit_status.tmp" && mv -f "$d/exit_status.tmp" "$d/exi
 _LAUNCH = _PRELUDE + r"""
 set -u
 command -v setsid > /dev/null || { echo "setsid not found on this host" >&2; exit 127; }
+w() { printf 'cannot write %s\n' "$1" >&2; exit $WRITE_FAILED; }
 expand "$1"; base=$x
-(umask 077 && mkdir -p "$base/$2") || exit 1
+(umask 077 && mkdir -p "$base/$2") || w "$base/$2"
 for p in "$base" "$base/$2"; do
   [ -n "$(find "$p" -maxdepth 0 -type d -user "$(id -u)" ! -perm -020 ! -perm -002)" ] || {
     echo "unsafe run directory $p: it must be a real directory (not a symlink) owned by" \
@@ -154,20 +159,25 @@ done
 d=$(cd "$base/$2" && pwd -P) || exit 1
 d=$d/$3
 if [ -e "$d" ]; then echo "attempt directory exists: $d" >&2; exit 17; fi
-(umask 077 && mkdir "$d" && cat > "$d/env" && : > "$d/log") || exit 1
-printf '%s\n' "$5" > "$d/cmd"
-date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started_at"
+(umask 077 && mkdir "$d") || w "$d"
+(umask 077 && cat > "$d/env") || w "$d/env"
+(umask 077 && printf '%s\n' "$5" > "$d/cmd") || w "$d/cmd"
+(umask 077 && : > "$d/log") || w "$d/log"
+(umask 077 && date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started_at") || w "$d/started_at"
 cwd=$4; wrapper=$6; shim=$7; shift 7
 if [ -n "$cwd" ]; then expand "$cwd"; cwd=$x; fi
 setsid sh -c "$wrapper" sh "$d" "$shim" "$cwd" "$@" < /dev/null > /dev/null 2>&1 &
 i=0
 while [ ! -s "$d/pid" ]; do
   i=$((i + 1))
-  if [ "$i" -gt "$PID_TICKS" ]; then echo "server wrote no pid file in $d" >&2; exit 3; fi
+  if [ "$i" -eq "$PID_TICKS" ] && mkdir "$d/claim" 2> /dev/null; then
+    echo "server wrote no pid file in $d; it will not start" >&2; exit 3
+  fi
+  if [ "$i" -gt $((PID_TICKS + 40)) ]; then echo "server wrote no pid file in $d" >&2; exit 3; fi
   sleep 0.05
 done
 printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
-""".replace("$PID_TICKS", str(_PID_WAIT_TICKS))
+""".replace("$PID_TICKS", str(_PID_WAIT_TICKS)).replace("$WRITE_FAILED", "28")
 
 # $1 run_dir, $2 server, $3 attempt. After a launch whose reply was lost: prints "absent" when
 # the attempt directory was never made (the launch never ran), "nopid" when no pid appeared in
@@ -179,7 +189,8 @@ d=$(cd "$x/$2/$3" && pwd -P) || exit 1
 i=0
 while [ ! -s "$d/pid" ]; do
   i=$((i + 1))
-  if [ "$i" -gt "$PID_TICKS" ]; then echo nopid; exit 0; fi
+  if [ "$i" -eq "$PID_TICKS" ] && mkdir "$d/claim" 2> /dev/null; then echo nopid; exit 0; fi
+  if [ "$i" -gt $((PID_TICKS + 40)) ]; then echo nopid; exit 0; fi
   sleep 0.05
 done
 printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
@@ -224,8 +235,10 @@ for q in $(strays "$p"); do kill -s "$2" "$q" 2>/dev/null; done
 echo sent
 """
 
-# $1 run_dir, $2 server. Prints "<attempt> <alive 0|1> <pid or ->" lines, "@@", the absolute
-# server directory (nothing at all when it does not exist).
+# $1 run_dir, $2 server, $3 "claim" when adopting. Prints "<attempt> <alive 0|1> <pid or ->"
+# lines, "@@", the absolute server directory (nothing at all when it does not exist).
+# Adopting, an attempt with neither pid nor exit status is claimed (see the shim): if its shim
+# claimed it first, its server is starting and its pid is waited for; else it never starts.
 _LIST = _PRELUDE + r"""
 expand "$1"
 [ -d "$x/$2" ] || exit 0
@@ -234,6 +247,12 @@ for a in *; do
   case $a in ''|*[!0-9]*) continue ;; esac
   [ -d "$a" ] || continue
   p=$(cat "$a/pid" 2>/dev/null) || p=
+  if [ -z "$p" ] && [ "${3-}" = claim ] && [ ! -e "$a/exit_status" ] \
+      && ! mkdir "$a/claim" 2> /dev/null; then
+    i=0
+    while [ ! -s "$a/pid" ] && [ "$i" -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
+    p=$(cat "$a/pid" 2>/dev/null) || p=
+  fi
   case $p in *[!0-9]*) p='?' ;; esac
   if alive "$PWD/$a"; then l=1; else l=0; fi
   printf '%s %s %s\n' "$a" "$l" "${p:--}"
@@ -373,6 +392,9 @@ def _number(transport: Transport, where: str, what: str, text: str | bytes) -> i
     log.warning("remote.attempt_corrupt", host=transport.host_name, dir=where, file=what,
                 value=value[:80])
     return None
+class RunDirUnwritable(RemoteCommandError):
+    """The run directory on the host cannot be written (filesystem full, read-only, no
+    permission): relaunching cannot help until someone fixes the host."""
 
 
 def _sh(script: str, *args: str) -> list[str]:
@@ -484,6 +506,19 @@ async def _launch_once(
             host=transport.host_name, command="launch", exit_status=result.exit_status,
             remedy="chmod go-w the run directory, or point run_dir at one of your own",
         )
+    if result.exit_status == _WRITE_FAILED_STATUS:
+        stderr = result.stderr[-2000:].decode("utf-8", "replace")
+        path = next((line.removeprefix("cannot write ") for line in stderr.splitlines()
+                     if line.startswith("cannot write ")), spec.run_dir)
+        reason = next((line for line in stderr.splitlines()
+                       if not line.startswith("cannot write ")), "")
+        raise RunDirUnwritable(
+            f"cannot write {path} on {transport.host_name}" + (f": {reason}" if reason else ""),
+            host=transport.host_name, command="launch", exit_status=result.exit_status,
+            stderr=stderr,
+            remedy=f"free space on the filesystem of {path} on {transport.host_name} "
+            "(df -h), or point run_dir at one with room",
+        )
     _fail(transport, "launch", result)
     return result.stdout
 
@@ -549,6 +584,33 @@ async def read_log(
         if len(result.stdout) < want:
             break
     return bytes(data)
+
+
+# $1 log. Prints "<host's time now> <log's mtime>", both in seconds since the epoch: with
+# nanoseconds where GNU date can (date -r), else whole seconds from stat.
+_LOG_AGE = r"""
+now=$(date +%s.%N); m=$(date -r "$1" +%s.%N 2>/dev/null) || m=$(stat -c %Y "$1") || exit 1
+case $now$m in *N*) now=$(date +%s); m=$(stat -c %Y "$1") || exit 1 ;; esac
+printf '%s %s\n' "$now" "$m"
+"""
+
+
+async def log_age(transport: Transport, handle: RunHandle) -> float:
+    """Seconds since the log last changed, by the host's own clock (never negative).
+
+    This is what the stall check trusts after the operator box lost sight of the host: the
+    log's modification time does not depend on whether we were connected meanwhile.
+    Error handling: HostUnreachable from the transport; RemoteCommandError when the log
+    cannot be stat'ed; LogFormatError for output that is not two numbers.
+    """
+    result = await transport.run(_sh(_LOG_AGE, handle.log_path))
+    _fail(transport, "log age", result)
+    try:
+        now, mtime = (float(f) for f in result.stdout.split())
+    except ValueError:
+        raise LogFormatError(
+            f"log age on {transport.host_name} printed {result.stdout[:200]!r}") from None
+    return max(0.0, now - mtime)
 
 
 async def tail_log(transport: Transport, handle: RunHandle, nbytes: int = 64 * 1024) -> bytes:
@@ -720,11 +782,13 @@ async def stop(
 
 
 async def _list_attempts(
-    transport: Transport, run_dir: str, server: str,
+    transport: Transport, run_dir: str, server: str, *, claim: bool = False,
 ) -> tuple[str, list[tuple[int, bool, int | None]]]:
-    """The absolute server directory and its attempts as (attempt, alive, pid)."""
+    """The absolute server directory and its attempts as (attempt, alive, pid); ``claim``:
+    see _LIST."""
     _check_name(server)
-    result = await transport.run(_sh(_LIST, run_dir, server))
+    result = await transport.run(_sh(_LIST, run_dir, server, "claim" if claim else ""),
+                                 timeout=60.0)
     _fail(transport, "listing attempts", result)
     entries, sep, directory = result.stdout.decode("utf-8", "surrogateescape").partition(
         "@@\n")
@@ -747,9 +811,16 @@ async def _list_attempts(
     return directory, attempts
 
 
-async def find_running(transport: Transport, run_dir: str, server: str) -> RunHandle | None:
-    """The newest attempt of ``server`` whose server still runs (for adoption), or None."""
-    directory, attempts = await _list_attempts(transport, run_dir, server)
+async def find_running(
+    transport: Transport, run_dir: str, server: str, *, adopting: bool = False,
+) -> RunHandle | None:
+    """The newest attempt of ``server`` whose server still runs, or None.
+
+    ``adopting`` (only the launcher that will supervise the server): launches left half-way
+    by a launcher that died are settled first, so that none can start a second copy later:
+    one whose server is already starting is waited for (and found), any other never starts.
+    """
+    directory, attempts = await _list_attempts(transport, run_dir, server, claim=adopting)
     for attempt, alive, pid in sorted(attempts, reverse=True):
         if alive and pid is not None:
             return RunHandle(server, attempt, f"{directory}/{attempt}", pid)
@@ -779,10 +850,13 @@ class Survey:
     latest: int  # the highest attempt number there (0 if none)
 
 
-async def survey(transport: Transport, run_dir: str, server: str) -> Survey:
+async def survey(
+    transport: Transport, run_dir: str, server: str, *, adopting: bool = False,
+) -> Survey:
     """What one listing shows of ``server`` on the host: the attempt to adopt (if any) and
-    the number to go on from. Raises (never answers "nothing there") when it cannot list."""
-    directory, attempts = await _list_attempts(transport, run_dir, server)
+    the number to go on from. Raises (never answers "nothing there") when it cannot list.
+    ``adopting``: as for :func:`find_running` (half-way launches are settled first)."""
+    directory, attempts = await _list_attempts(transport, run_dir, server, claim=adopting)
     running = None
     for attempt, alive, pid in sorted(attempts, reverse=True):
         if alive and pid is not None:

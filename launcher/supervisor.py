@@ -8,6 +8,14 @@ was requested: cancelling ``run`` leaves the server running (detached on its hos
 Error handling: transport outages while following are retried forever (reported as
 ``host.unreachable``); everything the server does wrong arrives as an event and goes
 through the state machine; only bugs escape.
+
+Unreachable is not unhealthy: a probe or follow that fails because the host cannot be reached
+counts toward nothing. The server is marked unreachable (``host.unreachable`` events, the
+snapshot's ``unreachable_s``) until a command reaches the host again (``host.reachable`` with
+the time it was unreachable); following resumes at the byte offset it had reached. A stall is
+only declared once the host confirms it: the log's own modification time, read on the host,
+must be older than the budget, so silence caused by our side of the network (or our CPU)
+never kills a server.
 """
 
 from __future__ import annotations
@@ -88,6 +96,10 @@ from launcher.transport.base import Transport
 
 EventHook = Callable[[str, str, dict[str, Any]], None]
 
+# The follower's longest wait between tries while its host is unreachable (each try also
+# reconnects with the transport's own bounded, jittered backoff).
+_OUTAGE_RETRY_MAX_S = 10.0
+
 
 @dataclass
 class Snapshot:
@@ -103,6 +115,7 @@ class Snapshot:
     elapsed_s: float
     pid: int | None
     reason: str = ""
+    unreachable_s: float | None = None  # how long the host has been unreachable, if it is
 
 
 @dataclass
@@ -190,6 +203,9 @@ class ServerSupervisor:
         self._launching = anyio.Lock()  # held while a launch runs
         self._tg: TaskGroup | None = None
         self._started = clock()
+        self._unreachable_since: float | None = None
+        self._outages = 0  # outages begun or ended so far: a probe spanning one never counts
+        self._back: anyio.Event | None = None  # set when the current outage ends
         self.tail_path: Path | None = None  # local copy of the last failed attempt's log tail
 
     # -- public ----------------------------------------------------------------------
@@ -201,6 +217,11 @@ class ServerSupervisor:
     def snapshot(self) -> Snapshot:
         m = self.machine
         att = self._attempt
+        reason, unreachable_s = m.reason, None
+        if self._unreachable_since is not None:
+            unreachable_s = self.clock() - self._unreachable_since
+            note = f"host unreachable for {unreachable_s:.0f}s"
+            reason = f"{reason}; {note}" if reason else note
         return Snapshot(
             server=self.server.name,
             host=self.server.host,
@@ -211,7 +232,8 @@ class ServerSupervisor:
             params=(m.params or m.initial).describe(),
             elapsed_s=self.clock() - self._started,
             pid=m.pid,
-            reason=self.redact.text(m.reason),
+            reason=self.redact.text(reason),
+            unreachable_s=unreachable_s,
         )
 
     async def run(
@@ -322,6 +344,29 @@ class ServerSupervisor:
         for hook in self.hooks:
             hook(self.server.name, name, data)
 
+    def _host_unreachable(self, exc: Exception, retry_in_s: float | None = None) -> None:
+        """Report that the host cannot be reached (every time), remembering since when."""
+        now = self.clock()
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+            self._outages += 1
+            self._back = anyio.Event()
+        data: dict[str, Any] = {
+            "error": str(exc), "unreachable_s": round(now - self._unreachable_since, 3),
+        }
+        if retry_in_s is not None:
+            data["retry_in_s"] = retry_in_s
+        self._emit("host.unreachable", data)
+
+    def _host_reachable(self) -> None:
+        """A command reached the host: end an outage, reporting how long it lasted."""
+        since, self._unreachable_since = self._unreachable_since, None
+        if since is not None:
+            self._outages += 1
+            if self._back is not None:
+                self._back.set()
+            self._emit("host.reachable", {"unreachable_s": round(self.clock() - since, 3)})
+
     # -- actions -----------------------------------------------------------------------
 
     def _command(self, attempt: int, params: LaunchParams) -> ServerCommand:
@@ -394,7 +439,8 @@ class ServerSupervisor:
         )
         async for attempt in retrying:
             with attempt:
-                return await remote.survey(self.transport, self.run_dir, self.server.name)
+                return await remote.survey(self.transport, self.run_dir, self.server.name,
+                                           adopting=True)
         raise AssertionError("unreachable")  # pragma: no cover (reraise=True)
 
     async def _adopt(self, handle: remote.RunHandle) -> Adopted:
@@ -521,6 +567,8 @@ class ServerSupervisor:
                 self._emit("launch.failed", {"error": str(exc)})
                 diag = classify([], None)
                 diag.advice = str(exc)
+                # A run directory that cannot be written fails every relaunch the same way.
+                diag.retryable = not isinstance(exc, remote.RunDirUnwritable)
                 await self._post(Exited(status=None, diagnosis=diag))
                 return
             self._attempt = _Attempt(handle=handle, last_advance=self.clock())
@@ -542,12 +590,25 @@ class ServerSupervisor:
         splitter = LineSplitter()
         delay = 0.5
         while True:
+            if self._unreachable_since is not None:
+                # Say when the host is back even if the log stays silent after the outage.
+                try:
+                    await remote.log_age(self.transport, att.handle)
+                except HostUnreachable as exc:
+                    self._host_unreachable(exc, delay)
+                    await self._outage_wait(delay)
+                    delay = min(delay * 2, _OUTAGE_RETRY_MAX_S)
+                    continue
+                except LauncherError:
+                    pass  # the host answered; the follow below reports what is wrong
+                self._host_reachable()
             try:
                 async for item in remote.follow(self.transport, att.handle, att.offset):
                     if isinstance(item, remote.LogChunk):
                         att.offset = item.end_offset
                         att.last_advance = self.clock()
                         delay = 0.5  # following works again: the next outage starts small
+                        self._host_reachable()
                         for line in splitter.feed(item.data):
                             await self._on_line(att, line)
                     else:
@@ -562,9 +623,9 @@ class ServerSupervisor:
                 await self._post(HostRefused(str(exc)))
                 return
             except HostUnreachable as exc:
-                self._emit("host.unreachable", {"error": str(exc), "retry_in_s": delay})
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                self._host_unreachable(exc, delay)
+                await self._outage_wait(delay)
+                delay = min(delay * 2, _OUTAGE_RETRY_MAX_S)
             except LauncherError as exc:
                 # The host answers but reading the log failed (e.g. its file vanished). A dead
                 # server is reported with what the log showed so far; a live one is followed
@@ -580,6 +641,14 @@ class ServerSupervisor:
                 self._emit("follow.failed", {"error": str(exc), "retry_in_s": delay})
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+
+    async def _outage_wait(self, delay: float) -> None:
+        """Sleep ``delay`` before following again, less once another task (a probe, the stall
+        check) has reached the host again."""
+        back = self._back
+        with anyio.move_on_after(delay):
+            if back is not None:
+                await back.wait()
 
     async def _on_line(self, att: _Attempt, line: str) -> None:
         for ev in att.follower.feed_line(line):
@@ -601,11 +670,33 @@ class ServerSupervisor:
             if phase is None or phase is Phase.READY:
                 att.last_advance = self.clock()
                 continue
+            if self._unreachable_since is not None:
+                continue  # silence is only counted while connected (and confirmed below)
             budget = budgets.for_phase(phase)
             silent = self.clock() - att.last_advance
             if silent > budget and not math.isinf(budget):
-                await self._post(Stalled(silent_s=silent))
+                # Confirm with the host: only the log's own age there says it is silent.
+                age = await self._remote_silence(att)
+                if age is None or self.machine.phase is not phase:
+                    continue
+                if age <= budget:
+                    att.last_advance = self.clock() - age  # it wrote; our follower lags
+                    continue
+                await self._post(Stalled(silent_s=age))
                 return
+
+    async def _remote_silence(self, att: _Attempt) -> float | None:
+        """Seconds since the attempt's log changed, by the host's clock; None when the host
+        is unreachable; what we saw locally when the host cannot tell (e.g. no log)."""
+        try:
+            age = await remote.log_age(self.transport, att.handle)
+        except HostUnreachable as exc:
+            self._host_unreachable(exc)
+            return None
+        except LauncherError:
+            return self.clock() - att.last_advance
+        self._host_reachable()
+        return age
 
     async def _probe_loop(self, att: _Attempt) -> None:
         refused: BaseException | None = None
@@ -624,15 +715,24 @@ class ServerSupervisor:
                                      p.probe_timeout) as (client, url):
             while True:
                 started = self.clock()
+                outages = self._outages if self._unreachable_since is None else -1
                 ok, detail = await health.check(client, url, p.probe_timeout)
                 latency = self.clock() - started
                 ready = self.machine.state is State.READY
                 # A server that crashed also fails its probes, often before the follower
                 # reports its exit; counting those would call the crash a hang and lose
-                # the log's diagnosis. Only a live server's failures count.
-                counts = ok or not ready or await self._still_running(att)
-                if not counts:
+                # the log's diagnosis. Only a live server's failures count, and only when
+                # the host can be reached (an SSH outage is not the server's fault).
+                running = True if ok or not ready else await self._still_running(att)
+                if not ok and outages != self._outages:
+                    running = None  # the host was unreachable during this probe
+                counts = running is True
+                if ok:
+                    self._host_reachable()
+                elif running is False:
                     detail += " (the server has exited)"
+                elif running is None:
+                    detail += " (host unreachable)"
                 for hook in self.hooks:
                     hook(
                         self.server.name,
@@ -653,10 +753,18 @@ class ServerSupervisor:
         except LauncherError:
             return None
 
-    async def _still_running(self, att: _Attempt) -> bool:
-        """Whether the attempt's server process still lives (True when that cannot be told)."""
-        status = await self._status_of(att)
-        return status is None or status.alive
+    async def _still_running(self, att: _Attempt) -> bool | None:
+        """Whether the attempt's server process still lives: None when the host cannot be
+        reached, True when it answers but cannot tell."""
+        try:
+            status = await remote.probe(self.transport, att.handle)
+        except HostUnreachable as exc:
+            self._host_unreachable(exc)
+            return None
+        except LauncherError:
+            return True
+        self._host_reachable()
+        return status.alive
 
     async def _kill(self, reason: str) -> None:
         with anyio.CancelScope(shield=True):
@@ -664,15 +772,9 @@ class ServerSupervisor:
                 att = self._attempt
             if att is not None:
                 att.scope.cancel()
-                try:
-                    report = await remote.stop(self.transport, att.handle, grace=5.0,
-                                               kill_wait=5.0)
-                    self._emit("process.stopped", {
-                        "reason": reason, "signals": report.signals_sent,
-                        "leftover_pids": report.leftover_pids,
-                    })
-                except LauncherError as exc:
-                    self._emit("process.stop_failed", {"reason": reason, "error": str(exc)})
+        if att is not None:
+            await self._stop_reaching_host(att, reason)
+            with anyio.CancelScope(shield=True):
                 # Read after the stop, so the tail has the server's last words; a tail that
                 # cannot be read must not keep the server from being stopped (hence apart).
                 tail = b""
@@ -682,6 +784,34 @@ class ServerSupervisor:
                     self._emit("attempt.tail_unreadable", {"error": str(exc)})
                 self._attempt_ended(att, tail.decode("utf-8", errors="replace"))
         await self._post(CleanedUp())
+
+    async def _stop_reaching_host(self, att: _Attempt, reason: str) -> None:
+        """Stop the attempt's processes; while the host is unreachable, wait and try again,
+        so that no relaunch starts beside a server that could not be stopped.
+
+        Each try is shielded from cancellation; the waits between tries are not, so shutting
+        launcher down during an outage ends them (the server is left to the next launcher).
+        """
+        delay = 0.5
+        while True:
+            with anyio.CancelScope(shield=True):
+                try:
+                    report = await remote.stop(self.transport, att.handle, grace=5.0,
+                                               kill_wait=5.0)
+                except HostUnreachable as exc:
+                    self._host_unreachable(exc, delay)
+                except LauncherError as exc:
+                    self._emit("process.stop_failed", {"reason": reason, "error": str(exc)})
+                    return
+                else:
+                    self._host_reachable()
+                    self._emit("process.stopped", {
+                        "reason": reason, "signals": report.signals_sent,
+                        "leftover_pids": report.leftover_pids,
+                    })
+                    return
+            await self._outage_wait(delay)
+            delay = min(delay * 2, _OUTAGE_RETRY_MAX_S)
 
     def _attempt_ended(self, att: _Attempt, tail: str) -> None:
         """Keep the tail locally and tell the hooks how the attempt ended."""
@@ -761,6 +891,7 @@ class ServerSupervisor:
                 or m.was_ready
                 or m.state in (State.READY, State.BACKING_OFF)
                 or m.state.terminal
+                or self._unreachable_since is not None  # decided once the host answers again
             ):
                 continue
             if self.clock() - m.started_at > self.policy.start_deadline:

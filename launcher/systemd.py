@@ -224,8 +224,9 @@ def status_summary(snapshots: Iterable[ServerStatus]) -> str:
 
     ``"2/3 ready; llama: cuda_graph 34%, attempt 2"``. A server's part is its state (with
     the phase in brackets when the two differ), the current phase's progress when known, and
-    its attempt number once one was made. The line
-    is cut to ``STATUS_MAX_CHARS`` with a trailing ``…``.
+    its attempt number once one was made, and how long its host has been unreachable when it
+    is (a ready server is then listed too). The line is cut to ``STATUS_MAX_CHARS`` with a
+    trailing ``…``.
     """
     snaps = list(snapshots)
     if not snaps:
@@ -233,7 +234,9 @@ def status_summary(snapshots: Iterable[ServerStatus]) -> str:
     ready = sum(1 for s in snaps if str(s.state) == "ready")
     parts = [f"{ready}/{len(snaps)} ready"]
     for s in snaps:
-        if str(s.state) == "ready":
+        # Snapshots say how long their host has been unreachable (None: it is not).
+        unreachable = getattr(s, "unreachable_s", None)
+        if str(s.state) == "ready" and unreachable is None:
             continue
         part = f"{s.server}: {s.state}"
         if s.phase and s.phase != s.state:  # states name their phase; show it if not
@@ -242,6 +245,8 @@ def status_summary(snapshots: Iterable[ServerStatus]) -> str:
             part += f" {round(min(max(s.progress, 0.0), 1.0) * 100)}%"
         if s.attempt > 0:
             part += f", attempt {s.attempt}"
+        if unreachable is not None:
+            part += f", host unreachable for {unreachable:.0f}s"
         parts.append(part)
     line = "; ".join(parts)
     if len(line) > STATUS_MAX_CHARS:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a venv in .venv with launcher and its dev tools. With
 # --test (scripts/test) also what only the tests need: (when run as root on Debian and missing)
-# OpenSSH's sshd and systemd-analyze, and the SGLang contract environment. The demo runs without
-# --test, so it never builds the 2.6 GB contract environment nor installs Debian packages.
+# OpenSSH's sshd, systemd-analyze, iproute2 and util-linux, and the SGLang contract
+# environment. The demo runs without --test, so it never builds the 2.6 GB contract
+# environment nor installs Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false
@@ -12,6 +13,9 @@ need=()
 if $for_tests; then
   [ -x /usr/sbin/sshd ] || need+=(openssh-server)
   command -v systemd-analyze >/dev/null || need+=(systemd)
+  # ip netns + veth (network faults), unshare/taskset/mount (PID namespaces, CPU hog, tmpfs).
+  command -v ip >/dev/null || need+=(iproute2)
+  command -v unshare >/dev/null && command -v taskset >/dev/null || need+=(util-linux)
   if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing ${need[*]} (for the tests)" >&2
     export DEBIAN_FRONTEND=noninteractive

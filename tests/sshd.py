@@ -130,7 +130,10 @@ class Sshd:
 
     host = "127.0.0.1"
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, max_sessions: int | None = 50) -> None:
+        """``max_sessions`` None leaves MaxSessions at OpenSSH's default (10): a stock host."""
+        self.max_sessions = max_sessions
+        self.exec_prefix: list[str] = []  # e.g. ["ip", "netns", "exec", NS]: must exec sshd
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.sshd_path = find_sshd()
@@ -193,7 +196,6 @@ class Sshd:
             "AllowTcpForwarding yes",
             "ClientAliveInterval 2",
             "ClientAliveCountMax 3",
-            "MaxSessions 50",
             "MaxStartups 50",
             "LoginGraceTime 20",
             "AcceptEnv LAUNCHER_*",
@@ -201,6 +203,8 @@ class Sshd:
             "LogLevel VERBOSE",
             "Subsystem sftp internal-sftp",
         ]
+        if self.max_sessions is not None:
+            lines.append(f"MaxSessions {self.max_sessions}")
         self.config_file.write_text("\n".join(lines) + "\n")
 
     def start(self, timeout: float = 10.0) -> None:
@@ -210,7 +214,7 @@ class Sshd:
         log = self.log_file.open("ab")
         self._log_handle = log
         self._proc = subprocess.Popen(
-            [self.sshd_path, "-D", "-e", "-f", str(self.config_file)],
+            [*self.exec_prefix, self.sshd_path, "-D", "-e", "-f", str(self.config_file)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,

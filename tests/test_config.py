@@ -314,6 +314,16 @@ RULES = [
         id="command-non-empty",
     ),
     pytest.param(
+        BASE + 'command = ["docker", "exec", "sglang", "python3", "-m", "sglang.launch_server"]\n',
+        "servers[0].command: 'docker exec sglang': a process that docker starts belongs to the "
+        "container runtime (or another machine), not to the process group launcher signals, "
+        "so stop and kill would end only the client and leave the server holding its GPUs; "
+        "run sglang on the host, add the container (with an sshd) as a host of its own, or use "
+        "a prefix that keeps the server its child (unshare, nsenter, env, nice, numactl, "
+        "taskset)",
+        id="command-docker-exec",
+    ),
+    pytest.param(
         BASE.replace('model_path = "/models/x"\n', ""),
         "servers[0].model_path: required key is missing",
         id="model-path-required",

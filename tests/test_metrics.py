@@ -180,3 +180,18 @@ def test_busy_port_is_a_config_error(metrics: Metrics) -> None:
             metrics.serve("127.0.0.1", port)
     assert 1 == len(caught.value.problems)
     assert caught.value.problems[0].startswith(f"metrics.listen: cannot listen on 127.0.0.1:{port}")
+
+
+async def test_host_outages_are_a_gauge_and_their_seconds_a_counter(
+    metrics: Metrics, served: MetricsServer
+) -> None:
+    """host.unreachable sets the gauge; host.reachable clears it and adds the outage's length."""
+    metrics("llama", "host.unreachable", {"error": "down", "unreachable_s": 0.0})
+    during = await scrape(served)
+    metrics("llama", "host.reachable", {"unreachable_s": 12.5})
+    metrics("llama", "host.unreachable", {"error": "down", "unreachable_s": 0.0})
+    metrics("llama", "host.reachable", {"unreachable_s": 2.0})
+    after = await scrape(served)
+    assert 1 == during["launcher_host_unreachable", L(server="llama")]
+    assert 0 == after["launcher_host_unreachable", L(server="llama")]
+    assert 14.5 == after["launcher_host_unreachable_seconds_total", L(server="llama")]

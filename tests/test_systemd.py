@@ -335,6 +335,24 @@ def test_status_summary_edge_cases() -> None:
     )
 
 
+@dataclass
+class UnreachableSnap(Snap):
+    """A snapshot whose host is unreachable (launcher.supervisor.Snapshot.unreachable_s)."""
+
+    unreachable_s: float | None = None
+
+
+def test_status_summary_names_servers_whose_host_is_unreachable() -> None:
+    """A server whose host cannot be reached is listed with how long, even while ready."""
+    line = status_summary([
+        UnreachableSnap("qwen", "ready", "ready", None, 1, unreachable_s=12.4),
+        UnreachableSnap("llama", "ready", "ready", None, 1, unreachable_s=None),
+        UnreachableSnap("mistral", "weights", "weights", 0.5, 2, unreachable_s=3.0),
+    ])
+    assert ("2/3 ready; qwen: ready, attempt 1, host unreachable for 12s; "
+            "mistral: weights 50%, attempt 2, host unreachable for 3s") == line
+
+
 def test_status_summary_is_cut_to_one_short_line() -> None:
     """Many servers still give one line of at most STATUS_MAX_CHARS, ending in an ellipsis."""
     line = status_summary([Snap(f"server-{i}", "weights", "weights", 0.5, 1) for i in range(40)])

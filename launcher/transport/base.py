@@ -8,8 +8,11 @@ Contract for implementers:
   and quotes its own pieces.
 - Secrets never travel in argv: pass them with ``stdin`` or write them into a 0600 file.
 - Errors: connection problems raise launcher.errors.HostUnreachable (transient),
-  AuthenticationFailed / HostKeyError (fatal). A command's non-zero exit is *not* an exception
-  unless ``check=True`` (then RemoteCommandError with host, command, exit status, stderr tail).
+  AuthenticationFailed / HostKeyError (fatal). Callers rely on the distinction: a
+  HostUnreachable never counts against a server (see docs/reliability.md), so a transport must
+  not report a broken connection as anything else, nor a host's answer as HostUnreachable.
+  A command's non-zero exit is *not* an exception unless ``check=True`` (then
+  RemoteCommandError with host, command, exit status, stderr tail).
 """
 
 from __future__ import annotations

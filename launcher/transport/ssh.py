@@ -1,12 +1,20 @@
-"""The SSH transport: one shared asyncssh connection per host.
+"""The SSH transport: a small pool of asyncssh connections per host, shared by its servers.
 
 :class:`SSHTransport` implements :class:`launcher.transport.base.Transport` over OpenSSH-compatible
-servers. Every caller on a host shares one connection, opened lazily on first use and reopened on
-the next call after it drops.
+servers. Every caller on a host shares the pool: connections are opened lazily on first use and
+reopened on the next call after they drop.
 
-Resource handling: the connection (and the jump-host connection, if any) lives until
-:meth:`SSHTransport.aclose` or until it is lost; every command runs on its own channel, which is
-closed when the command finishes, times out or its stream is cancelled. Nothing on the host is
+Sessions per connection: sshd limits the exec sessions of one connection (``MaxSessions``, 10 by
+default) and each running command or stream holds one. The transport opens at most
+``sessions_per_connection`` (default 8) per connection and opens another connection when all are
+full, so a stock sshd_config serves any number of servers per host (about 1 connection per 8
+followers). A refused session lowers that connection's cap and is retried on another one, so a
+host with a lower MaxSessions works too. Port forwards (direct-tcpip channels) are not sessions
+and ride on any live connection.
+
+Resource handling: the connections (and jump-host connections, if any) live until
+:meth:`SSHTransport.aclose` or until they are lost; every command runs on its own channel, which
+is closed when the command finishes, times out or its stream is cancelled. Nothing on the host is
 ever killed on purpose: closing a channel only closes the remote command's stdio (it sees EOF or
 SIGPIPE).
 
@@ -58,6 +66,12 @@ from launcher.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult
 log = structlog.get_logger(__name__)
 
 KEEPALIVE_COUNT_MAX = 3
+# Exec sessions (commands, streams) opened per connection before another connection is opened.
+# OpenSSH's default MaxSessions is 10; 8 leaves room for sessions whose command outlives the
+# channel we closed (sshd frees a session only when its command exits). A host with a lower
+# MaxSessions is learnt from its refusals (see _open_process).
+SESSIONS_PER_CONNECTION = 8
+_OPEN_TRIES = 6
 STREAM_CHUNK = 64 * 1024
 STDERR_TAIL = 2000
 # Backoff between connection attempts: 0.5 s, 1 s, 2 s, ... plus up to JITTER_S of random jitter,
@@ -228,11 +242,18 @@ class _Endpoint:
         return f"{self.user or '(default user)'}@{self.address}{port}"
 
 
-@dataclass
+@dataclass(eq=False)
 class _Connection:
+    """One SSH connection of the pool; ``sessions`` counts its open exec channels.
+
+    ``cap`` starts at the transport's sessions_per_connection and is lowered to what the host
+    actually accepted when it refuses a session (its MaxSessions is lower than we assumed).
+    """
+
     conn: asyncssh.SSHClientConnection
     tunnel: asyncssh.SSHClientConnection | None = None
-    fresh: bool = True
+    sessions: int = 0
+    cap: int = 8
 
     def close(self) -> None:
         self.conn.close()
@@ -275,10 +296,13 @@ class SSHTransport:
         env: Mapping[str, str] | None = None,
         retry_attempts: int = 5,
         retry_max_seconds: float = 60.0,
+        sessions_per_connection: int = SESSIONS_PER_CONNECTION,
         sleep: Sleep = anyio.sleep,
     ) -> None:
         if retry_attempts < 1:
             raise ValueError("retry_attempts must be at least 1")
+        if sessions_per_connection < 1:
+            raise ValueError("sessions_per_connection must be at least 1")
         self.name = name
         self.address = address
         self.port = port
@@ -293,9 +317,10 @@ class SSHTransport:
         self.env = dict(env or {})
         self.retry_attempts = retry_attempts
         self.retry_max_seconds = retry_max_seconds
+        self.sessions_per_connection = sessions_per_connection
         self._sleep = sleep
         self._lock = anyio.Lock()
-        self._current: _Connection | None = None
+        self._pool: list[_Connection] = []
         self._client_keys: Sequence[asyncssh.SSHKeyPair] | None = None
         self._pinned_key: str | None = None  # the host key's fingerprint, from the first connection
         self._changed_key: str | None = None  # another key offered later: the host is refused
@@ -580,24 +605,56 @@ class SSHTransport:
         )
         return current
 
-    async def _connection(self) -> _Connection:
-        """Return the shared connection, opening it (with retries) if there is none or it died."""
+    async def _connection(self, *, session: bool) -> tuple[_Connection, bool]:
+        """A live pool connection and whether it was opened for this call.
+
+        With ``session`` it is one with a free session slot, and the slot is taken (give it
+        back with :meth:`_release`); a new connection (with retries) is opened when every
+        connection is full or none is alive. Without, any live connection does (port
+        forwards: direct-tcpip channels do not count toward sshd's MaxSessions).
+        """
         self._refuse_if_key_changed()  # not even on a connection still open to the host
         async with self._lock:
-            current = self._current
-            if current is not None and not current.closed:
-                current.fresh = False
-                return current
-            if current is not None:
-                current.close()
-            self._current = None
-            self._current = await self._connect()
-            return self._current
+            live = []
+            for current in self._pool:
+                if current.closed:
+                    current.close()
+                else:
+                    live.append(current)
+            self._pool = live
+            for current in live:
+                if not session:
+                    return current, False
+                if current.sessions < current.cap:
+                    current.sessions += 1
+                    return current, False
+            current = await self._connect()
+            current.cap = self.sessions_per_connection
+            current.sessions = 1 if session else 0
+            self._pool.append(current)
+            if len(self._pool) > 1:
+                log.info("ssh.pool_grew", host=self.name, connections=len(self._pool),
+                         sessions=sum(c.sessions for c in self._pool))
+            return current, True
+
+    @staticmethod
+    def _release(current: _Connection) -> None:
+        current.sessions = max(0, current.sessions - 1)
 
     def _discard(self, current: _Connection) -> None:
         current.close()
-        if self._current is current:
-            self._current = None
+        if current in self._pool:
+            self._pool.remove(current)
+
+    @property
+    def sessions_open(self) -> int:
+        """Exec sessions this transport has open now, over all its connections."""
+        return sum(c.sessions for c in self._pool if not c.closed)
+
+    @property
+    def connections_open(self) -> int:
+        """Live SSH connections in the pool."""
+        return sum(1 for c in self._pool if not c.closed)
 
     def _lost(self, exc: BaseException, what: str) -> HostUnreachable:
         return HostUnreachable(
@@ -609,29 +666,46 @@ class SSHTransport:
     async def _open_process(
         self, command: str, **kwargs: Any
     ) -> tuple[_Connection, asyncssh.SSHClientProcess[bytes]]:
-        """Open a channel running ``command``; a stale cached connection is replaced once.
+        """Open a channel running ``command`` on a pool connection with a free session slot.
 
-        If opening the channel fails, the command never started, so one retry on a fresh
-        connection is safe.
+        The slot stays taken until :meth:`_release` (callers do it when the channel closes).
+        If opening the channel fails, the command never started, so retrying is safe: a stale
+        connection is replaced; a session the host refuses (its MaxSessions is below our cap,
+        or sessions we closed still linger there) lowers that connection's cap to what it
+        holds and the next connection is tried. Only a brand-new connection refusing its
+        first session is an error (TransportError: the host allows no sessions at all).
         """
-        for _ in range(2):
-            current = await self._connection()
+        for _ in range(_OPEN_TRIES):
+            current, fresh = await self._connection(session=True)
             try:
                 process = await current.conn.create_process(command, encoding=None, **kwargs)
             except (OSError, asyncssh.DisconnectError, asyncssh.ChannelOpenError) as exc:
-                fresh = current.fresh
+                self._release(current)
                 if not current.closed and isinstance(exc, asyncssh.ChannelOpenError):
-                    raise TransportError(
-                        f"{self.name} refused a session: {exc.reason}",
-                        host=self.name,
-                        remedy="raise MaxSessions in the host's sshd_config",
-                    ) from exc
+                    others = current.sessions
+                    if fresh and others == 0:
+                        raise TransportError(
+                            f"{self.name} refused a session on a new connection: {exc.reason}",
+                            host=self.name,
+                            remedy="check MaxSessions (at least 1) and the login's shell "
+                            "in the host's sshd_config",
+                        ) from exc
+                    current.cap = max(1, others)
+                    log.warning("ssh.session_refused", host=self.name, open_sessions=others,
+                                cap=current.cap, error=exc.reason)
+                    if others == 0:  # sessions we closed still linger on the host
+                        self._discard(current)
+                    continue
                 self._discard(current)
                 if fresh:
                     raise self._lost(exc, "while opening a session") from exc
                 continue
             return current, process
-        raise AssertionError("unreachable")  # pragma: no cover
+        raise TransportError(
+            f"{self.name} kept refusing sessions ({_OPEN_TRIES} tries)",
+            host=self.name,
+            remedy="check MaxSessions in the host's sshd_config",
+        )
 
     # -- Transport --------------------------------------------------------------------------
 
@@ -693,6 +767,7 @@ class SSHTransport:
             raise self._lost(exc, f"while running {command}") from exc
         finally:
             process.close()
+            self._release(current)
         code = process.returncode
         if code is None:
             if current.closed:
@@ -742,6 +817,7 @@ class SSHTransport:
                 raise self._lost(lost, f"while streaming {command}")
         finally:
             process.close()
+            self._release(current)
 
     @asynccontextmanager
     async def forward_port(self, remote_port: int) -> AsyncIterator[int]:
@@ -845,24 +921,25 @@ class SSHTransport:
         """A direct-tcpip channel to 127.0.0.1:``remote_port``; a stale connection is replaced
         once (as in _open_process: a channel that never opened carried nothing)."""
         for _ in range(2):
-            current = await self._connection()
+            current, fresh = await self._connection(session=False)
             try:
                 return await current.conn.open_connection("127.0.0.1", remote_port)
             except (OSError, asyncssh.DisconnectError, asyncssh.ChannelOpenError) as exc:
                 if not current.closed:
                     raise  # the host refused this channel; the connection is fine
                 self._discard(current)
-                if current.fresh:
+                if fresh:
                     raise self._lost(exc, "while forwarding a port") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:
         """Close the connection (and jump connection). Never kills anything on the host."""
         async with self._lock:
-            current, self._current = self._current, None
-        if current is not None:
+            pool, self._pool = self._pool, []
+        for current in pool:
             current.close()
-            with anyio.move_on_after(5, shield=True):
+        with anyio.move_on_after(5, shield=True):
+            for current in pool:
                 await current.conn.wait_closed()
                 if current.tunnel is not None:
                     await current.tunnel.wait_closed()
