@@ -24,11 +24,11 @@ __all__ = [
 
 Version = tuple[int, ...]
 
-# The versions the simulator emulates and the contract tests check (0.5.10 and 0.5.23 against
-# SGLang's own argparse); a log or host of another 0.5.x version is read by the nearest rules.
-SUPPORTED_VERSIONS = ("0.5.6", "0.5.10", "0.5.15", "0.5.23")
-# Assumed wherever a version is not configured, detected or shown by a log.
+# Assumed wherever a version is not configured, detected or shown by a log: the newest known.
 DEFAULT_VERSION = "0.5.23"
+# The versions the simulator emulates, oldest first (the contract tests check 0.5.10 and 0.5.23
+# against SGLang's own argparse); another 0.5.x version is read by the rules of its range.
+SUPPORTED_VERSIONS = ("0.5.6", "0.5.10", "0.5.15", DEFAULT_VERSION)
 
 # --cuda-graph-max-bs is spelled --cuda-graph-max-bs-decode. 0.5.15 still accepts the old
 # spelling as a deprecated alias; 0.5.23 rejects it as an ambiguous prefix.
