@@ -2,7 +2,7 @@
 
 Pure: a function of (initial params, bounds, the attempts so far). The supervisor does the I/O.
 
-The arithmetic is SGLang's own (docs/sglang.md, memory). The fraction ``mfs``
+The arithmetic is SGLang's own (docs/sglang.md, "Memory"). The fraction ``mfs``
 multiplies ``pre``, the free memory before weight load (``Load weight begin. avail mem``).
 The KV pool gets ``mfs x pre - weights``, and exactly ``(1 - mfs) x pre`` is left after it for
 CUDA graphs and warmup activations. So a setting fits iff

@@ -1,7 +1,7 @@
 """SGLang's log output, per emulated version: line prefixes, phase lines, tqdm bars, torch's
 OOM text, SGLang's failure messages and Python-style tracebacks.
 
-Every string here is copied from SGLang's source (docs/sglang.md, the log) or from recorded logs;
+Every string here is copied from SGLang's source (docs/sglang.md, "The log") or recorded logs;
 where versions differ, :class:`Dialect` says which form a version prints. The functions are
 pure; :class:`LogWriter` is the one place that writes (thread-safe, flushed per write).
 """

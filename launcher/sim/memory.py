@@ -1,6 +1,6 @@
 """Pure GPU memory model of SGLang's start-up: the physics of the simulator.
 
-It follows SGLang's own arithmetic (docs/sglang.md, memory):
+It follows SGLang's own arithmetic (docs/sglang.md, "Memory"):
 
 - ``pre`` = free memory on the busiest GPU after CUDA/NCCL init, before weights
   ("Load weight begin. avail mem=pre"). SGLang takes the minimum over ranks.
