@@ -64,6 +64,7 @@ from launcher.outcome import Diagnosis
 from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
+from launcher.sglang.versions import DEFAULT_VERSION
 from launcher.store import (
     Ledger,
     LedgerRecorder,
@@ -255,7 +256,7 @@ def _log_version(text: str) -> str:
     """The SGLang version a log's shape suggests: 0.5.23 dumps its args as a dict and says
     "Init parallel"; older ones print ``ServerArgs(...)`` and "Init torch distributed" (their
     flag dialect is 0.5.10's). Without either, 0.5.23; ``--sglang-version`` overrides."""
-    return "0.5.10" if any(mark in text for mark in _OLD_LOG_MARKS) else "0.5.23"
+    return "0.5.10" if any(mark in text for mark in _OLD_LOG_MARKS) else DEFAULT_VERSION
 
 
 @app.command()
@@ -337,7 +338,7 @@ def plan(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = Fa
     rows: list[dict[str, Any]] = []
     for s in _guard(lambda: _selected(config, server)):
         host = config.host(s.host)
-        version = s.sglang_version or "0.5.23"
+        version = s.sglang_version or DEFAULT_VERSION
         params = s.launch_params()
         secrets = {k: "***" for k in s.secret_env}
         cmd = server_command(s, params, version, secrets)

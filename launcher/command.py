@@ -9,42 +9,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.params import LaunchParams
-from launcher.sim.memory import version_tuple
+from launcher.sglang.flags import PARAM_FLAGS, PARAM_TYPES
+from launcher.sglang.flags import graph_bs_flag as graph_bs_flag
+from launcher.sglang.flags import mamba_strategy_flag as mamba_strategy_flag
+from launcher.sglang.versions import SPEC_V2_ENV_REMOVED_FROM, at_least
 
 if TYPE_CHECKING:
     from launcher.config import ServerConfig
 
-# Versions from which --cuda-graph-max-bs is spelled --cuda-graph-max-bs-decode. 0.5.15 still
-# accepts the old spelling as a deprecated alias; 0.5.23 rejects it as an ambiguous prefix.
-DECODE_SPELLING_FROM = (0, 5, 15)
-# Versions from which --mamba-scheduler-strategy is spelled --mamba-radix-cache-strategy. 0.5.15
-# still accepted the old spelling as a deprecated alias; 0.5.23 rejects it (unrecognized, exit 2).
-MAMBA_RADIX_SPELLING_FROM = (0, 5, 15)
 # SGLANG_ENABLE_SPEC_V2 was retired by PR #27964; 0.5.23 has no reference to it and ignores it.
-# (0.5.23 is the first version checked without it; spec v2 is the default well before.)
-SPEC_V2_ENV_REMOVED_FROM = (0, 5, 23)
 SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
 MASK = "***"
-
-
-def graph_bs_flag(sglang_version: str) -> str:
-    """The flag that sets the decode CUDA-graph max batch size in ``sglang_version``."""
-    if version_tuple(sglang_version) >= DECODE_SPELLING_FROM:
-        return "--cuda-graph-max-bs-decode"
-    return "--cuda-graph-max-bs"
-
-
-def mamba_strategy_flag(sglang_version: str) -> str:
-    """The flag that sets the hybrid (Mamba) radix-cache strategy in ``sglang_version``."""
-    if version_tuple(sglang_version) >= MAMBA_RADIX_SPELLING_FROM:
-        return "--mamba-radix-cache-strategy"
-    return "--mamba-scheduler-strategy"
 
 
 def env_is_read(name: str, sglang_version: str) -> bool:
     """False for an environment variable ``sglang_version`` no longer reads (set it or not)."""
     if name == SPEC_V2_ENV:
-        return version_tuple(sglang_version) < SPEC_V2_ENV_REMOVED_FROM
+        return not at_least(sglang_version, SPEC_V2_ENV_REMOVED_FROM)
     return True
 
 
@@ -77,19 +58,11 @@ def params_from_argv(words: Iterable[str], env_lines: Iterable[str] = ()) -> Lau
     kw: dict[str, object] = {}
     for quoted_flag, raw in itertools.pairwise(list(words)):
         flag, value = quoted_flag.strip("'\""), raw.strip("'\"")
+        field = PARAM_FLAGS.get(flag)
+        if field is None:
+            continue
         try:
-            if flag == "--mem-fraction-static":
-                kw["mem_fraction_static"] = float(value)
-            elif flag in ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"):
-                kw["cuda_graph_max_bs"] = int(value)
-            elif flag == "--max-running-requests":
-                kw["max_running_requests"] = int(value)
-            elif flag == "--max-mamba-cache-size":
-                kw["max_mamba_cache_size"] = int(value)
-            elif flag == "--mamba-full-memory-ratio":
-                kw["mamba_full_memory_ratio"] = float(value)
-            elif flag in ("--mamba-scheduler-strategy", "--mamba-radix-cache-strategy"):
-                kw["mamba_strategy"] = value
+            kw[field] = PARAM_TYPES[field](value)
         except ValueError:
             continue  # a flag name used as a value: not ours
     env: list[tuple[str, str]] = []

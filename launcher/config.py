@@ -51,6 +51,8 @@ from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
 from launcher.params import LaunchParams
 from launcher.phases import Phase
+from launcher.sglang.flags import OWNED_FLAGS
+from launcher.sglang.versions import MAMBA_RADIX_SPELLING_FROM, at_least
 
 __all__ = [
     "ENV_PREFIX",
@@ -86,30 +88,7 @@ _SECRET_KEY_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 _SECRET_REF_RE = re.compile(r"^(?:env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$")
 
 # SGLang flags whose value launcher decides, and the config field that sets each one.
-_OWNED_FLAGS = {
-    "--model-path": "model_path",
-    "--model": "model_path",
-    "--served-model-name": "served_model_name",
-    "--tp": "tp",
-    "--tp-size": "tp",
-    "--tensor-parallel-size": "tp",
-    "--dp": "dp",
-    "--dp-size": "dp",
-    "--data-parallel-size": "dp",
-    "--port": "port",
-    "--host": "listen",
-    "--mem-fraction-static": "mem_fraction_static",
-    "--cuda-graph-max-bs": "cuda_graph_max_bs",
-    "--cuda-graph-max-bs-decode": "cuda_graph_max_bs",
-    "--cuda-graph-max-bs-prefill": "cuda_graph_max_bs",
-    "--max-running-requests": "max_running_requests",
-    "--max-mamba-cache-size": "max_mamba_cache_size",
-    "--mamba-full-memory-ratio": "mamba_full_memory_ratio",
-    "--mamba-scheduler-strategy": "mamba_strategy",
-    "--mamba-radix-cache-strategy": "mamba_strategy",
-}
-# --mamba-radix-cache-strategy (and its extra_buffer_lazy choice) from this version on.
-_MAMBA_RADIX_FROM = (0, 5, 15)
+_OWNED_FLAGS = OWNED_FLAGS
 
 
 # --- field types -------------------------------------------------------------------------
@@ -436,7 +415,7 @@ class ServerConfig(_Model):
         if (
             self.mamba_strategy == "extra_buffer_lazy"
             and version is not None
-            and tuple(int(x) for x in version.split(".")[:3]) < _MAMBA_RADIX_FROM
+            and not at_least(version, MAMBA_RADIX_SPELLING_FROM)
         ):
             raise ValueError(
                 f"mamba_strategy 'extra_buffer_lazy' needs SGLang >= 0.5.15 (this server runs "

@@ -21,7 +21,7 @@ Following a live log (what the supervisor does)::
     follower.finish()
     verdict = launcher.classify.diagnose(follower, exit_status)
 
-Formats are those of SGLang 0.4.10 .. 0.5.23 (see shared/sglang-reference.md, sections 0-3).
+Formats are those of SGLang 0.4.10 .. 0.5.23 (see docs/sglang.md, "The log" and "Failures").
 Patterns are searched, never anchored to a version, so spelling drift between versions is
 tolerated where the reference lists both spellings.
 """
@@ -665,7 +665,7 @@ class _OpenTraceback:
 
 
 # ---------------------------------------------------------------------------------------------
-# Start-up progress patterns (sglang-reference.md section 2)
+# Start-up progress patterns (docs/sglang.md, "The log": phases)
 
 _F = _NUM + r" GB"
 _INIT_MARK = re.compile(r"^(?:server_args=|Init torch distributed|Init parallel)")

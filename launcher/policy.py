@@ -2,7 +2,7 @@
 
 Pure: a function of (initial params, bounds, the attempts so far). The supervisor does the I/O.
 
-The arithmetic is SGLang's own (shared/sglang-reference.md §3-4). The fraction ``mfs``
+The arithmetic is SGLang's own (docs/sglang.md, "Memory"). The fraction ``mfs``
 multiplies ``pre``, the free memory before weight load (``Load weight begin. avail mem``).
 The KV pool gets ``mfs x pre - weights``, and exactly ``(1 - mfs) x pre`` is left after it for
 CUDA graphs and warmup activations. So a setting fits iff
@@ -63,11 +63,17 @@ from launcher.outcome import Numbers, Outcome
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
 from launcher.phases import GraphPass, Phase
 from launcher.prescribe import prescription
-from launcher.sim.memory import (
+from launcher.sglang.autoargs import (
+    SPEC_DEFAULT_MAX_RUNNING_REQUESTS,
     auto_cuda_graph_max_bs,
     auto_mem_fraction_static,
     capture_bs_list,
-    version_tuple,
+)
+from launcher.sglang.versions import (
+    DEFAULT_VERSION,
+    DRAFT_EXTEND_SWITCH_FROM,
+    ONE_STATIC_BUDGET_FROM,
+    at_least,
 )
 
 # SGLang's own fallbacks when it cannot read the GPU size (0.5.6 mfs 0.88; max_bs 160): the
@@ -76,7 +82,7 @@ ASSUMED_MEM_FRACTION = 0.88
 ASSUMED_GRAPH_BS = 160
 # Assumed when the caller does not say (the newest auto table, the smallest server).
 ASSUMED_TP = 1
-ASSUMED_VERSION = "0.5.23"
+ASSUMED_VERSION = DEFAULT_VERSION
 
 STEP_FRACTION = 0.05  # fraction step when a failure came without numbers (SGLang: 0.05-0.1)
 DEFAULT_STEP_GIB = 0.02  # per captured graph after the first, until a log shows a later step
@@ -89,13 +95,11 @@ _MILLI = 1000
 
 # Speculative decoding (EAGLE family) sets max_running_requests to 48 unless given, and the
 # decode/verify/draft graphs are captured only for bs <= that (base_cuda_graph_runner.py:65).
-SPEC_RUNNING_REQUESTS = 48
+SPEC_RUNNING_REQUESTS = SPEC_DEFAULT_MAX_RUNNING_REQUESTS
 # SGLang's auto speculative shape when unset: (steps, topk, draft tokens) = (3, 1, 4).
 SPEC_AUTO_STEPS = 3
-# SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH exists from 0.5.23 on (environ.py:1587); 0.5.10 lacks it.
-DRAFT_EXTEND_SWITCH_FROM = (0, 5, 23)
 # 0.5.23 counts the draft model's weights in the static budget (kv_cache_configurator.py:3057).
-DRAFT_IN_BUDGET_FROM = (0, 5, 23)
+DRAFT_IN_BUDGET_FROM = ONE_STATIC_BUDGET_FROM
 # A capture pass not yet seen is estimated as this share of the failing pass's size: a target
 # graph after the target prefill graph as much again; a draft graph after a target graph a
 # quarter (the draft is one layer); draft extend after draft decode as much again. A wrong
@@ -356,7 +360,7 @@ def _learn(history: Sequence[AttemptRecord], ctx: _Context, bounds: Bounds) -> _
                 facts.weights = n.pre_load_avail_gib - n.post_weights_avail_gib
             elif n.weights_gib is not None:
                 facts.weights = n.weights_gib
-        if n.draft_weights_gib and version_tuple(ctx.version) >= DRAFT_IN_BUDGET_FROM:
+        if n.draft_weights_gib and at_least(ctx.version, DRAFT_IN_BUDGET_FROM):
             facts.draft_weights = n.draft_weights_gib
     a_values: list[float] = []
     for rec in history:
@@ -451,7 +455,7 @@ def _later_passes(gpass: GraphPass, n: Numbers, ctx: _Context, extend_off: bool)
     """The capture passes SGLang runs after ``gpass``, with ``LATER_PASS_SHARE`` of its size."""
     spec = ctx.spec or n.speculative
     steps = n.speculative_num_steps or SPEC_AUTO_STEPS
-    extend = not (extend_off and version_tuple(ctx.version) >= DRAFT_EXTEND_SWITCH_FROM)
+    extend = not (extend_off and at_least(ctx.version, DRAFT_EXTEND_SWITCH_FROM))
     drafts = [p for p, keep in ((GraphPass.DRAFT_DECODE, steps > 1),
                                 (GraphPass.DRAFT_EXTEND, extend)) if keep]
     same, after = LATER_PASS_SHARE["same_model"], LATER_PASS_SHARE["draft_after_target"]
@@ -745,7 +749,7 @@ def _draft_extend_switch(facts: _Facts, bounds: Bounds) -> bool:
         bounds.allow_disable_draft_extend_graph
         and ctx.spec
         and not ctx.draft_extend_off
-        and version_tuple(ctx.version) >= DRAFT_EXTEND_SWITCH_FROM
+        and at_least(ctx.version, DRAFT_EXTEND_SWITCH_FROM)
         and any(facts.extend.values())
     )
 

@@ -45,6 +45,7 @@ from launcher.errors import (
     RemoteCommandError,
     StateError,
 )
+from launcher.sglang.versions import DEFAULT_VERSION
 from launcher.transport.base import CommandResult, Transport
 
 log = structlog.get_logger(__name__)
@@ -313,7 +314,6 @@ expand "$1"; test -e "$x"
 
 _VERSION_PY = "import importlib.metadata as m; print(m.version('sglang'))"
 _SIM_MODULE = "launcher.sim.server"
-_SIM_DEFAULT_VERSION = "0.5.23"
 
 
 @dataclass(frozen=True)
@@ -910,7 +910,7 @@ async def detect_sglang_version(transport: Transport, command: list[str]) -> str
     """
     if any(_SIM_MODULE in arg for arg in command):
         result = await transport.run(_sh('printf %s "${SGLANG_SIM_VERSION-}"'))
-        return result.stdout.decode().strip() or _SIM_DEFAULT_VERSION
+        return result.stdout.decode().strip() or DEFAULT_VERSION
     argv = version_probe_argv(command)
     result = await transport.run(argv, timeout=60.0)
     _fail(transport, "sglang version probe", result, remedy=_VERSION_REMEDY)

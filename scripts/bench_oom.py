@@ -61,7 +61,8 @@ from dataclasses import dataclass
 from launcher.outcome import Outcome
 from launcher.params import LaunchParams
 from launcher.policy import AttemptRecord, Bounds, next_params
-from launcher.sim.memory import MemoryScenario, capture_bs_list, simulate
+from launcher.sglang.autoargs import capture_bs_list
+from launcher.sim.memory import MemoryScenario, simulate
 from launcher.sim.observe import observed
 
 EXPLICIT_BS = (8, 16, 32, 48, 64, 96, 128, 160, 256, 384, 512)

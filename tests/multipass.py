@@ -17,7 +17,8 @@ from launcher.outcome import Numbers, Outcome
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
 from launcher.phases import GraphPass, Phase
 from launcher.policy import AttemptRecord, Bounds, next_params
-from launcher.sim.memory import capture_bs_list, version_tuple
+from launcher.sglang.autoargs import capture_bs_list
+from launcher.sglang.versions import version_tuple
 
 
 def _r(x: float) -> float:

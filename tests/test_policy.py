@@ -23,12 +23,8 @@ from launcher.policy import (
     next_params,
     resolve_params,
 )
-from launcher.sim.memory import (
-    MemoryScenario,
-    auto_cuda_graph_max_bs,
-    auto_mem_fraction_static,
-    simulate,
-)
+from launcher.sglang.autoargs import auto_cuda_graph_max_bs, auto_mem_fraction_static
+from launcher.sim.memory import MemoryScenario, simulate
 from launcher.sim.observe import observed, run_policy
 from tests.multipass import Pass, World
 from tests.multipass import run_policy as run_multipass

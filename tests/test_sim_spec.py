@@ -18,16 +18,9 @@ from pathlib import Path
 import pytest
 
 from launcher.outcome import Outcome
+from launcher.sglang.autoargs import auto_mem_fraction_static, capture_bs_list, captured_sizes
 from launcher.sim.logfmt import format_size
-from launcher.sim.memory import (
-    MemoryScenario,
-    SpecScenario,
-    StartupTrace,
-    auto_mem_fraction_static,
-    capture_bs_list,
-    captured_sizes,
-    simulate,
-)
+from launcher.sim.memory import MemoryScenario, SpecScenario, StartupTrace, simulate
 from launcher.sim.observe import observed
 from launcher.sim.server import scenario_from_argv
 from tests.simhost import READY_LINE, SimHost, free_port, make_sim_host, model_dir, split_output

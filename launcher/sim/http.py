@@ -32,6 +32,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from launcher.sglang.versions import at_least
+
 
 class ServerStatus(enum.StrEnum):
     STARTING = "starting"  # bound, warmup not done
@@ -60,7 +62,7 @@ class ApiInfo:
     @property
     def extended(self) -> bool:
         """0.5.23 adds fields to /model_info."""
-        return tuple(int(p) for p in self.version.split(".")[:3]) >= (0, 5, 23)
+        return at_least(self.version, (0, 5, 23))
 
 
 def model_info_body(info: ApiInfo) -> dict[str, Any]:

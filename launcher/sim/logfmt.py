@@ -1,7 +1,7 @@
 """SGLang's log output, per emulated version: line prefixes, phase lines, tqdm bars, torch's
 OOM text, SGLang's failure messages and Python-style tracebacks.
 
-Every string here is copied from shared/sglang-reference.md (§0-§3) or from recorded logs;
+Every string here is copied from SGLang's source (docs/sglang.md, "The log") or recorded logs;
 where versions differ, :class:`Dialect` says which form a version prints. The functions are
 pure; :class:`LogWriter` is the one place that writes (thread-safe, flushed per write).
 """
@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TextIO
 
-from launcher.sim.memory import version_tuple
-
-SUPPORTED_VERSIONS = ("0.5.6", "0.5.10", "0.5.15", "0.5.23")
-DEFAULT_VERSION = "0.5.23"
+from launcher.sglang.versions import DEFAULT_VERSION as DEFAULT_VERSION
+from launcher.sglang.versions import SUPPORTED_VERSIONS as SUPPORTED_VERSIONS
+from launcher.sglang.versions import version_tuple
 
 SGLANG_DIR = "/usr/local/lib/python3.12/dist-packages/sglang"
 TORCH_DIR = "/usr/local/lib/python3.12/dist-packages/torch"

@@ -1,6 +1,6 @@
 """Pure GPU memory model of SGLang's start-up: the physics of the simulator.
 
-It follows SGLang's own arithmetic (see shared/sglang-reference.md §3-4):
+It follows SGLang's own arithmetic (docs/sglang.md, "Memory"):
 
 - ``pre`` = free memory on the busiest GPU after CUDA/NCCL init, before weights
   ("Load weight begin. avail mem=pre"). SGLang takes the minimum over ranks.
@@ -47,140 +47,15 @@ from dataclasses import dataclass, field, replace
 from launcher.outcome import Outcome
 from launcher.params import LaunchParams
 from launcher.phases import Phase
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """'0.5.23' -> (0, 5, 23); '0.5.6.post2' -> (0, 5, 6)."""
-    parts: list[int] = []
-    for piece in version.split("."):
-        if not piece.isdigit():
-            break
-        parts.append(int(piece))
-    return tuple(parts)
-
-
-def _new_table(version: str) -> bool:
-    return version_tuple(version) >= (0, 5, 15)
-
-
-def auto_chunked_prefill_size(gpu_mem_gib: float, version: str) -> int:
-    """SGLang's auto ``--chunked-prefill-size`` for a GPU of this size."""
-    if gpu_mem_gib < 20:
-        return 2048
-    if gpu_mem_gib < 35:
-        return 4096 if _new_table(version) else 2048
-    if gpu_mem_gib < 60:
-        return 4096
-    if gpu_mem_gib < 160:
-        return 8192
-    return 16384
-
-
-def auto_cuda_graph_max_bs(gpu_mem_gib: float, tp: int, version: str) -> int:
-    """SGLang's auto decode CUDA-graph max batch size (server_args auto defaults)."""
-    big_tp = tp >= 4
-    if gpu_mem_gib < 20:
-        return 8
-    if gpu_mem_gib < 35:
-        if _new_table(version):
-            return 160 if big_tp else 48
-        return 80 if big_tp else 24
-    if gpu_mem_gib < 60:
-        return 160 if big_tp else 32
-    if gpu_mem_gib < 160:
-        return 512 if big_tp else 256
-    return 512
-
-
-def auto_mem_fraction_static(
-    gpu_mem_gib: float,
-    tp: int,
-    version: str,
-    max_bs: int,
-    *,
-    speculative_algorithm: str | None = None,
-    mla: bool = False,
-) -> float:
-    """SGLang's auto ``--mem-fraction-static``: (gpu_mem - reserved) / gpu_mem, rounded to 3.
-
-    Speculative decoding: up to 0.5.10 ``reserved`` grows by 4096 MiB for EAGLE/EAGLE3/NEXTN
-    (6144 for STANDALONE, nothing for NGRAM) after the 10 GiB floor (server_args.py l.1315-1322);
-    0.5.23 adds nothing (memory_hook.py counts the draft inside the static budget instead).
-    ``mla``: 0.5.23 reserves 1.5 GiB for the prefill graphs of MLA models instead of 8 MiB per
-    shape (memory_hook.reserve_for_graph_mb)."""
-    gpu_mem_mib = gpu_mem_gib * 1024
-    chunk = auto_chunked_prefill_size(gpu_mem_gib, version)
-    reserved = 512 + max(chunk, 2048) * 1.5 + max_bs * 2 + tp / 8 * 1024
-    if gpu_mem_gib > 60:
-        reserved = max(reserved, 10240)
-    if _new_table(version):
-        # prefill CUDA graphs (len(prefill_graph_bs) x 8 MiB, about 50 sizes; 1.5 GiB with MLA)
-        reserved += 1536 if mla else 400
-    if speculative_algorithm is not None and not version_tuple(version) >= (0, 5, 23):
-        algo = speculative_algorithm.upper()
-        if algo == "STANDALONE":
-            reserved += 6144
-        elif algo != "NGRAM":
-            reserved += 4096
-    return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
-
-
-def capture_bs_list(max_bs: int, *, spec: bool = False) -> list[int]:
-    """Decode batch sizes SGLang captures for ``max_bs``, ascending (captured in reverse).
-
-    ``spec``: speculative decoding's denser list for small batches
-    (``arg_groups/cuda_graph_hook.generate_decode_cuda_graph_batch_sizes``; the same list in
-    0.5.10's ``server_args._generate_cuda_graph_batch_sizes``)."""
-    if spec:
-        sizes = [
-            *range(1, 9),
-            *range(10, 33, 2),
-            *range(40, 65, 4),
-            *range(72, 257, 8),
-            *range(272, max_bs + 1, 16),
-        ]
-    else:
-        sizes = [
-            1,
-            2,
-            4,
-            8,
-            12,
-            *range(16, 257, 8),
-            *range(272, 512, 16),
-            *range(512, max_bs + 1, 32),
-        ]
-    out = sorted({b for b in sizes if b <= max_bs})
-    if not out or out[-1] != max_bs:
-        out.append(max_bs)  # SGLang always captures max_bs itself
-    return out
-
-
-def captured_sizes(max_bs: int, *, spec: bool = False, cap: int | None = None) -> list[int]:
-    """What the graph runners capture: :func:`capture_bs_list` clamped to the request pool
-    (``req_to_token_pool.size`` = ``max_running_requests``), which SGLang adds itself when the
-    list goes above it (``get_batch_sizes_to_capture``)."""
-    sizes = capture_bs_list(max_bs, spec=spec)
-    if cap is not None and sizes[-1] > cap:
-        sizes = sorted({*(b for b in sizes if b <= cap), cap})
-    return sizes
-
-
-def prefill_graph_tokens(max_tokens: int) -> list[int]:
-    """0.5.23's prefill-graph shapes (token counts), ascending
-    (``cuda_graph_hook.generate_prefill_cuda_graph_batch_sizes``)."""
-    sizes = [
-        *range(4, 33, 4),
-        *range(48, 257, 16),
-        *range(288, 513, 32),
-        *range(576, 1025, 64),
-        *range(1280, 4097, 256),
-        *range(4608, max_tokens + 1, 512),
-    ]
-    return [s for s in sizes if s <= max_tokens]
-
-
-SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48
+from launcher.sglang.autoargs import (
+    SPEC_DEFAULT_MAX_RUNNING_REQUESTS,
+    auto_chunked_prefill_size,
+    auto_cuda_graph_max_bs,
+    auto_mem_fraction_static,
+    captured_sizes,
+    prefill_graph_tokens,
+)
+from launcher.sglang.versions import DEFAULT_VERSION, ONE_STATIC_BUDGET_FROM, at_least
 
 
 @dataclass(frozen=True)
@@ -266,7 +141,7 @@ class MemoryScenario:
     graph_overhead_gib: float = 0.01  # per captured graph
     warmup_gib: float = 0.5  # transient activations of the warmup prefill
     shard_gib: float = 4.6  # checkpoint shard size (whole model)
-    sglang_version: str = "0.5.23"
+    sglang_version: str = DEFAULT_VERSION
     # 0.5.23's prefill graphs: the activation pool of the largest shape, plus a per-shape cost
     prefill_graph_gib: float = 0.0
     prefill_graph_overhead_gib: float = 0.0
@@ -306,7 +181,7 @@ class MemoryScenario:
     @property
     def new_order(self) -> bool:
         """0.5.23's start-up order: draft weights right after the target's, one static budget."""
-        return version_tuple(self.sglang_version) >= (0, 5, 23)
+        return at_least(self.sglang_version, ONE_STATIC_BUDGET_FROM)
 
     @property
     def request_cap(self) -> int | None:

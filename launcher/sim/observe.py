@@ -15,16 +15,11 @@ from launcher.outcome import Numbers, Outcome
 from launcher.params import LaunchParams
 from launcher.phases import Phase
 from launcher.policy import AttemptRecord, Bounds, next_params
-from launcher.sim.memory import (
-    MemoryScenario,
-    StartupTrace,
-    simulate,
-    version_tuple,
-)
+from launcher.sglang.versions import STATED_MINIMUM_FROM, at_least
+from launcher.sim.memory import MemoryScenario, StartupTrace, simulate
 
 # 0.5.23's kv_cache_configurator says "Loaded weights leave no GPU memory ... minimum viable =
 # 1 - available/pre = X"; older versions only say "Not enough memory" with the current value.
-STATED_MINIMUM_SINCE = (0, 5, 23)
 
 
 def _gib(value: float) -> float:
@@ -88,7 +83,7 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         and pool is not None
         and pool <= 0
         and post is not None
-        and version_tuple(scenario.sglang_version) >= STATED_MINIMUM_SINCE
+        and at_least(scenario.sglang_version, STATED_MINIMUM_FROM)
     ):
         # 0.5.23 loads the draft before sizing the pool: its "available" is after both.
         available = trace.draft_post_weights_free_gib or post

@@ -54,6 +54,8 @@ from typing import Any, NoReturn
 
 from launcher.params import LaunchParams
 from launcher.phases import Phase
+from launcher.sglang.autoargs import auto_chunked_prefill_size
+from launcher.sglang.versions import DRAFT_EXTEND_SWITCH_FROM, at_least
 from launcher.sim import gpustate, logfmt
 from launcher.sim.faults import Fault, FaultKind, FaultPlan, FaultProfileError
 from launcher.sim.gpustate import HostConfig, HostConfigError
@@ -73,9 +75,7 @@ from launcher.sim.memory import (
     PassTrace,
     SpecScenario,
     StartupTrace,
-    auto_chunked_prefill_size,
     simulate,
-    version_tuple,
 )
 
 ENV_VERSION = "SGLANG_SIM_VERSION"
@@ -618,7 +618,7 @@ def scenario_for(
             draft_graph_gib_per_token=float(dr.get("graph_gib_per_bs", 0.002)),
             draft_graph_overhead_gib=float(dr.get("graph_overhead_gib", 0.005)),
             draft_extend_graph=not (
-                version_tuple(version) >= (0, 5, 23)
+                at_least(version, DRAFT_EXTEND_SWITCH_FROM)
                 and os.environ.get("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "").lower()
                 in ("1", "true")
             ),

@@ -1,0 +1,77 @@
+"""The SGLang flags launcher owns, and how each is spelled per version.
+
+One table serves the three uses: ``config`` refuses an owned flag in ``extra_args``
+(:data:`OWNED_FLAGS`), ``command`` writes the params' flags in a version's dialect
+(:func:`graph_bs_flag`, :func:`mamba_strategy_flag`), and adoption reads them back from an
+attempt's recorded argv (:data:`PARAM_FLAGS`). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from launcher.sglang.versions import DECODE_SPELLING_FROM, MAMBA_RADIX_SPELLING_FROM, at_least
+
+__all__ = [
+    "OWNED_FLAGS",
+    "PARAM_FLAGS",
+    "PARAM_TYPES",
+    "graph_bs_flag",
+    "mamba_strategy_flag",
+]
+
+# Every spelling (all versions) of a flag whose value launcher decides, and the config field
+# that sets it. Order matters: an argparse abbreviation ("--mem-frac") is the first owned flag
+# it prefixes.
+OWNED_FLAGS: dict[str, str] = {
+    "--model-path": "model_path",
+    "--model": "model_path",
+    "--served-model-name": "served_model_name",
+    "--tp": "tp",
+    "--tp-size": "tp",
+    "--tensor-parallel-size": "tp",
+    "--dp": "dp",
+    "--dp-size": "dp",
+    "--data-parallel-size": "dp",
+    "--port": "port",
+    "--host": "listen",
+    "--mem-fraction-static": "mem_fraction_static",
+    "--cuda-graph-max-bs": "cuda_graph_max_bs",
+    "--cuda-graph-max-bs-decode": "cuda_graph_max_bs",
+    "--cuda-graph-max-bs-prefill": "cuda_graph_max_bs",
+    "--max-running-requests": "max_running_requests",
+    "--max-mamba-cache-size": "max_mamba_cache_size",
+    "--mamba-full-memory-ratio": "mamba_full_memory_ratio",
+    "--mamba-scheduler-strategy": "mamba_strategy",
+    "--mamba-radix-cache-strategy": "mamba_strategy",
+}
+
+# The ``LaunchParams`` fields launcher sets per attempt, and the type of each flag's value.
+PARAM_TYPES: dict[str, type[float] | type[int] | type[str]] = {
+    "mem_fraction_static": float,
+    "cuda_graph_max_bs": int,
+    "max_running_requests": int,
+    "max_mamba_cache_size": int,
+    "mamba_full_memory_ratio": float,
+    "mamba_strategy": str,
+}
+
+# The spellings (either dialect) launcher writes for a ``LaunchParams`` field: the owned flags
+# of those fields, less the prefill graph bs, which launcher never sets.
+PARAM_FLAGS: dict[str, str] = {
+    flag: field
+    for flag, field in OWNED_FLAGS.items()
+    if field in PARAM_TYPES and flag != "--cuda-graph-max-bs-prefill"
+}
+
+
+def graph_bs_flag(sglang_version: str) -> str:
+    """The flag that sets the decode CUDA-graph max batch size in ``sglang_version``."""
+    if at_least(sglang_version, DECODE_SPELLING_FROM):
+        return "--cuda-graph-max-bs-decode"
+    return "--cuda-graph-max-bs"
+
+
+def mamba_strategy_flag(sglang_version: str) -> str:
+    """The flag that sets the hybrid (Mamba) radix-cache strategy in ``sglang_version``."""
+    if at_least(sglang_version, MAMBA_RADIX_SPELLING_FROM):
+        return "--mamba-radix-cache-strategy"
+    return "--mamba-scheduler-strategy"

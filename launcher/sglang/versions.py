@@ -1,0 +1,66 @@
+"""SGLang versions: parsing, the versions launcher knows, the default, and the named
+versions from which one SGLang behaviour changes (see docs/sglang.md).
+
+A threshold is a version tuple; ``at_least(version, THRESHOLD)`` is the one comparison.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AUTO_TABLE_2_FROM",
+    "DECODE_SPELLING_FROM",
+    "DEFAULT_VERSION",
+    "DRAFT_EXTEND_SWITCH_FROM",
+    "MAMBA_RADIX_SPELLING_FROM",
+    "ONE_STATIC_BUDGET_FROM",
+    "SPEC_V2_ENV_REMOVED_FROM",
+    "STATED_MINIMUM_FROM",
+    "SUPPORTED_VERSIONS",
+    "Version",
+    "at_least",
+    "version_tuple",
+]
+
+Version = tuple[int, ...]
+
+# Assumed wherever a version is not configured, detected or shown by a log: the newest known.
+DEFAULT_VERSION = "0.5.23"
+# The versions the simulator emulates, oldest first (the contract tests check 0.5.10 and 0.5.23
+# against SGLang's own argparse); another 0.5.x version is read by the rules of its range.
+SUPPORTED_VERSIONS = ("0.5.6", "0.5.10", "0.5.15", DEFAULT_VERSION)
+
+# --cuda-graph-max-bs is spelled --cuda-graph-max-bs-decode. 0.5.15 still accepts the old
+# spelling as a deprecated alias; 0.5.23 rejects it as an ambiguous prefix.
+DECODE_SPELLING_FROM: Version = (0, 5, 15)
+# --mamba-scheduler-strategy is spelled --mamba-radix-cache-strategy (with the new choice
+# extra_buffer_lazy). 0.5.15 still accepts the old spelling; 0.5.23 rejects it (exit 2).
+MAMBA_RADIX_SPELLING_FROM: Version = (0, 5, 15)
+# server_args' second auto table: bigger chunked-prefill and graph bs on 20-35 GiB GPUs, and
+# the auto --mem-fraction-static reserves memory for prefill CUDA graphs.
+AUTO_TABLE_2_FROM: Version = (0, 5, 15)
+# SGLANG_ENABLE_SPEC_V2 was retired (PR #27964): 0.5.23 ignores it.
+SPEC_V2_ENV_REMOVED_FROM: Version = (0, 5, 23)
+# SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH exists (environ.py); 0.5.10 lacks it.
+DRAFT_EXTEND_SWITCH_FROM: Version = (0, 5, 23)
+# One static budget: the draft's weights load right after the target's and count in
+# --mem-fraction-static (kv_cache_configurator.py); graphs are captured in passes, target
+# prefill first; the auto fraction no longer reserves extra memory for speculative decoding.
+ONE_STATIC_BUDGET_FROM: Version = (0, 5, 23)
+# A KV pool <= 0 error states the minimum viable fraction ("minimum viable = ...").
+STATED_MINIMUM_FROM: Version = (0, 5, 23)
+
+
+def version_tuple(version: str) -> Version:
+    """'0.5.23' -> (0, 5, 23); '0.5.6.post2' -> (0, 5, 6); stops at the first non-number."""
+    parts: list[int] = []
+    for piece in version.split("."):
+        if not piece.isdigit():
+            break
+        parts.append(int(piece))
+    return tuple(parts)
+
+
+def at_least(version: str, threshold: Version) -> bool:
+    """True when ``version`` is ``threshold`` or newer."""
+    return version_tuple(version) >= threshold
