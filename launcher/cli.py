@@ -446,7 +446,8 @@ def up(
                                              model=s.served_model_name or s.model_path)
                           for s in servers})
     except ConfigError:
-        where = (f"the file {slack.webhook_url_file}" if slack.webhook_url_file is not None
+        where = ("LAUNCHER_SLACK__WEBHOOK (credential or variable)" if slack.webhook is not None
+                 else f"the file {slack.webhook_url_file}" if slack.webhook_url_file is not None
                  else f"${slack.webhook_url_env}")
         problem = ConfigError([
             f"slack: the webhook URL from {where} is not an http(s) URL with a host "

@@ -1,37 +1,40 @@
-"""The configuration: a TOML file, overridden by ``LAUNCHER_*`` environment variables.
+"""The configuration: a TOML file, overridden by ``LAUNCHER_*`` environment variables and
+systemd credentials. This module holds the schema and the problems; ``config_sources`` holds
+where values come from (pydantic-settings sources).
 
 Entry points:
 
-- ``load_config(path, environ=...)`` reads the file, applies the environment overrides and
-  validates everything. Bad input of any kind raises one ``ConfigError`` whose ``problems``
-  list every problem found, each as ``toml.path: message`` (``servers[1].gpus: ...``).
+- ``load_config(path, environ=...)`` reads the file, applies the overrides and validates
+  everything. Bad input of any kind raises one ``ConfigError`` whose ``problems`` list every
+  problem found, each as ``toml.path: message`` (``servers[1].gpus: ...``), ending in
+  ``(from LAUNCHER_...)`` when an override set the value.
 - ``config_from_dict(data, environ=...)`` does the same for an already parsed table.
 - ``resolve_secret_env(server, environ)`` reads the values of a server's ``secret_env``.
 
-Environment overrides follow pydantic-settings' conventions: prefix ``LAUNCHER_``, nested
-delimiter ``__``, names matched case-insensitively. Array entries are addressed by index or by
-their ``name``: ``LAUNCHER_SERVERS__0__PORT`` and ``LAUNCHER_SERVERS__LLAMA__PORT`` both set the
-port of the server named ``llama`` when it is the first one. Values beginning with ``[`` or ``{``
-are JSON (``LAUNCHER_SERVERS__0__GPUS='[0, 1]'``); everything else is a string that validation
-converts like any TOML value. A variable without ``__`` is only read when it names a top-level
-key (``LAUNCHER_STATE_DIR``), so unrelated variables such as ``LAUNCHER_SLACK_WEBHOOK`` are left
-alone. The overrides are applied here, not by a ``BaseSettings`` source, because problems must
-name the variable they came from, arrays must be addressable, and the environment must be
-injectable for tests; pydantic-settings' env source can do none of these.
+``Config`` is a pydantic-settings ``BaseSettings``: the file comes through its TOML source,
+overrides through its env source (prefix ``LAUNCHER_``, nested delimiter ``__``, names matched
+case-insensitively) and its secrets-dir source over ``$CREDENTIALS_DIRECTORY`` (a credential
+file named like a variable acts like it). Array entries are addressed by index or by their
+``name`` by one custom source: ``LAUNCHER_SERVERS__0__PORT`` and
+``LAUNCHER_SERVERS__LLAMA__PORT`` both set the port of the server named ``llama`` when it is
+the first one. Values beginning with ``[`` or ``{`` are JSON
+(``LAUNCHER_SERVERS__0__GPUS='[0, 1]'``); everything else is a string that validation converts
+like any TOML value. A variable without ``__`` is only read when it names a top-level key
+(``LAUNCHER_STATE_DIR``), so unrelated variables such as ``LAUNCHER_SLACK_WEBHOOK`` are left
+alone. docs/config.md explains the layers.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
-import json
 import math
 import os
 import re
 import shlex
 import tomllib
 import types
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
@@ -41,11 +44,19 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
@@ -74,6 +85,8 @@ __all__ = [
 
 ENV_PREFIX = "LAUNCHER_"
 ENV_DELIMITER = "__"
+# systemd sets it to the directory of the unit's LoadCredential= files.
+_CREDENTIALS_VAR = "CREDENTIALS_DIRECTORY"
 # SGLang's /health answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s); a probe that gives up
 # sooner would call a slow-but-healthy server dead.
 SGLANG_HEALTH_TIMEOUT_S = 20.0
@@ -85,7 +98,10 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VERSION_RE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
 _SECRET_KEY_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
-_SECRET_REF_RE = re.compile(r"^(?:env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$")
+# cred:NAME is a file of $CREDENTIALS_DIRECTORY (systemd LoadCredential=NAME:...): a plain name.
+_SECRET_REF_RE = re.compile(
+    r"^(?:env:[A-Za-z_][A-Za-z0-9_]*|file:.+|cred:(?!\.{1,2}$)[A-Za-z0-9_.@-]+)$"
+)
 
 # SGLang flags whose value launcher decides, and the config field that sets each one.
 _OWNED_FLAGS = OWNED_FLAGS
@@ -456,8 +472,11 @@ def _owned_flag_field(arg: str) -> str | None:
 
 
 class SlackConfig(_Model):
-    """Where the Slack webhook URL comes from: ``webhook_url_file`` if set, else the variable."""
+    """Where the Slack webhook URL comes from: ``webhook`` (set by the credential or variable
+    ``LAUNCHER_SLACK__WEBHOOK``, never in the file), else ``webhook_url_file``, else the
+    variable ``webhook_url_env`` names."""
 
+    webhook: SecretStr | None = None
     webhook_url_env: Annotated[str, Field(pattern=_ENV_NAME_RE.pattern)] = "LAUNCHER_SLACK_WEBHOOK"
     webhook_url_file: LocalPath | None = None
     # A restarted launcher that finds a server running adopts it silently; true posts an
@@ -469,6 +488,8 @@ class SlackConfig(_Model):
 
         Raises ConfigError when ``webhook_url_file`` is set but cannot be read or is empty.
         """
+        if self.webhook is not None:
+            return self.webhook.get_secret_value().strip() or None
         if self.webhook_url_file is not None:
             url = _read_secret_file(self.webhook_url_file, "slack.webhook_url_file", "slack")
             where = "slack.webhook_url_file"
@@ -528,10 +549,19 @@ def default_state_dir(environ: Mapping[str, str]) -> Path:
     return (Path(home) if home else Path.home()) / ".local" / "state" / "launcher"
 
 
-class Config(_Model):
+class Config(BaseSettings):
     """The whole configuration. Build it with ``load_config`` or ``config_from_dict``, which
-    check the cross-entry rules (unique names, known hosts, GPU and port clashes, ...) that
-    ``Config.model_validate`` alone does not."""
+    read the sources (file, environment, credentials: ``config_sources``) and check the
+    cross-entry rules (unique names, known hosts, GPU and port clashes, ...) that validation of
+    the model alone does not. ``Config(...)`` outside them takes only its keyword arguments."""
+
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        frozen=True,
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_DELIMITER,
+        case_sensitive=False,
+    )
 
     state_dir: LocalPath = Field(default_factory=lambda: default_state_dir(os.environ))
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
@@ -562,59 +592,85 @@ class Config(_Model):
         """The global ``[policy]`` with the server's ``policy`` table applied field by field."""
         return self.server(server_name).policy.applied_to(self.policy)
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The load's sources (``config_sources.sources``); only ``init_settings`` outside one."""
+        from launcher.config_sources import sources
+
+        return sources(settings_cls, init_settings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _remember_input(cls, data: Any) -> Any:
+        # The cross-entry checks read the merged input, which only exists in here.
+        from launcher.config_sources import active_load
+
+        load = active_load()
+        if load is not None and isinstance(data, dict):
+            load.tree = copy.deepcopy(data)
+        return data
+
 
 # --- loading -----------------------------------------------------------------------------
 
 
 def load_config(path: Path, *, environ: Mapping[str, str] | None = None) -> Config:
-    """Read, override from ``environ`` (default ``os.environ``) and validate the TOML at ``path``.
+    """Read, override from ``environ`` (default ``os.environ``; ``$CREDENTIALS_DIRECTORY`` in it
+    adds the credential files) and validate the TOML at ``path``.
 
     Error handling: any problem with the input (unreadable file, TOML syntax, not UTF-8, bad
     values, bad overrides, cross-entry clashes) raises one ConfigError with ``source=str(path)``
     and every problem found in ``problems``. Nothing else is raised for bad input.
     """
-    source = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError([f"cannot read the file: {exc.strerror or exc}"], source=source) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError([f"line {line}: not UTF-8 text ({exc.reason})"], source=source) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([_toml_problem(exc)], source=source) from None
-    return config_from_dict(data, environ=environ, source=source)
+    from launcher.config_sources import TomlFile
+
+    return _load(lambda cls: TomlFile(cls, Path(path)), environ, str(path))
 
 
 def config_from_dict(
     data: Mapping[str, Any], *, environ: Mapping[str, str] | None = None, source: str = "config"
 ) -> Config:
     """Validate an already parsed TOML table; same overrides and errors as ``load_config``."""
-    env = os.environ if environ is None else environ
-    tree: dict[str, Any] = copy.deepcopy(dict(data))
-    loose: list[str] = []  # problems with an override itself, already worded with the variable
-    overrides = _apply_env_overrides(tree, env, loose)
-    tree.setdefault("state_dir", str(default_state_dir(env)))
+    table = copy.deepcopy(dict(data))
+    return _load(lambda cls: InitSettingsSource(cls, table), environ, source)
 
+
+def _load(
+    file: Callable[[type[BaseSettings]], PydanticBaseSettingsSource],
+    environ: Mapping[str, str] | None,
+    source: str,
+) -> Config:
+    from launcher.config_sources import Load, loading
+
+    load = Load(environ=os.environ if environ is None else environ, file=file)
     found: list[tuple[Loc, str]] = []
     config: Config | None = None
-    try:
-        config = Config.model_validate(tree)
-    except ValidationError as exc:
-        found.extend(_pydantic_problem(error) for error in exc.errors())
-    found.extend(_cross_checks(tree))
-    found.extend(_control_characters(tree, ()))
+    with loading(load):
+        try:
+            config = Config()
+        except ValidationError as exc:
+            found.extend(_pydantic_problem(error) for error in exc.errors())
+        except SettingsError as exc:  # the credentials directory itself is unusable
+            raise ConfigError([f"${_CREDENTIALS_VAR}: {exc}"], source=source) from None
+        except ConfigError as exc:  # the file: already worded, with its name as source
+            raise ConfigError(exc.problems, source=source) from None
+    found.extend(_cross_checks(load.tree or {}))
+    found.extend(_control_characters(load.tree or {}, ()))
+    found.extend(_secrets_in_file(load.file_data))
 
-    problems = list(loose)
+    problems = list(load.problems)  # overrides that could not be placed, worded with the name
     for loc, message in found:
         line = f"{_path(loc)}: {message}"
-        vars_ = [var for path, var in overrides.items() if _related(path, loc)]
-        if vars_:
-            line += f" (from {', '.join(sorted(set(vars_)))})"
+        names = [name for path, name in load.origins.items() if _related(path, loc)]
+        if names:
+            line += f" (from {', '.join(sorted(set(names)))})"
         if line not in problems:
             problems.append(line)
     if problems:
@@ -623,12 +679,24 @@ def config_from_dict(
     return config
 
 
+def _secrets_in_file(data: Mapping[str, Any]) -> Iterator[tuple[Loc, str]]:
+    slack = data.get("slack")
+    if isinstance(slack, dict) and "webhook" in slack:
+        yield (
+            ("slack", "webhook"),
+            "the webhook URL is a secret; do not write it in the config: give it as the "
+            "credential LAUNCHER_SLACK__WEBHOOK (systemd LoadCredential=) or the environment "
+            "variable of that name, or use webhook_url_file / webhook_url_env",
+        )
+
+
 def resolve_secret_env(
     server: ServerConfig, environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """The values of ``server.secret_env``: ``env:VAR`` from ``environ`` (default
-    ``os.environ``), ``file:PATH`` from that file on this machine (``~`` expanded, surrounding
-    whitespace stripped).
+    ``os.environ``), ``file:PATH`` from that file on this machine (``~`` expanded), and
+    ``cred:NAME`` from the file NAME in ``$CREDENTIALS_DIRECTORY`` of ``environ`` (systemd's
+    ``LoadCredential=NAME:PATH``); surrounding whitespace is stripped.
 
     Error handling: raises one ConfigError listing every secret that is unset, empty or
     unreadable, naming the field and the variable or file. Values never appear in errors.
@@ -646,6 +714,18 @@ def resolve_secret_env(
                 problems.append(f"{field}: environment variable {target} {state} on this machine")
                 continue
             values[key] = value
+        elif kind == "cred":
+            directory = env.get(_CREDENTIALS_VAR, "")
+            if not directory:
+                problems.append(
+                    f"{field}: credential {target}: ${_CREDENTIALS_VAR} is not set on this "
+                    f"machine (systemd sets it for LoadCredential={target}:/path in the unit)"
+                )
+                continue
+            try:
+                values[key] = _read_secret_file(Path(directory) / target, field, server.name)
+            except ConfigError as exc:
+                problems.extend(exc.problems)
         else:
             try:
                 values[key] = _read_secret_file(Path(target), field, server.name)
@@ -755,6 +835,10 @@ def _unknown_key(loc: Loc) -> str:
     if close:
         return f"unknown key; did you mean {close[0]!r}?"
     return f"unknown key; expected one of: {', '.join(choices)}" if choices else "unknown key"
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def _unwrap(annotation: Any) -> Any:
@@ -983,127 +1067,3 @@ def _inline_secrets(env: Mapping[str, str], at: Loc) -> Iterator[tuple[Loc, str]
                 f'({key} = "env:{key}" or "file:/path") so it is read on this machine '
                 "and never stored in the config",
             )
-
-
-# --- environment overrides ---------------------------------------------------------------
-
-
-def _apply_env_overrides(
-    tree: dict[str, Any], environ: Mapping[str, str], problems: list[str]
-) -> dict[Loc, str]:
-    """Write every ``LAUNCHER_*`` override into ``tree``; return {path set: variable}.
-
-    Overrides that cannot be placed (bad index, unknown name, JSON that does not parse,
-    descending into a non-table) are appended to ``problems``, worded with the variable.
-    """
-    applied: dict[Loc, str] = {}
-    for var in sorted(environ):
-        if not var.upper().startswith(ENV_PREFIX):
-            continue
-        segments = var[len(ENV_PREFIX) :].split(ENV_DELIMITER)
-        if len(segments) == 1 and segments[0].lower() not in Config.model_fields:
-            continue  # not a config key (e.g. LAUNCHER_SLACK_WEBHOOK)
-        if any(not segment for segment in segments):
-            problems.append(f"{var}: empty key between '__' delimiters")
-            continue
-        try:
-            value = _env_value(environ[var])
-        except ValueError as exc:
-            problems.append(f"{var}: {exc}")
-            continue
-        try:
-            loc = _place(tree, segments, value)
-        except _PlacementError as exc:
-            problems.append(f"{var}: {exc}")
-            continue
-        applied[loc] = var
-    return applied
-
-
-class _PlacementError(Exception):
-    pass
-
-
-def _env_value(text: str) -> Any:
-    if text.lstrip().startswith(("[", "{")):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"value starts like JSON but does not parse: {exc}") from None
-    return text
-
-
-def _place(tree: dict[str, Any], segments: Sequence[str], value: Any) -> Loc:
-    node: Any = tree
-    loc: Loc = ()
-    for position, segment in enumerate(segments):
-        last = position == len(segments) - 1
-        kind = _annotation_at(loc)
-        key: str | int
-        if get_origin(kind) is list:
-            if not isinstance(node, list) or not node:
-                raise _PlacementError(f"{_path(loc)} has no entries to override")
-            key = _entry_index(node, segment, loc)
-        elif get_origin(kind) is dict:
-            key = segment  # free-form tables (env) keep the variable's spelling
-        else:
-            key = segment.lower()
-        if last:
-            if isinstance(node[key] if _has(node, key) else None, dict) and isinstance(value, dict):
-                _deep_merge(node[key], value)
-            else:
-                node[key] = value
-        else:
-            child_kind = _annotation_at((*loc, key))
-            if _is_scalar(child_kind):
-                raise _PlacementError(f"{_path((*loc, key))} is not a table")
-            if not _has(node, key):
-                if get_origin(child_kind) is list:
-                    raise _PlacementError(f"{_path((*loc, key))} has no entries to override")
-                node[key] = {}
-            child = node[key]
-            if not isinstance(child, dict | list):
-                raise _PlacementError(f"{_path((*loc, key))} is not a table or an array")
-            node = child
-        loc = (*loc, key)
-    return loc
-
-
-def _is_scalar(annotation: Any) -> bool:
-    """True for a known key that holds a plain value (not a table, array or free-form map)."""
-    if annotation is None:
-        return False  # unknown key: pydantic reports it, with did-you-mean
-    if get_origin(annotation) in (list, dict):
-        return False
-    return not (isinstance(annotation, type) and issubclass(annotation, BaseModel))
-
-
-def _has(node: Any, key: str | int) -> bool:
-    if isinstance(node, list):
-        return isinstance(key, int) and 0 <= key < len(node)
-    return isinstance(node, dict) and key in node
-
-
-def _entry_index(entries: list[Any], segment: str, loc: Loc) -> int:
-    names = [entry.get("name") if isinstance(entry, dict) else None for entry in entries]
-    if segment.isdigit():
-        index = int(segment)
-        if index < len(entries):
-            return index
-        raise _PlacementError(f"{_path(loc)} has no entry {index} (there are {len(entries)})")
-    for index, name in enumerate(names):
-        if isinstance(name, str) and name.lower() == segment.lower():
-            return index
-    known = [n for n in names if isinstance(n, str)]
-    raise _PlacementError(
-        f"{_path(loc)} has no entry named {segment.lower()!r}; "
-        f"{_known(known, segment.lower())} (or use an index)"
-    )
-
-
-def _deep_merge(target: dict[str, Any], changes: Mapping[str, Any]) -> None:
-    for key, value in changes.items():
-        if isinstance(target.get(key), dict) and isinstance(value, dict):
-            _deep_merge(target[key], value)
-        else:
-            target[key] = value

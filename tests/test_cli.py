@@ -109,6 +109,37 @@ def test_up_with_a_bad_value_exits_2_naming_the_field(sim: SimSetup) -> None:
     assert [] == events(up.stdout)
 
 
+def test_up_with_a_bad_override_exits_2_naming_the_variable(sim: SimSetup) -> None:
+    """An environment override out of range, addressed by the server's name: exit 2, the field
+    and the variable named, nothing started."""
+    config = sim.write_toml(quick_server(sim))
+    var = f"LAUNCHER_SERVERS__{SERVER.upper()}__MEM_FRACTION_STATIC"
+    up = run_cli("up", str(config), "--until-ready", "--log-format", "json", env={var: "1.3"})
+    assert 2 == up.returncode, up.stderr
+    assert f"servers[0].mem_fraction_static: '1.3' is not < 1 (from {var})" in up.stderr
+    assert not sim.run_dir.exists()
+    assert [] == events(up.stdout)
+
+
+def test_up_reads_systemd_credentials(sim: SimSetup, tmp_path: Path) -> None:
+    """With $CREDENTIALS_DIRECTORY (systemd LoadCredential=), a credential named like an
+    override overrides the file and `cred:NAME` in secret_env reads the credential NAME; the
+    secret reaches the server's env file and nothing else."""
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "hf-token").write_text(SECRET + "\n", encoding="utf-8")
+    (creds / f"LAUNCHER_SERVERS__{SERVER.upper()}__CUDA_GRAPH_MAX_BS").write_text("4\n")
+    config = sim.write_toml(quick_server(sim, server={"secret_env": {"HF_TOKEN": "cred:hf-token"}}))
+    up = run_cli("up", str(config), "--until-ready", "--log-format", "json",
+                 env={"CREDENTIALS_DIRECTORY": str(creds)})
+    assert 0 == up.returncode, up.stderr + up.stdout
+    ready = next(e for e in events(up.stdout) if e["event"] == "server.ready")
+    assert {"mem_fraction_static": 0.8, "cuda_graph_max_bs": 4} == ready["params"]
+    assert SECRET not in up.stdout + up.stderr + sim.cmd(1)
+    assert f"export HF_TOKEN={SECRET}" in (sim.attempt_dir(1) / "env").read_text()
+    assert 0 == run_cli("down", str(config)).returncode
+
+
 def test_up_until_ready_with_a_fatal_server_exits_4(sim: SimSetup) -> None:
     """A server SGLang rejects: `up --until-ready` gives up after one attempt and exits 4
     (gave up), saying why."""

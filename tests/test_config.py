@@ -810,3 +810,148 @@ def test_policy_switches_default_off_and_override_per_server(tmp_path: Path) -> 
         config.policy.apply_prescribed_fixes, config.policy.allow_disable_draft_extend_graph
     )
     assert config.policy_for("llama").apply_prescribed_fixes
+
+
+# --- pydantic-settings sources: TOML file, environment, credentials ------------------------
+
+
+def test_config_is_a_settings_root_that_reads_nothing_outside_a_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Config is a pydantic-settings BaseSettings; built in code (not by load_config) it takes
+    only its arguments, so a LAUNCHER_ variable in os.environ changes nothing."""
+    from pydantic_settings import BaseSettings
+
+    monkeypatch.setenv("LAUNCHER_POLICY__MAX_ATTEMPTS", "2")
+    monkeypatch.setenv("LAUNCHER_STATE_DIR", "/from/env")
+    config = Config(state_dir=Path("/given"))
+    assert isinstance(config, BaseSettings)
+    assert (Path("/given"), 6) == (config.state_dir, config.policy.max_attempts)
+
+
+def test_nested_delimiter_overrides_merge_into_file_tables(tmp_path: Path) -> None:
+    """LAUNCHER_A__B__C sets one key of a nested table; the file's other keys stay."""
+    text = BASE + "[policy]\nmax_stalls = 7\n[policy.stall]\ninit = '1m'\n"
+    environ = {"LAUNCHER_POLICY__STALL__WEIGHTS": "2h", "LAUNCHER_METRICS__LISTEN": "[::1]:9500"}
+    config = load(tmp_path, text, environ)
+    assert (7, 60.0, 7200.0, 300.0) == (
+        config.policy.max_stalls,
+        config.policy.stall.init,
+        config.policy.stall.weights,
+        config.policy.stall.kv_cache,
+    )
+    assert ("::1", 9500) == (config.metrics.host, config.metrics.port) if config.metrics else None
+
+
+def test_entry_override_applies_to_a_whole_array_override(tmp_path: Path) -> None:
+    """LAUNCHER_SERVERS (JSON) replaces the file's array; entry overrides address that one."""
+    servers = '[{"name": "qwen", "host": "gpu1", "model_path": "/q", "gpus": [3]}]'
+    environ = {"LAUNCHER_SERVERS": servers, "LAUNCHER_SERVERS__QWEN__PORT": "30009"}
+    config = load(tmp_path, BASE, environ)
+    assert [("qwen", 30009, [3])] == [(s.name, s.port, s.gpus) for s in config.servers]
+
+
+def test_entry_override_problem_names_the_variable(tmp_path: Path) -> None:
+    """A bad value set by name in an array entry is reported at its TOML path with the
+    variable that set it."""
+    environ = {"LAUNCHER_SERVERS__LLAMA__MEM_FRACTION_STATIC": "1.3"}
+    assert [
+        "servers[0].mem_fraction_static: '1.3' is not < 1 "
+        "(from LAUNCHER_SERVERS__LLAMA__MEM_FRACTION_STATIC)"
+    ] == problems(tmp_path, BASE, environ)
+
+
+def test_unknown_top_level_override_gets_did_you_mean(tmp_path: Path) -> None:
+    """A nested override under a top-level key that does not exist is not silently ignored."""
+    assert [
+        "polcy: unknown key; did you mean 'policy'? (from LAUNCHER_POLCY__MAX_ATTEMPTS)"
+    ] == problems(tmp_path, BASE, {"LAUNCHER_POLCY__MAX_ATTEMPTS": "3"})
+
+
+def credentials(tmp_path: Path, files: dict[str, str]) -> Path:
+    directory = tmp_path / "credentials"
+    directory.mkdir()
+    for name, text in files.items():
+        (directory / name).write_text(text + "\n", encoding="utf-8")
+    return directory
+
+
+def test_credentials_directory_overrides_like_variables(tmp_path: Path) -> None:
+    """Files in $CREDENTIALS_DIRECTORY (systemd LoadCredential=) named like overrides set the
+    same keys as the variables would, below the environment and above the file; the Slack
+    webhook comes from one and never shows in the config's repr."""
+    hook = "https://hooks.example/services/T0/B0/cred"
+    directory = credentials(
+        tmp_path,
+        {
+            "LAUNCHER_SLACK__WEBHOOK": hook,
+            "LAUNCHER_POLICY__MAX_ATTEMPTS": "4",
+            "LAUNCHER_POLICY__MAX_STALLS": "5",
+            "LAUNCHER_SERVERS__LLAMA__PORT": "30007",
+            "hf-token": "hf_not_an_override",
+        },
+    )
+    environ = {"CREDENTIALS_DIRECTORY": str(directory), "LAUNCHER_POLICY__MAX_STALLS": "1"}
+    config = load(tmp_path, BASE + "[policy]\nmax_attempts = 9\n", environ)
+    assert (4, 1, 30007) == (
+        config.policy.max_attempts,
+        config.policy.max_stalls,
+        config.server("llama").port,
+    )
+    assert config.slack is not None
+    assert hook == config.slack.webhook_url({})
+    assert "hooks.example" not in repr(config)
+
+
+def test_credential_problem_names_the_credential(tmp_path: Path) -> None:
+    """A bad value from a credential file is reported with the credential's name."""
+    directory = credentials(tmp_path, {"LAUNCHER_POLICY__MAX_ATTEMPTS": "0"})
+    assert [
+        "policy.max_attempts: '0' is not >= 1 (from credential LAUNCHER_POLICY__MAX_ATTEMPTS)"
+    ] == problems(tmp_path, BASE, {"CREDENTIALS_DIRECTORY": str(directory)})
+
+
+def test_missing_credentials_directory_is_a_config_error(tmp_path: Path) -> None:
+    """$CREDENTIALS_DIRECTORY naming no directory is one ConfigError naming the variable."""
+    [problem] = problems(tmp_path, BASE, {"CREDENTIALS_DIRECTORY": str(tmp_path / "none")})
+    assert problem.startswith("$CREDENTIALS_DIRECTORY: ")
+    assert "does not exist" in problem
+
+
+def test_webhook_written_in_the_file_is_refused_unshown(tmp_path: Path) -> None:
+    """slack.webhook is a secret: written in the TOML it is a problem, its value not echoed."""
+    text = BASE + '[slack]\nwebhook = "https://hooks.example/inline-secret"\n'
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, text)
+    [problem] = caught.value.problems
+    assert problem.startswith("slack.webhook: the webhook URL is a secret; do not write it")
+    assert "inline-secret" not in str(caught.value)
+
+
+def test_secret_env_cred_reads_the_credentials_directory(tmp_path: Path) -> None:
+    """cred:NAME reads $CREDENTIALS_DIRECTORY/NAME; unset directory and missing file are named."""
+    directory = credentials(tmp_path, {"hf-token": "hf_from_credential"})
+    server = server_with_secrets({"HF_TOKEN": "cred:hf-token", "B_KEY": "cred:missing"})
+    with pytest.raises(ConfigError) as unset:
+        resolve_secret_env(server, {})
+    with pytest.raises(ConfigError) as missing:
+        resolve_secret_env(server, {"CREDENTIALS_DIRECTORY": str(directory)})
+    ok = server_with_secrets({"HF_TOKEN": "cred:hf-token"})
+    assert {"HF_TOKEN": "hf_from_credential"} == resolve_secret_env(
+        ok, {"CREDENTIALS_DIRECTORY": str(directory)}
+    )
+    assert (
+        "servers[llama].secret_env.HF_TOKEN: credential hf-token: $CREDENTIALS_DIRECTORY is not "
+        "set on this machine (systemd sets it for LoadCredential=hf-token:/path in the unit)"
+    ) == unset.value.problems[0]
+    assert [
+        f"servers[llama].secret_env.B_KEY: cannot read {directory / 'missing'}: No such file or "
+        "directory"
+    ] == missing.value.problems
+
+
+@pytest.mark.parametrize("ref", ["cred:../hf-token", "cred:a/b", "cred:..", "cred:"])
+def test_secret_env_cred_must_be_a_plain_name(tmp_path: Path, ref: str) -> None:
+    """A cred: reference names one file of the credentials directory, never a path."""
+    [problem] = problems(tmp_path, BASE + f'secret_env = {{ HF_TOKEN = "{ref}" }}\n')
+    assert problem.startswith("servers[0].secret_env: HF_TOKEN: a secret_env value must be")

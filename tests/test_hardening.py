@@ -21,6 +21,7 @@ from rich.console import Console
 
 from launcher import cli, health, remote
 from launcher.classify import diagnose
+from launcher.cli import EXIT_GAVE_UP, EXIT_NOT_READY
 from launcher.config import SlackConfig, config_from_dict
 from launcher.errors import ConfigError, HostKeyError, RemoteCommandError, StateError
 from launcher.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
@@ -73,7 +74,7 @@ def test_up_quotes_a_dying_servers_markup_verbatim(sim: SimSetup) -> None:
 
     up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
 
-    assert 1 == up.returncode, up.stderr
+    assert EXIT_GAVE_UP == up.returncode, up.stderr
     assert "MarkupError" not in up.stderr
     assert "sim0 gave up" in up.stderr
     assert MARKUP in up.stderr
@@ -150,7 +151,7 @@ def test_forged_attempt_files_are_reported_and_skipped(sim: SimSetup) -> None:
     # Now the newest attempt is a forged one: status reports it, and still exits.
     forge_attempt(sim, 4, pid="abc", exit_status="abc", started_at="2020-01-01", log="")
     status = run_cli("status", str(config), "--json")
-    assert 0 == status.returncode, status.stdout + status.stderr
+    assert EXIT_NOT_READY == status.returncode, status.stdout + status.stderr
     [row] = json.loads(status.stdout)
     assert (False, 4, None) == (row["running"], row["attempt"], row["exit_status"])
     assert "remote.attempt_corrupt" in status.stderr and "exit_status" in status.stderr
@@ -346,7 +347,7 @@ def test_a_token_the_server_prints_is_masked_at_every_sink(sim: SimSetup) -> Non
     up = run_cli("up", str(config), "--until-ready", "--log-format", "json",
                  env={"TEST_HF_TOKEN": SECRET})
 
-    assert 1 == up.returncode, up.stderr
+    assert EXIT_GAVE_UP == up.returncode, up.stderr
     assert SECRET in sim.log(1)  # the server did print it
     assert "ValueError: token *** rejected" in up.stderr
     history = run_cli("history", "--config", str(config), "--json")
