@@ -9,9 +9,11 @@ the classifier happened to answer. Real logs for the common cases are in test_cl
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from launcher.classify import ADVICE, diagnose_text
+from launcher.classify import ADVICE, classify, diagnose_text
 from launcher.outcome import Outcome
 from launcher.phases import Phase
 
@@ -141,3 +143,123 @@ def test_with_only_consequences_the_first_printed_decides(nccl_first: bool) -> N
         assert [NCCL_LINE] == d.evidence
     else:
         assert (Outcome.OTHER, "TP1", False) == (d.outcome, d.rank, d.retryable)
+
+
+def test_an_unknown_exception_printed_first_does_not_hide_a_specific_error() -> None:
+    """An unknown exception is often a consequence of another rank's failure: a specific
+    error printed after it is the root cause."""
+    d = diagnose_text(text(
+        CLEAN,
+        traceback("TP1", "RuntimeError: Expected all tensors to be on the same device"),
+        traceback("TP0", ILLEGAL_ACCESS),
+    ), 137)
+    assert (Outcome.CUDA_ERROR_OTHER, "TP0") == (d.outcome, d.rank)
+
+
+@pytest.mark.parametrize(
+    ("exception", "outcome", "phase"),
+    [
+        ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+         "Current value: mem_fraction_static=0.5", Outcome.KV_TOO_SMALL, Phase.INIT),
+        ("Exception: Capture cuda graph failed: ninja is required to load C++ extensions",
+         Outcome.OTHER, Phase.CUDA_GRAPH),
+        ("ValueError: --foo must divide --bar", Outcome.BAD_ARGUMENT, Phase.INIT),
+        ("OSError: [Errno 12] Cannot allocate memory", Outcome.OTHER, Phase.INIT),
+    ],
+)
+def test_specific_errors_outrank_an_earlier_nccl_error(
+    exception: str, outcome: Outcome, phase: Phase
+) -> None:
+    """KV too small, a capture failure that is not about memory, an early ValueError and the
+    host's errno 12 are each specific: TP1's error decides over TP0's earlier NCCL error."""
+    d = diagnose_text(text(CLEAN, [NCCL_LINE], traceback("TP1", exception)), 137)
+    assert (outcome, phase, "TP1") == (d.outcome, d.phase, d.rank)
+
+
+def test_an_nccl_error_keeps_the_phase_of_its_rank() -> None:
+    weights = ["[2026-03-02 10:00:00 TP0] Load weight begin. avail mem=78.50 GB"]
+    d = diagnose_text(text(CLEAN, weights, [NCCL_LINE]), 137)
+    assert (Outcome.NCCL_ERROR, Phase.WEIGHTS, "TP0") == (d.outcome, d.phase, d.rank)
+
+
+# -- OOM phase and figures --------------------------------------------------------------------
+
+OOM_448M = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 448.00 MiB. GPU 3 has "
+            "a total capacity of 79.19 GiB of which 100.00 MiB is free.")
+OOM_2G = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+          "total capacity of 79.19 GiB of which 1.00 GiB is free.")
+WEIGHTS_BEGIN = "[2026-03-02 10:00:00 TP0] Load weight begin. avail mem=78.50 GB"
+WEIGHTS_END = ("[2026-03-02 10:00:00 TP0] Load weight end. elapsed=3.21 s, type=LlamaForCausalLM, "
+               "avail mem=60.00 GB, mem usage=18.00 GB.")
+LOADER_FRAME = ('  File "/usr/lib/python3/dist-packages/sglang/srt/model_loader/loader.py", '
+                "line 300, in load_model")
+
+
+def test_the_root_causes_figures_are_reported_not_a_later_ranks() -> None:
+    """Two ranks OOM: the first is the cause, and the figures are the ones its own message
+    gives (tried, free, GPU), not the later rank's."""
+    d = diagnose_text(text(CLEAN, traceback("TP3", OOM_448M), traceback("TP0", OOM_2G)), 137)
+    n = d.numbers
+    assert ("TP3", 0.4375, 100 / 1024, 79.19, 3) == (
+        d.rank, n.tried_gib, n.free_gib, n.total_gib, n.gpu)
+
+
+def test_an_oom_with_no_phase_known_is_a_weights_oom() -> None:
+    """No phase line and no telling frame: nothing past init happened, so the weights did
+    not fit."""
+    d = diagnose_text("\n".join(["Traceback (most recent call last):", FRAME, OOM_2G]), 1)
+    assert (Outcome.OOM_WEIGHTS, Phase.INIT, False) == (d.outcome, d.phase, d.retryable)
+
+
+def test_a_capture_failed_wrapper_moves_an_oom_forward_to_graph_capture() -> None:
+    """The rank last said "Load weight end" (KV pool next), but SGLang's "Capture cuda graph
+    failed" wrapper says where the OOM happened: a graph-capture OOM."""
+    d = diagnose_text(text(CLEAN, [WEIGHTS_BEGIN, WEIGHTS_END], traceback(
+        "TP0", "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate "
+        "2.00 GiB.")), 137)
+    assert (Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH, True) == (
+        d.outcome, d.phase, d.retryable)
+
+
+def test_frames_never_move_an_ooms_phase_back() -> None:
+    """A rank that reached graph capture and OOMs inside a model-loader frame (reused by
+    capture) is a graph-capture OOM, not a weights OOM."""
+    capture = ["[2026-03-02 10:00:02 TP0] Capture cuda graph begin. This can take up to "
+               "several minutes. avail mem=10.00 GB"]
+    d = diagnose_text(text(CLEAN, [WEIGHTS_BEGIN, WEIGHTS_END], capture,
+                           [HEADER.format(rank="TP0"), FRAME, LOADER_FRAME, OOM_2G]), 137)
+    assert (Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH) == (d.outcome, d.phase)
+
+
+def test_frames_place_an_oom_when_no_phase_line_was_printed() -> None:
+    d = diagnose_text("\n".join(["Traceback (most recent call last):", LOADER_FRAME, OOM_2G]), 1)
+    assert (Outcome.OOM_WEIGHTS, Phase.WEIGHTS) == (d.outcome, d.phase)
+
+
+def test_kv_too_small_advice_adds_the_stated_minimum() -> None:
+    """When SGLang states the minimum viable fraction (0.5.23, fixture log), the advice keeps
+    its general text and adds that value."""
+    log = Path(__file__).parent / "data" / "logs" / "v0523_kv_too_small_min_fraction.log"
+    d = diagnose_text(log.read_bytes().decode("utf-8"), -9)  # verbatim, \r kept
+    assert Outcome.KV_TOO_SMALL == d.outcome
+    assert (ADVICE[Outcome.KV_TOO_SMALL]
+            + "; SGLang states the minimum viable value is 0.9113") == d.advice
+
+
+# -- input forms ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("items", "evidence"),
+    [
+        (["[2026-03-02 10:00:00] a\r\n", "Loading 10%\rLoading 20%\n"],
+         ["[2026-03-02 10:00:00] a", "Loading 10%", "Loading 20%"]),
+        (["x\r\n", "y\n", "z"], ["x", "y", "z"]),
+        (["a\rb", "c\nd"], ["b", "c", "d"]),
+    ],
+)
+def test_classify_splits_items_like_the_log_text(items: list[str], evidence: list[str]) -> None:
+    """Items may end in \\n or \\r\\n and hold tqdm's \\r or several lines: each record
+    counts as one line, terminators dropped."""
+    d = classify(items, 1)
+    assert evidence == d.evidence
