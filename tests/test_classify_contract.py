@@ -39,6 +39,11 @@ CLEAN = [
 ]
 
 
+def read_fixture(name: str) -> str:
+    """A fixture log of tests/data/logs verbatim (carriage returns kept)."""
+    return (Path(__file__).parent / "data" / "logs" / name).read_bytes().decode("utf-8")
+
+
 def traceback(rank: str, exception: str) -> list[str]:
     return [HEADER.format(rank=rank), FRAME, exception]
 
@@ -204,6 +209,30 @@ def test_the_root_causes_figures_are_reported_not_a_later_ranks() -> None:
         d.rank, n.tried_gib, n.free_gib, n.total_gib, n.gpu)
 
 
+def test_figures_come_from_the_fatal_oom_not_one_the_server_survived() -> None:
+    """An OOM printed before the ready line did not stop the server; the verdict on the
+    later, fatal OOM (fixture log, 0.5.23) reports that one's figures."""
+    log = read_fixture("v0523_oom_runtime_after_ready.log").replace(
+        "[2026-05-20 12:00:30] The server is fired up and ready to roll!",
+        "\n".join(traceback("TP0", OOM_448M))
+        + "\n[2026-05-20 12:00:30] The server is fired up and ready to roll!",
+    )
+    d = diagnose_text(log, -9)
+    assert (Outcome.OOM_RUNTIME, Phase.READY) == (d.outcome, d.phase)
+    n = d.numbers
+    assert (7.83, 6.90, 79.19, 0) == (n.tried_gib, n.free_gib, n.total_gib, n.gpu)
+
+
+def test_a_stated_minimum_fraction_only_changes_kv_too_small_advice() -> None:
+    """TP0's CUDA error is the cause; TP1's later KV message with a minimum fraction does not
+    add KV advice to the CUDA error's."""
+    kv = ("ValueError: Loaded weights leave no GPU memory for the KV cache under "
+          "--mem-fraction-static=0.85. Raise --mem-fraction-static above 0.912 (minimum viable "
+          "= 1 - available/pre = 0.9113).")
+    d = diagnose_text(text(CLEAN, traceback("TP0", ILLEGAL_ACCESS), traceback("TP1", kv)), 137)
+    assert (Outcome.CUDA_ERROR_OTHER, ADVICE[Outcome.CUDA_ERROR_OTHER]) == (d.outcome, d.advice)
+
+
 def test_an_oom_with_no_phase_known_is_a_weights_oom() -> None:
     """No phase line and no telling frame: nothing past init happened, so the weights did
     not fit."""
@@ -239,8 +268,7 @@ def test_frames_place_an_oom_when_no_phase_line_was_printed() -> None:
 def test_kv_too_small_advice_adds_the_stated_minimum() -> None:
     """When SGLang states the minimum viable fraction (0.5.23, fixture log), the advice keeps
     its general text and adds that value."""
-    log = Path(__file__).parent / "data" / "logs" / "v0523_kv_too_small_min_fraction.log"
-    d = diagnose_text(log.read_bytes().decode("utf-8"), -9)  # verbatim, \r kept
+    d = diagnose_text(read_fixture("v0523_kv_too_small_min_fraction.log"), -9)
     assert Outcome.KV_TOO_SMALL == d.outcome
     assert (ADVICE[Outcome.KV_TOO_SMALL]
             + "; SGLang states the minimum viable value is 0.9113") == d.advice
