@@ -291,3 +291,18 @@ def test_classify_splits_items_like_the_log_text(items: list[str], evidence: lis
     counts as one line, terminators dropped."""
     d = classify(items, 1)
     assert evidence == d.evidence
+
+
+@pytest.mark.parametrize(("chained", "kept"), [(5, 6), (6, 6), (9, 6)])
+def test_evidence_is_capped_at_six_lines(chained: int, kept: int) -> None:
+    """A traceback's evidence is its header and each exception line; a long chain is cut to
+    six lines so that events and notifications stay short, the header first."""
+    lines = [HEADER.format(rank="TP0")]
+    for i in range(chained):
+        if i:
+            lines += ["", "During handling of the above exception, another exception occurred:",
+                      "", "Traceback (most recent call last):"]
+        lines += [FRAME, f"{ILLEGAL_ACCESS} ({i})"]
+    d = diagnose_text(text(lines), 1)
+    assert (Outcome.CUDA_ERROR_OTHER, kept) == (d.outcome, len(d.evidence))
+    assert [HEADER.format(rank="TP0"), f"{ILLEGAL_ACCESS} (0)"] == d.evidence[:2]
