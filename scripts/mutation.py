@@ -65,6 +65,17 @@ json.dump({"counts": counts, "survivors": survivors}, sys.stdout)
 """
 
 
+_PROFILE = """
+
+# Added by scripts/mutation (scratch copy only): no shrinking, a failure kills the mutant.
+from hypothesis import Phase as _Phase, settings as _settings  # noqa: E402
+
+_settings.register_profile(
+    "mutation", phases=[_Phase.explicit, _Phase.reuse, _Phase.generate, _Phase.target]
+)
+"""
+
+
 def _toml_list(items: list[str]) -> str:
     return "[" + ", ".join(json.dumps(i) for i in items) + "]"
 
@@ -77,15 +88,19 @@ def _prepare(module: str, tests: list[str], work: Path) -> None:
     shutil.copytree(ROOT / "launcher", work / "launcher",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    # Each mutant runs the selected tests that reach the mutated function; -p no:randomly etc.
-    # are not needed. A fixed hypothesis seed keeps the property tests' verdicts reproducible.
+    # A failing example is enough to kill a mutant: the scratch copy's conftest registers a
+    # hypothesis profile without the shrink phase (often the slowest part of a failure). A
+    # fixed seed keeps the property tests' verdicts reproducible.
+    with (work / "tests" / "conftest.py").open("a") as conftest:
+        conftest.write(_PROFILE)
     config = "\n".join([
         "",
         "[tool.mutmut]",
         'source_paths = ["launcher"]',
         f"only_mutate = {_toml_list([module])}",
         f"pytest_add_cli_args_test_selection = {_toml_list(tests)}",
-        'pytest_add_cli_args = ["-p", "no:cacheprovider", "--hypothesis-seed=0"]',
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "--hypothesis-seed=0",'
+        ' "--hypothesis-profile=mutation"]',
         "use_git_change_detection = false",
         "",
     ])
