@@ -107,17 +107,16 @@ def _prepare(module: str, tests: list[str], work: Path) -> None:
     (work / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text() + config)
 
 
-def _resolve(arg: str) -> str:
+def _resolve(arg: str, ap: argparse.ArgumentParser) -> str:
+    """The MODULES key for a path or name; a usage error (exit 2) naming the known ones."""
     if arg in MODULES:
         return arg
     for module in MODULES:
         if Path(module).stem == arg:
             return module
     if arg.endswith(".py") and (ROOT / arg).is_file():
-        raise SystemExit(f"scripts/mutation: {arg} has no test selection; add it to MODULES in "
-                         "scripts/mutation.py")
-    raise SystemExit(f"scripts/mutation: unknown module {arg!r}; known: "
-                     + ", ".join(MODULES))
+        ap.error(f"{arg} has no test selection: add it to MODULES in scripts/mutation.py")
+    ap.error(f"unknown module {arg!r}; known: " + ", ".join(MODULES))
 
 
 def _run_module(module: str, jobs: int) -> tuple[int, int, list[dict[str, str]]] | None:
@@ -150,7 +149,8 @@ def _run_module(module: str, jobs: int) -> tuple[int, int, list[dict[str, str]]]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap = argparse.ArgumentParser(prog="scripts/mutation",
+                                 description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("modules", nargs="*", help="module paths or names (default: all)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2,
                     help="mutants tested at once (default: CPU count)")
@@ -159,7 +159,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
-    modules = [_resolve(m) for m in args.modules] or list(MODULES)
+    modules = [_resolve(m, ap) for m in args.modules] or list(MODULES)
     failed = False
     args.survivors.parent.mkdir(parents=True, exist_ok=True)
     with args.survivors.open("w") as out:
