@@ -148,6 +148,11 @@ def gave_up(reason: str, attempts: int, history: list[dict[str, object]]) -> lis
     return [Emit("server.gave_up", {"reason": reason, "attempts": attempts, "history": history})]
 
 
+def names(actions: list[Action]) -> list[str]:
+    """Event names and action types, in order."""
+    return [a.name if isinstance(a, Emit) else type(a).__name__ for a in actions]
+
+
 def rec(params: dict[str, object], outcome: str, phase: str) -> dict[str, object]:
     return {"params": params, "outcome": outcome, "phase": phase}
 
@@ -314,8 +319,7 @@ def test_fatal_line_kills_with_the_outcome_as_reason() -> None:
     launched(m)
     diag = Diagnosis(outcome=Outcome.PORT_IN_USE, phase=Phase.WARMUP, advice="port taken")
     actions = m.handle(FatalLineSeen(diag), 1)
-    assert ["attempt.failed", Kill("port_in_use")] == [
-        a.name if isinstance(a, Emit) else a for a in actions]
+    assert (["attempt.failed", "Kill"], Kill("port_in_use")) == (names(actions), actions[-1])
     assert gave_up("port_in_use in warmup: port taken", 1,
                    [rec(P0, "port_in_use", "warmup")]) == m.handle(CleanedUp(), 2)
 
@@ -392,7 +396,7 @@ def test_failure_exactly_at_the_deadline_still_relaunches() -> None:
     m = machine(start_deadline=90.0)
     launched(m, t=10.0)
     fail_capture(m, 50)
-    assert "policy.decided" == m.handle(GpusFree(), 100.0)[0].name  # type: ignore[union-attr]
+    assert ["policy.decided", "attempt.started", "Launch"] == names(m.handle(GpusFree(), 100.0))
     assert State.LAUNCHING is m.state
 
 
@@ -563,7 +567,7 @@ def test_start_after_giving_up_begins_a_new_start_up() -> None:
     m.handle(PreflightPassed(), 101)
     m.handle(Launched(pid=2), 102)
     fail_capture(m, 103)
-    assert "policy.decided" == m.handle(GpusFree(), 104)[0].name  # type: ignore[union-attr]
+    assert ["policy.decided", "attempt.started", "Launch"] == names(m.handle(GpusFree(), 104))
 
 
 # --- preflight and GPU waits ---------------------------------------------------------------
@@ -761,7 +765,7 @@ def test_stalls_are_counted_per_start_up_sequence() -> None:
     m.handle(Stalled(silent_s=10.0), t + 2)
     assert 1 == m.stalls
     assert [WaitForGpus()] == m.handle(CleanedUp(), t + 3)
-    assert "policy.decided" == m.handle(GpusFree(), t + 4)[0].name  # type: ignore[union-attr]
+    assert ["policy.decided", "attempt.started", "Launch"] == names(m.handle(GpusFree(), t + 4))
 
 
 def test_a_long_healthy_run_resets_the_restart_delay() -> None:
@@ -819,8 +823,7 @@ def test_start_up_failure_after_a_restart_goes_back_through_the_policy() -> None
     m.handle(Launched(pid=2), t + 1)
     fail_capture(m, t + 30)
     actions = m.handle(GpusFree(), t + 40)
-    assert ["policy.decided", "attempt.started", "Launch"] == [
-        a.name if isinstance(a, Emit) else type(a).__name__ for a in actions]
+    assert ["policy.decided", "attempt.started", "Launch"] == names(actions)
     launch = actions[-1]
     assert isinstance(launch, Launch) and 3 == launch.attempt
     assert launch.params.mem_fraction_static is not None
