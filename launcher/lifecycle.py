@@ -304,6 +304,9 @@ class ServerMachine:
     started_at: float | None = None  # of the current start-up sequence (deadline)
     attempt_started_at: float | None = None
     ready_at: float | None = None
+    # What the policy decides from: ``history`` plus a READY record for each attempt that had
+    # reached ready before it failed, so max_attempts counts from the last ready attempt.
+    _policy_history: list[AttemptRecord] = field(default_factory=list)
     _pending: Diagnosis | None = None  # failure being cleaned up
     _pending_fatal: str = ""
     _stop_after_cleanup: bool = False
@@ -523,6 +526,8 @@ class ServerMachine:
             return []
         if self.was_ready:
             return []  # cleaning up after a failure while serving: not a start-up
+        if self._stop_after_cleanup:
+            return []  # a requested stop is being carried out: it ends STOPPED, not GAVE_UP
         reason = f"start-up deadline of {self.limits.start_deadline:.0f}s passed"
         if self.state.running or self.state is State.LAUNCHING:
             self._pending_fatal = reason
@@ -591,8 +596,10 @@ class ServerMachine:
             # Only hints say the weights did not fit (no phase line, no telling frame): treat it
             # as an OOM of unknown kind, retried lower within bounds, never a final give-up.
             outcome, retryable = Outcome.OOM_RUNTIME, True
-        self.history.append(AttemptRecord(self.params, outcome, diag.phase, diag.numbers))
+        record = AttemptRecord(self.params, outcome, diag.phase, diag.numbers)
+        self.history.append(record)
         self.history_attempts.append(self.attempt)
+        self._policy_history.append(record)
         self._pending = diag
         after_ready = self.was_ready
         self.state = State.CLEANING_UP
@@ -631,6 +638,9 @@ class ServerMachine:
             if delay is None:
                 return self._give_up("restart budget exhausted after ready")
             self.params = self.last_good or self.params
+            self._policy_history.append(
+                AttemptRecord(self.params, Outcome.READY, Phase.READY, diag.numbers)
+            )
             self.state = State.BACKING_OFF
             self.stalls = 0
             return [
@@ -641,7 +651,7 @@ class ServerMachine:
             ]
         if self.started_at is not None and now - self.started_at > self.limits.start_deadline:
             return self._give_up(f"start-up deadline of {self.limits.start_deadline:.0f}s passed")
-        decision = next_params(self.initial, self.limits.bounds, self.history,
+        decision = next_params(self.initial, self.limits.bounds, self._policy_history,
                                tp=self.limits.tp, sglang_version=self.limits.sglang_version)
         if decision.params is None:
             return self._give_up(decision.reason)
