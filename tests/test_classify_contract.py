@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from launcher.classify import ADVICE, classify, diagnose_text
-from launcher.outcome import Outcome
+from launcher.outcome import Confidence, Outcome
 from launcher.phases import Phase
 
 HEADER = (
@@ -233,11 +233,13 @@ def test_a_stated_minimum_fraction_only_changes_kv_too_small_advice() -> None:
     assert (Outcome.CUDA_ERROR_OTHER, ADVICE[Outcome.CUDA_ERROR_OTHER]) == (d.outcome, d.advice)
 
 
-def test_an_oom_with_no_phase_known_is_a_weights_oom() -> None:
-    """No phase line and no telling frame: nothing past init happened, so the weights did
-    not fit."""
+def test_an_oom_with_no_phase_known_is_a_weak_weights_oom() -> None:
+    """No phase line and no telling frame: nothing past init is known to have happened, so
+    the verdict is a weights OOM, but a weak one (only hints; it may be a serving OOM), and
+    a weak weights OOM is worth a lower retry, so it is retryable."""
     d = diagnose_text("\n".join(["Traceback (most recent call last):", FRAME, OOM_2G]), 1)
-    assert (Outcome.OOM_WEIGHTS, Phase.INIT, False) == (d.outcome, d.phase, d.retryable)
+    assert (Outcome.OOM_WEIGHTS, Phase.INIT, True, Confidence.WEAK) == (
+        d.outcome, d.phase, d.retryable, d.confidence)
 
 
 def test_a_capture_failed_wrapper_moves_an_oom_forward_to_graph_capture() -> None:

@@ -144,8 +144,13 @@ def restart_from_backoff(m: ServerMachine, t: float) -> float:
     return t
 
 
-def gave_up(reason: str, attempts: int, history: list[dict[str, object]]) -> list[Action]:
-    return [Emit("server.gave_up", {"reason": reason, "attempts": attempts, "history": history})]
+def gave_up(
+    reason: str, attempt: int, attempts: int, history: list[dict[str, object]]
+) -> list[Action]:
+    """server.gave_up: ``attempt`` is the host's attempt number, ``attempts`` this run's count."""
+    return [Emit("server.gave_up", {
+        "reason": reason, "attempt": attempt, "attempts": attempts, "history": history,
+    })]
 
 
 def names(actions: list[Action]) -> list[str]:
@@ -153,8 +158,9 @@ def names(actions: list[Action]) -> list[str]:
     return [a.name if isinstance(a, Emit) else type(a).__name__ for a in actions]
 
 
-def rec(params: dict[str, object], outcome: str, phase: str) -> dict[str, object]:
-    return {"params": params, "outcome": outcome, "phase": phase}
+def rec(params: dict[str, object], outcome: str, phase: str, attempt: int) -> dict[str, object]:
+    """A history entry of an event: the failed attempt, numbered as on the host."""
+    return {"params": params, "outcome": outcome, "phase": phase, "attempt": attempt}
 
 
 # --- the start-up path, payload by payload ---------------------------------------------
@@ -184,7 +190,9 @@ def test_start_up_to_ready_emits_exact_events() -> None:
     assert [] == m.handle(ProbeResult(ok=False, detail="HTTP 503"), 8.0)
     assert State.WARMUP is m.state
     assert [
-        Emit("server.ready", {"attempts": 1, "seconds": 10.26, "params": P0, "history": []})
+        Emit("server.ready", {"attempt": 1, "attempts": 1, "seconds": 10.26,
+                              "attempt_seconds": 8.76, "adopted": False, "params": P0,
+                              "history": []})
     ] == m.handle(ProbeResult(ok=True), 10.256)
     assert (State.READY, Phase.READY, 10.256, INITIAL, True) == (
         m.state, m.phase, m.ready_at, m.last_good, m.was_ready)
@@ -265,7 +273,8 @@ def test_capture_oom_payloads_and_policy_relaunch() -> None:
     assert [
         Emit("process.died", {"exit_status": 1, "phase": "cuda_graph", "attempt": 1}),
         Emit("attempt.failed", {
-            "attempt": 1, "outcome": "oom_graph_capture", "phase": "cuda_graph",
+            "attempt": 1, "outcome": "oom_graph_capture", "confidence": "decisive",
+            "phase": "cuda_graph",
             "numbers": diag.numbers.as_dict(), "retryable": True, "after_ready": False,
             "evidence": ["line 2", "line 3", "torch.OutOfMemoryError: CUDA out of memory."],
             "advice": "lower cuda_graph_max_bs",
@@ -301,14 +310,15 @@ def test_death_while_launching_is_reported_in_the_launching_state() -> None:
     assert [
         Emit("process.died", {"exit_status": -11, "phase": "launching", "attempt": 1}),
         Emit("attempt.failed", {
-            "attempt": 1, "outcome": "other", "phase": "init", "numbers": {},
+            "attempt": 1, "outcome": "other", "confidence": "decisive", "phase": "init",
+            "numbers": {},
             "retryable": False, "after_ready": False, "evidence": ["  Segmentation fault  \n"],
             "advice": "read the log",
         }),
         Kill("other"),
     ] == m.handle(Exited(status=-11, diagnosis=diag), 1)
     reason = "other in init: read the log (log: Segmentation fault)"
-    assert gave_up(reason, 1, [rec(P0, "other", "init")]) == m.handle(CleanedUp(), 2)
+    assert gave_up(reason, 1, 1, [rec(P0, "other", "init", 1)]) == m.handle(CleanedUp(), 2)
     assert (State.GAVE_UP, reason) == (m.state, m.reason)
 
 
@@ -320,8 +330,8 @@ def test_fatal_line_kills_with_the_outcome_as_reason() -> None:
     diag = Diagnosis(outcome=Outcome.PORT_IN_USE, phase=Phase.WARMUP, advice="port taken")
     actions = m.handle(FatalLineSeen(diag), 1)
     assert (["attempt.failed", "Kill"], Kill("port_in_use")) == (names(actions), actions[-1])
-    assert gave_up("port_in_use in warmup: port taken", 1,
-                   [rec(P0, "port_in_use", "warmup")]) == m.handle(CleanedUp(), 2)
+    assert gave_up("port_in_use in warmup: port taken", 1, 1,
+                   [rec(P0, "port_in_use", "warmup", 1)]) == m.handle(CleanedUp(), 2)
 
 
 @pytest.mark.parametrize(
@@ -349,7 +359,8 @@ def test_stall_payloads_and_kill() -> None:
     assert [
         Emit("stall.detected", {"phase": "kv_cache", "silent_s": 20.46, "attempt": 1}),
         Emit("attempt.failed", {
-            "attempt": 1, "outcome": "hang", "phase": "kv_cache", "numbers": {},
+            "attempt": 1, "outcome": "hang", "confidence": "decisive", "phase": "kv_cache",
+            "numbers": {},
             "retryable": True, "after_ready": False, "evidence": [],
             "advice": "no log progress for 20s in kv_cache",
         }),
@@ -364,8 +375,8 @@ def test_too_many_stalls_give_up_with_exact_reason() -> None:
     launched(m)
     m.handle(PhaseSeen(Phase.WEIGHTS), 1)
     m.handle(Stalled(silent_s=5.0), 2)
-    assert gave_up("stalled 1 times (last in weights)", 1,
-                   [rec(P0, "hang", "weights")]) == m.handle(CleanedUp(), 3)
+    assert gave_up("stalled 1 times (last in weights)", 1, 1,
+                   [rec(P0, "hang", "weights", 1)]) == m.handle(CleanedUp(), 3)
 
 
 def test_a_stall_while_ready_is_ignored() -> None:
@@ -386,8 +397,8 @@ def test_retryable_failure_after_the_deadline_gives_up() -> None:
     m = machine(start_deadline=90.0)
     launched(m)
     fail_capture(m, 50)
-    assert gave_up("start-up deadline of 90s passed", 1,
-                   [rec(P0, "oom_graph_capture", "cuda_graph")]) == m.handle(GpusFree(), 90.5)
+    assert gave_up("start-up deadline of 90s passed", 1, 1,
+                   [rec(P0, "oom_graph_capture", "cuda_graph", 1)]) == m.handle(GpusFree(), 90.5)
     assert (State.GAVE_UP, "start-up deadline of 90s passed") == (m.state, m.reason)
 
 
@@ -407,7 +418,7 @@ def test_deadline_during_preflight_gives_up_without_a_kill(blocked: bool) -> Non
     m.handle(Start(), 0)
     if blocked:
         m.handle(PreflightBlocked("GPU 0 busy", transient=True), 1)
-    assert gave_up("start-up deadline of 60s passed", 0, []) == m.handle(
+    assert gave_up("start-up deadline of 60s passed", 0, 0, []) == m.handle(
         DeadlineExceeded(), 61)
     assert State.GAVE_UP is m.state
 
@@ -421,7 +432,7 @@ def test_deadline_while_launching_kills_then_gives_up() -> None:
     assert State.CLEANING_UP is m.state
     assert [] == m.handle(Launched(pid=9), 62)
     assert (9, State.CLEANING_UP) == (m.pid, m.state)
-    assert gave_up("start-up deadline of 60s passed", 1, []) == m.handle(CleanedUp(), 63)
+    assert gave_up("start-up deadline of 60s passed", 1, 1, []) == m.handle(CleanedUp(), 63)
 
 
 def test_deadline_while_cleaning_up_a_start_up_failure_gives_up() -> None:
@@ -430,8 +441,8 @@ def test_deadline_while_cleaning_up_a_start_up_failure_gives_up() -> None:
     m = machine(start_deadline=60.0)
     launched(m)
     m.handle(Exited(status=1, diagnosis=capture_oom()), 59)
-    assert gave_up("start-up deadline of 60s passed", 1,
-                   [rec(P0, "oom_graph_capture", "cuda_graph")]) == m.handle(
+    assert gave_up("start-up deadline of 60s passed", 1, 1,
+                   [rec(P0, "oom_graph_capture", "cuda_graph", 1)]) == m.handle(
         DeadlineExceeded(), 61)
     assert [] == m.handle(CleanedUp(), 62)
     assert State.GAVE_UP is m.state
@@ -584,7 +595,7 @@ def test_transient_preflight_block_waits_and_says_why() -> None:
 def test_fatal_preflight_block_gives_up_with_exact_reason() -> None:
     m = machine()
     m.handle(Start(), 0)
-    assert gave_up("preflight: model path missing", 0, []) == m.handle(
+    assert gave_up("preflight: model path missing", 0, 0, []) == m.handle(
         PreflightBlocked("model path missing", transient=False), 1)
 
 
@@ -592,8 +603,9 @@ def test_gpu_wait_timeout_gives_up_with_exact_reason() -> None:
     m = machine()
     m.handle(Start(), 0)
     m.handle(PreflightBlocked("GPU 0 busy", transient=True), 1)
-    assert gave_up("GPUs still in use after waiting: pid 4242 (30000 MiB)", 0, []) == m.handle(
-        GpuWaitTimedOut(holder="pid 4242 (30000 MiB)"), 100)
+    assert gave_up("GPUs still in use after waiting: pid 4242 (30000 MiB)", 0, 0, []) == (
+        m.handle(
+            GpuWaitTimedOut(holder="pid 4242 (30000 MiB)"), 100))
 
 
 # --- illegal events ----------------------------------------------------------------------
@@ -627,19 +639,23 @@ def test_impossible_events_raise_naming_event_and_state(
 
 
 def test_adopted_server_payload_and_attempt_count() -> None:
-    """Adopting reports pid, attempt and params; the adopted attempt counts as this run's
-    first, and the ready time counts from the adoption."""
+    """Adopting reports pid, attempt, params and when the attempt was launched; the adopted
+    attempt counts as this run's first and the deadline counts from the adoption. Its ready
+    carries the host's attempt number, is flagged adopted and untimed (this machine did not
+    bring it up, so how long it took is not known here)."""
     m = machine()
     m.handle(Start(), 0)
     assert [Emit("server.adopted", {
         "pid": 7, "attempt": 3, "params": {"mem_fraction_static": 0.6, "cuda_graph_max_bs": 16},
-    })] == m.handle(Adopted(pid=7, attempt=3, params=LaunchParams(0.6, 16)), 5)
+        "started_at": 1764590400.0,
+    })] == m.handle(Adopted(pid=7, attempt=3, params=LaunchParams(0.6, 16),
+                            started_wall=1764590400.0), 5)
     assert (State.INIT, 7, 3, 2, 5, 5) == (
         m.state, m.pid, m.attempt, m.attempt_base, m.started_at, m.attempt_started_at)
     m.handle(ReadyLineSeen(), 6)
     ready = m.handle(ProbeResult(ok=True), 9.5)
     assert [Emit("server.ready", {
-        "attempts": 1, "seconds": 4.5,
+        "attempt": 3, "attempts": 1, "seconds": None, "attempt_seconds": None, "adopted": True,
         "params": {"mem_fraction_static": 0.6, "cuda_graph_max_bs": 16}, "history": [],
     })] == ready
 
@@ -652,7 +668,7 @@ def test_attempts_count_only_this_run() -> None:
     m.handle(PreflightPassed(), 0)
     m.handle(Launched(pid=1), 1)
     m.handle(Exited(status=2, diagnosis=Diagnosis(Outcome.BAD_ARGUMENT, Phase.INIT)), 2)
-    assert gave_up("bad_argument in init: ", 1, [rec(P0, "bad_argument", "init")]) == (
+    assert gave_up("bad_argument in init: ", 6, 1, [rec(P0, "bad_argument", "init", 6)]) == (
         m.handle(CleanedUp(), 3))
     assert 6 == m.attempt
 
@@ -672,7 +688,8 @@ def test_probe_failures_payloads_and_unhealthy_kill() -> None:
     assert [
         Emit("server.unhealthy", {"consecutive_failures": 3, "detail": "refused"}),
         Emit("attempt.failed", {
-            "attempt": 1, "outcome": "hang", "phase": "ready", "numbers": {},
+            "attempt": 1, "outcome": "hang", "confidence": "decisive", "phase": "ready",
+            "numbers": {},
             "retryable": True, "after_ready": True, "evidence": [],
             "advice": "3 failed /health probes in a row",
         }),
@@ -710,7 +727,8 @@ def test_non_retryable_failure_while_serving_restarts() -> None:
                      advice="an illegal memory access")
     failed = m.handle(Exited(status=1, diagnosis=diag), t + 10)
     assert Emit("attempt.failed", {
-        "attempt": 1, "outcome": "cuda_error_other", "phase": "ready", "numbers": {},
+        "attempt": 1, "outcome": "cuda_error_other", "confidence": "decisive",
+        "phase": "ready", "numbers": {},
         "retryable": False, "after_ready": True, "evidence": [],
         "advice": "an illegal memory access",
     }) == failed[1]
@@ -720,8 +738,8 @@ def test_non_retryable_failure_while_serving_restarts() -> None:
     t = ready_again(m, restart_from_backoff(m, t + 30))
     m.handle(Exited(status=1, diagnosis=diag), t + 10)
     m.handle(CleanedUp(), t + 11)
-    assert gave_up("restart budget exhausted after ready", 2, [
-        rec(P0, "cuda_error_other", "ready"), rec(P0, "cuda_error_other", "ready"),
+    assert gave_up("restart budget exhausted after ready", 2, 2, [
+        rec(P0, "cuda_error_other", "ready", 1), rec(P0, "cuda_error_other", "ready", 2),
     ]) == m.handle(GpusFree(), t + 12)
 
 
@@ -797,7 +815,8 @@ def test_deadline_during_a_restarts_preflight_gives_up() -> None:
     """A restart is a new start-up: a deadline during its preflight gives up."""
     m = machine(start_deadline=60.0)
     t = restart(m, serving(m) + 10)
-    assert gave_up("start-up deadline of 60s passed", 1, [rec(P0, "killed", "ready")]) == (
+    assert gave_up("start-up deadline of 60s passed", 1, 1,
+                   [rec(P0, "killed", "ready", 1)]) == (
         m.handle(DeadlineExceeded(), t + 61))
 
 
@@ -809,8 +828,8 @@ def test_start_up_failure_after_a_restart_is_bounded_by_the_restarts_deadline() 
     m.handle(PreflightPassed(), t)
     m.handle(Launched(pid=2), t + 1)
     fail_capture(m, t + 30)
-    assert gave_up("start-up deadline of 60s passed", 2, [
-        rec(P0, "killed", "ready"), rec(P0, "oom_graph_capture", "cuda_graph"),
+    assert gave_up("start-up deadline of 60s passed", 2, 2, [
+        rec(P0, "killed", "ready", 1), rec(P0, "oom_graph_capture", "cuda_graph", 2),
     ]) == m.handle(GpusFree(), t + 61)
 
 
@@ -889,7 +908,7 @@ def test_gave_up_and_ready_events_carry_the_history() -> None:
     second = {"mem_fraction_static": launch.params.mem_fraction_static,
               "cuda_graph_max_bs": launch.params.cuda_graph_max_bs}
     assert [Emit("server.ready", {
-        "attempts": 2, "seconds": 5, "params": second,
-        "history": [rec(P0, "oom_graph_capture", "cuda_graph")],
+        "attempt": 2, "attempts": 2, "seconds": 5, "attempt_seconds": 3, "adopted": False,
+        "params": second, "history": [rec(P0, "oom_graph_capture", "cuda_graph", 1)],
     })] == ready
     assert launch.params == m.last_good
