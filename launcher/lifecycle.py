@@ -596,10 +596,11 @@ class ServerMachine:
             # Only hints say the weights did not fit (no phase line, no telling frame): treat it
             # as an OOM of unknown kind, retried lower within bounds, never a final give-up.
             outcome, retryable = Outcome.OOM_RUNTIME, True
-        record = AttemptRecord(self.params, outcome, diag.phase, diag.numbers)
-        self.history.append(record)
+        # Events, the ledger and Slack keep the classifier's verdict; only the policy sees
+        # the weak weights OOM as one of unknown kind (one story for the operator).
+        self.history.append(AttemptRecord(self.params, diag.outcome, diag.phase, diag.numbers))
         self.history_attempts.append(self.attempt)
-        self._policy_history.append(record)
+        self._policy_history.append(AttemptRecord(self.params, outcome, diag.phase, diag.numbers))
         self._pending = diag
         after_ready = self.was_ready
         self.state = State.CLEANING_UP
