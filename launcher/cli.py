@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from launcher import remote
 from launcher.classify import diagnose_text
@@ -521,7 +522,9 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         recorder.close()
     gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
     for sup in gave_up:
-        err.print(f"[red]{sup.server.name} gave up[/]: {sup.machine.reason}", highlight=False)
+        # The reason is SGLang's and the policy's text (a TOML snippet's [[servers]]): no markup.
+        err.print(Text.assemble((f"{sup.server.name} gave up", "red"), ": ",
+                                sup.machine.reason), highlight=False)
     if interrupted or until_ready:
         running = [sup.server.name for sup in sups if sup.machine.pid and not stop_on_exit
                    and sup.state is not State.GAVE_UP]

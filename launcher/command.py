@@ -63,6 +63,8 @@ def params_argv(params: LaunchParams, sglang_version: str) -> list[str]:
         argv += ["--max-mamba-cache-size", str(params.max_mamba_cache_size)]
     if params.mamba_full_memory_ratio is not None:
         argv += ["--mamba-full-memory-ratio", f"{params.mamba_full_memory_ratio:g}"]
+    if params.disable_overlap_schedule:
+        argv.append("--disable-overlap-schedule")
     return argv
 
 
@@ -75,7 +77,10 @@ def params_from_argv(words: Iterable[str], env_lines: Iterable[str] = ()) -> Lau
     """Inverse of ``params_argv`` over an attempt's recorded argv (either dialect), plus the
     ``PARAMS_ENV`` settings among ``export NAME='value'`` lines of its env file."""
     kw: dict[str, object] = {}
-    for quoted_flag, raw in itertools.pairwise(list(words)):
+    argv = list(words)
+    if any(w.strip("'\"") == "--disable-overlap-schedule" for w in argv):
+        kw["disable_overlap_schedule"] = True
+    for quoted_flag, raw in itertools.pairwise(argv):
         flag, value = quoted_flag.strip("'\""), raw.strip("'\"")
         try:
             if flag == "--mem-fraction-static":
