@@ -52,6 +52,8 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
       ``graph_passes_begun``); 0.5.23's hybrid state errors' ``max_mamba_cache_size`` and
       ``mamba_cache_per_req``;
     - any CUDA OOM: ``tried_gib``, ``free_gib``, ``total_gib`` from torch's message;
+    - a 0.5.10 draft weight or pool OOM after the target's graphs: ``oom_graph_capture`` in
+      the ``cuda_graph`` phase (the phase never goes back to weights or the KV cache);
     - kv_too_small with a pool <= 0 on SGLang >= 0.5.23: ``min_mem_fraction`` as stated
       (4 decimals, ``1 - post_weights/pre``); never for 0.5.6's "Not enough memory";
     - past capture (warmup failure, ready): ``max_total_num_tokens`` from the TP0 summary.
@@ -105,6 +107,12 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         numbers.max_total_num_tokens = trace.kv_tokens
     if fail is None:
         return Outcome.READY, Phase.READY, numbers
+    outcome, phase = fail.outcome, fail.phase
+    if fail.draft and trace.passes and not scenario.new_order:
+        # 0.5.10 loads the draft's weights and pool after the target's graphs; phases only
+        # move forward, so the classifier reads that OOM in the capture phase (checked against
+        # the simulated server's log: a draft pool OOM is oom_graph_capture / cuda_graph).
+        outcome, phase = Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH
     if fail.tried_gib is not None and fail.free_gib is not None:
         numbers.tried_gib = _gib(fail.tried_gib)
         numbers.free_gib = _gib(fail.free_gib)
@@ -125,7 +133,7 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         # 0.5.23 loads the draft before sizing the pool: its "available" is after both.
         available = trace.draft_post_weights_free_gib or post
         numbers.min_mem_fraction = round(1 - available / pre, 4)
-    return fail.outcome, fail.phase, numbers
+    return outcome, phase, numbers
 
 
 def run_policy(
