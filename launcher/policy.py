@@ -226,9 +226,6 @@ class _Facts:
     draft_weights: float = 0.0  # per rank, when the version counts them in the static budget
     multipass: bool = False  # graph figures come from logs that name their capture passes
     extend: dict[int, float] = field(default_factory=dict)  # draft-extend GiB in graph_at[bs]
-    # The part of graph_at[bs] that does not shrink with the bs, where a capture OOM showed it
-    # (``_multipass_graphs``); else FIXED_GRAPH_SHARE of it.
-    fixed_at: dict[int, float] = field(default_factory=dict)
 
     def hi(self, bs: int, ceiling: int) -> int:
         """Highest fraction (thousandths) not known to OOM at ``bs``."""
@@ -247,8 +244,8 @@ class _Facts:
         """Estimated GiB all capture passes take at graph max ``bs`` (an effective bs).
 
         Multi-pass figures are extrapolated from the nearest known bs: to a smaller bs only
-        the part that grows with bs shrinks (the fixed part a capture OOM showed, at most
-        ``FIXED_GRAPH_SHARE``, stays), to a larger one all of it grows.
+        the part that grows with bs shrinks (``FIXED_GRAPH_SHARE`` stays), to a larger one
+        all of it grows.
         """
         known = dict(self.graph_at)
         if without_extend:
@@ -258,8 +255,8 @@ class _Facts:
         if self.multipass and known:
             above = [(b, g) for b, g in known.items() if b > bs]
             if above:
-                fixed = {b: self.fixed_at.get(b, FIXED_GRAPH_SHARE * g) for b, g in above}
-                return min(fixed[b] + (g - fixed[b]) * bs / b for b, g in above)
+                return min(g * (FIXED_GRAPH_SHARE + (1 - FIXED_GRAPH_SHARE) * bs / b)
+                           for b, g in above)
             return max(g * bs / b for b, g in known.items())
         step = self.c if self.c is not None else DEFAULT_STEP_GIB
         return (self.a or 0.0) * bs + step * len(capture_bs_list(bs))
@@ -390,8 +387,7 @@ def _learn(history: Sequence[AttemptRecord], ctx: _Context, bounds: Bounds) -> _
         if multi is not None:
             facts.multipass = True
             if multi[0] >= facts.graph_at.get(bs, 0.0):
-                facts.graph_at[bs], facts.extend[bs], fixed = multi
-                facts.fixed_at[bs] = min(fixed, FIXED_GRAPH_SHARE * multi[0])
+                facts.graph_at[bs], facts.extend[bs] = multi
         elif rec.outcome is Outcome.OOM_GRAPH_CAPTURE:
             a = _graph_slope(n, bs, facts)
             if a is not None:
@@ -473,15 +469,9 @@ def _later_passes(gpass: GraphPass, n: Numbers, ctx: _Context, extend_off: bool)
 
 def _multipass_graphs(
     n: Numbers, mfs: float, ctx: _Context, extend_off: bool
-) -> tuple[float, float, float] | None:
-    """(GiB all capture passes need, the draft-extend pass's part of it, the part that does not
-    shrink with the graph bs) from a capture OOM in a log that names its passes; None without
-    the OOM's figures or the pass.
-
-    The fixed part is what was gone before the failing pass's first (largest) step: the
-    earlier passes (0.5.23's prefill graphs; an earlier decode/verify pass is counted as fixed
-    too, erring high) and this pass's static buffers; all of it when a prefill pass failed
-    (its shapes are token counts, not the decode bs).
+) -> tuple[float, float] | None:
+    """(GiB all capture passes need, the draft-extend pass's part of it) from a capture OOM
+    in a log that names its passes; None without the OOM's figures or the pass.
 
     Everything since the first pass began is needed again: ``start - free`` (the earlier
     passes and this pass's progress), the failed ``tried``, this pass's remaining steps, and
@@ -514,11 +504,7 @@ def _multipass_graphs(
         share * pass_size for p, share in later if p is GraphPass.DRAFT_EXTEND
     )
     total = start - free + tried + rest + later_gib + 2 * ROUNDING_GIB
-    if gpass in (GraphPass.TARGET_PREFILL, GraphPass.DRAFT_PREFILL):
-        fixed = total
-    else:
-        fixed = start - current + (held if done == 0 else 0.0) + 2 * ROUNDING_GIB
-    return total, extend, fixed
+    return total, extend
 
 
 def _graph_slope(n: Numbers, bs: int, facts: _Facts) -> float | None:
