@@ -581,6 +581,7 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         recorder.close()
     gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
     for sup in gave_up:
+        # The reason is SGLang's and the policy's text (a TOML snippet's [[servers]]): no markup.
         _say(err, (f"{sup.server.name} gave up", "red"), f": {sup.snapshot().reason}")
     if interrupted or until_ready:
         running = [sup.server.name for sup in sups if sup.machine.pid and not stop_on_exit

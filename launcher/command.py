@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.params import LaunchParams
-from launcher.sglang.flags import PARAM_FLAGS, PARAM_TYPES
+from launcher.sglang.flags import PARAM_FLAGS, PARAM_SWITCHES, PARAM_TYPES
 from launcher.sglang.flags import graph_bs_flag as graph_bs_flag
 from launcher.sglang.flags import mamba_strategy_flag as mamba_strategy_flag
 from launcher.sglang.versions import SPEC_V2_ENV_REMOVED_FROM, at_least
@@ -44,6 +44,8 @@ def params_argv(params: LaunchParams, sglang_version: str) -> list[str]:
         argv += ["--max-mamba-cache-size", str(params.max_mamba_cache_size)]
     if params.mamba_full_memory_ratio is not None:
         argv += ["--mamba-full-memory-ratio", f"{params.mamba_full_memory_ratio:g}"]
+    if params.disable_overlap_schedule:
+        argv.append(PARAM_SWITCHES["disable_overlap_schedule"])
     return argv
 
 
@@ -56,7 +58,12 @@ def params_from_argv(words: Iterable[str], env_lines: Iterable[str] = ()) -> Lau
     """Inverse of ``params_argv`` over an attempt's recorded argv (either dialect), plus the
     ``PARAMS_ENV`` settings among ``export NAME='value'`` lines of its env file."""
     kw: dict[str, object] = {}
-    for quoted_flag, raw in itertools.pairwise(list(words)):
+    argv = list(words)
+    switches = {w.strip("'\"") for w in argv}
+    for name, switch in PARAM_SWITCHES.items():
+        if switch in switches:
+            kw[name] = True
+    for quoted_flag, raw in itertools.pairwise(argv):
         flag, value = quoted_flag.strip("'\""), raw.strip("'\"")
         field = PARAM_FLAGS.get(flag)
         if field is None:

@@ -361,6 +361,7 @@ class ServerConfig(_Model):
     max_mamba_cache_size: AtLeastOne | None = None
     mamba_full_memory_ratio: Annotated[float, Field(gt=0)] | None = None
     mamba_strategy: Literal["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"] | None = None
+    disable_overlap_schedule: bool | None = None
     extra_args: Argv = Field(default_factory=list)
     env: EnvMap = Field(default_factory=dict)
     secret_env: EnvMap = Field(default_factory=dict)
@@ -448,6 +449,7 @@ class ServerConfig(_Model):
             max_mamba_cache_size=self.max_mamba_cache_size,
             mamba_full_memory_ratio=self.mamba_full_memory_ratio,
             mamba_strategy=self.mamba_strategy,
+            disable_overlap_schedule=self.disable_overlap_schedule or None,
         )
 
 

@@ -437,6 +437,8 @@ _USE_STRATEGY = re.compile(
     r"\buse (?:--mamba-(?:scheduler|radix-cache)-strategy )?(no_buffer|extra_buffer(?:_lazy)?)\b"
 )
 _SET_ENV = re.compile(r"\bset (SGLANG_[A-Z0-9_]+)=(\w+)")
+# 0.5.23 mamba_hook.validate_mamba_no_buffer: "Try to set disable_overlap_schedule=True."
+_SET_NO_OVERLAP = re.compile(r"\bset disable_overlap_schedule=True\b")
 
 
 def fill_error_figures(numbers: Numbers, message: str, *, overwrite: bool) -> None:
@@ -445,7 +447,8 @@ def fill_error_figures(numbers: Numbers, message: str, *, overwrite: bool) -> No
     OOM sizes (only when ``overwrite`` or none were read yet), the minimum viable
     ``--mem-fraction-static`` and the current one stated by a "Not enough memory" error, the
     hybrid state-cache figures of 0.5.23's errors, and a fix the message prescribes (a Mamba
-    strategy to use and ``SGLANG_*`` variables to set).
+    strategy to use, ``SGLANG_*`` variables to set, or 0.5.23's "set
+    disable_overlap_schedule=True").
     """
     oom = parse_oom(message)
     if oom is not None and (overwrite or numbers.tried_gib is None):
@@ -466,6 +469,8 @@ def fill_error_figures(numbers: Numbers, message: str, *, overwrite: bool) -> No
         numbers.prescribed_mamba_strategy = m.group(1)
         env = _SET_ENV.findall(message)
         numbers.prescribed_env = ",".join(f"{k}={v}" for k, v in env) or None
+    if _SET_NO_OVERLAP.search(message):
+        numbers.prescribed_disable_overlap = True
 
 
 # ---------------------------------------------------------------------------------------------

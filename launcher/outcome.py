@@ -97,6 +97,9 @@ class Numbers:
     # set SGLANG_ENABLE_SPEC_V2=1"): the strategy and "NAME=value" env settings it asks for.
     prescribed_mamba_strategy: str | None = None
     prescribed_env: str | None = None  # "NAME=value[,NAME=value]"
+    # 0.5.23's "no_buffer do not support overlap schedule. Try to set
+    # disable_overlap_schedule=True.": --disable-overlap-schedule.
+    prescribed_disable_overlap: bool | None = None
 
     @property
     def speculative(self) -> bool:

@@ -24,6 +24,8 @@ class LaunchParams:
     - ``max_mamba_cache_size`` / ``mamba_full_memory_ratio``: hybrid (Mamba) state-cache knobs.
     - ``mamba_strategy``: ``--mamba-scheduler-strategy`` (<= 0.5.10) or
       ``--mamba-radix-cache-strategy`` (>= 0.5.15), the same choices but ``extra_buffer_lazy``.
+    - ``disable_overlap_schedule``: ``True`` passes ``--disable-overlap-schedule`` (0.5.23's
+      fix for ``no_buffer`` with the overlap schedule); ``None``/``False``: not passed.
     - ``env``: extra environment settings as sorted ``(name, value)`` pairs, e.g.
       ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1`` or a prescribed ``SGLANG_ENABLE_SPEC_V2=1``.
       They override the server's configured ``env``.
@@ -38,6 +40,7 @@ class LaunchParams:
     max_mamba_cache_size: int | None = None
     mamba_full_memory_ratio: float | None = None
     mamba_strategy: str | None = None
+    disable_overlap_schedule: bool | None = None
     env: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> str:
@@ -59,7 +62,7 @@ class LaunchParams:
             if f.name in ("mem_fraction_static", "cuda_graph_max_bs"):
                 continue
             value = getattr(self, f.name)
-            if value is None or value == ():
+            if value is None or value == () or value is False:
                 continue
             out[f.name] = dict(value) if f.name == "env" else value
         return out

@@ -599,7 +599,8 @@ def next_params(
             return Decision(
                 None,
                 f"SGLang's error prescribes its fix: {fix.describe()}; set it in the server's "
-                f"config, or set [policy] apply_prescribed_fixes = true",
+                f"config, or set [policy] apply_prescribed_fixes = true. Config change:\n"
+                f"{fix.toml()}",
             )
         fixed = fix.apply(last.params)
         if fix.applied_in(last.params) or any(r.params == fixed for r in history[:-1]):

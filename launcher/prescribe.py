@@ -7,7 +7,11 @@ SGLANG_ENABLE_SPEC_V2=1." The log parser keeps what such a message asks for
 change for the server's SGLang version: the strategy always (rendered as
 ``--mamba-scheduler-strategy`` up to 0.5.10, ``--mamba-radix-cache-strategy`` from 0.5.15), an
 environment variable only if that version still reads it (0.5.23 ignores
-``SGLANG_ENABLE_SPEC_V2``). ``Prescription.toml`` shows it as the config change to make;
+``SGLANG_ENABLE_SPEC_V2``). SGLang 0.5.23 no longer raises that error (its ``auto`` strategy
+resolves to ``extra_buffer`` under the default overlap schedule); a forced ``no_buffer`` with the
+overlap schedule on fails ``validate_mamba_no_buffer`` with "Try to set
+disable_overlap_schedule=True.", which prescribes ``--disable-overlap-schedule`` (the
+``disable_overlap_schedule`` key). ``Prescription.toml`` shows it as the config change to make;
 ``Prescription.apply`` gives the params of a relaunch that applies it
 (``[policy] apply_prescribed_fixes``).
 """
@@ -34,15 +38,19 @@ class Prescription:
 
     sglang_version: str
     mamba_strategy: str | None = None
+    disable_overlap_schedule: bool = False
     env: tuple[tuple[str, str], ...] = ()  # the variables this version reads
     ignored_env: tuple[str, ...] = ()  # named by the error, but this version ignores them
 
     @property
     def flags(self) -> list[str]:
         """The SGLang flags the change renders to on this version."""
-        if self.mamba_strategy is None:
-            return []
-        return [mamba_strategy_flag(self.sglang_version), self.mamba_strategy]
+        out = []
+        if self.mamba_strategy is not None:
+            out += [mamba_strategy_flag(self.sglang_version), self.mamba_strategy]
+        if self.disable_overlap_schedule:
+            out.append("--disable-overlap-schedule")
+        return out
 
     def describe(self) -> str:
         """One line: the flags and env settings, and what was left out and why."""
@@ -61,6 +69,8 @@ class Prescription:
         out = params
         if self.mamba_strategy is not None:
             out = replace(out, mamba_strategy=self.mamba_strategy)
+        if self.disable_overlap_schedule:
+            out = replace(out, disable_overlap_schedule=True)
         for name, value in self.env:
             out = out.with_env(name, value)
         return out
@@ -77,6 +87,8 @@ class Prescription:
             lines.append(f"name = {json.dumps(server.name)}")
         if self.mamba_strategy is not None:
             lines.append(f"mamba_strategy = {json.dumps(self.mamba_strategy)}")
+        if self.disable_overlap_schedule:
+            lines.append("disable_overlap_schedule = true")
         if self.env:
             env = dict(server.env) if server is not None else {}
             env.update(dict(self.env))
@@ -87,7 +99,11 @@ class Prescription:
 
 def prescription(numbers: Numbers, sglang_version: str) -> Prescription | None:
     """The fix ``numbers`` say SGLang's error prescribed, for ``sglang_version``; None if none."""
-    if numbers.prescribed_mamba_strategy is None and not numbers.prescribed_env:
+    if (
+        numbers.prescribed_mamba_strategy is None
+        and not numbers.prescribed_env
+        and not numbers.prescribed_disable_overlap
+    ):
         return None
     env: list[tuple[str, str]] = []
     ignored: list[str] = []
@@ -102,6 +118,7 @@ def prescription(numbers: Numbers, sglang_version: str) -> Prescription | None:
     return Prescription(
         sglang_version=sglang_version,
         mamba_strategy=numbers.prescribed_mamba_strategy,
+        disable_overlap_schedule=bool(numbers.prescribed_disable_overlap),
         env=tuple(sorted(env)),
         ignored_env=tuple(ignored),
     )

@@ -4,6 +4,7 @@
 Usage::
 
     .venv/bin/python scripts/bench_oom.py [--n 500] [--seed 1] [--max-attempts 8] [--show 3]
+    .venv/bin/python scripts/bench_oom.py --families [--n 200] [--floors 0.5]  # issue 9
 
 No processes, no GPU: every attempt is the simulator's memory model (``simulate``), read the way
 the log classifier reads SGLang's log (``observed``), and handed to a strategy that picks the
@@ -45,6 +46,43 @@ Bounds: launcher's shipped ``[policy]`` defaults (fraction in [0.50, 0.95], grap
   of pre-load free memory, and in GiB. Graph bs: final over starting, same runs.
 
 Percentiles are nearest-rank.
+
+Scenario families (``--families``, issue 9): the same metrics, policy and step rules, one table
+per family, on scenarios with SGLang's multi-pass capture, speculative decoding and hybrid
+models, built from the simulator's memory model (``launcher.sim.memory``, the arithmetic the
+simulated server runs; ``scenario_for`` / ``scenario_from_argv`` build the same objects from
+flags). Each attempt re-derives the scenario from the attempt's params (``with_params``): the
+request cap (``--max-running-requests``) clamps the captured sizes, and on 0.5.23
+``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1`` drops the draft-extend pass, as in the server.
+
+- ``multipass``: a plain model on 0.5.23 whose prefill graphs take memory: a pool of
+  U(0.2, 3) GiB plus U(0.002, 0.02) GiB per shape, captured before the decode graphs.
+- ``eagle``: EAGLE with a separate draft, steps U{1..5}, topk 1 (p=0.6) or 2/4 with
+  U{steps+1..16} draft tokens; draft weights U(0.02, 0.08) x the target's per rank.
+- ``eagle3``: EAGLE3, steps U{2..5}, topk 1, steps+1 draft tokens; draft weights U(0.005,
+  0.03) x the target's, a one-layer draft KV.
+- ``mtp``: NEXTN/MTP (EAGLE with the model's own head), steps U{1..3}, topk 1, steps+1 draft
+  tokens; draft weights U(0.01, 0.04) x the target's.
+  Spec families: SGLang 0.5.10 or 0.5.23; draft graph activations log-U(0.0005, 0.02) GiB per
+  token, draft KV U(0.02, 0.15) x the target's per token; the request cap is 48 (p=0.7) or an
+  explicit U{8..256}; the other figures as above.
+- ``hybrid``: a Mamba hybrid with MTP (p=0.6) or without, conv+ssm state U(0.02, 0.3) GiB per
+  slot, strategy as each version resolves it for a working launch (0.5.10: extra_buffer with
+  spec, no_buffer without; 0.5.23: auto, i.e. extra_buffer with the overlap schedule).
+
+Where the generator may flatter the policy (read the family tables with this in mind):
+
+- The log is ``observed`` (the simulator's own reading of its trace), not the classifier on a
+  rendered log: every figure the policy reads is present and exact to SGLang's rounding. Real
+  logs lose lines (interleaved ranks, a missing begin line) and the policy then guesses.
+- Memory is deterministic: a setting that failed fails again, one that fits always fits; no
+  fragmentation, no allocator caching slack, no rank that differs from another.
+- Graph memory is linear in the largest captured size (tokens per request included) plus a
+  per-graph constant, the shape the policy's per-pass estimate assumes; SGLang's real growth
+  is only roughly linear (attention backends, torch.compile, NCCL buffers).
+- The truth used for "feasible" and "headroom" searches only the fraction and graph bs at the
+  attempt's own request cap and env; it never credits the spec parameters (never changed, by
+  design) nor Mamba knobs the policy does not touch.
 """
 
 from __future__ import annotations
@@ -56,13 +94,14 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.outcome import Outcome
-from launcher.params import LaunchParams
+from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
 from launcher.policy import AttemptRecord, Bounds, next_params
 from launcher.sglang.autoargs import capture_bs_list
-from launcher.sim.memory import MemoryScenario, simulate
+from launcher.sglang.versions import version_tuple
+from launcher.sim.memory import HybridScenario, MemoryScenario, SpecScenario, simulate
 from launcher.sim.observe import observed
 
 EXPLICIT_BS = (8, 16, 32, 48, 64, 96, 128, 160, 256, 384, 512)
@@ -81,6 +120,7 @@ class Case:
     index: int
     scenario: MemoryScenario
     initial: LaunchParams
+    family: str = "plain"
 
 
 Decide = Callable[[Case, Bounds, Sequence[AttemptRecord]], LaunchParams | None]
@@ -124,6 +164,117 @@ def draw_case(rng: random.Random, index: int) -> Case:
     mfs = None if rng.random() < 0.5 else round(rng.uniform(0.55, 0.95), 2)
     bs = None if rng.random() < 0.5 else rng.choice(EXPLICIT_BS)
     return Case(index, scenario, LaunchParams(mfs, bs))
+
+
+FAMILIES = ("multipass", "eagle", "eagle3", "mtp", "hybrid")
+
+
+def _base(rng: random.Random, versions: Sequence[str]) -> MemoryScenario:
+    """draw_case's plain scenario, on one of ``versions``."""
+    gpu = rng.uniform(24.0, 141.0)
+    tp = rng.choice((1, 2, 4, 8))
+    other = 0.0 if rng.random() < 0.5 else rng.uniform(0.0, 0.3 * gpu)
+    context = rng.uniform(0.5, 3.0)
+    pre = gpu - other - context
+    return MemoryScenario(
+        gpu_total_gib=gpu,
+        weights_gib=rng.uniform(0.05, 1.05) * pre * tp,
+        tp=tp,
+        other_used_gib=other,
+        context_gib=context,
+        kv_gib_per_1k_tokens=rng.uniform(0.01, 0.3),
+        min_kv_tokens=0 if rng.random() < 0.5 else rng.randint(1, 16384),
+        graph_gib_per_bs=math.exp(rng.uniform(math.log(0.001), math.log(0.08))),
+        graph_overhead_gib=rng.uniform(0.001, 0.05),
+        warmup_gib=rng.uniform(0.1, 3.0),
+        sglang_version=rng.choice(tuple(versions)),
+    )
+
+
+def _spec(rng: random.Random, s: MemoryScenario, family: str) -> SpecScenario:
+    w = s.weights_per_rank_gib
+    if family == "eagle":
+        steps = rng.randint(1, 5)
+        topk = 1 if rng.random() < 0.6 else rng.choice((2, 4))
+        tokens = steps + 1 if topk == 1 else rng.randint(steps + 1, 16)
+        algo, draft_w = "EAGLE", rng.uniform(0.02, 0.08) * w
+    elif family == "eagle3":
+        steps, topk = rng.randint(2, 5), 1
+        tokens = steps + 1
+        algo, draft_w = "EAGLE3", rng.uniform(0.005, 0.03) * w
+    else:  # mtp (NEXTN resolves to EAGLE)
+        steps, topk = rng.randint(1, 3), 1
+        tokens = steps + 1
+        algo, draft_w = "EAGLE", rng.uniform(0.01, 0.04) * w
+    cap = 48 if rng.random() < 0.7 else rng.randint(8, 256)
+    return SpecScenario(
+        algorithm=algo,
+        num_steps=steps,
+        topk=topk,
+        num_draft_tokens=tokens,
+        max_running_requests=cap,
+        draft_weights_gib=draft_w,
+        draft_kv_gib_per_1k_tokens=rng.uniform(0.02, 0.15) * s.kv_gib_per_1k_tokens,
+        draft_graph_gib_per_token=math.exp(rng.uniform(math.log(0.0005), math.log(0.02))),
+        draft_graph_overhead_gib=rng.uniform(0.001, 0.02),
+    )
+
+
+def draw_family_case(rng: random.Random, index: int, family: str) -> Case:
+    """A random scenario of ``family`` (distributions in the module docstring)."""
+    if family == "multipass":
+        s = replace(
+            _base(rng, ("0.5.23",)),
+            prefill_graph_gib=rng.uniform(0.2, 3.0),
+            prefill_graph_overhead_gib=rng.uniform(0.002, 0.02),
+        )
+    elif family in ("eagle", "eagle3", "mtp"):
+        s = _base(rng, ("0.5.10", "0.5.23"))
+        s = replace(s, spec=_spec(rng, s, family))
+    elif family == "hybrid":
+        s = _base(rng, ("0.5.10", "0.5.23"))
+        spec = _spec(rng, s, "mtp") if rng.random() < 0.6 else None
+        new = version_tuple(s.sglang_version) >= (0, 5, 23)
+        per_req = rng.uniform(0.02, 0.3)
+        conv = per_req * rng.uniform(0.02, 0.1)
+        strategy = "extra_buffer" if (new or spec is not None) else "no_buffer"
+        hybrid = HybridScenario(
+            conv_gib_per_req=conv,
+            ssm_gib_per_req=per_req - conv,
+            strategy=strategy,
+            overlap=new,
+        )
+        s = replace(s, spec=spec, hybrid=hybrid)
+    else:
+        raise ValueError(f"unknown family {family!r} (one of {', '.join(FAMILIES)})")
+    mfs = None if rng.random() < 0.5 else round(rng.uniform(0.55, 0.95), 2)
+    bs = None if rng.random() < 0.5 else rng.choice(EXPLICIT_BS)
+    return Case(index, s, LaunchParams(mfs, bs), family)
+
+
+def with_params(s: MemoryScenario, params: LaunchParams) -> MemoryScenario:
+    """The scenario an attempt with ``params`` runs: the knobs other than the fraction and
+    graph bs applied as the simulated server applies them (``scenario_for``)."""
+    spec, hybrid = s.spec, s.hybrid
+    mrr = params.max_running_requests
+    if spec is not None:
+        if mrr is not None:
+            spec = replace(spec, max_running_requests=mrr)
+        if version_tuple(s.sglang_version) >= (0, 5, 23):
+            off = params.env_value(DISABLE_DRAFT_EXTEND_ENV) == "1"
+            spec = replace(spec, draft_extend_graph=not off)
+    if hybrid is not None:
+        hybrid = replace(
+            hybrid,
+            max_mamba_cache_size=params.max_mamba_cache_size,
+            mamba_full_memory_ratio=params.mamba_full_memory_ratio or 0.9,
+        )
+    return replace(
+        s,
+        spec=spec,
+        hybrid=hybrid,
+        max_running_requests=mrr if spec is None else s.max_running_requests,
+    )
 
 
 # --- strategies ------------------------------------------------------------------------------
@@ -176,8 +327,9 @@ def run(case: Case, bounds: Bounds, strategy: Strategy) -> Run:
     history: list[AttemptRecord] = []
     params: LaunchParams | None = case.initial
     while params is not None:
-        trace = simulate(case.scenario, params)
-        outcome, phase, numbers = observed(case.scenario, trace)
+        scenario = with_params(case.scenario, params)
+        trace = simulate(scenario, params)
+        outcome, phase, numbers = observed(scenario, trace)
         history.append(AttemptRecord(params, outcome, phase, numbers))
         if outcome is Outcome.READY:
             return Run(history, "ready")
@@ -287,7 +439,7 @@ def score(case: Case, t: Truth, r: Run, bounds: Bounds) -> Scored:
     if r.end != "ready":
         return Scored(t, r, repeated, None, None, None)
     mfs, bs = seen[-1]
-    best = best_fraction(s, bs, bounds)
+    best = best_fraction(with_params(s, r.history[-1].params), bs, bounds)
     headroom = (best / 1000 if best is not None else mfs) - mfs
     return Scored(t, r, repeated, headroom, headroom * s.pre_load_free_gib, bs / seen[0][1])
 
@@ -327,7 +479,7 @@ def describe_run(case: Case, r: Run, bounds: Bounds) -> list[str]:
     lines = []
     for i, rec in enumerate(r.history, 1):
         mfs, bs = s.resolve(rec.params)
-        best = best_fraction(s, bs, bounds)
+        best = best_fraction(with_params(s, rec.params), bs, bounds)
         best_s = "none" if best is None else f"{best / 1000:.3f}"
         lines.append(f"      {i}. mfs={mfs:.3f} bs={bs}: {rec.outcome.value} (best at bs {best_s})")
     lines.append(f"      -> {r.end}")
@@ -522,6 +674,13 @@ def trails(scored: Sequence[Scored]) -> list[str]:
 
 
 def bench(cases: Sequence[Case], bounds: Bounds, show: int) -> list[str]:
+    return bench_scored(cases, bounds, show)[0]
+
+
+def bench_scored(
+    cases: Sequence[Case], bounds: Bounds, show: int
+) -> tuple[list[str], list[Scored]]:
+    """The report lines, and the policy's scored runs."""
     truths = [truth(c, bounds) for c in cases]
     results = {
         st.name: [
@@ -573,7 +732,56 @@ def bench(cases: Sequence[Case], bounds: Bounds, show: int) -> list[str]:
                 f"{describe_case(cases[i])}"
             )
             lines += describe_run(cases[i], policy[i].run, bounds)
-    return lines
+    return lines, results["policy"]
+
+
+def family_summary(name: str, scored: Sequence[Scored]) -> list[str]:
+    """One line per family: the policy's figures against issue 9's three targets."""
+    feasible = [x for x in scored if x.truth.feasible]
+    converged = sum(x.ready for x in feasible)
+    after = [x.attempts for x in feasible if x.truth.first in FIXABLE and x.ready]
+    headroom = [x.headroom for x in scored if x.chosen and x.headroom is not None]
+    mean_after = statistics.fmean(after) if after else float("nan")
+    mean_h = statistics.fmean(headroom) if headroom else float("nan")
+    ok = (
+        converged == len(feasible)
+        and (not after or mean_after <= TARGET_ATTEMPTS_AFTER_FAILURE)
+        and (not headroom or mean_h <= TARGET_HEADROOM)
+    )
+    return [
+        f"| {name} | {len(scored)} | {len(feasible)} | {pct(converged, len(feasible))} | "
+        f"{len(after)} | {mean_after:.2f} | {stats(after, 0).split(' / ')[-1]} | "
+        f"{mean_h:.3f} | {p95(headroom) if headroom else float('nan'):.3f} | "
+        f"{'MET' if ok else 'MISSED'} |"
+    ]
+
+
+def main_families(args: argparse.Namespace) -> int:
+    """``--families``: one bench per scenario family, then the policy's summary table."""
+    began = time.perf_counter()
+    names = FAMILIES if args.family is None else tuple(args.family.split(","))
+    summary: list[str] = []
+    for floor in (float(x) for x in args.floors.split(",")):
+        bounds = Bounds(floor, args.ceiling, args.bs_floor, args.max_attempts)
+        summary += [
+            "",
+            f"policy per family, fraction in [{floor:.2f}, {args.ceiling:.2f}], "
+            f"max_attempts {args.max_attempts}:",
+            "",
+            "| family | scenarios | feasible | converged (feasible) | first failed (memory) | "
+            "mean attempts | max | headroom mean | headroom p95 | targets |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for family in names:
+            rng = random.Random(f"{args.seed}-{family}")
+            cases = [draw_family_case(rng, i, family) for i in range(args.n)]
+            print(f"\n##### family {family}: {args.n} scenarios, seed {args.seed}")
+            lines, policy = bench_scored(cases, bounds, args.show)
+            print("\n".join(lines))
+            summary += family_summary(family, policy)
+    print("\n".join(summary))
+    print(f"\n({time.perf_counter() - began:.1f} s)")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -589,7 +797,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--show", type=int, default=0, help="print N policy runs that missed, and N worst headroom"
     )
+    parser.add_argument(
+        "--families",
+        action="store_true",
+        help="issue 9's scenario families (multi-pass, EAGLE, EAGLE-3, MTP, hybrid)",
+    )
+    parser.add_argument(
+        "--family", default=None, help=f"with --families: a comma list of {', '.join(FAMILIES)}"
+    )
     args = parser.parse_args(argv)
+    if args.families:
+        return main_families(args)
 
     began = time.perf_counter()
     rng = random.Random(args.seed)

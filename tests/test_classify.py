@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 
 from launcher.classify import ADVICE, RETRYABLE, classify, diagnose, diagnose_text
+from launcher.command import params_argv, params_from_argv
 from launcher.logparse import LineSplitter, LogFollower, split_records
 from launcher.outcome import Diagnosis, Outcome
+from launcher.params import LaunchParams
 from launcher.phases import Phase
+from launcher.sim import logfmt as sim_logfmt
+from launcher.sim.server import _mamba_hook_error as server_mamba_hook_error
 
 LOGS = Path(__file__).parent / "data" / "logs"
 
@@ -594,3 +598,24 @@ def test_prescribed_fix_is_given_in_the_servers_dialect(
     assert d.as_dict()["prescribed_fix"] == d.prescribed_fix
     table = tomllib.loads(toml)["servers"][0]
     assert ("extra_buffer", env) == (table["mamba_strategy"], table.get("env", {}))
+
+
+def test_the_0_5_23_no_buffer_overlap_assertion_prescribes_disable_overlap_schedule() -> None:
+    """0.5.23's ``validate_mamba_no_buffer`` ("Try to set disable_overlap_schedule=True.", as
+    the simulator writes it from arg_groups/mamba_hook.py): the fix is the
+    ``disable_overlap_schedule`` key, ``--disable-overlap-schedule`` on the command line."""
+    text = server_mamba_hook_error(sim_logfmt.NO_BUFFER_OVERLAP) + "\n"
+    d = diagnose_text(text, 1, sglang_version="0.5.23")
+    assert Outcome.BAD_ARGUMENT == d.outcome
+    assert d.prescribed_fix is not None
+    assert (["--disable-overlap-schedule"], {}) == (
+        d.prescribed_fix["flags"], d.prescribed_fix["env"]
+    )
+    assert {"disable_overlap_schedule": True} == tomllib.loads(d.prescribed_fix["toml"])[
+        "servers"
+    ][0]
+    params = LaunchParams(mem_fraction_static=0.9, mamba_strategy="no_buffer",
+                          disable_overlap_schedule=True)
+    argv = params_argv(params, "0.5.23")
+    assert "--disable-overlap-schedule" == argv[-1]
+    assert params == params_from_argv(argv)

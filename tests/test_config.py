@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.command import params_argv
 from launcher.config import (
     Config,
     HostConfig,
@@ -381,6 +382,7 @@ def test_rule_reports_path_named_problem(tmp_path: Path, text: str, expected: st
         ("--mamba-full-memory-ratio=0.5", "mamba_full_memory_ratio"),
         ("--mamba-scheduler-strategy", "mamba_strategy"),
         ("--mamba-radix-cache-strategy", "mamba_strategy"),
+        ("--disable-overlap-schedule", "disable_overlap_schedule"),
     ],
 )
 def test_extra_args_reject_owned_flags(tmp_path: Path, arg: str, field: str) -> None:
@@ -794,6 +796,16 @@ def test_relaunch_knobs_load_into_the_first_params(tmp_path: Path) -> None:
         p.mem_fraction_static, p.cuda_graph_max_bs, p.max_running_requests,
         p.max_mamba_cache_size, p.mamba_full_memory_ratio, p.mamba_strategy, p.env,
     )
+
+
+def test_disable_overlap_schedule_is_a_server_field(tmp_path: Path) -> None:
+    """0.5.23's prescribed fix for a forced no_buffer: the key passes --disable-overlap-schedule;
+    false (or unset) passes nothing."""
+    on = load(tmp_path, BASE + "disable_overlap_schedule = true\n").server("llama")
+    assert on.launch_params().disable_overlap_schedule is True
+    assert ["--disable-overlap-schedule"] == params_argv(on.launch_params(), "0.5.23")
+    off = load(tmp_path, BASE + "disable_overlap_schedule = false\n").server("llama")
+    assert [] == params_argv(off.launch_params(), "0.5.23")
 
 
 def test_extra_buffer_lazy_needs_a_version_that_has_it(tmp_path: Path) -> None:

@@ -6,9 +6,13 @@ host with the seeds' hardware and numbers, on SGLang 0.5.10 and 0.5.23.
   this process has 92.67 GiB memory in use"), then ready within 3 attempts, the MTP parameters
   never changed.
 - Kimi-K2.5 with an EAGLE-3 draft, tp 8 (seed 003): a capture OOM at 0.92 / bs 128, then ready.
-- Qwen3.6-27B hybrid with MTP (seed 004): 0.5.10's spec + no_buffer ValueError (0.5.23: its
-  no_buffer assertion) gives the exact fix; with ``[policy] apply_prescribed_fixes`` it is
-  applied once and the server comes up.
+- Qwen3.6-27B hybrid with MTP (seed 004), launched with ``no_buffer`` as in the seed: 0.5.10's
+  spec + no_buffer ValueError names its fix (``--mamba-scheduler-strategy extra_buffer`` and
+  ``SGLANG_ENABLE_SPEC_V2=1``). 0.5.23 has no such error (its ``auto`` resolves to
+  ``extra_buffer`` under the default overlap schedule); a forced ``no_buffer`` fails
+  ``validate_mamba_no_buffer`` ("Try to set disable_overlap_schedule=True."), whose fix is
+  ``--disable-overlap-schedule``. With ``[policy] apply_prescribed_fixes`` the fix is applied
+  once and the server comes up.
 
 The expected outcomes come from the seeds and the issue (launcher issue 9), not from what
 launcher's classifier or policy say.
@@ -16,8 +20,8 @@ launcher's classifier or policy say.
 
 from __future__ import annotations
 
-import re
 import shlex
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -138,24 +142,31 @@ async def test_kimi_eagle3_capture_oom_then_ready(rig: SimSetup, version: str) -
 
 
 def _qwen(rig: SimSetup, version: str, policy: dict[str, Any] | None = None) -> Any:
-    flags = dict(QWEN_MTP_FLAGS)
-    if version == "0.5.23":
-        # As the seeds' launch written in 0.5.23's dialect: no_buffer, overlap left on.
-        flags["--mamba-radix-cache-strategy"] = "no_buffer"
+    """The seed's launch: no_buffer (rendered in each version's flag dialect), overlap left on."""
     return rig.config(
         model="qwen3.6-27b-sim",
         tp=1,
         mem_fraction_static=0.90,
-        server=_server(version, flags),
+        server={**_server(version, QWEN_MTP_FLAGS), "mamba_strategy": "no_buffer"},
         policy=policy,
     )
+
+
+def _config_change(text: str) -> dict[str, Any]:
+    """The TOML after "Config change:" in ``text``, parsed: the [[servers]] table to set."""
+    _, marker, snippet = text.partition("Config change:\n")
+    assert marker, text
+    [server] = tomllib.loads(snippet)["servers"]
+    assert isinstance(server, dict)
+    return server
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 async def test_qwen_hybrid_no_buffer_error_names_the_exact_fix(rig: SimSetup, version: str) -> None:
     """The no_buffer error stops the server after one attempt; the give-up carries the fix in
-    the server's own dialect: 0.5.10 extra_buffer plus SGLANG_ENABLE_SPEC_V2=1, 0.5.23 the
-    renamed strategy flag and no removed environment variable."""
+    the server's own dialect: 0.5.10 extra_buffer plus SGLANG_ENABLE_SPEC_V2=1, 0.5.23
+    --disable-overlap-schedule (the fix its no_buffer assertion names) and no removed
+    environment variable."""
     result = await supervise(_qwen(rig, version), until=ready_or_done, timeout=60)
     rec = result.events
     assert State.GAVE_UP == result.supervisor.state, rec.summary()
@@ -167,23 +178,20 @@ async def test_qwen_hybrid_no_buffer_error_names_the_exact_fix(rig: SimSetup, ve
         assert "AssertionError: no_buffer do not support overlap schedule." in log1
     [gave_up] = rec.of("server.gave_up")
     reason = str(gave_up["reason"])
-    # The fix as a TOML change to the server's table, as an extra_args pair or a typed key (the
-    # raw error text alone does not do: it writes SGLANG_ENABLE_SPEC_V2=1 and
-    # disable_overlap_schedule=True).
-    if version == "0.5.10":
-        assert re.search(
-            r'"--mamba-scheduler-strategy", "extra_buffer"'
-            r'|mamba_scheduler_strategy = "extra_buffer"',
-            reason,
-        ), reason
-        assert 'SGLANG_ENABLE_SPEC_V2 = "1"' in reason, reason
-    else:
-        assert "SGLANG_ENABLE_SPEC_V2" not in reason
-        assert re.search(
-            r'"--mamba-radix-cache-strategy", "extra_buffer"'
-            r'|mamba_radix_cache_strategy = "extra_buffer"|"--disable-overlap-schedule"',
-            reason,
-        ), reason
+    # The fix as valid TOML for the server's table in launcher's config keys (the raw error text
+    # alone does not do: it writes SGLANG_ENABLE_SPEC_V2=1 and disable_overlap_schedule=True),
+    # in the give-up reason (the `up` output) and the failed attempt's advice (Slack, diagnose).
+    [failed] = rec.of("attempt.failed")
+    for text in (reason, str(failed["advice"])):
+        change = _config_change(text)
+        if version == "0.5.10":
+            assert {"mamba_strategy": "extra_buffer",
+                    "env": {"SGLANG_ENABLE_SPEC_V2": "1"}} == change, text
+            assert "--mamba-scheduler-strategy extra_buffer" in text
+        else:
+            assert {"disable_overlap_schedule": True} == change, text
+            assert "--disable-overlap-schedule" in text
+            assert "SGLANG_ENABLE_SPEC_V2" not in text
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -200,7 +208,14 @@ async def test_qwen_hybrid_prescribed_fix_applied_once_then_ready(
     cmd = rig.cmd(2)
     for f, v in QWEN_MTP_FLAGS.items():
         assert v == _flag(cmd, f), cmd
+    words = shlex.split(cmd)
     if version == "0.5.10":
         assert "extra_buffer" == _flag(cmd, "--mamba-scheduler-strategy")
+        # The env file is removed once the server read it; the command file shows the
+        # settings a relaunch put in the environment ahead of the argv.
+        assert "SGLANG_ENABLE_SPEC_V2=1" == words[0], cmd
     else:
-        assert "--mamba-scheduler-strategy" not in shlex.split(cmd)
+        # The user's no_buffer kept, in 0.5.23's spelling, with the overlap schedule off.
+        assert "no_buffer" == _flag(cmd, "--mamba-radix-cache-strategy")
+        assert "--mamba-scheduler-strategy" not in words
+        assert "--disable-overlap-schedule" in words

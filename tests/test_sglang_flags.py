@@ -9,7 +9,7 @@ import pytest
 
 from launcher.command import params_argv, params_from_argv
 from launcher.params import LaunchParams
-from launcher.sglang.flags import OWNED_FLAGS, PARAM_FLAGS, PARAM_TYPES
+from launcher.sglang.flags import OWNED_FLAGS, PARAM_FLAGS, PARAM_SWITCHES, PARAM_TYPES
 from launcher.sglang.versions import SUPPORTED_VERSIONS
 
 ALL_SET = LaunchParams(
@@ -20,8 +20,9 @@ ALL_SET = LaunchParams(
 
 def test_every_param_field_has_a_flag_type() -> None:
     fields = {f.name for f in dataclasses.fields(LaunchParams)} - {"env"}
-    assert fields == set(PARAM_TYPES)
-    assert fields == set(PARAM_FLAGS.values())
+    assert fields == set(PARAM_TYPES) | set(PARAM_SWITCHES)
+    assert fields - set(PARAM_SWITCHES) == set(PARAM_FLAGS.values())
+    assert all(flag in OWNED_FLAGS for flag in PARAM_SWITCHES.values())
 
 
 @pytest.mark.parametrize("version", SUPPORTED_VERSIONS)

@@ -42,6 +42,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--mamba-full-memory-ratio": "mamba_full_memory_ratio",
     "--mamba-scheduler-strategy": "mamba_strategy",
     "--mamba-radix-cache-strategy": "mamba_strategy",
+    "--disable-overlap-schedule": "disable_overlap_schedule",
 }
 
 # The ``LaunchParams`` fields launcher sets per attempt, and the type of each flag's value.
@@ -52,6 +53,11 @@ PARAM_TYPES: dict[str, type[float] | type[int] | type[str]] = {
     "max_mamba_cache_size": int,
     "mamba_full_memory_ratio": float,
     "mamba_strategy": str,
+}
+
+# The ``LaunchParams`` fields that are switches: a flag with no value, written when True.
+PARAM_SWITCHES: dict[str, str] = {
+    "disable_overlap_schedule": "--disable-overlap-schedule",
 }
 
 # The spellings (either dialect) launcher writes for a ``LaunchParams`` field: the owned flags

