@@ -68,6 +68,10 @@ async def test_adopting_waits_for_the_pid_of_a_shim_that_claimed_first(
 
     def write_pid_soon() -> None:
         time.sleep(0.5)
+        # As the shim does: pid_start (boot id and start time) first, so the pid is trusted.
+        stat = Path(f"/proc/{sleeper.pid}/stat").read_text().rpartition(") ")[2].split()
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        (attempt / "pid_start").write_text(f"{boot_id} {stat[19]}")
         (attempt / "pid.tmp").write_text(f"{sleeper.pid}\n")
         (attempt / "pid.tmp").rename(attempt / "pid")
 
