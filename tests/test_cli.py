@@ -124,7 +124,7 @@ def test_up_with_a_bad_override_exits_2_naming_the_variable(sim: SimSetup) -> No
 def test_up_reads_systemd_credentials(sim: SimSetup, tmp_path: Path) -> None:
     """With $CREDENTIALS_DIRECTORY (systemd LoadCredential=), a credential named like an
     override overrides the file and `cred:NAME` in secret_env reads the credential NAME; the
-    secret reaches the server's env file and nothing else."""
+    secret reaches the server's environment and nothing else."""
     creds = tmp_path / "credentials"
     creds.mkdir()
     (creds / "hf-token").write_text(SECRET + "\n", encoding="utf-8")
@@ -136,7 +136,10 @@ def test_up_reads_systemd_credentials(sim: SimSetup, tmp_path: Path) -> None:
     ready = next(e for e in events(up.stdout) if e["event"] == "server.ready")
     assert {"mem_fraction_static": 0.8, "cuda_graph_max_bs": 4} == ready["params"]
     assert SECRET not in up.stdout + up.stderr + sim.cmd(1)
-    assert f"export HF_TOKEN={SECRET}" in (sim.attempt_dir(1) / "env").read_text()
+    # The server has it in its environment; the env file that carried it is gone.
+    environ = Path(f"/proc/{sim.pid(1)}/environ").read_bytes().split(b"\0")
+    assert f"HF_TOKEN={SECRET}".encode() in environ
+    assert not (sim.attempt_dir(1) / "env").exists()
     assert 0 == run_cli("down", str(config)).returncode
 
 
