@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.sshd import Sshd
+from tests.supervise import SimSetup
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[SimSetup]:
+    """A fresh simulated host (two 79 GiB GPUs), run dir, state dir and port; every process the
+    test started there is killed at teardown."""
+    setup = SimSetup.create(tmp_path)
+    try:
+        yield setup
+    finally:
+        setup.cleanup()
 
 
 @pytest.fixture

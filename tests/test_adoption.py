@@ -8,8 +8,7 @@ the supervisor.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -22,15 +21,6 @@ from launcher.transport.local import LocalTransport
 from tests.supervise import Recorder, SimSetup, ready_or_done, supervise
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimSetup]:
-    setup = SimSetup.create(tmp_path)
-    try:
-        yield setup
-    finally:
-        setup.cleanup()
 
 
 class FlakyListing(LocalTransport):

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +27,6 @@ pytestmark = pytest.mark.timeout(90)
 
 SECRET = "hf_do_not_print_me_3141"
 STABLE_EVENTS = {"attempt.started", "phase.entered", "server.ready", "server.stopped"}
-
-
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimSetup]:
-    """A fresh sim host, run dir, state dir and port; its processes are killed at teardown."""
-    setup = SimSetup.create(tmp_path)
-    try:
-        yield setup
-    finally:
-        setup.cleanup()
 
 
 def quick_server(sim: SimSetup, **kwargs: Any) -> dict[str, Any]:

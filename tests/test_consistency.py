@@ -17,7 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +31,6 @@ from tests.supervise import SERVER, SimSetup, cli_argv, cli_env, run_cli
 pytestmark = pytest.mark.timeout(150)
 
 HOOK = "/services/T000/B000/consistency-test-hook"
-
-
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimSetup]:
-    setup = SimSetup.create(tmp_path)
-    try:
-        yield setup
-    finally:
-        setup.cleanup()
 
 
 def start_up(config: Path, env: dict[str, str]) -> subprocess.Popen[str]:

@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +19,6 @@ from tests.supervise import SERVER, SimSetup, cli_argv, cli_env, json_lines, run
 pytestmark = pytest.mark.timeout(90)
 
 UNIT = Path(__file__).resolve().parents[1] / "systemd" / "launcher@.service"
-
-
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimSetup]:
-    setup = SimSetup.create(tmp_path)
-    try:
-        yield setup
-    finally:
-        setup.cleanup()
 
 
 def quick(sim: SimSetup, **kwargs: Any) -> dict[str, Any]:

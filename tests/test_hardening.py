@@ -41,15 +41,6 @@ MARKUP = "ValueError: x [/] [link=https://evil.example/]click[/link] [bold red]l
 
 
 @pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimSetup]:
-    setup = SimSetup.create(tmp_path)
-    try:
-        yield setup
-    finally:
-        setup.cleanup()
-
-
-@pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     """An unrelated process in its own session (what a forged pid file could name)."""
     proc = subprocess.Popen(["sleep", "300"], start_new_session=True)

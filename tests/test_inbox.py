@@ -3,9 +3,6 @@ wait (back-pressure). Shown with an inbox of one event, on real sim servers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from structlog.testing import capture_logs
 
@@ -13,15 +10,6 @@ from launcher.lifecycle import State
 from tests.supervise import SimSetup, ready_or_done, supervise
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimSetup]:
-    setup = SimSetup.create(tmp_path)
-    try:
-        yield setup
-    finally:
-        setup.cleanup()
 
 
 async def test_a_burst_of_log_events_on_adoption_loses_none(sim: SimSetup) -> None:

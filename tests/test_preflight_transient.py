@@ -7,8 +7,7 @@ LocalTransport that fails chosen commands once each), never by mocking the super
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -29,15 +28,6 @@ from tests.supervise import SimSetup, ready_or_done, supervise
 pytestmark = pytest.mark.timeout(90)
 
 Match = Callable[[Sequence[str]], bool]
-
-
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimSetup]:
-    setup = SimSetup.create(tmp_path)
-    try:
-        yield setup
-    finally:
-        setup.cleanup()
 
 
 class Faulty(LocalTransport):

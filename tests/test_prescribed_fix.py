@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,15 +35,6 @@ if (flag in args and args[args.index(flag) + 1] == "extra_buffer"
 sys.stderr.write({log!r})
 sys.exit(1)
 """
-
-
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimSetup]:
-    setup = SimSetup.create(tmp_path)
-    try:
-        yield setup
-    finally:
-        setup.cleanup()
 
 
 def _config(sim: SimSetup, apply: bool) -> Config:

@@ -8,7 +8,7 @@ import shlex
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -33,17 +33,6 @@ pytestmark = pytest.mark.timeout(60)
 # loaded machine. Tests that need a death while serving but not a particular crash use
 # kill_when_ready instead, which cannot race.
 AFTER_READY_S = 2.0
-
-
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimSetup]:
-    """A fresh sim host (two 79 GiB GPUs), run dir, state dir and port; every process the
-    test started there is killed at teardown."""
-    setup = SimSetup.create(tmp_path)
-    try:
-        yield setup
-    finally:
-        setup.cleanup()
 
 
 def kill_when_ready(sim: SimSetup) -> Callable[[Recorded], None]:
