@@ -36,7 +36,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from launcher import health, remote
+from launcher import __version__, health, remote
 from launcher.classify import diagnose_text
 from launcher.command import server_command
 from launcher.config import (
@@ -103,8 +103,18 @@ ServerOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"launcher {__version__}", highlight=False)
+        raise typer.Exit(EXIT_OK)
+
+
 @app.callback()
-def _setup() -> None:
+def _setup(
+    version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="Print launcher's version and exit.")] = False,
+) -> None:
     """Commands other than `up` log warnings only, to stderr; `up` reconfigures."""
     configure("console", stream=sys.stderr, level=logging.WARNING)
 
