@@ -31,6 +31,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import anyio
 import structlog
 import typer
+import typer.core
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -84,10 +85,61 @@ EXIT_USAGE = 2
 EXIT_NOT_READY = 3
 EXIT_GAVE_UP = 4
 
+def _flags_untyped(params: list[Any]) -> list[Any]:
+    """``params`` with every flag's metavar set to "": typer shows a metavar, when set, instead
+    of the type, and a flag takes no value (typer 0.29 writes ``--json <bool>``)."""
+    for p in params:
+        if isinstance(p, typer.core.TyperOption) and p.is_flag and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+def _usage_pieces(command: Any, ctx: Any) -> list[str]:
+    """The usage line's pieces with arguments as ``CONFIG`` or ``[SERVER]`` (their metavar, or
+    their name in capitals), where typer 0.29 writes a required one as ``{config_path}``."""
+    pieces = [command.options_metavar] if command.options_metavar else []
+    for p in command.get_params(ctx):
+        if isinstance(p, typer.core.TyperArgument):
+            name = p.metavar or (p.name or "").upper()
+            name = name if p.required or name.startswith("[") else f"[{name}]"
+            pieces.append(name if p.nargs == 1 else f"{name}...")
+        else:
+            pieces.extend(p.get_usage_pieces(ctx))
+    return pieces
+
+
+class _ConventionalHelp(typer.core.TyperCommand):
+    """A `launcher` subcommand whose help reads like other Unix tools' (see _usage_pieces)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_untyped(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return _usage_pieces(self, ctx)
+
+
+class _ConventionalGroupHelp(typer.core.TyperGroup):
+    """`launcher` itself, with its subcommands' help conventions (`--help`, `--version`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_untyped(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [*_usage_pieces(self, ctx), self.subcommand_metavar or "COMMAND [ARGS]..."]
+
+
+_EXIT_CODES_HELP = (
+    "Exit codes: 0 ok (up: stopped by a signal; status: all ready); "
+    "1 unexpected error, or problems found (check, down, diagnose); "
+    "2 config or usage error; 3 status: some server not ready; 4 up: every server gave up."
+)
+
 app = typer.Typer(
+    cls=_ConventionalGroupHelp,
     add_completion=False,
     no_args_is_help=True,
     help="Bring SGLang servers up on GPU hosts over SSH and keep them up.",
+    epilog=_EXIT_CODES_HELP,
 )
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -96,7 +148,8 @@ _STATUS_HEAD = 2 << 20  # bytes of a log's start `status` reads (start-up, args,
 _STATUS_TAIL = 512 << 10  # and of its end (the latest phase or failure)
 _HEALTH_DEADLINE_S = 25.0  # the whole /health request of `status`, body included
 
-ConfigArg = Annotated[Path, typer.Argument(help="config.toml", show_default=False)]
+ConfigArg = Annotated[Path, typer.Argument(metavar="CONFIG", help="config.toml",
+                                           show_default=False)]
 ServerOpt = Annotated[
     list[str] | None, typer.Option("--server", "-s", help="Only these servers (repeatable).")
 ]
@@ -269,9 +322,10 @@ def _log_version(text: str) -> str:
     return "0.5.10" if any(mark in text for mark in _OLD_LOG_MARKS) else DEFAULT_VERSION
 
 
-@app.command()
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def diagnose(
-    logfile: Annotated[Path, typer.Argument(help="An SGLang log (or its tail).")],
+    logfile: Annotated[Path, typer.Argument(metavar="LOGFILE",
+                                            help="An SGLang log (or its tail).")],
     as_json: JsonOpt = False,
     exit_status: Annotated[
         int | None, typer.Option("--exit-status", help="The process's exit status, if known.")
@@ -341,7 +395,7 @@ def diagnose(
     raise typer.Exit(0 if diag.outcome.value == "ready" else 1)
 
 
-@app.command()
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def plan(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None:
     """Show each server's exact command line, env (secrets masked), run dir and OOM ladder."""
     config = _guard(lambda: _open(config_path))
@@ -421,7 +475,7 @@ def _view(snaps: list[Snapshot]) -> Table:
     return table
 
 
-@app.command()
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def up(
     config_path: ConfigArg,
     server: ServerOpt = None,
@@ -617,7 +671,7 @@ def _up_exit_code(*, interrupted: bool, until_ready: bool, gave_up: list[bool],
     return EXIT_ERROR
 
 
-@app.command()
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def history(
     server_name: Annotated[str | None, typer.Argument(metavar="[SERVER]")] = None,
     config_path: Annotated[Path | None, typer.Option(
@@ -678,7 +732,7 @@ async def _per_server(config: Config, servers: list[ServerConfig],
     return results
 
 
-@app.command()
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def down(config_path: ConfigArg, server: ServerOpt = None) -> None:
     """Stop servers cleanly (TERM, bounded wait, KILL) and check their GPUs were freed."""
     config = _guard(lambda: _open(config_path))
@@ -776,7 +830,7 @@ async def _healthy(t: Transport, port: int) -> bool:
         return False
 
 
-@app.command()
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def status(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None:
     """Per server: running, pid, attempt, params, phase, ready, healthy, uptime. Exits 0
     only when every server is running and ready, else 3."""
@@ -816,7 +870,7 @@ def status(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = 
     raise typer.Exit(EXIT_OK if up_and_ready else EXIT_NOT_READY)
 
 
-@app.command()
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def logs(
     config_path: ConfigArg,
     server_name: Annotated[str, typer.Argument(metavar="SERVER")],
@@ -850,7 +904,7 @@ def logs(
         _fail(results[0])
 
 
-@app.command()
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def check(config_path: ConfigArg, server: ServerOpt = None) -> None:
     """Validate the config and preflight every server's host; launch nothing."""
     config = _guard(lambda: _open(config_path))
