@@ -96,12 +96,16 @@ def _flags_untyped(params: list[Any]) -> list[Any]:
 
 def _usage_pieces(command: Any, ctx: Any) -> list[str]:
     """The usage line's pieces with arguments as ``CONFIG`` or ``[SERVER]`` (their metavar, or
-    their name in capitals), where typer 0.29 writes a required one as ``{config_path}``."""
+    their name in capitals), where typer 0.29 writes a required one as ``{config_path}``. An
+    explicit metavar is shown as given unless an environment variable can stand in for the
+    argument (``[CONFIG]``): `logs`' SERVER is optional to click only so that
+    `logs SERVER` can take its CONFIG from the environment."""
     pieces = [command.options_metavar] if command.options_metavar else []
     for p in command.get_params(ctx):
         if isinstance(p, typer.core.TyperArgument):
             name = p.metavar or (p.name or "").upper()
-            name = name if p.required or name.startswith("[") else f"[{name}]"
+            optional = p.envvar or (not p.required and p.metavar is None)
+            name = f"[{name}]" if optional and not name.startswith("[") else name
             pieces.append(name if p.nargs == 1 else f"{name}...")
         else:
             pieces.extend(p.get_usage_pieces(ctx))
@@ -148,8 +152,12 @@ _STATUS_HEAD = 2 << 20  # bytes of a log's start `status` reads (start-up, args,
 _STATUS_TAIL = 512 << 10  # and of its end (the latest phase or failure)
 _HEALTH_DEADLINE_S = 25.0  # the whole /health request of `status`, body included
 
-ConfigArg = Annotated[Path, typer.Argument(metavar="CONFIG", help="config.toml",
-                                           show_default=False)]
+CONFIG_ENV = "LAUNCHER_CONFIG"
+# Optional on the command line: LAUNCHER_CONFIG stands in for it, like KUBECONFIG; _open
+# reports neither being given as a usage error naming both.
+ConfigArg = Annotated[Path | None, typer.Argument(
+    metavar="CONFIG", envvar=CONFIG_ENV, show_default=False,
+    help="config.toml")]
 ServerOpt = Annotated[
     list[str] | None, typer.Option("--server", "-s", help="Only these servers (repeatable).")
 ]
@@ -218,7 +226,10 @@ def _guard(fn: Callable[[], T]) -> T:
         _fail(exc)
 
 
-def _open(path: Path) -> Config:
+def _open(path: Path | None) -> Config:
+    if path is None:
+        raise UsageError("no config given", remedy=f"pass CONFIG (the path of a config.toml) "
+                         f"or set {CONFIG_ENV}=/path/to/config.toml")
     return expand_placeholders(load_config(path), path)
 
 
@@ -396,7 +407,9 @@ def diagnose(
 
 
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
-def plan(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None:
+def plan(
+    config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False
+) -> None:
     """Show each server's exact command line, env (secrets masked), run dir and OOM ladder."""
     config = _guard(lambda: _open(config_path))
     rows: list[dict[str, Any]] = []
@@ -477,7 +490,7 @@ def _view(snaps: list[Snapshot]) -> Table:
 
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def up(
-    config_path: ConfigArg,
+    config_path: ConfigArg = None,
     server: ServerOpt = None,
     until_ready: Annotated[
         bool,
@@ -733,7 +746,7 @@ async def _per_server(config: Config, servers: list[ServerConfig],
 
 
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
-def down(config_path: ConfigArg, server: ServerOpt = None) -> None:
+def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     """Stop servers cleanly (TERM, bounded wait, KILL) and check their GPUs were freed."""
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
@@ -831,7 +844,9 @@ async def _healthy(t: Transport, port: int) -> bool:
 
 
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
-def status(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None:
+def status(
+    config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False
+) -> None:
     """Per server: running, pid, attempt, params, phase, ready, healthy, uptime. Exits 0
     only when every server is running and ready, else 3."""
     config = _guard(lambda: _open(config_path))
@@ -870,15 +885,32 @@ def status(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = 
     raise typer.Exit(EXIT_OK if up_and_ready else EXIT_NOT_READY)
 
 
+def _config_and_server(config_path: Path | None, server_name: str | None
+                       ) -> tuple[Path | None, str]:
+    """CONFIG and SERVER of `logs CONFIG SERVER`, or of `logs SERVER` with the config in
+    $LAUNCHER_CONFIG (click gives the lone argument to CONFIG: it comes first)."""
+    if server_name is not None or config_path is None:  # _open reports a missing config
+        return config_path, server_name or ""
+    from_env = os.environ.get(CONFIG_ENV)
+    if from_env and config_path is not None and str(config_path) != from_env:
+        return Path(from_env), str(config_path)
+    _fail(UsageError("no SERVER given",
+                     remedy=f"`launcher logs CONFIG SERVER`, or `launcher logs SERVER` with "
+                     f"{CONFIG_ENV} set"))
+
+
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def logs(
-    config_path: ConfigArg,
-    server_name: Annotated[str, typer.Argument(metavar="SERVER")],
+    config_path: ConfigArg = None,
+    server_name: Annotated[str | None, typer.Argument(
+        metavar="SERVER", show_default=False,
+        help=f"The server (`logs SERVER` alone reads CONFIG from ${CONFIG_ENV}).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following.")] = False,
 ) -> None:
     """Print the log of a server's current (or last) attempt."""
+    config_path, name = _config_and_server(config_path, server_name)
     config = _guard(lambda: _open(config_path))
-    s = _guard(lambda: config.server(server_name))
+    s = _guard(lambda: config.server(name))
 
     async def show(s: ServerConfig, t: Transport) -> None:
         handle = await remote.latest_handle(t, _run_dir(config, s), s.name)
@@ -905,7 +937,7 @@ def logs(
 
 
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
-def check(config_path: ConfigArg, server: ServerOpt = None) -> None:
+def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     """Validate the config and preflight every server's host; launch nothing."""
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))

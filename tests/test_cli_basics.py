@@ -4,12 +4,30 @@ positional config, and `logs --tail/--attempt`."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 import launcher
-from tests.supervise import run_cli
+from tests.supervise import SERVER, SimSetup, run_cli
 
 pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[SimSetup]:
+    setup = SimSetup.create(tmp_path)
+    try:
+        yield setup
+    finally:
+        setup.cleanup()
+
+
+def quick(sim: SimSetup) -> dict[str, Any]:
+    return sim.data(mem_fraction_static=0.8, cuda_graph_max_bs=8)
 
 
 def test_version_prints_the_package_version() -> None:
@@ -33,13 +51,14 @@ def test_help_lists_the_exit_codes() -> None:
 
 
 @pytest.mark.parametrize(("command", "usage"), [
-    ("up", "up [OPTIONS] CONFIG"),
-    ("logs", "logs [OPTIONS] CONFIG SERVER"),
+    ("up", "up [OPTIONS] [CONFIG]"),
+    ("logs", "logs [OPTIONS] [CONFIG] SERVER"),
     ("history", "history [OPTIONS] [SERVER]"),
     ("diagnose", "diagnose [OPTIONS] LOGFILE"),
 ])
 def test_help_metavars_are_conventional(command: str, usage: str) -> None:
-    """Arguments read CONFIG / [SERVER], never typer's ``{config_path}``; flags carry no
+    """Arguments read CONFIG / [SERVER] (CONFIG in brackets: LAUNCHER_CONFIG may stand in
+    for it), never typer's ``{config_path}``; flags carry no
     ``<bool>`` type; the top level's usage still names the subcommand."""
     result = run_cli(command, "--help")
 
@@ -48,3 +67,51 @@ def test_help_metavars_are_conventional(command: str, usage: str) -> None:
     assert "{" not in result.stdout and "<bool>" not in result.stdout, result.stdout
     top = run_cli("--help").stdout
     assert "[OPTIONS] COMMAND [ARGS]..." in top and "<bool>" not in top, top
+
+
+def test_launcher_config_is_the_default_config(sim: SimSetup, tmp_path: Path) -> None:
+    """LAUNCHER_CONFIG stands in for CONFIG, like KUBECONFIG; a CONFIG on the command line
+    wins over it."""
+    config = sim.write_toml(quick(sim))
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    data = quick(sim)
+    data["servers"][0]["name"] = "other"
+    other_config = sim.write_toml(data, name="elsewhere/other.toml")
+
+    from_env = run_cli("plan", "--json", env={"LAUNCHER_CONFIG": str(config)})
+    given = run_cli("plan", str(other_config), "--json", env={"LAUNCHER_CONFIG": str(config)})
+
+    assert from_env.returncode == 0, from_env.stderr
+    assert [SERVER] == [r["server"] for r in json.loads(from_env.stdout)]
+    assert given.returncode == 0, given.stderr
+    assert ["other"] == [r["server"] for r in json.loads(given.stdout)]
+
+
+def test_logs_server_alone_reads_the_config_from_launcher_config(sim: SimSetup) -> None:
+    """`logs SERVER` with LAUNCHER_CONFIG set asks that config's host about SERVER (it has
+    no attempt yet: a usage error naming it and its host)."""
+    config = sim.write_toml(quick(sim))
+
+    result = run_cli("logs", SERVER, env={"LAUNCHER_CONFIG": str(config)})
+
+    assert result.returncode == 2, result.stderr
+    assert f"{SERVER} has no attempt on" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", ["up", "plan", "status", "down", "check", "logs"])
+def test_no_config_anywhere_is_a_usage_error_naming_both_ways(command: str) -> None:
+    result = run_cli(command)
+
+    assert result.returncode == 2, result.stderr
+    assert "no config given" in result.stderr, result.stderr
+    assert "pass CONFIG" in result.stderr and "set LAUNCHER_CONFIG=" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_logs_with_one_argument_and_no_launcher_config_asks_for_the_server() -> None:
+    result = run_cli("logs", "launcher.toml")
+
+    assert result.returncode == 2, result.stderr
+    assert "no SERVER given" in result.stderr, result.stderr
+    assert "LAUNCHER_CONFIG" in result.stderr
