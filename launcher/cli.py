@@ -684,24 +684,51 @@ def _up_exit_code(*, interrupted: bool, until_ready: bool, gave_up: list[bool],
     return EXIT_ERROR
 
 
+def _history_args(first: str | None, second: str | None, config_opt: Path | None
+                  ) -> tuple[Path | None, str | None]:
+    """CONFIG and SERVER of `history [CONFIG] [SERVER]`, which also keeps its older forms
+    `history [SERVER] -c CONFIG` and `history [SERVER]` (the default state directory).
+
+    Two arguments are CONFIG and SERVER. A lone argument is SERVER when ``-c`` is given; else
+    CONFIG when it names a file; else SERVER, with the config from $LAUNCHER_CONFIG if set.
+    Without arguments or ``-c``, the config is $LAUNCHER_CONFIG's, if set."""
+    from_env = os.environ.get(CONFIG_ENV) or None
+    if config_opt is not None:
+        if second is not None:
+            _fail(UsageError("history: CONFIG given twice (as an argument and as --config)",
+                             remedy="`launcher history CONFIG [SERVER]`"))
+        return config_opt, first
+    if second is not None:
+        return Path(first or ""), second
+    if first is not None and Path(first).is_file():
+        return Path(first), None
+    return (Path(from_env) if from_env else None), first
+
+
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def history(
-    server_name: Annotated[str | None, typer.Argument(metavar="[SERVER]")] = None,
-    config_path: Annotated[Path | None, typer.Option(
-        "--config", "-c", help="Read state_dir from this config.")] = None,
+    first: Annotated[str | None, typer.Argument(
+        metavar="[CONFIG]", show_default=False,
+        help=f"config.toml, whose state_dir holds the ledger (default: ${CONFIG_ENV}, else "
+        "the XDG state dir).")] = None,
+    second: Annotated[str | None, typer.Argument(
+        metavar="[SERVER]", show_default=False, help="Only this server's attempts.")] = None,
+    config_opt: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="The config as an option (older form of CONFIG).")] = None,
     state_dir: Annotated[Path | None, typer.Option(
-        "--state-dir", help="The state directory (default: XDG state dir).")] = None,
+        "--state-dir", help="The state directory (default: the config's).")] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1)] = 50,
     as_json: JsonOpt = False,
 ) -> None:
     """Show the attempt ledger: every attempt with params, outcome, phase and timings."""
+    config_path, server_name = _history_args(first, second, config_opt)
     if state_dir is None:
         state_dir = (_guard(lambda: _open(config_path)).state_dir if config_path
                      else default_state_dir(os.environ))
     path = ledger_path(state_dir)
     if not path.exists():
         _fail(UsageError(f"no attempt ledger at {path}",
-                         remedy="run `launcher up` first, or pass --config/--state-dir"))
+                         remedy="run `launcher up` first, or pass CONFIG or --state-dir"))
     with Ledger(path) as ledger:
         rows = ledger.history(server_name, limit=limit)
     if as_json:

@@ -53,7 +53,7 @@ def test_help_lists_the_exit_codes() -> None:
 @pytest.mark.parametrize(("command", "usage"), [
     ("up", "up [OPTIONS] [CONFIG]"),
     ("logs", "logs [OPTIONS] [CONFIG] SERVER"),
-    ("history", "history [OPTIONS] [SERVER]"),
+    ("history", "history [OPTIONS] [CONFIG] [SERVER]"),
     ("diagnose", "diagnose [OPTIONS] LOGFILE"),
 ])
 def test_help_metavars_are_conventional(command: str, usage: str) -> None:
@@ -115,3 +115,27 @@ def test_logs_with_one_argument_and_no_launcher_config_asks_for_the_server() -> 
     assert result.returncode == 2, result.stderr
     assert "no SERVER given" in result.stderr, result.stderr
     assert "LAUNCHER_CONFIG" in result.stderr
+
+
+def test_history_takes_the_config_as_an_argument(sim: SimSetup) -> None:
+    """`history CONFIG [SERVER]` like every other command; the older `history SERVER -c CONFIG`
+    still works, and `history SERVER` reads the config from LAUNCHER_CONFIG."""
+    config = sim.write_toml(quick(sim))
+    up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+    assert up.returncode == 0, up.stderr + up.stdout
+
+    def attempts(*args: str, env: dict[str, str] | None = None) -> list[tuple[str, int]]:
+        result = run_cli("history", *args, "--json", env=env)
+        assert result.returncode == 0, (args, result.stderr)
+        return [(r["server"], r["attempt"]) for r in json.loads(result.stdout)]
+
+    assert [(SERVER, 1)] == attempts(str(config))
+    assert [(SERVER, 1)] == attempts(str(config), SERVER)
+    assert [] == attempts(str(config), "nosuch")
+    assert [(SERVER, 1)] == attempts(SERVER, "-c", str(config))
+    assert [(SERVER, 1)] == attempts(SERVER, env={"LAUNCHER_CONFIG": str(config)})
+    assert [(SERVER, 1)] == attempts(env={"LAUNCHER_CONFIG": str(config)})
+
+    both = run_cli("history", str(config), SERVER, "-c", str(config))
+    assert both.returncode == 2 and "CONFIG given twice" in both.stderr, both.stderr
+    run_cli("down", str(config))
