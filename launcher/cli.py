@@ -926,6 +926,43 @@ def _config_and_server(config_path: Path | None, server_name: str | None
                      f"{CONFIG_ENV} set"))
 
 
+async def _attempt_handle(t: Transport, run_dir: str, s: ServerConfig,
+                          attempt: int | None) -> remote.RunHandle:
+    """The newest attempt of ``s``, or attempt ``attempt``; a usage error naming the attempts
+    there are when it does not exist."""
+    latest = await remote.latest_handle(t, run_dir, s.name)
+    if latest is None:
+        raise UsageError(f"{s.name} has no attempt on {s.host} yet",
+                         remedy="start it with `launcher up`")
+    if attempt is None or attempt == latest.attempt:
+        return latest
+    directory = latest.dir.rsplit("/", 1)[0]
+    handle = remote.RunHandle(s.name, attempt, f"{directory}/{attempt}", 0)
+    if attempt > latest.attempt or not await remote.path_exists(t, handle.dir):
+        raise UsageError(f"{s.name} has no attempt {attempt} on {s.host}",
+                         remedy=f"its newest attempt is {latest.attempt}; "
+                         f"`launcher history CONFIG {s.name}` lists them")
+    return handle
+
+
+async def _tail_offset(t: Transport, handle: remote.RunHandle, lines: int) -> int:
+    """The log offset where its last ``lines`` lines start (a last line without its newline
+    counts), read backwards READ_CHUNK bytes at a time."""
+    size = (await remote.probe(t, handle)).log_size
+    end = size
+    newlines: list[int] = []  # offsets just after each newline found, from the end
+    while end > 0:
+        start = max(0, end - remote.READ_CHUNK)
+        chunk = await remote.read_log(t, handle, start, end - start)
+        newlines += [start + i + 1 for i in range(len(chunk) - 1, -1, -1) if chunk[i] == 10]
+        # A final newline ends the last line rather than starting an empty one.
+        wanted = lines + (1 if newlines and newlines[0] == size else 0)
+        if len(newlines) >= wanted:
+            return size if lines == 0 else newlines[wanted - 1]
+        end = start
+    return 0
+
+
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def logs(
     config_path: ConfigArg = None,
@@ -933,24 +970,26 @@ def logs(
         metavar="SERVER", show_default=False,
         help=f"The server (`logs SERVER` alone reads CONFIG from ${CONFIG_ENV}).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following.")] = False,
+    tail: Annotated[int | None, typer.Option(
+        "--tail", "-n", min=0, metavar="N", help="Only the last N lines.")] = None,
+    attempt: Annotated[int | None, typer.Option(
+        "--attempt", min=1, metavar="N",
+        help="This attempt's log (default: the newest), a failed one included.")] = None,
 ) -> None:
-    """Print the log of a server's current (or last) attempt."""
+    """Print the log of a server's current (or last) attempt, or of attempt N."""
     config_path, name = _config_and_server(config_path, server_name)
     config = _guard(lambda: _open(config_path))
     s = _guard(lambda: config.server(name))
 
     async def show(s: ServerConfig, t: Transport) -> None:
-        handle = await remote.latest_handle(t, _run_dir(config, s), s.name)
-        if handle is None:
-            raise UsageError(f"{s.name} has no attempt on {s.host} yet",
-                             remedy="start it with `launcher up`")
+        handle = await _attempt_handle(t, _run_dir(config, s), s, attempt)
+        offset = 0 if tail is None else await _tail_offset(t, handle, tail)
         if not follow:
-            offset = 0
             while data := await remote.read_log(t, handle, offset, remote.READ_CHUNK):
                 sys.stdout.buffer.write(data)
                 offset += len(data)
             return
-        async for item in remote.follow(t, handle, 0):
+        async for item in remote.follow(t, handle, offset):
             if isinstance(item, remote.LogChunk):
                 sys.stdout.buffer.write(item.data)
                 sys.stdout.buffer.flush()

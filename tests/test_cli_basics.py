@@ -139,3 +139,36 @@ def test_history_takes_the_config_as_an_argument(sim: SimSetup) -> None:
     both = run_cli("history", str(config), SERVER, "-c", str(config))
     assert both.returncode == 2 and "CONFIG given twice" in both.stderr, both.stderr
     run_cli("down", str(config))
+
+
+def test_logs_tail_and_attempt_read_a_failed_attempts_log(sim: SimSetup) -> None:
+    """`logs --attempt N` prints attempt N's log byte for byte (here the attempt that died in
+    the weights phase), `--tail N` its last N lines; an attempt that does not exist is a usage
+    error naming the newest."""
+    data = sim.data(mem_fraction_static=0.8, cuda_graph_max_bs=8,
+                    faults=[{"kind": "die_silently", "phase": "weights", "attempts": [1]}])
+    config = sim.write_toml(data)
+    up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+    assert up.returncode == 0, up.stderr + up.stdout
+    failed = (sim.run_dir / SERVER / "1" / "log").read_text()
+    current = (sim.run_dir / SERVER / "2" / "log").read_text()
+    assert failed != current and failed.strip()
+
+    def logs(*args: str) -> str:
+        result = run_cli("logs", str(config), SERVER, *args)
+        assert result.returncode == 0, (args, result.stderr)
+        return result.stdout
+
+    assert failed == logs("--attempt", "1")
+    assert current == logs()
+    assert current == logs("--attempt", "2")
+    assert "".join(current.splitlines(keepends=True)[-3:]) == logs("--tail", "3")
+    assert "".join(failed.splitlines(keepends=True)[-2:]) == logs("--attempt", "1", "--tail", "2")
+    assert "" == logs("--tail", "0")
+    assert current == logs("--tail", "100000")
+
+    missing = run_cli("logs", str(config), SERVER, "--attempt", "9")
+    assert missing.returncode == 2, missing.stderr
+    assert f"{SERVER} has no attempt 9" in missing.stderr
+    assert "newest attempt is 2" in missing.stderr
+    run_cli("down", str(config))
