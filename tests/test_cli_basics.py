@@ -9,9 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import launcher
+from launcher import remote
+from launcher.cli import _tail_offset
+from launcher.transport.local import LocalTransport
 from tests.supervise import SERVER, SimSetup, run_cli
 
 pytestmark = pytest.mark.timeout(90)
@@ -172,3 +176,25 @@ def test_logs_tail_and_attempt_read_a_failed_attempts_log(sim: SimSetup) -> None
     assert f"{SERVER} has no attempt 9" in missing.stderr
     assert "newest attempt is 2" in missing.stderr
     run_cli("down", str(config))
+
+
+@pytest.mark.parametrize("text", ["a\nbb\n\nccc\ndddd\n", "a\nbb\n\nccc\ndddd", "", "\n\n"])
+def test_tail_offset_reads_backwards_across_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    """`logs --tail N`'s start offset, with chunks of 3 bytes so that lines and newlines
+    straddle chunk boundaries: the log from it is exactly the last N lines."""
+    (tmp_path / "log").write_text(text)
+    handle = remote.RunHandle("s", 1, str(tmp_path), 0)
+    monkeypatch.setattr(remote, "READ_CHUNK", 3)
+
+    async def offsets() -> list[int]:
+        t = LocalTransport("local")
+        try:
+            return [await _tail_offset(t, handle, n) for n in range(7)]
+        finally:
+            await t.aclose()
+
+    for n, offset in enumerate(anyio.run(offsets)):
+        lines = text.splitlines(keepends=True)
+        assert "".join(lines[max(0, len(lines) - n):] if n else []) == text[offset:], n
