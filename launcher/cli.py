@@ -874,8 +874,9 @@ async def _healthy(t: Transport, port: int) -> bool:
 def status(
     config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Per server: running, pid, attempt, params, phase, ready, healthy, uptime. Exits 0
-    only when every server is running and ready, else 3."""
+    """Per server: running, pid, attempt, params, phase, ready, healthy, uptime.
+
+    Exits 0 only when every server is running and ready, else 3."""
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
     results = anyio.run(_per_server, config, servers,
