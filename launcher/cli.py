@@ -31,12 +31,13 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import anyio
 import structlog
 import typer
+import typer.core
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from launcher import health, remote
+from launcher import __version__, health, remote
 from launcher.classify import diagnose_text
 from launcher.command import server_command
 from launcher.config import (
@@ -84,10 +85,65 @@ EXIT_USAGE = 2
 EXIT_NOT_READY = 3
 EXIT_GAVE_UP = 4
 
+def _flags_untyped(params: list[Any]) -> list[Any]:
+    """``params`` with every flag's metavar set to "": typer shows a metavar, when set, instead
+    of the type, and a flag takes no value (typer 0.29 writes ``--json <bool>``)."""
+    for p in params:
+        if isinstance(p, typer.core.TyperOption) and p.is_flag and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+def _usage_pieces(command: Any, ctx: Any) -> list[str]:
+    """The usage line's pieces with arguments as ``CONFIG`` or ``[SERVER]`` (their metavar, or
+    their name in capitals), where typer 0.29 writes a required one as ``{config_path}``. An
+    explicit metavar is shown as given unless an environment variable can stand in for the
+    argument (``[CONFIG]``): `logs`' SERVER is optional to click only so that
+    `logs SERVER` can take its CONFIG from the environment."""
+    pieces = [command.options_metavar] if command.options_metavar else []
+    for p in command.get_params(ctx):
+        if isinstance(p, typer.core.TyperArgument):
+            name = p.metavar or (p.name or "").upper()
+            optional = p.envvar or (not p.required and p.metavar is None)
+            name = f"[{name}]" if optional and not name.startswith("[") else name
+            pieces.append(name if p.nargs == 1 else f"{name}...")
+        else:
+            pieces.extend(p.get_usage_pieces(ctx))
+    return pieces
+
+
+class _ConventionalHelp(typer.core.TyperCommand):
+    """A `launcher` subcommand whose help reads like other Unix tools' (see _usage_pieces)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_untyped(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return _usage_pieces(self, ctx)
+
+
+class _ConventionalGroupHelp(typer.core.TyperGroup):
+    """`launcher` itself, with its subcommands' help conventions (`--help`, `--version`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_untyped(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [*_usage_pieces(self, ctx), self.subcommand_metavar or "COMMAND [ARGS]..."]
+
+
+_EXIT_CODES_HELP = (
+    "Exit codes: 0 ok (up: stopped by a signal; status: all ready); "
+    "1 unexpected error, or problems found (check, down, diagnose); "
+    "2 config or usage error; 3 status: some server not ready; 4 up: every server gave up."
+)
+
 app = typer.Typer(
+    cls=_ConventionalGroupHelp,
     add_completion=False,
     no_args_is_help=True,
     help="Bring SGLang servers up on GPU hosts over SSH and keep them up.",
+    epilog=_EXIT_CODES_HELP,
 )
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -96,15 +152,30 @@ _STATUS_HEAD = 2 << 20  # bytes of a log's start `status` reads (start-up, args,
 _STATUS_TAIL = 512 << 10  # and of its end (the latest phase or failure)
 _HEALTH_DEADLINE_S = 25.0  # the whole /health request of `status`, body included
 
-ConfigArg = Annotated[Path, typer.Argument(help="config.toml", show_default=False)]
+CONFIG_ENV = "LAUNCHER_CONFIG"
+# Optional on the command line: LAUNCHER_CONFIG stands in for it, like KUBECONFIG; _open
+# reports neither being given as a usage error naming both.
+ConfigArg = Annotated[Path | None, typer.Argument(
+    metavar="CONFIG", envvar=CONFIG_ENV, show_default=False,
+    help="config.toml")]
 ServerOpt = Annotated[
     list[str] | None, typer.Option("--server", "-s", help="Only these servers (repeatable).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"launcher {__version__}", highlight=False)
+        raise typer.Exit(EXIT_OK)
+
+
 @app.callback()
-def _setup() -> None:
+def _setup(
+    version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="Print launcher's version and exit.")] = False,
+) -> None:
     """Commands other than `up` log warnings only, to stderr; `up` reconfigures."""
     configure("console", stream=sys.stderr, level=logging.WARNING)
 
@@ -155,7 +226,10 @@ def _guard(fn: Callable[[], T]) -> T:
         _fail(exc)
 
 
-def _open(path: Path) -> Config:
+def _open(path: Path | None) -> Config:
+    if path is None:
+        raise UsageError("no config given", remedy=f"pass CONFIG (the path of a config.toml) "
+                         f"or set {CONFIG_ENV}=/path/to/config.toml")
     return expand_placeholders(load_config(path), path)
 
 
@@ -259,9 +333,10 @@ def _log_version(text: str) -> str:
     return "0.5.10" if any(mark in text for mark in _OLD_LOG_MARKS) else DEFAULT_VERSION
 
 
-@app.command()
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def diagnose(
-    logfile: Annotated[Path, typer.Argument(help="An SGLang log (or its tail).")],
+    logfile: Annotated[Path, typer.Argument(metavar="LOGFILE",
+                                            help="An SGLang log (or its tail).")],
     as_json: JsonOpt = False,
     exit_status: Annotated[
         int | None, typer.Option("--exit-status", help="The process's exit status, if known.")
@@ -331,8 +406,10 @@ def diagnose(
     raise typer.Exit(0 if diag.outcome.value == "ready" else 1)
 
 
-@app.command()
-def plan(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None:
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
+def plan(
+    config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False
+) -> None:
     """Show each server's exact command line, env (secrets masked), run dir and OOM ladder."""
     config = _guard(lambda: _open(config_path))
     rows: list[dict[str, Any]] = []
@@ -411,9 +488,9 @@ def _view(snaps: list[Snapshot]) -> Table:
     return table
 
 
-@app.command()
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def up(
-    config_path: ConfigArg,
+    config_path: ConfigArg = None,
     server: ServerOpt = None,
     until_ready: Annotated[
         bool,
@@ -607,24 +684,51 @@ def _up_exit_code(*, interrupted: bool, until_ready: bool, gave_up: list[bool],
     return EXIT_ERROR
 
 
-@app.command()
+def _history_args(first: str | None, second: str | None, config_opt: Path | None
+                  ) -> tuple[Path | None, str | None]:
+    """CONFIG and SERVER of `history [CONFIG] [SERVER]`, which also keeps its older forms
+    `history [SERVER] -c CONFIG` and `history [SERVER]` (the default state directory).
+
+    Two arguments are CONFIG and SERVER. A lone argument is SERVER when ``-c`` is given; else
+    CONFIG when it names a file; else SERVER, with the config from $LAUNCHER_CONFIG if set.
+    Without arguments or ``-c``, the config is $LAUNCHER_CONFIG's, if set."""
+    from_env = os.environ.get(CONFIG_ENV) or None
+    if config_opt is not None:
+        if second is not None:
+            _fail(UsageError("history: CONFIG given twice (as an argument and as --config)",
+                             remedy="`launcher history CONFIG [SERVER]`"))
+        return config_opt, first
+    if second is not None:
+        return Path(first or ""), second
+    if first is not None and Path(first).is_file():
+        return Path(first), None
+    return (Path(from_env) if from_env else None), first
+
+
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def history(
-    server_name: Annotated[str | None, typer.Argument(metavar="[SERVER]")] = None,
-    config_path: Annotated[Path | None, typer.Option(
-        "--config", "-c", help="Read state_dir from this config.")] = None,
+    first: Annotated[str | None, typer.Argument(
+        metavar="[CONFIG]", show_default=False,
+        help=f"config.toml, whose state_dir holds the ledger (default: ${CONFIG_ENV}, else "
+        "the XDG state dir).")] = None,
+    second: Annotated[str | None, typer.Argument(
+        metavar="[SERVER]", show_default=False, help="Only this server's attempts.")] = None,
+    config_opt: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="The config as an option (older form of CONFIG).")] = None,
     state_dir: Annotated[Path | None, typer.Option(
-        "--state-dir", help="The state directory (default: XDG state dir).")] = None,
+        "--state-dir", help="The state directory (default: the config's).")] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1)] = 50,
     as_json: JsonOpt = False,
 ) -> None:
     """Show the attempt ledger: every attempt with params, outcome, phase and timings."""
+    config_path, server_name = _history_args(first, second, config_opt)
     if state_dir is None:
         state_dir = (_guard(lambda: _open(config_path)).state_dir if config_path
                      else default_state_dir(os.environ))
     path = ledger_path(state_dir)
     if not path.exists():
         _fail(UsageError(f"no attempt ledger at {path}",
-                         remedy="run `launcher up` first, or pass --config/--state-dir"))
+                         remedy="run `launcher up` first, or pass CONFIG or --state-dir"))
     with Ledger(path) as ledger:
         rows = ledger.history(server_name, limit=limit)
     if as_json:
@@ -668,8 +772,8 @@ async def _per_server(config: Config, servers: list[ServerConfig],
     return results
 
 
-@app.command()
-def down(config_path: ConfigArg, server: ServerOpt = None) -> None:
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
+def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     """Stop servers cleanly (TERM, bounded wait, KILL) and check their GPUs were freed."""
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
@@ -766,10 +870,13 @@ async def _healthy(t: Transport, port: int) -> bool:
         return False
 
 
-@app.command()
-def status(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = False) -> None:
-    """Per server: running, pid, attempt, params, phase, ready, healthy, uptime. Exits 0
-    only when every server is running and ready, else 3."""
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
+def status(
+    config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Per server: running, pid, attempt, params, phase, ready, healthy, uptime.
+
+    Exits 0 only when every server is running and ready, else 3."""
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
     results = anyio.run(_per_server, config, servers,
@@ -806,28 +913,84 @@ def status(config_path: ConfigArg, server: ServerOpt = None, as_json: JsonOpt = 
     raise typer.Exit(EXIT_OK if up_and_ready else EXIT_NOT_READY)
 
 
-@app.command()
+def _config_and_server(config_path: Path | None, server_name: str | None
+                       ) -> tuple[Path | None, str]:
+    """CONFIG and SERVER of `logs CONFIG SERVER`, or of `logs SERVER` with the config in
+    $LAUNCHER_CONFIG (click gives the lone argument to CONFIG: it comes first)."""
+    if server_name is not None or config_path is None:  # _open reports a missing config
+        return config_path, server_name or ""
+    from_env = os.environ.get(CONFIG_ENV)
+    if from_env and config_path is not None and str(config_path) != from_env:
+        return Path(from_env), str(config_path)
+    _fail(UsageError("no SERVER given",
+                     remedy=f"`launcher logs CONFIG SERVER`, or `launcher logs SERVER` with "
+                     f"{CONFIG_ENV} set"))
+
+
+async def _attempt_handle(t: Transport, run_dir: str, s: ServerConfig,
+                          attempt: int | None) -> remote.RunHandle:
+    """The newest attempt of ``s``, or attempt ``attempt``; a usage error naming the attempts
+    there are when it does not exist."""
+    latest = await remote.latest_handle(t, run_dir, s.name)
+    if latest is None:
+        raise UsageError(f"{s.name} has no attempt on {s.host} yet",
+                         remedy="start it with `launcher up`")
+    if attempt is None or attempt == latest.attempt:
+        return latest
+    directory = latest.dir.rsplit("/", 1)[0]
+    handle = remote.RunHandle(s.name, attempt, f"{directory}/{attempt}", 0)
+    if attempt > latest.attempt or not await remote.path_exists(t, handle.dir):
+        raise UsageError(f"{s.name} has no attempt {attempt} on {s.host}",
+                         remedy=f"its newest attempt is {latest.attempt}; "
+                         f"`launcher history CONFIG {s.name}` lists them")
+    return handle
+
+
+async def _tail_offset(t: Transport, handle: remote.RunHandle, lines: int) -> int:
+    """The log offset where its last ``lines`` lines start (a last line without its newline
+    counts), read backwards READ_CHUNK bytes at a time."""
+    size = (await remote.probe(t, handle)).log_size
+    end = size
+    newlines: list[int] = []  # offsets just after each newline found, from the end
+    while end > 0:
+        start = max(0, end - remote.READ_CHUNK)
+        chunk = await remote.read_log(t, handle, start, end - start)
+        newlines += [start + i + 1 for i in range(len(chunk) - 1, -1, -1) if chunk[i] == 10]
+        # A final newline ends the last line rather than starting an empty one.
+        wanted = lines + (1 if newlines and newlines[0] == size else 0)
+        if len(newlines) >= wanted:
+            return size if lines == 0 else newlines[wanted - 1]
+        end = start
+    return 0
+
+
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def logs(
-    config_path: ConfigArg,
-    server_name: Annotated[str, typer.Argument(metavar="SERVER")],
+    config_path: ConfigArg = None,
+    server_name: Annotated[str | None, typer.Argument(
+        metavar="SERVER", show_default=False,
+        help=f"The server (`logs SERVER` alone reads CONFIG from ${CONFIG_ENV}).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following.")] = False,
+    tail: Annotated[int | None, typer.Option(
+        "--tail", "-n", min=0, metavar="N", help="Only the last N lines.")] = None,
+    attempt: Annotated[int | None, typer.Option(
+        "--attempt", min=1, metavar="N",
+        help="This attempt's log (default: the newest), a failed one included.")] = None,
 ) -> None:
-    """Print the log of a server's current (or last) attempt."""
+    """Print the log of a server's current (or last) attempt, or of attempt N."""
+    config_path, name = _config_and_server(config_path, server_name)
     config = _guard(lambda: _open(config_path))
-    s = _guard(lambda: config.server(server_name))
+    s = _guard(lambda: config.server(name))
 
     async def show(s: ServerConfig, t: Transport) -> None:
-        handle = await remote.latest_handle(t, _run_dir(config, s), s.name)
-        if handle is None:
-            raise UsageError(f"{s.name} has no attempt on {s.host} yet",
-                             remedy="start it with `launcher up`")
+        handle = await _attempt_handle(t, _run_dir(config, s), s, attempt)
+        offset = 0 if tail is None else await _tail_offset(t, handle, tail)
         if not follow:
-            offset = 0
             while data := await remote.read_log(t, handle, offset, remote.READ_CHUNK):
                 sys.stdout.buffer.write(data)
                 offset += len(data)
             return
-        async for item in remote.follow(t, handle, 0):
+        async for item in remote.follow(t, handle, offset):
             if isinstance(item, remote.LogChunk):
                 sys.stdout.buffer.write(item.data)
                 sys.stdout.buffer.flush()
@@ -840,8 +1003,8 @@ def logs(
         _fail(results[0])
 
 
-@app.command()
-def check(config_path: ConfigArg, server: ServerOpt = None) -> None:
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
+def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     """Validate the config and preflight every server's host; launch nothing."""
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
