@@ -27,7 +27,9 @@ guess costs one more attempt, whose log then has the exact figure.
 KV too small: SGLang's stated minimum (or (weights + counted draft weights) / pre) plus
 ``KV_CUSHION``, never SGLang's auto value (only without any figure is the auto value a floor);
 once a pool > 0 was too small, the most the brackets allow (an OOM there brings the graph
-figures). Without figures at all, fixed steps of ``STEP_FRACTION`` (SGLang's own advice),
+figures). A graph estimate below a fraction known to leave too small a pool is wrong: then the
+KV figures' fraction is taken, bisected between the brackets where they cap it (never a
+0.001 walk). Without figures at all, fixed steps of ``STEP_FRACTION`` (SGLang's own advice),
 halving the graph bs where the fraction would cross its floor.
 
 Multi-pass capture (a log that names its passes, ``Numbers.graph_pass``): SGLang captures
@@ -790,7 +792,16 @@ def _by_model(
     # and a failure there narrows the brackets with exact figures.
     b = open_bs[-1]
     est = facts.estimate(b, optimistic=True, without_extend=without_extend)
-    return max(facts.lo, min(est, facts.hi(b, ceiling))), b
+    hi = facts.hi(b, ceiling)
+    if est < facts.lo:
+        # The graph estimate is below a fraction known to leave too small a KV pool, so it is
+        # wrong and says nothing: proposing that bound alone would walk the pool up a
+        # thousandth a try (issue 9). Take what the KV figures imply (soft_lo: SGLang's
+        # minimum or the weights plus a cushion, a pool found too small times KV_GROWTH);
+        # where the brackets cap that, bisect between the two brackets.
+        grown = facts.soft_lo()
+        return (grown if grown <= hi else (facts.lo + hi + 1) // 2), b
+    return max(facts.lo, min(est, hi)), b
 
 
 def _by_step(

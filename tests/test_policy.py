@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from launcher.policy import (
     resolve_params,
 )
 from launcher.sglang.autoargs import auto_cuda_graph_max_bs, auto_mem_fraction_static
-from launcher.sim.memory import MemoryScenario, simulate
+from launcher.sim.memory import MemoryScenario, SpecScenario, simulate
 from launcher.sim.observe import observed, run_policy
 from tests.multipass import Pass, World
 from tests.multipass import run_policy as run_multipass
@@ -563,3 +564,33 @@ def test_relaunch_keeps_the_other_knobs() -> None:
     rec = record(p, CAPTURE, tried_gib=7.5, free_gib=2.3, total_gib=93.0, pre_load_avail_gib=85.0)
     new = next_params(p, Bounds(), [rec]).params
     assert new is not None and new == replace(p, mem_fraction_static=new.mem_fraction_static)
+
+
+def test_kv_too_small_after_a_large_capture_oom_does_not_creep_a_thousandth() -> None:
+    """Issue 9's 0.001 creep, on an EAGLE scenario of ``bench_oom.py --families`` (seed 1,
+    eagle case 177, figures rounded): a capture OOM at 0.95 bs 160 sent the policy to bs 1 below
+    a fraction the model estimate could not reach; each kv_too_small then raised the fraction
+    0.001 (0.720, 0.721, ... until attempts ran out) although the weights figures imply a pool
+    far bigger. The next try must follow the KV figures, and the loop be ready soon."""
+    scenario = MemoryScenario(
+        gpu_total_gib=36.249, weights_gib=194.252, tp=8, other_used_gib=0.0,
+        context_gib=1.644, kv_gib_per_1k_tokens=0.0498, min_kv_tokens=12192,
+        graph_gib_per_bs=0.0725, graph_overhead_gib=0.0046, warmup_gib=0.683,
+        sglang_version="0.5.23",
+        spec=SpecScenario(algorithm="EAGLE", num_steps=1, topk=2, num_draft_tokens=9,
+                          max_running_requests=180, draft_weights_gib=0.616,
+                          draft_kv_gib_per_1k_tokens=0.00538,
+                          draft_graph_gib_per_token=0.00491,
+                          draft_graph_overhead_gib=0.00149),
+    )
+    history = run_policy(scenario, LaunchParams(0.71, 160), Bounds(0.5, 0.95, 1, 8))
+    steps = [(r.params.mem_fraction_static, r.params.cuda_graph_max_bs, r.outcome)
+             for r in history]
+    assert history[-1].outcome is Outcome.READY, steps
+    assert len(history) <= 4, steps
+    for before, after in itertools.pairwise(history):
+        if before.outcome is Outcome.KV_TOO_SMALL:
+            assert after.params.mem_fraction_static is not None
+            assert before.params.mem_fraction_static is not None
+            assert after.params.mem_fraction_static - before.params.mem_fraction_static > 0.002, (
+                steps)
