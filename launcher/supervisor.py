@@ -425,19 +425,24 @@ class ServerSupervisor:
             self.machine.attempt = self.machine.attempt_base = found.latest
             return Start()
 
-    async def _survey(self) -> remote.Survey:
-        retrying = AsyncRetrying(
+    def _transient_retrying(self, tries: int, event: str) -> AsyncRetrying:
+        """Up to ``tries`` tries of a host operation, retrying only ``is_transient`` errors
+        (bounded, exponential with jitter), each retry logged as ``event``; the last error is
+        re-raised."""
+        return AsyncRetrying(
             retry=retry_if_exception(is_transient),
-            stop=stop_after_attempt(self.listing_tries),
+            stop=stop_after_attempt(tries),
             wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.5),
-            before_sleep=lambda rs: self._emit("listing.retry", {
+            before_sleep=lambda rs: self._emit(event, {
                 "try": rs.attempt_number,
                 "error": str(rs.outcome.exception()) if rs.outcome else "",
             }),
             sleep=anyio.sleep,
             reraise=True,
         )
-        async for attempt in retrying:
+
+    async def _survey(self) -> remote.Survey:
+        async for attempt in self._transient_retrying(self.listing_tries, "listing.retry"):
             with attempt:
                 return await remote.survey(self.transport, self.run_dir, self.server.name,
                                            adopting=True)
@@ -499,17 +504,7 @@ class ServerSupervisor:
         asked right now (``is_transient``: unreachable, a command timeout, a refused
         session), after the checks were retried ``preflight_tries`` times. The rest is
         fatal."""
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(is_transient),
-            stop=stop_after_attempt(self.preflight_tries),
-            wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.5),
-            before_sleep=lambda rs: self._emit("preflight.retry", {
-                "try": rs.attempt_number,
-                "error": str(rs.outcome.exception()) if rs.outcome else "",
-            }),
-            sleep=anyio.sleep,
-            reraise=True,
-        )
+        retrying = self._transient_retrying(self.preflight_tries, "preflight.retry")
         try:
             async for attempt in retrying:
                 with attempt:
