@@ -84,18 +84,11 @@ STALL_BUDGET_S = 2.0
 CUT_S = 3 * STALL_BUDGET_S
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)  # two outages of seconds each, plus reconnects
-async def test_network_cut_for_three_stall_budgets_relaunches_nothing_and_resumes_at_offset(
-    ns_sshd: NetnsSshd, tmp_path: Path
-) -> None:
-    """The host's network is cut for 3x the stall budget twice: while CUDA graphs are being
-    captured (the log keeps growing on the host) and while ready (with lines appended to the
-    log during the cut). Neither cut stalls, fails a probe or relaunches; each is reported as
-    host.unreachable and then host.reachable with the time unreachable; the follower resumes
-    at the offset it had reached and delivers the log's lines exactly once."""
-    site = Site.create(tmp_path, "gpu1", ns_sshd)
-    # tiny-1b captures ~36 batch sizes: slowed 200x, one progress write every ~0.75 s.
+def _slow_capture(
+    site: Site, tmp_path: Path
+) -> tuple[LineRecordingSupervisor, FollowRecordingTransport, EventRecorder]:
+    """A supervisor of server "llm" on ``site`` whose CUDA-graph capture is slowed 200x (one
+    progress write every ~0.75 s), with a short capture stall budget and 1 s keepalives."""
     faults = site.sim.write_faults([{"kind": "slow", "phase": "cuda_graph", "factor": 200}])
     config = ssh_config(
         tmp_path,
@@ -108,6 +101,22 @@ async def test_network_cut_for_three_stall_budgets_relaunches_nothing_and_resume
     assert isinstance(transport, FollowRecordingTransport)
     sup = LineRecordingSupervisor(config, config.server("llm"), transport,
                                   sglang_version="0.5.23", hooks=[events])
+    return sup, transport, events
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # two outages of seconds each, plus reconnects
+async def test_network_cut_for_three_stall_budgets_relaunches_nothing_and_resumes_at_offset(
+    ns_sshd: NetnsSshd, tmp_path: Path
+) -> None:
+    """The host's network is cut for 3x the stall budget twice: while CUDA graphs are being
+    captured (the log keeps growing on the host) and while ready (with lines appended to the
+    log during the cut). Neither cut stalls, fails a probe or relaunches; each is reported as
+    host.unreachable and then host.reachable with the time unreachable; the follower resumes
+    at the offset it had reached and delivers the log's lines exactly once."""
+    site = Site.create(tmp_path, "gpu1", ns_sshd)
+    # tiny-1b captures ~36 batch sizes: slowed 200x, one progress write every ~0.75 s.
+    sup, transport, events = _slow_capture(site, tmp_path)
     outages: list[dict[str, Any]] = []
 
     async def cut(appended: bytes = b"") -> None:
@@ -240,18 +249,7 @@ async def test_sshd_killed_mid_load_then_restarted_relaunches_nothing_and_loses_
     started again 3x the stall budget later: the server keeps its pid and attempt, nothing
     stalls or relaunches, and the follower delivered every log line exactly once."""
     site = Site.create(tmp_path, "gpu1", stock_sshd)
-    faults = site.sim.write_faults([{"kind": "slow", "phase": "cuda_graph", "factor": 200}])
-    config = ssh_config(
-        tmp_path,
-        [site.host_entry(keepalive_interval="1s", connect_timeout="2s")],
-        [server_entry("llm", site, port=free_port(), env={"SGLANG_SIM_FAULTS": str(faults)})],
-        policy={"stall": {"cuda_graph": f"{STALL_BUDGET_S}s"}},
-    )
-    events = EventRecorder()
-    transport = FollowRecordingTransport.from_host_config(config.host("gpu1"))
-    assert isinstance(transport, FollowRecordingTransport)
-    sup = LineRecordingSupervisor(config, config.server("llm"), transport,
-                                  sglang_version="0.5.23", hooks=[events])
+    sup, transport, events = _slow_capture(site, tmp_path)
     try:
         async with supervising(sup):
             await wait_until(lambda: sup.state is State.CUDA_GRAPH, 60, events, "cuda_graph")
