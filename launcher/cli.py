@@ -20,16 +20,13 @@ import logging
 import os
 import re
 import shlex
-import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
-import structlog
 import typer
 import typer.core
 from rich.console import Console
@@ -37,8 +34,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from launcher import __version__, health, remote
-from launcher.classify import diagnose_text
+from launcher import __version__, daemon, health, remote
 from launcher.command import server_command
 from launcher.config import (
     Config,
@@ -57,26 +53,19 @@ from launcher.errors import (
 )
 from launcher.eventlog import Format, configure
 from launcher.gpus import check_gpus
-from launcher.lifecycle import State
-from launcher.logparse import LineSplitter, LogFollower
-from launcher.metrics import Metrics
 from launcher.notify import ServerInfo, SlackNotifier
-from launcher.outcome import Diagnosis
 from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
+from launcher.sglang.classify import diagnose_text
+from launcher.sglang.logparse import LineSplitter, LogFollower
+from launcher.sglang.outcome import Diagnosis
 from launcher.sglang.versions import DEFAULT_VERSION
 from launcher.store import (
     Ledger,
-    LedgerRecorder,
-    StateLock,
-    fingerprint,
-    initial_params,
     ledger_path,
 )
-from launcher.supervisor import EventHook, ServerSupervisor, Snapshot, supervise_all
-from launcher.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
-from launcher.transport import make_transport
+from launcher.supervisor import Snapshot
 from launcher.transport.base import Transport
 
 EXIT_OK = 0
@@ -239,22 +228,6 @@ def _selected(config: Config, names: list[str] | None) -> list[ServerConfig]:
     if not names:
         return list(config.servers)
     return [config.server(n) for n in names]
-
-
-def _transports(config: Config, servers: list[ServerConfig]) -> dict[str, Transport]:
-    return {s.host: make_transport(config.host(s.host)) for s in servers}
-
-
-async def _close(transports: dict[str, Transport]) -> None:
-    with anyio.CancelScope(shield=True):
-        for t in transports.values():
-            await t.aclose()
-
-
-async def _version(server: ServerConfig, transport: Transport) -> str:
-    if server.sglang_version:
-        return server.sglang_version
-    return await remote.detect_sglang_version(transport, server.command)
 
 
 # --- diagnose / plan ------------------------------------------------------------------
@@ -537,138 +510,39 @@ def up(
         "json" if log_format == "json" or (log_format == "auto" and not live) else "console"
     )
     configure(fmt, stream=sys.stderr if live else sys.stdout)
-    code = anyio.run(_up, config, servers, secrets, notifier,
-                     Options(until_ready, stop_on_exit, live, fresh))
-    raise typer.Exit(code)
-
-
-@dataclass(frozen=True)
-class Options:
-    """The flags of `launcher up`."""
-
-    until_ready: bool
-    stop_on_exit: bool
-    live: bool
-    fresh: bool
-
-
-async def _up(config: Config, servers: list[ServerConfig], secrets: dict[str, dict[str, str]],
-              notifier: SlackNotifier, opts: Options) -> int:
-    transports = _transports(config, servers)
-    code = EXIT_ERROR
+    view = _LiveView() if live else None
+    opts = daemon.Options(until_ready=until_ready, stop_on_exit=stop_on_exit, fresh=fresh)
     try:
-        with StateLock(config.state_dir), Ledger(ledger_path(config.state_dir)) as ledger:
-            async with anyio.create_task_group() as tg:
-                await tg.start(notifier.run)
-                try:
-                    code = await _supervise(config, servers, secrets, transports, ledger,
-                                            notifier, opts)
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await notifier.aclose(10.0)
-                    tg.cancel_scope.cancel()
-        return code
+        result = anyio.run(daemon.run, config, servers, secrets, notifier, opts, view)
     except LauncherError as exc:
         _error(err, exc)
-        return _exit_code(exc)
-    finally:
-        await _close(transports)
-
-
-async def _supervise(config: Config, servers: list[ServerConfig],
-                     secrets: dict[str, dict[str, str]], transports: dict[str, Transport],
-                     ledger: Ledger, notifier: SlackNotifier, opts: Options) -> int:
-    until_ready, stop_on_exit, live, fresh = (
-        opts.until_ready, opts.stop_on_exit, opts.live, opts.fresh)
-    log = structlog.get_logger("launcher")
-    fingerprints: dict[str, str] = {}
-    plans: list[tuple[ServerConfig, str, LaunchParams]] = []
-    for s in servers:
-        version = await _version(s, transports[s.host])
-        fp = fingerprint(s, config.host(s.host), version)
-        fingerprints[s.name] = fp
-        configured = s.launch_params()
-        initial, why = initial_params(ledger, fp, configured, fresh)
-        log.info("params.initial", server=s.name, params=initial.describe(), reason=why,
-                 sglang_version=version)
-        plans.append((s, version, initial))
-    recorder = LedgerRecorder(ledger, fingerprints)
-    hooks: list[EventHook] = [recorder, notifier]
-    metrics = Metrics() if config.metrics else None
-    metrics_server = None
-    if metrics is not None and config.metrics is not None:
-        hooks.append(metrics)
-        metrics_server = metrics.serve(config.metrics.host, config.metrics.port)
-        log.info("metrics.listening", url=metrics_server.url)
-    sd = SdNotifier.from_env()
-    sups = [
-        ServerSupervisor(config, s, transports[s.host], sglang_version=version,
-                         secret_env=secrets[s.name], stop_on_exit=stop_on_exit,
-                         initial=initial, hooks=hooks)
-        for s, version, initial in plans
-    ]
-    interrupted = False
-
-    async def watch_signals() -> None:
-        nonlocal interrupted
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                interrupted = True
-                for sup in sups:
-                    sup.request_stop(kill=stop_on_exit)
-                return
-
-    view = Live(_view([s.snapshot() for s in sups]), console=out,
-                refresh_per_second=4) if live else None
-
-    def snapshots() -> list[Snapshot]:
-        return [s.snapshot() for s in sups]
-
-    async def tick() -> None:
-        if view is not None:
-            view.update(_view(snapshots()))
-        if metrics is not None:
-            metrics.update_states(snapshots())
-
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch_signals)
-            if sd is not None:
-                # READY=1 means "supervising", not "every server is ready" (that can take an
-                # hour); the watchdog pings from this loop so a wedged loop gets restarted.
-                sd.ready(status_summary(snapshots()))
-                interval = watchdog_interval()
-                if interval is not None:
-                    await tg.start(run_watchdog, sd, interval,
-                                   lambda: status_summary(snapshots()))
-            if view is not None:
-                view.start()
-            try:
-                await supervise_all(sups, until_ready=until_ready, on_tick=tick)
-            finally:
-                if view is not None:
-                    view.stop()
-            tg.cancel_scope.cancel()
-    finally:
-        if sd is not None:
-            sd.stopping()
-            sd.close()
-        if metrics_server is not None:
-            await anyio.to_thread.run_sync(metrics_server.close)
-        recorder.close()
-    gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
-    for sup in gave_up:
+        raise typer.Exit(_exit_code(exc)) from None
+    for name, reason in result.gave_up:
         # The reason is SGLang's and the policy's text (a TOML snippet's [[servers]]): no markup.
-        _say(err, (f"{sup.server.name} gave up", "red"), f": {sup.snapshot().reason}")
-    if interrupted or until_ready:
-        running = [sup.server.name for sup in sups if sup.machine.pid and not stop_on_exit
-                   and sup.state is not State.GAVE_UP]
-        if running:
-            _say(err, f"launcher exited; left running: {', '.join(running)} "
-                 "(stop them with `launcher down`)")
-    return _up_exit_code(interrupted=interrupted, until_ready=until_ready,
-                         gave_up=[sup.state is State.GAVE_UP for sup in sups],
-                         ready=[sup.machine.ready_at is not None for sup in sups])
+        _say(err, (f"{name} gave up", "red"), f": {reason}")
+    if result.left_running:
+        _say(err, f"launcher exited; left running: {', '.join(result.left_running)} "
+             "(stop them with `launcher down`)")
+    raise typer.Exit(_up_exit_code(interrupted=result.interrupted, until_ready=until_ready,
+                                   gave_up=[True] * len(result.gave_up)
+                                   + [False] * (len(result.ready) - len(result.gave_up)),
+                                   ready=result.ready))
+
+
+class _LiveView:
+    """`up`'s terminal table, redrawn four times a second (a daemon.View)."""
+
+    def __init__(self) -> None:
+        self._live = Live(Table(), console=out, refresh_per_second=4)
+
+    def start(self) -> None:
+        self._live.start()
+
+    def update(self, snapshots: list[Snapshot]) -> None:
+        self._live.update(_view(snapshots))
+
+    def stop(self) -> None:
+        self._live.stop()
 
 
 def _up_exit_code(*, interrupted: bool, until_ready: bool, gave_up: list[bool],
@@ -756,7 +630,7 @@ def _run_dir(config: Config, s: ServerConfig) -> str:
 async def _per_server(config: Config, servers: list[ServerConfig],
                       fn: Callable[[ServerConfig, Transport], Any]) -> list[Any]:
     """Run ``fn(server, transport)`` for every server concurrently, transports shared per host."""
-    transports = _transports(config, servers)
+    transports = daemon.transports_for(config, servers)
     results: list[Any] = [None] * len(servers)
     try:
         async with anyio.create_task_group() as tg:
@@ -768,7 +642,7 @@ async def _per_server(config: Config, servers: list[ServerConfig],
                         results[i] = exc
                 tg.start_soon(one)
     finally:
-        await _close(transports)
+        await daemon.close_transports(transports)
     return results
 
 
@@ -1013,7 +887,7 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     async def one(s: ServerConfig, t: Transport) -> list[str]:
         problems = []
         try:
-            version = await _version(s, t)
+            version = await daemon.sglang_version_of(s, t)
         except LauncherError as exc:
             problems.append(f"SGLang version: {exc}")
             version = "?"

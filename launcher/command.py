@@ -10,23 +10,15 @@ from typing import TYPE_CHECKING
 
 from launcher.params import LaunchParams
 from launcher.sglang.flags import PARAM_FLAGS, PARAM_SWITCHES, PARAM_TYPES
+from launcher.sglang.flags import SPEC_V2_ENV as SPEC_V2_ENV
+from launcher.sglang.flags import env_is_read as env_is_read
 from launcher.sglang.flags import graph_bs_flag as graph_bs_flag
 from launcher.sglang.flags import mamba_strategy_flag as mamba_strategy_flag
-from launcher.sglang.versions import SPEC_V2_ENV_REMOVED_FROM, at_least
 
 if TYPE_CHECKING:
     from launcher.config import ServerConfig
 
-# SGLANG_ENABLE_SPEC_V2 was retired by PR #27964; 0.5.23 has no reference to it and ignores it.
-SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
 MASK = "***"
-
-
-def env_is_read(name: str, sglang_version: str) -> bool:
-    """False for an environment variable ``sglang_version`` no longer reads (set it or not)."""
-    if name == SPEC_V2_ENV:
-        return not at_least(sglang_version, SPEC_V2_ENV_REMOVED_FROM)
-    return True
 
 
 def params_argv(params: LaunchParams, sglang_version: str) -> list[str]:

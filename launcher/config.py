@@ -61,8 +61,8 @@ from pydantic_settings import (
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
 from launcher.params import LaunchParams
-from launcher.phases import Phase
 from launcher.sglang.flags import OWNED_FLAGS
+from launcher.sglang.phases import Phase
 from launcher.sglang.versions import MAMBA_RADIX_SPELLING_FROM, at_least
 
 __all__ = [

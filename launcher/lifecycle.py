@@ -23,10 +23,10 @@ from typing import Any
 
 from launcher.backoff import RestartBackoff
 from launcher.errors import IllegalTransition
-from launcher.outcome import Confidence, Diagnosis, Outcome
 from launcher.params import LaunchParams
-from launcher.phases import Phase
 from launcher.policy import AttemptRecord, Bounds, next_params
+from launcher.sglang.outcome import Confidence, Diagnosis, Outcome
+from launcher.sglang.phases import Phase
 
 
 class State(enum.StrEnum):

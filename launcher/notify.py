@@ -293,7 +293,7 @@ def gave_up_message(
     return Message(server, Kind.GAVE_UP, _esc(_clip(text, _TEXT_MAX)), blocks)
 
 
-_CONFIG_CHANGE = " Config change:\n"  # launcher.classify puts a prescribed fix's TOML after it
+_CONFIG_CHANGE = " Config change:\n"  # sglang.classify puts a prescribed fix's TOML after it
 
 
 def unhealthy_message(server: str, info: ServerInfo, data: Mapping[str, Any]) -> Message:

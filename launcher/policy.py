@@ -44,7 +44,7 @@ touched, and the levers go fraction, then graph bs, then (0.5.23, ``[policy]
 allow_disable_draft_extend_graph``) ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1``. Hybrid
 state-cache errors follow SGLang's message: a configured ``max_mamba_cache_size`` doubled,
 else ``max_running_requests`` halved, else the fraction raised. A fix SGLang's error names is
-applied once with ``[policy] apply_prescribed_fixes`` (``launcher.prescribe``). A relaunch
+applied once with ``[policy] apply_prescribed_fixes`` (``launcher.sglang.prescribe``). A relaunch
 keeps every knob it does not change.
 
 Facts are kept as brackets, in thousandths: a fraction too small at any bs bounds all lower
@@ -61,16 +61,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from launcher.errors import PolicyError
-from launcher.outcome import Numbers, Outcome
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
-from launcher.phases import GraphPass, Phase
-from launcher.prescribe import prescription
 from launcher.sglang.autoargs import (
     SPEC_DEFAULT_MAX_RUNNING_REQUESTS,
     auto_cuda_graph_max_bs,
     auto_mem_fraction_static,
     capture_bs_list,
 )
+from launcher.sglang.outcome import Numbers, Outcome
+from launcher.sglang.phases import GraphPass, Phase
+from launcher.sglang.prescribe import prescription
 from launcher.sglang.versions import (
     DEFAULT_VERSION,
     DRAFT_EXTEND_SWITCH_FROM,

@@ -42,7 +42,6 @@ from tenacity import (
 
 from launcher import health, remote
 from launcher.backoff import RestartBackoff
-from launcher.classify import classify, diagnose
 from launcher.command import ServerCommand, params_from_argv, server_command
 from launcher.config import Config, ServerConfig
 from launcher.errors import (
@@ -87,11 +86,12 @@ from launcher.lifecycle import (
     Unknown,
     WaitForGpus,
 )
-from launcher.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
 from launcher.notify import Redactor
 from launcher.params import LaunchParams
-from launcher.phases import Phase
 from launcher.policy import Bounds
+from launcher.sglang.classify import classify, diagnose
+from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
+from launcher.sglang.phases import Phase
 from launcher.transport.base import Transport
 
 EventHook = Callable[[str, str, dict[str, Any]], None]

@@ -63,7 +63,7 @@ import structlog  # noqa: E402
 
 from launcher import remote  # noqa: E402
 from launcher.config import Config, config_from_dict  # noqa: E402
-from launcher.phases import Phase  # noqa: E402
+from launcher.sglang.phases import Phase  # noqa: E402
 from launcher.supervisor import ServerSupervisor  # noqa: E402
 from launcher.transport.base import CommandResult, Transport  # noqa: E402
 from launcher.transport.local import LocalTransport  # noqa: E402

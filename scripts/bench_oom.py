@@ -96,10 +96,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from launcher.outcome import Outcome
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
 from launcher.policy import AttemptRecord, Bounds, next_params
 from launcher.sglang.autoargs import capture_bs_list
+from launcher.sglang.outcome import Outcome
 from launcher.sglang.versions import version_tuple
 from launcher.sim.memory import HybridScenario, MemoryScenario, SpecScenario, simulate
 from launcher.sim.observe import observed

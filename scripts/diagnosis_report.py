@@ -7,8 +7,8 @@ The corpus lives in ``tests/fixtures/real_logs/``: one ``<id>.log`` (verbatim ou
 public issue thread or repository) and one ``<id>.toml`` (provenance and the label) per case.
 Labels come from what the thread shows, never from what the classifier says. Label fields:
 
-- ``outcome`` (required): a :class:`launcher.outcome.Outcome` value.
-- ``phase`` (optional): a :class:`launcher.phases.Phase` value, when the thread shows it.
+- ``outcome`` (required): a :class:`launcher.sglang.outcome.Outcome` value.
+- ``phase`` (optional): a :class:`launcher.sglang.phases.Phase` value, when the thread shows it.
 - ``repository``, ``url`` (required) and ``issue`` (when the source is a thread), ``version``,
   ``layout``, ``tags``, ``note``; ``[numbers]`` holds figures the log shows.
 - inputs the supervisor would know but a pasted log cannot show: ``exit_status`` and
@@ -34,9 +34,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from launcher.classify import diagnose_text  # noqa: E402
-from launcher.outcome import Diagnosis, Outcome  # noqa: E402
-from launcher.phases import Phase  # noqa: E402
+from launcher.sglang.classify import diagnose_text  # noqa: E402
+from launcher.sglang.outcome import Diagnosis, Outcome  # noqa: E402
+from launcher.sglang.phases import Phase  # noqa: E402
 
 DEFAULT_CORPUS = ROOT / "tests" / "fixtures" / "real_logs"
 RECORD_FILE = "recorded.toml"

@@ -126,7 +126,7 @@ def case_check(root: Path) -> dict[str, Any]:
 
 
 def case_follower(root: Path) -> dict[str, Any]:
-    code = ("from launcher.logparse import LogFollower\n"
+    code = ("from launcher.sglang.logparse import LogFollower\n"
             "f = LogFollower()\n"
             "for i in range(400):\n"
             "    f.feed_line(chr(97 + i % 26) * (1 << 20))\n"

@@ -40,8 +40,8 @@ WORK = ROOT / ".mutation"
 MODULES: dict[str, list[str]] = {
     "launcher/lifecycle.py": ["tests/test_lifecycle*.py"],
     "launcher/policy.py": ["tests/test_policy*.py"],
-    "launcher/classify.py": ["tests/test_classify*.py", "tests/test_logparse*.py"],
-    "launcher/logparse.py": ["tests/test_logparse*.py", "tests/test_classify*.py"],
+    "launcher/sglang/classify.py": ["tests/test_classify*.py", "tests/test_logparse*.py"],
+    "launcher/sglang/logparse.py": ["tests/test_logparse*.py", "tests/test_classify*.py"],
 }
 
 # Run inside the scratch tree after ``mutmut run``: counts by status and every survivor's diff.

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.outcome import Numbers, Outcome
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
-from launcher.phases import GraphPass, Phase
 from launcher.policy import AttemptRecord, Bounds, next_params
 from launcher.sglang.autoargs import capture_bs_list
+from launcher.sglang.outcome import Numbers, Outcome
+from launcher.sglang.phases import GraphPass, Phase
 from launcher.sglang.versions import version_tuple
 
 

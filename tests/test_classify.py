@@ -1,4 +1,4 @@
-"""Tests for launcher.classify: the verdict on every fixture log and on each hard case."""
+"""Tests for launcher.sglang.classify: the verdict on every fixture log and on each hard case."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.classify import ADVICE, RETRYABLE, classify, diagnose, diagnose_text
 from launcher.command import params_argv, params_from_argv
-from launcher.logparse import LineSplitter, LogFollower, split_records
-from launcher.outcome import Diagnosis, Outcome
 from launcher.params import LaunchParams
-from launcher.phases import Phase
+from launcher.sglang.classify import ADVICE, RETRYABLE, classify, diagnose, diagnose_text
+from launcher.sglang.logparse import LineSplitter, LogFollower, split_records
+from launcher.sglang.outcome import Diagnosis, Outcome
+from launcher.sglang.phases import Phase
 from launcher.sim import logfmt as sim_logfmt
 from launcher.sim.server import _mamba_hook_error as server_mamba_hook_error
 

@@ -3,7 +3,7 @@
 The logs here are built from SGLang's own line formats (0.5.10: managers/scheduler.py's
 "Scheduler hit an exception" header, model_runner.py's "Init torch distributed begin.",
 server_args.py's attention-backend line) so that each test isolates one rule of
-``launcher.classify``'s documented order; the expected verdicts are those rules, not what
+``launcher.sglang.classify``'s documented order; the expected verdicts are those rules, not what
 the classifier happened to answer. Real logs for the common cases are in test_classify.py.
 """
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.classify import ADVICE, classify, diagnose_text
-from launcher.outcome import Confidence, Outcome
-from launcher.phases import Phase
+from launcher.sglang.classify import ADVICE, classify, diagnose_text
+from launcher.sglang.outcome import Confidence, Outcome
+from launcher.sglang.phases import Phase
 
 HEADER = (
     "[2026-03-02 10:00:01 {rank}] Scheduler hit an exception: Traceback (most recent call last):"

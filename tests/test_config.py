@@ -25,8 +25,8 @@ from launcher.config import (
 )
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
-from launcher.phases import Phase
 from launcher.placeholders import expand_placeholders
+from launcher.sglang.phases import Phase
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = """

@@ -1,13 +1,13 @@
-"""launcher.evidence and what classify makes of it, on cases of the real-log corpus."""
+"""launcher.sglang.evidence and what classify makes of it, on cases of the real-log corpus."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from launcher import evidence
-from launcher.classify import diagnose_text
-from launcher.outcome import Confidence, Outcome
-from launcher.phases import Phase
+from launcher.sglang import evidence
+from launcher.sglang.classify import diagnose_text
+from launcher.sglang.outcome import Confidence, Outcome
+from launcher.sglang.phases import Phase
 
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "real_logs"
 

@@ -23,7 +23,7 @@ import anyio
 import pytest
 
 from launcher.lifecycle import State
-from launcher.logparse import LineSplitter
+from launcher.sglang.logparse import LineSplitter
 from launcher.sim import gpustate
 from launcher.supervisor import ServerSupervisor
 from tests.netns import NetnsSshd

@@ -20,12 +20,12 @@ import pytest
 from rich.console import Console
 
 from launcher import cli, health, remote
-from launcher.classify import diagnose
 from launcher.cli import EXIT_GAVE_UP, EXIT_NOT_READY
 from launcher.config import SlackConfig, config_from_dict
 from launcher.errors import ConfigError, HostKeyError, RemoteCommandError, StateError
-from launcher.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
 from launcher.params import LaunchParams
+from launcher.sglang.classify import diagnose
+from launcher.sglang.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
 from launcher.store import StateLock
 from launcher.supervisor import ServerSupervisor, Snapshot
 from launcher.transport.base import MAX_OUTPUT, CommandResult

@@ -36,10 +36,10 @@ from launcher.lifecycle import (
     StopRequested,
     WaitForGpus,
 )
-from launcher.outcome import Confidence, Diagnosis, Numbers, Outcome
 from launcher.params import LaunchParams
-from launcher.phases import Phase
 from launcher.policy import Bounds
+from launcher.sglang.outcome import Confidence, Diagnosis, Numbers, Outcome
+from launcher.sglang.phases import Phase
 
 
 def machine(**limits: object) -> ServerMachine:

@@ -45,10 +45,10 @@ from launcher.lifecycle import (
     StopRequested,
     WaitForGpus,
 )
-from launcher.outcome import Diagnosis, Numbers, Outcome
 from launcher.params import LaunchParams
-from launcher.phases import Phase
 from launcher.policy import AttemptRecord, Bounds, next_params
+from launcher.sglang.outcome import Diagnosis, Numbers, Outcome
+from launcher.sglang.phases import Phase
 
 INITIAL = LaunchParams(0.70, 32)
 P0 = {"mem_fraction_static": 0.70, "cuda_graph_max_bs": 32}

@@ -1,4 +1,4 @@
-"""Tests for launcher.logparse: record splitting, line prefixes, the follower's events."""
+"""Tests for launcher.sglang.logparse: record splitting, line prefixes, the follower's events."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.logparse import (
+from launcher.params import LaunchParams
+from launcher.sglang.logparse import (
     MAX_FAILURES,
     FailureSignature,
     Figure,
@@ -33,9 +34,8 @@ from launcher.logparse import (
     parse_size_gib,
     split_records,
 )
-from launcher.outcome import Numbers
-from launcher.params import LaunchParams
-from launcher.phases import GraphPass, Phase
+from launcher.sglang.outcome import Numbers
+from launcher.sglang.phases import GraphPass, Phase
 
 LOGS = Path(__file__).parent / "data" / "logs"
 T = TypeVar("T")

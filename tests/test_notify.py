@@ -17,9 +17,9 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from launcher.classify import diagnose_text
 from launcher.errors import ConfigError
 from launcher.notify import Redactor, ServerInfo, SlackNotifier, ready_message
+from launcher.sglang.classify import diagnose_text
 from tests.httpsink import HANG, HttpSink, Reply
 
 LOGS = Path(__file__).parent / "data" / "logs"

@@ -8,11 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.classify import diagnose_text
 from launcher.errors import PolicyError
-from launcher.outcome import Numbers, Outcome
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
-from launcher.phases import GraphPass, Phase
 from launcher.policy import (
     ASSUMED_GRAPH_BS,
     ASSUMED_MEM_FRACTION,
@@ -25,6 +22,9 @@ from launcher.policy import (
     resolve_params,
 )
 from launcher.sglang.autoargs import auto_cuda_graph_max_bs, auto_mem_fraction_static
+from launcher.sglang.classify import diagnose_text
+from launcher.sglang.outcome import Numbers, Outcome
+from launcher.sglang.phases import GraphPass, Phase
 from launcher.sim.memory import MemoryScenario, SpecScenario, simulate
 from launcher.sim.observe import observed, run_policy
 from tests.multipass import Pass, World

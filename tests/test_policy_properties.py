@@ -12,10 +12,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.outcome import Outcome
 from launcher.params import LaunchParams
-from launcher.phases import GraphPass
 from launcher.policy import AttemptRecord, Bounds, next_params
+from launcher.sglang.outcome import Outcome
+from launcher.sglang.phases import GraphPass
 from launcher.sim.memory import MemoryScenario, simulate
 from launcher.sim.observe import run_policy
 from tests.multipass import Pass, World

@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from launcher.outcome import Outcome
+from launcher.sglang.outcome import Outcome
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "fixtures" / "real_logs"

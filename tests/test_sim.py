@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.outcome import Outcome
 from launcher.params import LaunchParams
-from launcher.phases import Phase
+from launcher.sglang.outcome import Outcome
+from launcher.sglang.phases import Phase
 from launcher.sim.faults import FaultKind, FaultPlan, FaultProfileError, load_profile, parse_profile
 from launcher.sim.gpustate import FOREIGN_PID, HostConfig, proc_start_time
 from launcher.sim.logfmt import format_size, progress_bar, shard_bar
@@ -753,8 +753,8 @@ def test_classifier_reads_each_sim_failure_as_its_outcome(
     cuda_visible: str | None,
     outcome: Outcome,
 ) -> None:
-    """launcher.classify turns the sim's log and exit status into the expected outcome."""
-    from launcher.classify import diagnose_text
+    """launcher.sglang.classify turns the sim's log and exit status into the expected outcome."""
+    from launcher.sglang.classify import diagnose_text
 
     host = make_sim_host(tmp_path, gpu_count=2, gpu_total_gib=total)
     profile = host.write_faults(faults) if faults else None
@@ -775,7 +775,7 @@ def test_classifier_reads_each_sim_failure_as_its_outcome(
 def test_classifier_reads_missing_model_port_in_use_and_ready(host24: SimHost) -> None:
     """Missing model -> model_not_found, a taken port -> port_in_use, a running ready server
     -> ready."""
-    from launcher.classify import diagnose_text
+    from launcher.sglang.classify import diagnose_text
 
     code, out = host24.run("--model-path", "/nonexistent/model")
     assert Outcome.MODEL_NOT_FOUND == diagnose_text(out, code).outcome

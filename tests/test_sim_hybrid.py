@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.outcome import Outcome
+from launcher.sglang.outcome import Outcome
 from launcher.sim.memory import simulate
 from launcher.sim.server import scenario_from_argv
 from tests.simhost import READY_LINE, SimHost, free_port, make_sim_host, model_dir, split_output

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.outcome import Outcome
 from launcher.sglang.autoargs import auto_mem_fraction_static, capture_bs_list, captured_sizes
+from launcher.sglang.outcome import Outcome
 from launcher.sim.logfmt import format_size
 from launcher.sim.memory import MemoryScenario, SpecScenario, StartupTrace, simulate
 from launcher.sim.observe import observed

@@ -24,7 +24,7 @@ from launcher import remote
 from launcher.config import Config
 from launcher.errors import HostUnreachable
 from launcher.lifecycle import State
-from launcher.logparse import LineSplitter
+from launcher.sglang.logparse import LineSplitter
 from launcher.supervisor import ServerSupervisor, _Attempt, supervise_all
 from launcher.transport.base import CommandResult, Transport
 from tests.simhost import free_port, model_dir

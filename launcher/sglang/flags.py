@@ -8,12 +8,19 @@ attempt's recorded argv (:data:`PARAM_FLAGS`). Pure: no I/O.
 
 from __future__ import annotations
 
-from launcher.sglang.versions import DECODE_SPELLING_FROM, MAMBA_RADIX_SPELLING_FROM, at_least
+from launcher.sglang.versions import (
+    DECODE_SPELLING_FROM,
+    MAMBA_RADIX_SPELLING_FROM,
+    SPEC_V2_ENV_REMOVED_FROM,
+    at_least,
+)
 
 __all__ = [
     "OWNED_FLAGS",
     "PARAM_FLAGS",
     "PARAM_TYPES",
+    "SPEC_V2_ENV",
+    "env_is_read",
     "graph_bs_flag",
     "mamba_strategy_flag",
 ]
@@ -81,3 +88,14 @@ def mamba_strategy_flag(sglang_version: str) -> str:
     if at_least(sglang_version, MAMBA_RADIX_SPELLING_FROM):
         return "--mamba-radix-cache-strategy"
     return "--mamba-scheduler-strategy"
+
+
+# SGLANG_ENABLE_SPEC_V2 was retired by PR #27964; 0.5.23 has no reference to it and ignores it.
+SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
+
+
+def env_is_read(name: str, sglang_version: str) -> bool:
+    """False for an environment variable ``sglang_version`` no longer reads (set it or not)."""
+    if name == SPEC_V2_ENV:
+        return not at_least(sglang_version, SPEC_V2_ENV_REMOVED_FROM)
+    return True

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.phases import Phase
+from launcher.sglang.phases import Phase
 
 ENV_FAULTS = "SGLANG_SIM_FAULTS"
 ENV_ATTEMPT = "LAUNCHER_ATTEMPT"

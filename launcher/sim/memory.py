@@ -44,9 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from launcher.outcome import Outcome
 from launcher.params import LaunchParams
-from launcher.phases import Phase
 from launcher.sglang.autoargs import (
     SPEC_DEFAULT_MAX_RUNNING_REQUESTS,
     auto_chunked_prefill_size,
@@ -55,6 +53,8 @@ from launcher.sglang.autoargs import (
     captured_sizes,
     prefill_graph_tokens,
 )
+from launcher.sglang.outcome import Outcome
+from launcher.sglang.phases import Phase
 from launcher.sglang.versions import DEFAULT_VERSION, ONE_STATIC_BUDGET_FROM, at_least
 
 

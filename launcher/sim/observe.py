@@ -11,10 +11,10 @@ property tests and the benchmark script share it.
 
 from __future__ import annotations
 
-from launcher.outcome import Numbers, Outcome
 from launcher.params import LaunchParams
-from launcher.phases import Phase
 from launcher.policy import AttemptRecord, Bounds, next_params
+from launcher.sglang.outcome import Numbers, Outcome
+from launcher.sglang.phases import Phase
 from launcher.sglang.versions import STATED_MINIMUM_FROM, at_least
 from launcher.sim.memory import MemoryScenario, StartupTrace, simulate
 

@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from launcher.params import LaunchParams
-from launcher.phases import Phase
 from launcher.sglang.autoargs import auto_chunked_prefill_size
+from launcher.sglang.phases import Phase
 from launcher.sglang.versions import DRAFT_EXTEND_SWITCH_FROM, at_least
 from launcher.sim import gpustate, logfmt
 from launcher.sim.faults import Fault, FaultKind, FaultPlan, FaultProfileError

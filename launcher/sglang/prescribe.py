@@ -20,16 +20,27 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from launcher.command import env_is_read, mamba_strategy_flag
-from launcher.outcome import Numbers
 from launcher.params import LaunchParams
+from launcher.sglang.flags import env_is_read, mamba_strategy_flag
+from launcher.sglang.outcome import Numbers
 
 if TYPE_CHECKING:
-    from launcher.config import ServerConfig
+    from collections.abc import Mapping
 
-__all__ = ["Prescription", "prescription"]
+
+__all__ = ["Prescription", "ServerLike", "prescription"]
+
+
+class ServerLike(Protocol):
+    """What :meth:`Prescription.toml` reads of a configured server (``config.ServerConfig``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -79,7 +90,7 @@ class Prescription:
         """Whether ``params`` already carry the change."""
         return self.apply(params) == params
 
-    def toml(self, server: ServerConfig | None = None) -> str:
+    def toml(self, server: ServerLike | None = None) -> str:
         """The change as a config snippet: the server's table with the fields to set (its
         existing ``env`` merged), with a comment saying the flag it renders to."""
         lines = [f"# SGLang {self.sglang_version}: {self.describe()}", "[[servers]]"]

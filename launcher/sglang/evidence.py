@@ -3,7 +3,7 @@ that logparse's signatures leave out (gated models, older "Not enough memory" sp
 serving-time pool exhaustion, ROCm/Triton GPU errors, interpreter crashes, NCCL watchdog
 timeouts, tracebacks pasted without their header).
 
-Pure functions over lines; ``launcher.classify`` calls them. Built from the real-log corpus in
+Pure functions over lines; ``sglang.classify`` calls them. Built from the real-log corpus in
 ``tests/fixtures/real_logs/`` (issue 12), where users paste excerpts that start mid-traceback,
 carry docker/Ray/Kubernetes prefixes, and often show no phase line at all.
 
@@ -25,9 +25,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from launcher.logparse import match_signatures
-from launcher.outcome import Confidence, Outcome
-from launcher.phases import Phase
+from launcher.sglang.logparse import match_signatures
+from launcher.sglang.outcome import Confidence, Outcome
+from launcher.sglang.phases import Phase
 
 __all__ = [
     "Fallback",

@@ -19,7 +19,7 @@ Following a live log (what the supervisor does)::
     for line in splitter.flush():             # the process ended
         follower.feed_line(line)
     follower.finish()
-    verdict = launcher.classify.diagnose(follower, exit_status)
+    verdict = launcher.sglang.classify.diagnose(follower, exit_status)
 
 Formats are those of SGLang 0.4.10 .. 0.5.23 (see docs/sglang.md, "The log" and "Failures").
 Patterns are searched, never anchored to a version, so spelling drift between versions is
@@ -35,9 +35,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from launcher.outcome import Numbers
 from launcher.params import LaunchParams
-from launcher.phases import GraphPass, Phase
+from launcher.sglang.outcome import Numbers
+from launcher.sglang.phases import GraphPass, Phase
 
 __all__ = [
     "DEFAULT_TAIL",
@@ -785,7 +785,7 @@ class LogFollower:
     - ``phase``: the furthest phase any line has shown, None before the first start-up line;
       it only moves forward (a draft model's ``Load weight begin`` does not move it back).
     - ``progress``: fraction 0..1 of the current phase's progress bar, None if none shown.
-    - ``numbers``: figures and resolved settings read so far (``launcher.outcome.Numbers``).
+    - ``numbers``: figures and resolved settings read so far (``launcher.sglang.outcome.Numbers``).
     - ``last_lines``: the most recent ``tail`` lines, verbatim, for a tail in reports.
     - ``line_count``: records read; a log line glued to an unfinished progress bar counts as
       a record of its own (``line_no`` in events counts records).

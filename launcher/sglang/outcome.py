@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.phases import Phase
+from launcher.sglang.phases import Phase
 
 
 class Outcome(enum.StrEnum):
@@ -125,7 +125,7 @@ class Diagnosis:
     exit_status: int | None = None
     confidence: Confidence = Confidence.DECISIVE
     remarks: list[str] = field(default_factory=list)  # e.g. frames and phase lines disagree
-    # A fix SGLang's error names, in the server's version's dialect (``launcher.prescribe``):
+    # A fix SGLang's error names, in the server's version's dialect (``launcher.sglang.prescribe``):
     # {"description", "flags", "env", "toml"}; None when none (or the version is unknown).
     prescribed_fix: dict[str, Any] | None = None
 

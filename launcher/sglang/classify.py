@@ -33,8 +33,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from launcher import evidence as ev
-from launcher.logparse import (
+from launcher.sglang import evidence as ev
+from launcher.sglang.logparse import (
     FailureSignature,
     LogFollower,
     Signature,
@@ -42,9 +42,9 @@ from launcher.logparse import (
     fill_error_figures,
     split_records,
 )
-from launcher.outcome import Confidence, Diagnosis, Outcome
-from launcher.phases import Phase
-from launcher.prescribe import prescription
+from launcher.sglang.outcome import Confidence, Diagnosis, Outcome
+from launcher.sglang.phases import Phase
+from launcher.sglang.prescribe import prescription
 
 __all__ = ["ADVICE", "RETRYABLE", "classify", "diagnose", "diagnose_text"]
 
