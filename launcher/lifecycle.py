@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 from launcher.backoff import RestartBackoff
 from launcher.errors import IllegalTransition
@@ -319,9 +319,47 @@ class ServerMachine:
             return self._stop(event, now)
         if self.state.terminal and not isinstance(event, Start):
             return []  # late events after the end (a probe in flight, a follower exiting)
-        method = getattr(self, "_on_" + type(event).__name__)
-        actions: list[Action] = method(event, now)
-        return actions
+        # A match with assert_never, not getattr dispatch: mypy then checks that every event
+        # of the Event union has its handler.
+        match event:
+            case Unknown():
+                return self._on_Unknown(event, now)
+            case Start():
+                return self._on_Start(event, now)
+            case PreflightPassed():
+                return self._on_PreflightPassed(event, now)
+            case PreflightBlocked():
+                return self._on_PreflightBlocked(event, now)
+            case Launched():
+                return self._on_Launched(event, now)
+            case Adopted():
+                return self._on_Adopted(event, now)
+            case PhaseSeen():
+                return self._on_PhaseSeen(event, now)
+            case ReadyLineSeen():
+                return self._on_ReadyLineSeen(event, now)
+            case FatalLineSeen():
+                return self._on_FatalLineSeen(event, now)
+            case Exited():
+                return self._on_Exited(event, now)
+            case Stalled():
+                return self._on_Stalled(event, now)
+            case ProbeResult():
+                return self._on_ProbeResult(event, now)
+            case CleanedUp():
+                return self._on_CleanedUp(event, now)
+            case GpusFree():
+                return self._on_GpusFree(event, now)
+            case GpuWaitTimedOut():
+                return self._on_GpuWaitTimedOut(event, now)
+            case BackoffElapsed():
+                return self._on_BackoffElapsed(event, now)
+            case DeadlineExceeded():
+                return self._on_DeadlineExceeded(event, now)
+            case HostRefused():
+                return self._on_HostRefused(event, now)
+            case _:
+                assert_never(event)
 
     @property
     def pending(self) -> Diagnosis | None:
