@@ -268,6 +268,14 @@ class Emit:
 Action = RunPreflight | Launch | Kill | WaitForGpus | StartProbing | Sleep | Emit
 
 
+class AfterCleanup(enum.Enum):
+    """CLEANING_UP's sub-states: what follows once the attempt's processes are gone."""
+
+    RETRY = "retry"  # wait for the GPUs, then the policy (start-up) or the restart backoff
+    GIVE_UP = "give_up"  # a failure that must not be retried, or the deadline: give up
+    STOP = "stop"  # a requested stop: end STOPPED (it wins over GIVE_UP)
+
+
 @dataclass
 class Limits:
     """The parts of the policy the machine enforces itself."""
@@ -308,8 +316,8 @@ class ServerMachine:
     # reached ready before it failed, so max_attempts counts from the last ready attempt.
     _policy_history: list[AttemptRecord] = field(default_factory=list)
     _pending: Diagnosis | None = None  # failure being cleaned up
-    _pending_fatal: str = ""
-    _stop_after_cleanup: bool = False
+    _after_cleanup: AfterCleanup = AfterCleanup.RETRY
+    _give_up_reason: str = ""  # with AfterCleanup.GIVE_UP
 
     # -- public -----------------------------------------------------------------------
 
@@ -530,13 +538,17 @@ class ServerMachine:
         if self.state is not State.CLEANING_UP:
             raise self._illegal(event)
         self.pid = None  # the attempt's processes are gone
-        if self._stop_after_cleanup:
-            self.state = State.STOPPED
-            return [Emit("server.stopped", {"reason": self.reason, "left_running": None})]
-        if self._pending_fatal:
-            return self._give_up(self._pending_fatal)
-        self.state = State.WAITING_FOR_GPUS
-        return [WaitForGpus()]
+        match self._after_cleanup:
+            case AfterCleanup.STOP:
+                self.state = State.STOPPED
+                return [Emit("server.stopped", {"reason": self.reason, "left_running": None})]
+            case AfterCleanup.GIVE_UP:
+                return self._give_up(self._give_up_reason)
+            case AfterCleanup.RETRY:
+                self.state = State.WAITING_FOR_GPUS
+                return [WaitForGpus()]
+            case _:
+                assert_never(self._after_cleanup)
 
     def _on_GpusFree(self, event: GpusFree, now: float) -> list[Action]:
         if self.state is not State.WAITING_FOR_GPUS:
@@ -564,11 +576,11 @@ class ServerMachine:
             return []
         if self.was_ready:
             return []  # cleaning up after a failure while serving: not a start-up
-        if self._stop_after_cleanup:
+        if self._after_cleanup is AfterCleanup.STOP:
             return []  # a requested stop is being carried out: it ends STOPPED, not GAVE_UP
         reason = f"start-up deadline of {self.limits.start_deadline:.0f}s passed"
         if self.state.running or self.state is State.LAUNCHING:
-            self._pending_fatal = reason
+            self._clean_up_then_give_up(reason)
             self.state = State.CLEANING_UP
             return [Kill("deadline")]
         return self._give_up(reason)
@@ -584,7 +596,9 @@ class ServerMachine:
         self.was_ready = False
         self.probe_failures = 0
         self._pending = None
-        self._pending_fatal = ""
+        if self._after_cleanup is AfterCleanup.GIVE_UP:
+            self._after_cleanup = AfterCleanup.RETRY
+            self._give_up_reason = ""
 
     def _launch(self, now: float) -> list[Action]:
         assert self.params is not None
@@ -661,11 +675,11 @@ class ServerMachine:
             and not after_ready
             and self.stalls > self.limits.max_stalls
         ):
-            self._pending_fatal = f"stalled {self.stalls} times (last in {diag.phase.value})"
+            self._clean_up_then_give_up(
+                f"stalled {self.stalls} times (last in {diag.phase.value})")
         elif not retryable and not after_ready:
-            self._pending_fatal = (
-                f"{diag.outcome.value} in {diag.phase.value}: {diag.advice}{_quoted(diag)}"
-            )
+            self._clean_up_then_give_up(
+                f"{diag.outcome.value} in {diag.phase.value}: {diag.advice}{_quoted(diag)}")
         return [fail, Kill(kill_reason or diag.outcome.value)]
 
     def _after_failure(self, now: float) -> list[Action]:
@@ -715,6 +729,12 @@ class ServerMachine:
             )
         ]
 
+    def _clean_up_then_give_up(self, reason: str) -> None:
+        """Give up with ``reason`` once cleaned up, unless a stop was asked for already."""
+        if self._after_cleanup is not AfterCleanup.STOP:
+            self._after_cleanup = AfterCleanup.GIVE_UP
+            self._give_up_reason = reason
+
     def _history_dicts(self) -> list[dict[str, Any]]:
         return [_rdict(r) | {"attempt": n}
                 for r, n in zip(self.history, self.history_attempts, strict=True)]
@@ -722,11 +742,11 @@ class ServerMachine:
     def _stop(self, event: StopRequested, now: float) -> list[Action]:
         self.reason = "stop requested"
         if event.kill and (self.state.running or self.state is State.LAUNCHING):
-            self._stop_after_cleanup = True
+            self._after_cleanup = AfterCleanup.STOP
             self.state = State.CLEANING_UP
             return [Kill("stop")]
         if self.state is State.CLEANING_UP:
-            self._stop_after_cleanup = True
+            self._after_cleanup = AfterCleanup.STOP
             return []
         # Only a server that runs now is left running (not the dead one of a failed attempt).
         alive = self.state.running or self.state is State.LAUNCHING
