@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from contextlib import aclosing
 from pathlib import Path
 
@@ -76,10 +75,8 @@ async def test_timeout_kills_the_command_and_its_group(tmp_path: Path) -> None:
     """A command past its timeout is killed with its children and reported as timed out."""
     pidfile = tmp_path / "child"
     script = f"sleep 30 & echo $! > {pidfile}; wait"
-    started = time.monotonic()
     with pytest.raises(RemoteCommandError) as caught:
         await LocalTransport("here").run(["sh", "-c", script], timeout=0.5)
-    assert time.monotonic() - started < 3
     assert caught.value.exit_status is None
     assert "timed out after 0.5s" in str(caught.value)
     child = int(pidfile.read_text())
@@ -111,14 +108,15 @@ async def test_killed_command_reports_128_plus_signal() -> None:
     assert 137 == result.exit_status
 
 
-async def test_stream_yields_output_before_the_command_ends() -> None:
+async def test_stream_yields_output_before_the_command_ends(tmp_path: Path) -> None:
     """The first chunk arrives while the command is still running."""
     transport = LocalTransport("here")
-    started = time.monotonic()
-    async with aclosing(transport.stream(["sh", "-c", "echo first; sleep 5"])) as chunks:
+    pidfile = tmp_path / "pid"
+    script = f"echo $$ > {pidfile}; echo first; sleep 30"
+    async with aclosing(transport.stream(["sh", "-c", script])) as chunks:
         first = await anext(chunks)
+        assert pid_alive(int(pidfile.read_text()))  # the command has not ended
     assert b"first\n" == first
-    assert time.monotonic() - started < 2
 
 
 async def test_stream_ends_when_the_command_exits() -> None:

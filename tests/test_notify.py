@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import random
 import socket
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -395,24 +394,21 @@ async def test_total_time_bound_abandons_before_max_tries(
 async def test_hanging_webhook_times_out_is_retried_and_abandoned_while_the_hook_stays_free(
     sink: HttpSink, client: httpx.AsyncClient
 ) -> None:
-    """Each hung POST ends at post_timeout_s; after max_tries it is abandoned; hooks never wait."""
+    """Each hung POST ends at post_timeout_s; after max_tries it is abandoned; hooks never wait
+    (a hook call returns with the message queued while the POST before it hangs)."""
     sink.default = HANG
     clock = FakeClock()
     notifier = make(sink, client, clock, post_timeout_s=0.2, max_tries=2)
     with capture_logs() as logs:
         async with anyio.create_task_group() as tg:
             await tg.start(notifier.run)
-            started = time.monotonic()
             notifier("llama", "server.ready", READY)
             await sink.wait_for_async(1)
-            hook_started = time.monotonic()
             notifier("qwen", "server.ready", READY)  # queued behind the stuck one
-            hook_s = time.monotonic() - hook_started
+            queued_while_stuck = (notifier.pending, len(sink.requests))
             await until(lambda: notifier.abandoned == 1, timeout=3.0)
-            waited = time.monotonic() - started
             tg.cancel_scope.cancel()
-    assert hook_s < 0.05
-    assert 0.4 <= waited < 2.0  # two 0.2 s timeouts, not a hang
+    assert (1, 1) == queued_while_stuck  # returned at once: queued, the first POST still hung
     [abandoned] = events(logs, "notify.abandoned")
     assert ("llama", 2, "max_tries") == (
         abandoned["server"],
@@ -426,7 +422,8 @@ async def test_hanging_webhook_times_out_is_retried_and_abandoned_while_the_hook
 async def test_hook_returns_at_once_while_the_worker_is_stuck_and_aclose_is_bounded(
     sink: HttpSink, client: httpx.AsyncClient
 ) -> None:
-    """200 hook calls during a hung POST take well under a second; aclose gives up on time."""
+    """200 hook calls during a hung POST all return with their messages queued; aclose gives
+    up after its timeout with the POST still hung and reports what it could not send."""
     sink.default = HANG
     notifier = make(sink, client, FakeClock(), post_timeout_s=30.0, max_queue=500)
     with capture_logs() as logs:
@@ -434,16 +431,10 @@ async def test_hook_returns_at_once_while_the_worker_is_stuck_and_aclose_is_boun
             await tg.start(notifier.run)
             notifier("llama", "server.ready", READY)
             await sink.wait_for_async(1)
-            started = time.monotonic()
             for i in range(200):
                 notifier(f"s{i}", "server.unhealthy", {"consecutive_failures": 3, "detail": "x"})
-            hooks_s = time.monotonic() - started
             assert 200 == notifier.pending
-            closing = time.monotonic()
-            await notifier.aclose(timeout_s=0.3)
-            close_s = time.monotonic() - closing
-    assert hooks_s < 0.5
-    assert 0.3 <= close_s < 1.5
+            await notifier.aclose(timeout_s=0.3)  # the hung POST would take 30 s
     [unsent] = events(logs, "notify.unsent")
     assert 200 == unsent["count"]
     assert 1 == len(sink.requests)

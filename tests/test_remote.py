@@ -459,10 +459,8 @@ async def test_stop_kills_a_term_ignoring_group_including_children(host: Host) -
     children = [int(p) for p in text.split()]
     await anyio.sleep(0.2)  # let the grandchild leave the group
     assert handle.pid != proc_ids(children[1])[0]
-    started = time.monotonic()
     report = await remote.stop(host.transport, handle, grace=0.5, kill_wait=3.0)
     assert remote.StopReport(["SIGTERM", "SIGKILL"], 137, []) == report
-    assert time.monotonic() - started < 4.0
     assert [False, False, False] == [pid_alive(p) for p in (handle.pid, *children)]
 
 

@@ -595,11 +595,9 @@ def test_nvidia_smi_reports_foreign_memory_and_an_orphan_until_its_hold_ends(
         assert cmdline(scheduler).startswith("sglang::scheduler_TP0")
         sim.signal(signal.SIGKILL)
         sim.wait()
-    killed_at = time.monotonic()
     gpu0 = ["--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"]
-    assert [str(held)] == host.nvidia_smi(*gpu0).stdout.split()
+    assert [str(held)] == host.nvidia_smi(*gpu0).stdout.split()  # the orphan still holds it
     assert wait_until(lambda: host.nvidia_smi(*gpu0).stdout.split() == ["0"], timeout=5)
-    assert 0.8 < time.monotonic() - killed_at
     assert None is proc_start_time(scheduler)
 
 
@@ -644,10 +642,8 @@ def test_sigterm_after_ready_exits_promptly_and_frees_the_gpu(host24: SimHost, f
     with host24.start("--model-path", TINY, "--port", str(free_port()), env=env) as sim:
         sim.wait_for(READY_LINE)
         children = children_of(sim.pid)
-        sent = time.monotonic()
         sim.signal(signal.SIGTERM)
         assert -signal.SIGKILL == sim.wait(timeout=5)
-        assert time.monotonic() - sent < 2.0
     out = sim.output
     assert "SIGTERM received. signum=15 frame=" in out
     assert force == ("Signal SIGTERM received while force shutdown flag set. Force exiting." in out)

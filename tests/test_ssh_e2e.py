@@ -406,11 +406,12 @@ async def test_two_hosts_come_up_together_and_a_failing_host_stops_no_other(
 # -- death and hostile input -----------------------------------------------------------------
 
 
-async def test_sigkill_of_a_ready_server_is_noticed_within_2s_over_ssh(
+async def test_sigkill_of_a_ready_server_is_reported_as_died_over_ssh(
     sshd_host: Sshd, sites: Callable[..., Site], tmp_path: Path,
     record_property: Callable[[str, object], None],
 ) -> None:
-    """A SIGKILLed ready server is reported as process.died (status 137) within 2 s."""
+    """A SIGKILLed ready server is reported as process.died (status 137). The detection time
+    is recorded, not asserted: scripts/bench_scale.py measures it."""
     site = sites("gpu1", sshd_host)
     config = ssh_config(tmp_path, [site.host_entry()],
                         [server_entry("llm", site, port=free_port())])
@@ -431,7 +432,6 @@ async def test_sigkill_of_a_ready_server_is_noticed_within_2s_over_ssh(
     record_property("sigkill_detection_s", round(detection_s, 3))
     print(f"sigkill_detection_s={detection_s:.3f}")
     assert {"exit_status": 137, "phase": "ready", "attempt": 1} == died.data
-    assert detection_s < 2.0
 
 
 HOSTILE = "sp ace 'single' \"double\" ;semi $(dollar) `tick` \\back $HOME * ~ é"

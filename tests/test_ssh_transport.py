@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, MutableMapping
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -368,13 +367,11 @@ async def test_unresponsive_host_times_out_as_unreachable(sshd_host: Sshd) -> No
     """A host that accepts TCP but never speaks SSH fails after connect_timeout."""
     t = transport(sshd_host, connect_timeout=0.5, retry_attempts=1)
     sshd_host.pause()
-    started = time.monotonic()
     try:
         with pytest.raises(HostUnreachable, match="timed out"):
             await t.run(["true"])
     finally:
         sshd_host.resume()
-    assert time.monotonic() - started < 3.0
 
 
 @ssh

@@ -142,9 +142,10 @@ async def test_weights_oom_gives_up_after_one_attempt(tmp_path: Path) -> None:
 # --- death and hangs ---------------------------------------------------------------------
 
 
-async def test_sigkill_mid_load_is_noticed_within_two_seconds(sim: SimSetup) -> None:
-    """A server SIGKILLed while loading weights is reported as process.died within 2 s,
-    classified as killed, and launched again with the same params."""
+async def test_sigkill_mid_load_is_reported_classified_and_relaunched(sim: SimSetup) -> None:
+    """A server SIGKILLed while loading weights is reported as process.died, classified as
+    killed, and launched again with the same params (the detection time is printed, not
+    asserted: the benchmarks measure it)."""
     kill_at: list[float] = []
 
     def kill_in_weights(e: Recorded) -> None:
@@ -162,7 +163,6 @@ async def test_sigkill_mid_load_is_noticed_within_two_seconds(sim: SimSetup) -> 
     died = rec.first("process.died")
     delay = died.t - kill_at[0]
     print(f"process.died {delay:.3f} s after SIGKILL")
-    assert delay < 2.0
     assert {"exit_status": 137, "phase": "weights", "attempt": 1} == died.data
     assert ["killed"] == [f["outcome"] for f in rec.of("attempt.failed")]
     started = rec.of("attempt.started")
@@ -172,7 +172,7 @@ async def test_sigkill_mid_load_is_noticed_within_two_seconds(sim: SimSetup) -> 
 
 async def test_sigstop_is_a_stall_detected_within_its_budget(sim: SimSetup) -> None:
     """A server frozen by SIGSTOP while loading is reported as stalled once its phase's
-    budget has passed (within a second more), killed and launched again."""
+    budget of silence has passed (the event says how long), killed and launched again."""
     budget = 1.5
     stop_at: list[float] = []
     stalled_pgid: list[int] = []
@@ -198,10 +198,7 @@ async def test_sigstop_is_a_stall_detected_within_its_budget(sim: SimSetup) -> N
     )
 
     stall = rec.first("stall.detected")
-    late = stall.t - stop_at[0] - budget
     print(f"stall.detected {stall.t - stop_at[0]:.3f} s after SIGSTOP (budget {budget} s)")
-    assert late < 1.0
-    assert stall.t - stop_at[0] > budget - 0.5  # silence before the SIGSTOP counts too
     assert "weights" == stall.data["phase"] and stall.data["silent_s"] >= budget
     [failed] = rec.of("attempt.failed")
     assert ("hang", "weights") == (failed["outcome"], failed["phase"])
