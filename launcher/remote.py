@@ -356,7 +356,7 @@ class LogChunk:
 
 
 @dataclass(frozen=True)
-class Exited:
+class RunExited:
     """The server has exited: its status (128+N when killed by signal N), or None when nobody
     recorded it (its wrapper shell was killed too, or the host rebooted)."""
 
@@ -629,10 +629,10 @@ async def _close(iterator: AsyncIterator[bytes]) -> None:
 
 async def follow(
     transport: Transport, handle: RunHandle, offset: int = 0,
-) -> AsyncGenerator[LogChunk | Exited, None]:
-    """Yield the log from byte ``offset`` as it grows, then ``Exited`` once the server is gone.
+) -> AsyncGenerator[LogChunk | RunExited, None]:
+    """Yield the log from byte ``offset`` as it grows, then ``RunExited`` once the server is gone.
 
-    Every byte is yielded exactly once, in order; ``Exited`` comes after the last byte the
+    Every byte is yielded exactly once, in order; ``RunExited`` comes after the last byte the
     server wrote. Death is noticed within about FOLLOW_POLL_S (GNU ``tail --pid`` on the
     host, whose stream then ends with the exit status: no further round trip); without GNU
     tail this degrades to polling.
@@ -693,7 +693,7 @@ async def follow(
         # The follower ended while the server lives (no GNU tail, or it was killed): what it
         # missed was just read; try again shortly so a missing --pid cannot busy-loop.
         await anyio.sleep(FOLLOW_POLL_S)
-    yield Exited(exit_status)
+    yield RunExited(exit_status)
 
 
 def _hold_back(data: bytes, marker: bytes) -> tuple[bytes, bytes]:

@@ -263,7 +263,7 @@ class SimSetup:
             start_new_session=True,
         )
         self.extra_pids.append(proc.pid)
-        hostcfg = gpustate.HostConfig.load(self.host.path, {})
+        hostcfg = gpustate.SimGpuHost.load(self.host.path, {})
         deadline = time.monotonic() + 5
         while (holder := gpustate.holder_of(proc, gpu, "foreign")).start < 0:
             assert time.monotonic() < deadline, "the foreign holder did not start"

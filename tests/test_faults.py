@@ -504,7 +504,7 @@ def start_orphan(site: Site, gpu: int, gib: float) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    host = gpustate.HostConfig.load(site.sim.path, {})
+    host = gpustate.SimGpuHost.load(site.sim.path, {})
     deadline = time.monotonic() + 5
     while (holder := gpustate.holder_of(proc, gpu, "sglang::scheduler_TP0")).start < 0:
         assert time.monotonic() < deadline, "the orphan did not start"

@@ -21,7 +21,7 @@ import pytest
 
 from launcher import remote
 from launcher.errors import ConfigError, HostUnreachable, RemoteCommandError, StateError
-from launcher.remote import AttemptSpec, Exited, LogChunk, RunHandle
+from launcher.remote import AttemptSpec, LogChunk, RunExited, RunHandle
 from launcher.transport.base import CommandResult, Transport
 from launcher.transport.local import LocalTransport
 from launcher.transport.ssh import SSHTransport
@@ -87,11 +87,11 @@ async def collect(transport: Transport, handle: RunHandle, offset: int = 0,
     offsets: list[int] = []
     async with aclosing(remote.follow(transport, handle, offset)) as events:
         async for event in events:
-            if isinstance(event, Exited):
+            if isinstance(event, RunExited):
                 return data, offsets, event.status
             data += event.data
             offsets.append(event.end_offset)
-    raise AssertionError("follow ended without Exited")
+    raise AssertionError("follow ended without RunExited")
 
 
 class Host:
@@ -381,25 +381,25 @@ async def test_follow_reraises_host_unreachable_and_resumes_exactly(host: Host) 
 
 
 async def test_follow_notices_sigkill_quickly(host: Host) -> None:
-    """A SIGKILLed server is reported as Exited(137) well within 2 s."""
+    """A SIGKILLed server is reported as RunExited(137) well within 2 s."""
     handle = await host.launch(["sh", "-c", "echo ready; exec sleep 30"])
     killed_at = 0.0
-    exited = Exited(-2)
+    exited = RunExited(-2)
     async with aclosing(remote.follow(host.transport, handle)) as events:
         async for event in events:
             if isinstance(event, LogChunk) and b"ready" in event.data:
                 os.kill(handle.pid, signal.SIGKILL)
                 killed_at = time.monotonic()
-            elif isinstance(event, Exited):
+            elif isinstance(event, RunExited):
                 noticed = time.monotonic() - killed_at
                 exited = event
                 break
-    assert Exited(137) == exited
+    assert RunExited(137) == exited
     assert noticed < 2.0, noticed
 
 
 async def test_unrecorded_exit_is_reported_as_none(host: Host) -> None:
-    """When the wrapper dies before the server, the server's end is Exited(None), not a guess."""
+    """When the wrapper dies before the server, the server's end is RunExited(None), not a guess."""
     handle = await host.launch(["sleep", "30"])
     stat_fields = (await anyio.Path(f"/proc/{handle.pid}/stat").read_text()).rpartition(")")[2]
     wrapper = int(stat_fields.split()[1])

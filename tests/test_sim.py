@@ -22,7 +22,7 @@ from launcher.params import LaunchParams
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
 from launcher.sim.faults import FaultKind, FaultPlan, FaultProfileError, load_profile, parse_profile
-from launcher.sim.gpustate import FOREIGN_PID, HostConfig, proc_start_time
+from launcher.sim.gpustate import FOREIGN_PID, SimGpuHost, proc_start_time
 from launcher.sim.logfmt import format_size, progress_bar, shard_bar
 from launcher.sim.memory import MemoryScenario, StartupTrace, simulate
 from tests.simhost import READY_LINE, SimHost, free_port, make_sim_host, model_dir, split_output
@@ -163,7 +163,7 @@ def test_fault_plan_applies_only_to_listed_attempts(tmp_path: Path) -> None:
 
 def test_shipped_host_and_fault_profiles_load() -> None:
     """configs/sim/host.json is 8 x H100 80GB with state next to it; every profile parses."""
-    host = HostConfig.load(REPO / "configs/sim/host.json", {})
+    host = SimGpuHost.load(REPO / "configs/sim/host.json", {})
     assert (8, 79.19, REPO / "configs/sim/state") == (
         host.gpu_count,
         host.gpu_total_gib,

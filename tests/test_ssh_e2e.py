@@ -562,7 +562,7 @@ async def test_follow_over_ssh_is_byte_exact_with_marker_lookalikes(
     spec = remote.AttemptSpec("writer", 1, str(site.run_dir),
                               [sys.executable, "-c", LOOKALIKE_WRITER], {})
     received = b""
-    ends: list[remote.Exited] = []
+    ends: list[remote.RunExited] = []
     try:
         handle = await remote.launch(transport, spec)
         with anyio.fail_after(20):
@@ -576,7 +576,7 @@ async def test_follow_over_ssh_is_byte_exact_with_marker_lookalikes(
     finally:
         await transport.aclose()
     log = await anyio.Path(handle.log_path).read_bytes()
-    assert (log, [remote.Exited(0)]) == (received, ends)
+    assert (log, [remote.RunExited(0)]) == (received, ends)
 
 
 SLOW_WRITER = (
@@ -613,14 +613,14 @@ async def test_follow_over_ssh_survives_its_host_side_follower_being_killed(
     spec = remote.AttemptSpec("writer", 1, str(site.run_dir),
                               [sys.executable, "-c", SLOW_WRITER], {})
     received = b""
-    ends: list[remote.Exited] = []
+    ends: list[remote.RunExited] = []
     killed: list[int] = []
     try:
         handle = await remote.launch(transport, spec)
         with anyio.fail_after(20):
             async with aclosing(remote.follow(transport, handle)) as items:
                 async for item in items:
-                    if isinstance(item, remote.Exited):
+                    if isinstance(item, remote.RunExited):
                         ends.append(item)
                         continue
                     received += item.data
@@ -632,5 +632,5 @@ async def test_follow_over_ssh_survives_its_host_side_follower_being_killed(
         await transport.aclose()
     log = await anyio.Path(handle.log_path).read_bytes()
     assert 2 == len(killed)
-    assert (log, [remote.Exited(0)]) == (received, ends)
+    assert (log, [remote.RunExited(0)]) == (received, ends)
     assert 120 == len(log.splitlines())

@@ -24,7 +24,7 @@ from launcher.errors import (
     HostUnreachable,
     RemoteCommandError,
 )
-from launcher.transport.ssh import INITIAL_WAIT_S, JITTER_S, SSHTransport, build_command
+from launcher.transport.ssh import INITIAL_WAIT_S, JITTER_S, SSHTransport, shell_command
 from tests.sshd import Sshd, free_port, keygen
 
 ssh = pytest.mark.ssh
@@ -67,20 +67,20 @@ def events(logs: list[MutableMapping[str, Any]], name: str) -> list[MutableMappi
 
 def test_build_command_quotes_every_word() -> None:
     """Each argv element becomes one shell-quoted word."""
-    assert "echo 'a b' '$(x)' ''" == build_command(["echo", "a b", "$(x)", ""])
+    assert "echo 'a b' '$(x)' ''" == shell_command(["echo", "a b", "$(x)", ""])
 
 
 def test_build_command_prefixes_env() -> None:
     """Environment variables travel as quoted `env -- K=V` words in front of the command."""
-    assert "env -- 'A=1 2' B= ls" == build_command(["ls"], {"A": "1 2", "B": ""})
+    assert "env -- 'A=1 2' B= ls" == shell_command(["ls"], {"A": "1 2", "B": ""})
 
 
 def test_build_command_rejects_bad_input() -> None:
     """An empty argv or an env name env(1) cannot set is a programming error."""
     with pytest.raises(ValueError, match="argv"):
-        build_command([])
+        shell_command([])
     with pytest.raises(ValueError, match="A=B"):
-        build_command(["true"], {"A=B": "x"})
+        shell_command(["true"], {"A=B": "x"})
 
 
 # -- running commands ------------------------------------------------------------------------

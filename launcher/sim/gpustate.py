@@ -51,7 +51,7 @@ class HostConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class HostConfig:
+class SimGpuHost:
     """One simulated GPU host."""
 
     path: Path
@@ -63,7 +63,7 @@ class HostConfig:
     foreign_used_gib: Mapping[int, float]
 
     @classmethod
-    def load(cls, path: Path, environ: Mapping[str, str] | None = None) -> HostConfig:
+    def load(cls, path: Path, environ: Mapping[str, str] | None = None) -> SimGpuHost:
         """Read a host file; ``SGLANG_SIM_TIME_SCALE`` in ``environ`` overrides time_scale.
 
         Raises HostConfigError naming the file for anything unreadable or out of range."""
@@ -96,7 +96,7 @@ class HostConfig:
         return cls(path, gpu_count, total, name, state, scale, foreign)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> HostConfig | None:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SimGpuHost | None:
         """The host named by ``SGLANG_SIM_HOST``, or None when it is unset (no GPU at all)."""
         env = os.environ if environ is None else environ
         value = env.get(ENV_HOST)
@@ -152,7 +152,7 @@ class Registration:
     releasing leaves the file to readers, who drop it once its holders are dead.
     """
 
-    def __init__(self, host: HostConfig, server_pid: int, holders: Sequence[Holder]) -> None:
+    def __init__(self, host: SimGpuHost, server_pid: int, holders: Sequence[Holder]) -> None:
         self.host = host
         self.server_pid = server_pid
         self.holders = list(holders)
@@ -184,7 +184,7 @@ class Registration:
             self.path.unlink()
 
 
-def processes(host: HostConfig, *, exclude_server: int | None = None) -> list[GpuProcess]:
+def processes(host: SimGpuHost, *, exclude_server: int | None = None) -> list[GpuProcess]:
     """Every process holding memory on the host now: the foreign holder, then live holders of
     sim servers (orphans included). Files of servers whose holders are all dead are deleted."""
     found = [
@@ -225,7 +225,7 @@ def processes(host: HostConfig, *, exclude_server: int | None = None) -> list[Gp
     return found
 
 
-def used_by_gpu(host: HostConfig, *, exclude_server: int | None = None) -> list[float]:
+def used_by_gpu(host: SimGpuHost, *, exclude_server: int | None = None) -> list[float]:
     """GiB held per GPU (index = physical GPU) by everyone except ``exclude_server``."""
     used = [0.0] * host.gpu_count
     for p in processes(host, exclude_server=exclude_server):
@@ -233,7 +233,7 @@ def used_by_gpu(host: HostConfig, *, exclude_server: int | None = None) -> list[
     return used
 
 
-def visible_devices(host: HostConfig, environ: Mapping[str, str]) -> list[int]:
+def visible_devices(host: SimGpuHost, environ: Mapping[str, str]) -> list[int]:
     """Physical GPUs in CUDA_VISIBLE_DEVICES order; like CUDA, the list stops at the first
     entry that is not a valid index. Unset: every GPU."""
     value = environ.get("CUDA_VISIBLE_DEVICES")

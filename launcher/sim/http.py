@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from launcher.sglang.versions import at_least
 
 
-class ServerStatus(enum.StrEnum):
+class SimServerState(enum.StrEnum):
     STARTING = "starting"  # bound, warmup not done
     UP = "up"
     UNHEALTHY = "unhealthy"  # a health check found the scheduler hung
@@ -150,7 +150,7 @@ class HttpBackend(Protocol):
     enable_metrics: bool
     strict_probes: bool  # 0.5.23: /ready exists and /ping follows health
 
-    def status(self) -> ServerStatus: ...
+    def status(self) -> SimServerState: ...
 
     def health(self) -> int:
         """Status code of /health (may mark the server unhealthy)."""
@@ -251,9 +251,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/health", "/health_generate"):
             return backend.health(), b"", "text/plain"
         if path == "/ready" and backend.strict_probes:
-            return (200 if status is ServerStatus.UP else 503), b"", "text/plain"
+            return (200 if status is SimServerState.UP else 503), b"", "text/plain"
         if path == "/ping":
-            ok = status is ServerStatus.UP or not backend.strict_probes
+            ok = status is SimServerState.UP or not backend.strict_probes
             return (200 if ok else 503), b"", "text/plain"
         if path in ("/model_info", "/get_model_info"):
             if path == "/get_model_info":

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from launcher.sim.gpustate import GpuProcess, HostConfig, HostConfigError, processes
+from launcher.sim.gpustate import GpuProcess, HostConfigError, SimGpuHost, processes
 
 DRIVER_VERSION = "550.54.15"
 CUDA_VERSION = "12.4"
@@ -56,7 +56,7 @@ def _mib(gib: float) -> int:
 class _Snapshot:
     """The host's state at one instant, as nvidia-smi reports it."""
 
-    def __init__(self, host: HostConfig) -> None:
+    def __init__(self, host: SimGpuHost) -> None:
         self.host = host
         self.apps: list[GpuProcess] = processes(host)
         self.used = [0] * host.gpu_count
@@ -239,7 +239,7 @@ def _option(args: list[str], i: int) -> tuple[str, str | None, int]:
     return arg, None, i + 1
 
 
-def run(argv: Sequence[str], host: HostConfig | None) -> str:
+def run(argv: Sequence[str], host: SimGpuHost | None) -> str:
     """nvidia-smi's output for ``argv``; raises SmiError."""
     if host is None:
         raise SmiError(_NO_DRIVER, 9)
@@ -308,7 +308,7 @@ def run(argv: Sequence[str], host: HostConfig | None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        host = HostConfig.from_env()
+        host = SimGpuHost.from_env()
         sys.stdout.write(run(sys.argv[1:] if argv is None else argv, host))
     except HostConfigError:
         sys.stdout.write(_NO_DRIVER + "\n")

@@ -58,11 +58,11 @@ from launcher.sglang.phases import Phase
 from launcher.sglang.versions import DRAFT_EXTEND_SWITCH_FROM, at_least
 from launcher.sim import gpustate, logfmt
 from launcher.sim.faults import Fault, FaultKind, FaultPlan, FaultProfileError
-from launcher.sim.gpustate import HostConfig, HostConfigError
+from launcher.sim.gpustate import HostConfigError, SimGpuHost
 from launcher.sim.http import (
     ApiInfo,
-    ServerStatus,
     SimHttpServer,
+    SimServerState,
     WarmupEnd,
     reason,
     run_warmup,
@@ -731,7 +731,7 @@ class Server:
         self,
         flags: Flags,
         d: Dialect,
-        host: HostConfig,
+        host: SimGpuHost,
         model: ModelSpec,
         plan: FaultPlan,
         log: LogWriter,
@@ -1636,15 +1636,15 @@ class Server:
 
     # -- HttpBackend -----------------------------------------------------------------------
 
-    def status(self) -> ServerStatus:
+    def status(self) -> SimServerState:
         if self._sigterm_at is not None:
-            return ServerStatus.SHUTTING_DOWN
+            return SimServerState.SHUTTING_DOWN
         if self._unhealthy:
-            return ServerStatus.UNHEALTHY
-        return ServerStatus.UP if self._ready_at is not None else ServerStatus.STARTING
+            return SimServerState.UNHEALTHY
+        return SimServerState.UP if self._ready_at is not None else SimServerState.STARTING
 
     def health(self) -> int:
-        if self._hung and self.status() is ServerStatus.UP:
+        if self._hung and self.status() is SimServerState.UP:
             self._unhealthy = True
             now = time.strftime("%H:%M:%S")
             self.log.record(
@@ -1654,7 +1654,7 @@ class Server:
                 f"last_heartbeat time: {now}",
                 ERROR,
             )
-        return 200 if self.status() is ServerStatus.UP else 503
+        return 200 if self.status() is SimServerState.UP else 503
 
     def info(self) -> ApiInfo:
         trace = self._trace()
@@ -1775,7 +1775,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         plan = FaultPlan.from_env()
-        host = HostConfig.from_env()
+        host = SimGpuHost.from_env()
     except (FaultProfileError, HostConfigError) as exc:
         return _fail(f"launcher.sim: {exc}")
     try:

@@ -117,7 +117,7 @@ class HostConfigLike(Protocol):
     def env(self) -> Mapping[str, str] | None: ...
 
 
-def build_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+def shell_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
     """Return the one shell command string that runs ``argv`` with ``env`` set, nothing else.
 
     Every word is quoted with :func:`shlex.quote`, so no element can start a second command.
@@ -732,7 +732,7 @@ class SSHTransport:
         if timeout is not None:
             limit = str(math.ceil(timeout) + HOST_TIMEOUT_SLACK_S)
             argv = ["timeout", "-k", str(HOST_KILL_AFTER_S), limit, *argv]
-        command = build_command(argv, self._merged_env(env))
+        command = shell_command(argv, self._merged_env(env))
         current, process = await self._open_process(command)
         out, err = bytearray(), bytearray()
         try:
@@ -798,7 +798,7 @@ class SSHTransport:
         stdin. Leaving the iteration (break, cancel, aclose) closes the channel. A connection
         lost mid-stream raises HostUnreachable.
         """
-        command = build_command(argv, self._merged_env(env))
+        command = shell_command(argv, self._merged_env(env))
         current, process = await self._open_process(command, stderr=asyncssh.DEVNULL)
         try:
             while True:
