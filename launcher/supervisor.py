@@ -52,6 +52,7 @@ from launcher.errors import (
     PreflightError,
     is_transient,
 )
+from launcher.eventlog import level_of
 from launcher.gpus import check_gpus
 from launcher.lifecycle import (
     Action,
@@ -340,7 +341,7 @@ class ServerSupervisor:
 
     def _emit(self, name: str, data: dict[str, Any]) -> None:
         data = self.redact(data)
-        self.log.info(name, **data)
+        self.log.log(level_of(name), name, **data)  # the level table: launcher.eventlog
         for hook in self.hooks:
             hook(self.server.name, name, data)
 

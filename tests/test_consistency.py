@@ -68,9 +68,9 @@ def scrape(port: int) -> str:
 
 
 def metric(text: str, name: str) -> float:
-    match = re.search(rf'^{name}{{server="{SERVER}"}} (\S+)$', text, re.MULTILINE)
+    match = re.search(rf'^{name}{{server="{SERVER}"(,[^}}]*)?}} (\S+)$', text, re.MULTILINE)
     assert match, f"{name} not in the metrics"
-    return float(match.group(1))
+    return float(match.group(2))
 
 
 def test_attempts_tell_one_story_across_a_crash_an_adoption_and_a_relaunch(
