@@ -486,12 +486,14 @@ class SlackConfig(_Model):
     announce_adoption: bool = False
 
     def webhook_url(self, environ: Mapping[str, str] | None = None) -> str | None:
-        """The webhook URL, or None when the variable is unset or empty.
+        """The webhook URL, or None when none of the sources gives a non-empty one.
 
         Raises ConfigError when ``webhook_url_file`` is set but cannot be read or is empty.
         """
-        if self.webhook is not None:
-            return self.webhook.get_secret_value().strip() or None
+        # An empty credential is "not set" (the systemd unit's LoadCredential= needs the file
+        # to exist, so the install script creates it empty): fall through to the others.
+        if self.webhook is not None and self.webhook.get_secret_value().strip():
+            return self.webhook.get_secret_value().strip()
         if self.webhook_url_file is not None:
             url = _read_secret_file(self.webhook_url_file, "slack.webhook_url_file", "slack")
             where = "slack.webhook_url_file"

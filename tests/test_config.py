@@ -915,6 +915,17 @@ def test_credentials_directory_overrides_like_variables(tmp_path: Path) -> None:
     assert "hooks.example" not in repr(config)
 
 
+def test_empty_webhook_credential_is_unset(tmp_path: Path) -> None:
+    """The unit's LoadCredential= file as the install script creates it (empty): no webhook
+    from it; the variable of the env file is used instead, or none at all."""
+    directory = credentials(tmp_path, {"LAUNCHER_SLACK__WEBHOOK": "\n"})
+    config = load(tmp_path, BASE, {"CREDENTIALS_DIRECTORY": str(directory)})
+    assert config.slack is not None
+    hook = "https://hooks.example/services/T0/B0/env"
+    assert None is config.slack.webhook_url({})
+    assert hook == config.slack.webhook_url({"LAUNCHER_SLACK_WEBHOOK": hook})
+
+
 def test_credential_problem_names_the_credential(tmp_path: Path) -> None:
     """A bad value from a credential file is reported with the credential's name."""
     directory = credentials(tmp_path, {"LAUNCHER_POLICY__MAX_ATTEMPTS": "0"})
