@@ -110,6 +110,7 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
     transports = transports_for(config, servers)
     try:
         with StateLock(config.state_dir), Ledger(ledger_path(config.state_dir)) as ledger:
+            notifier.bind_store(ledger)  # dedupe and firing alerts survive a restart
             async with anyio.create_task_group() as tg:
                 await tg.start(notifier.run)
                 try:
@@ -135,6 +136,7 @@ async def _supervise(config: Config, servers: list[ServerConfig],
     for s in servers:
         version = await sglang_version_of(s, transports[s.host])
         facts[s.name] = ServerFacts.of(s, config.host(s.host), version)
+        notifier.describe(s.name, facts[s.name])
         fp = fingerprint(s, config.host(s.host), version)
         fingerprints[s.name] = fp
         initial, why = initial_params(ledger, fp, s.launch_params(), opts.fresh)

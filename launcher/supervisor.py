@@ -321,7 +321,11 @@ class ServerSupervisor:
     async def _execute(self, action: Action) -> None:
         assert self._tg is not None
         if isinstance(action, Emit):
-            self._emit(action.name, action.data)
+            data = action.data
+            if action.name == "server.ready" and self._attempt is not None:
+                # What SGLang resolved for params left to it (Slack shows numbers, not "auto").
+                data = {**data, "resolved": _params_dict(self._attempt.follower.resolved_params)}
+            self._emit(action.name, data)
             if action.name == "server.ready" and self._attempt is not None:
                 self._ready_attempt_ended(self._attempt)
         elif isinstance(action, RunPreflight):
