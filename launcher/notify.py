@@ -814,7 +814,8 @@ class SlackNotifier:
     # -- the hook ------------------------------------------------------------------------
 
     def __call__(self, server: str, event: str, data: dict[str, Any]) -> None:
-        """Turn ``event`` into messages and queue them. Never blocks, never raises."""
+        """Turn ``event`` into messages and queue them. Never raises and never waits on the
+        network; with a store, a change of memory is one small SQLite write (WAL)."""
         if event not in _OBSERVED:
             return
         try:
