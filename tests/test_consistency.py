@@ -172,8 +172,19 @@ def test_attempts_tell_one_story_across_a_crash_an_adoption_and_a_relaunch(
 
         # -- Slack ------------------------------------------------------------------------
         texts = [r.json()["text"] for r in slack.requests]
+        blocks = [json.dumps(r.json()["blocks"]) for r in slack.requests]
+        info = [line for family in text_string_to_metric_families(metrics_text)
+                for line in family.samples if line.name == "launcher_server_info"]
     failed_list = "; ".join(f"#{f['attempt']} " for f in failed_first)
     assert 3 == len(texts), texts  # ready; nothing on adoption; relaunched; resolved
+    # Each message names the SGLang version launcher uses, the model by name and how to read
+    # the attempt's log; the metrics' info series says the same.
+    logs_line = f"launcher logs {config} {SERVER} --attempt"
+    for number, text in zip([n_ready, died["attempt"], n_last], blocks, strict=True):
+        assert "*SGLang*\\n0.5.23" in text and "*Model*\\nllama-70b-sim" in text, text
+        assert f"{logs_line} {number}" in text, text
+    [labels] = [sample.labels for sample in info]
+    assert ("0.5.23", "llama-70b-sim") == (labels["sglang_version"], labels["model"])
     assert f", attempt #{n_ready}, " in texts[0] and texts[0].startswith(f"{SERVER} is ready")
     assert [f"#{f['attempt']} " for f in failed_first] == re.findall(r"#\d+ ", texts[0].split(
         "Failed attempts: ")[1]), (failed_list, texts[0])
