@@ -7,6 +7,10 @@ Levels: supervision events are logged at the level ``EVENT_LEVELS`` gives their 
 (``level_of``), info for every name it does not list. It is the one place that says which
 events a person should look at: a failed attempt is a warning, a server that gave up an error.
 
+Libraries that log through the standard ``logging`` module (asyncssh, httpx) reach the same
+output: their warnings and errors become ``log.record`` events (keys ``logger``, ``message``)
+at the record's level, instead of bare lines on stderr without a priority.
+
 journald: when the output stream is the journal's (``$JOURNAL_STREAM`` names its device and
 inode, as systemd sets it for ``StandardOutput=journal``), every line starts with the
 sd-daemon priority prefix (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug;
@@ -88,6 +92,28 @@ class _PriorityPrefix:
         return f"<{syslog_priority(method_name)}>{text}"
 
 
+class _ToStructlog(logging.Handler):
+    """Forwards stdlib ``logging`` records to structlog as ``log.record`` at their level."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            structlog.get_logger(record.name).log(
+                record.levelno, "log.record", logger=record.name, message=record.getMessage()
+            )
+        except Exception:
+            self.handleError(record)
+
+
+def _bridge_stdlib_logging(level: int) -> None:
+    """Route stdlib records of ``level`` and above through structlog (one handler, however
+    often ``configure`` runs)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, _ToStructlog):
+            root.removeHandler(handler)
+    root.addHandler(_ToStructlog(level))
+
+
 def configure(
     fmt: Format,
     stream: TextIO | None = None,
@@ -115,3 +141,5 @@ def configure(
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
+    # Only warnings and errors of libraries: their info is noise next to launcher's events.
+    _bridge_stdlib_logging(max(level, logging.WARNING))

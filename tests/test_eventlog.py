@@ -56,6 +56,7 @@ def test_on_journal_compares_device_and_inode(tmp_path: Path) -> None:
 
 def test_configure_prefixes_each_line_only_on_the_journal(tmp_path: Path) -> None:
     path = tmp_path / "out"
+    before = list(logging.getLogger().handlers)
     try:
         with path.open("w") as out:
             st = os.fstat(out.fileno())
@@ -68,9 +69,37 @@ def test_configure_prefixes_each_line_only_on_the_journal(tmp_path: Path) -> Non
             log.warning("x.plain")
         lines = path.read_text().splitlines()
     finally:
+        for handler in set(logging.getLogger().handlers) - set(before):
+            logging.getLogger().removeHandler(handler)
         structlog.reset_defaults()
     assert ["<4>", "<3>", "<6>"] == [line[:3] for line in lines[:3]]
     assert "x.plain" in lines[3] and not lines[3].startswith("<")
+
+
+def test_stdlib_warnings_reach_the_journal_with_their_priority(tmp_path: Path) -> None:
+    """A library's logging warning (asyncssh, httpx) becomes a log.record line with <4>."""
+    path = tmp_path / "out"
+    root = logging.getLogger()
+    before = list(root.handlers)
+    try:
+        with path.open("w") as out:
+            st = os.fstat(out.fileno())
+            environ = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+            configure("json", out, environ=environ)
+            configure("json", out, environ=environ)  # again: still one line per record
+            logging.getLogger("asyncssh").warning("Connection lost to %s", "gpu1")
+            logging.getLogger("asyncssh").info("Opening SSH connection")  # below warning
+        lines = path.read_text().splitlines()
+    finally:
+        for handler in set(root.handlers) - set(before):
+            root.removeHandler(handler)
+        structlog.reset_defaults()
+    [line] = lines
+    m = PREFIXED.match(line)
+    assert m is not None and "4" == m[1], line
+    record = json.loads(m[2])
+    assert ("log.record", "asyncssh", "Connection lost to gpu1", "warning") == (
+        record["event"], record["logger"], record["message"], record["level"])
 
 
 def _up(sim: SimSetup, tmp_path: Path, *, journal: bool) -> list[tuple[int | None, Any]]:
