@@ -79,8 +79,6 @@ import anyio
 import httpx
 import structlog
 from anyio.abc import TaskStatus
-from slack_sdk.errors import SlackObjectFormationError
-from slack_sdk.models.blocks import Block, HeaderBlock, SectionBlock
 
 from launcher.durations import format_duration
 from launcher.errors import ConfigError, LauncherError
@@ -110,9 +108,10 @@ MASK = "***"
 MIN_SECRET_LEN = 4
 _EVIDENCE_LINE_MAX = 300
 _LEDGER_MAX = 15
-# Slack's limits, from the Block Kit models that check them; clipped to fit, with room.
-_SECTION_MAX = SectionBlock.text_max_length - 100
-_HEADER_MAX = HeaderBlock.text_max_length
+# Slack's limits (slack_sdk's HeaderBlock / SectionBlock check them: ``checked_blocks``);
+# clipped to fit, with room.
+_SECTION_MAX = 2900
+_HEADER_MAX = 150
 _FIELD_MAX = 1900  # a field's text: Slack allows 2000
 _TEXT_MAX = 3000  # the notification text; Slack truncates far later, people read far less
 _FAILURES_KEPT = 50
@@ -630,6 +629,11 @@ def checked_blocks(blocks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
     Raises ValueError naming the first block that fails (Slack would reject the message).
     """
+    # Imported here: the slack_sdk package imports its whole Web API client (a third of a
+    # second), which no command but a posting `launcher up` needs.
+    from slack_sdk.errors import SlackObjectFormationError
+    from slack_sdk.models.blocks import Block
+
     out = []
     for i, block in enumerate(blocks):
         model = Block.parse(dict(block))

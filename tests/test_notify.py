@@ -886,3 +886,14 @@ async def test_an_adopted_server_is_no_fresh_ready(
         "still running with mem_fraction_static=0.780 cuda_graph_max_bs=96; supervising it "
         "again, nothing relaunched"
     ] == texts(sink)
+
+
+def test_the_clipping_limits_are_within_slack_sdks() -> None:
+    """What this module clips to stays within the limits slack_sdk's models check (they are
+    not imported at module load: see checked_blocks)."""
+    from slack_sdk.models.blocks import HeaderBlock, SectionBlock
+
+    from launcher import notify
+
+    assert notify._HEADER_MAX <= HeaderBlock.text_max_length
+    assert notify._SECTION_MAX <= SectionBlock.text_max_length
