@@ -492,9 +492,8 @@ def up(
     try:
         notifier = SlackNotifier(
             webhook, secrets=secret_values, announce_adoption=slack.announce_adoption,
-            servers_info={s.name: ServerInfo(host=s.host,
-                                             model=s.served_model_name or s.model_path)
-                          for s in servers})
+            remind_every_s=slack.remind_every, config_path=config_path,
+            servers_info={s.name: ServerInfo.of(s, config.host(s.host)) for s in servers})
     except ConfigError:
         where = ("LAUNCHER_SLACK__WEBHOOK (credential or variable)" if slack.webhook is not None
                  else f"the file {slack.webhook_url_file}" if slack.webhook_url_file is not None

@@ -193,6 +193,19 @@ def _expand(path: Path) -> Path:
 
 
 Duration = Annotated[float, BeforeValidator(_duration)]
+
+
+def _reminder_off_or_duration(value: object) -> object:
+    if isinstance(value, str) and value.strip().lower() == "off":
+        return 0.0
+    return _duration(value)
+
+
+def _reminder_interval(seconds: float) -> float:
+    if seconds != 0 and seconds < 60:
+        raise ValueError(
+            f"{seconds:g}s is too short: use at least 1m, or \"off\" to turn reminders off")
+    return seconds
 ProbeTimeout = Annotated[float, BeforeValidator(_duration), AfterValidator(_above_health_timeout)]
 Fraction = Annotated[float, Field(gt=0, lt=1)]
 AtLeastOne = Annotated[int, Field(ge=1)]
@@ -484,14 +497,21 @@ class SlackConfig(_Model):
     # A restarted launcher that finds a server running adopts it silently; true posts an
     # "adopted" message instead.
     announce_adoption: bool = False
+    # A problem still firing (gave up, unhealthy, relaunched) is posted again this often
+    # until the server is ready ("4h", "30m"; "off": never). At least a minute: anything
+    # shorter floods the channel it is meant to keep readable.
+    remind_every: Annotated[float, BeforeValidator(_reminder_off_or_duration),
+                            AfterValidator(_reminder_interval)] = 4 * 3600.0
 
     def webhook_url(self, environ: Mapping[str, str] | None = None) -> str | None:
-        """The webhook URL, or None when the variable is unset or empty.
+        """The webhook URL, or None when none of the sources gives a non-empty one.
 
         Raises ConfigError when ``webhook_url_file`` is set but cannot be read or is empty.
         """
-        if self.webhook is not None:
-            return self.webhook.get_secret_value().strip() or None
+        # An empty credential is "not set" (the systemd unit's LoadCredential= needs the file
+        # to exist, so the install script creates it empty): fall through to the others.
+        if self.webhook is not None and self.webhook.get_secret_value().strip():
+            return self.webhook.get_secret_value().strip()
         if self.webhook_url_file is not None:
             url = _read_secret_file(self.webhook_url_file, "slack.webhook_url_file", "slack")
             where = "slack.webhook_url_file"

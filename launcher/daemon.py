@@ -18,6 +18,7 @@ import structlog
 
 from launcher import remote
 from launcher.config import Config, ServerConfig
+from launcher.facts import ServerFacts
 from launcher.lifecycle import State
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
@@ -109,6 +110,7 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
     transports = transports_for(config, servers)
     try:
         with StateLock(config.state_dir), Ledger(ledger_path(config.state_dir)) as ledger:
+            notifier.bind_store(ledger)  # dedupe and firing alerts survive a restart
             async with anyio.create_task_group() as tg:
                 await tg.start(notifier.run)
                 try:
@@ -130,8 +132,11 @@ async def _supervise(config: Config, servers: list[ServerConfig],
     log = structlog.get_logger("launcher")
     fingerprints: dict[str, str] = {}
     plans: list[tuple[ServerConfig, str, LaunchParams]] = []
+    facts: dict[str, ServerFacts] = {}
     for s in servers:
         version = await sglang_version_of(s, transports[s.host])
+        facts[s.name] = ServerFacts.of(s, config.host(s.host), version)
+        notifier.describe(s.name, facts[s.name])
         fp = fingerprint(s, config.host(s.host), version)
         fingerprints[s.name] = fp
         initial, why = initial_params(ledger, fp, s.launch_params(), opts.fresh)
@@ -140,7 +145,7 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         plans.append((s, version, initial))
     recorder = LedgerRecorder(ledger, fingerprints)
     hooks: list[EventHook] = [recorder, notifier]
-    metrics = Metrics() if config.metrics else None
+    metrics = Metrics(facts=facts) if config.metrics else None
     metrics_server = None
     if metrics is not None and config.metrics is not None:
         hooks.append(metrics)

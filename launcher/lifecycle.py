@@ -696,9 +696,15 @@ class ServerMachine:
             )
             self.state = State.BACKING_OFF
             self.stalls = 0
+            # The budget left after this restart: what the person on call reads first.
+            left = max(0, self.restart.budget - self.restart.restarts_in_window(now))
             return [
                 Emit(
-                    "restart.scheduled", {"delay_s": round(delay, 2), "params": _pdict(self.params)}
+                    "restart.scheduled",
+                    {"delay_s": round(delay, 2), "params": _pdict(self.params),
+                     "attempt": self.attempt, "restarts_left": left,
+                     "restart_budget": self.restart.budget,
+                     "restart_window_s": self.restart.window},
                 ),
                 Sleep(delay),
             ]

@@ -4,22 +4,28 @@
 event list) plus ``update_states(snapshots)`` for the state gauges. ``Metrics.serve(host,
 port)`` starts the exposition endpoint (``GET /metrics``) in a daemon thread.
 
-Exported series (label ``server`` on every one):
+Exported series (labels ``server`` and ``host``, the GPU host it runs on, on every per-server
+series; ``describe`` tells the host, model, version and endpoint of each server):
 
-=========================================  ===========================================
-``launcher_server_state{state}``            1 for the current state, 0 for every other
-``launcher_server_ready``                   1 while ready (and probed healthy), else 0
-``launcher_server_attempt``                 the current attempt number
-``launcher_attempts_total``                 attempts started
-``launcher_attempt_failures_total{outcome}``  failed attempts by outcome (``oom_kv_cache``)
-``launcher_restarts_total``                 relaunches scheduled after having been ready
-``launcher_time_to_ready_seconds``          start-up time of the last time it became ready
-``launcher_startup_duration_seconds``       histogram of those start-up times
-``launcher_probe_latency_seconds``          latency of the last ``/health`` probe
-``launcher_probes_total{result}``           probes by result (``ok`` / ``failed``)
-``launcher_host_unreachable``               1 while the server's host cannot be reached
-``launcher_host_unreachable_seconds_total``  time the host was unreachable (ended outages)
-=========================================  ===========================================
+=============================================  ===========================================
+``launcher_build_info{version,python_version}``  1: this launcher's version
+``launcher_server_info{model,sglang_version,endpoint,gpus}``  1: what the server runs
+``launcher_server_state{state}``                1 for the current state, 0 for every other
+``launcher_server_ready``                       1 while ready (and probed healthy), else 0
+``launcher_server_attempt``                     the current attempt number
+``launcher_attempts_total``                     attempts started
+``launcher_attempt_failures_total{outcome}``    failed attempts by outcome (``oom_kv_cache``)
+``launcher_restarts_total``                     relaunches scheduled after having been ready
+``launcher_time_to_ready_seconds``              start-up time of the last time it became ready
+``launcher_startup_duration_seconds``           histogram of those start-up times
+``launcher_probe_latency_seconds``              histogram of ``/health`` probe latencies
+``launcher_probes_total{result}``               probes by result (``ok`` / ``failed``)
+``launcher_host_unreachable``                   1 while the server's host cannot be reached
+``launcher_host_unreachable_seconds_total``     time the host was unreachable (ended outages)
+=============================================  ===========================================
+
+No ``*_created`` series: prometheus-client's are disabled (``disable_created_metrics``), as
+Prometheus ignores them in the text format and they double every counter's output.
 
 State values are ``launcher.lifecycle.State`` values (``cuda_graph``, ``gave_up``, ...).
 """
@@ -27,6 +33,7 @@ State values are ``launcher.lifecycle.State`` values (``cuda_graph``, ``gave_up`
 from __future__ import annotations
 
 import math
+import platform
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
@@ -40,10 +47,14 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Info,
+    disable_created_metrics,
     start_http_server,
 )
 
+from launcher import __version__
 from launcher.errors import ConfigError
+from launcher.facts import ServerFacts
 from launcher.lifecycle import State
 
 __all__ = ["Metrics", "MetricsServer", "ServerState"]
@@ -53,6 +64,10 @@ log = structlog.get_logger(__name__)
 # Start-up takes from seconds (small model, warm cache) to the better part of an hour
 # (70B weights from network storage plus CUDA graph capture).
 STARTUP_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0, 3600.0)
+
+# A /health probe answers in milliseconds; seconds mean trouble (the probe's own timeout is
+# 5 s by default: docs/config.md).
+PROBE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 _STATES = [state.value for state in State]
 
@@ -124,7 +139,15 @@ class Metrics:
     Updates are in-memory under prometheus-client's locks, so the hook does not block.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        facts: Mapping[str, ServerFacts] | None = None,
+    ) -> None:
+        # Process-wide in prometheus-client (there is no per-metric switch); launcher never
+        # wants the *_created series, so turning them off for every registry is what we mean.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         if registry is None:
             registry = CollectorRegistry()
             registry.register(PROCESS_COLLECTOR)
@@ -132,79 +155,116 @@ class Metrics:
         self.registry = registry
         self._current: dict[str, str] = {}
         self._lock = threading.Lock()  # _current is read-modify-write from hook and updates
+        self._hosts: dict[str, str] = {}
+        self.build_info = Info(
+            "launcher_build", "The launcher that serves these metrics.", registry=registry
+        )
+        self.build_info.info({"version": __version__,
+                              "python_version": platform.python_version()})
+        self.server_info = Info(
+            "launcher_server",
+            "What each server runs: model name, SGLang version, endpoint, GPUs.",
+            ["server", "host"],
+            registry=registry,
+        )
         self.server_state = Gauge(
             "launcher_server_state",
             "1 for the server's current supervision state, 0 for the others.",
-            ["server", "state"],
+            ["server", "host", "state"],
             registry=registry,
         )
         self.server_ready = Gauge(
             "launcher_server_ready",
             "1 while the server is ready and answering /health, else 0.",
-            ["server"],
+            ["server", "host"],
             registry=registry,
         )
         self.server_attempt = Gauge(
             "launcher_server_attempt",
             "The server's current attempt number (0 before the first launch).",
-            ["server"],
+            ["server", "host"],
             registry=registry,
         )
         self.attempts = Counter(
             "launcher_attempts",
             "Launch attempts started.",
-            ["server"],
+            ["server", "host"],
             registry=registry,
         )
         self.attempt_failures = Counter(
             "launcher_attempt_failures",
             "Attempts that failed, by classified outcome.",
-            ["server", "outcome"],
+            ["server", "host", "outcome"],
             registry=registry,
         )
         self.restarts = Counter(
             "launcher_restarts",
             "Relaunches scheduled after the server had been ready.",
-            ["server"],
+            ["server", "host"],
             registry=registry,
         )
         self.time_to_ready = Gauge(
             "launcher_time_to_ready_seconds",
             "Seconds from start to ready, the last time the server became ready.",
-            ["server"],
+            ["server", "host"],
             registry=registry,
         )
         self.startup_duration = Histogram(
             "launcher_startup_duration_seconds",
             "Seconds from start to ready, every time a server became ready.",
-            ["server"],
+            ["server", "host"],
             buckets=STARTUP_BUCKETS,
             registry=registry,
         )
-        self.probe_latency = Gauge(
+        self.probe_latency = Histogram(
             "launcher_probe_latency_seconds",
-            "Latency of the last /health probe.",
-            ["server"],
+            "Latency of /health probes.",
+            ["server", "host"],
+            buckets=PROBE_BUCKETS,
             registry=registry,
         )
         self.probes = Counter(
             "launcher_probes",
             "/health probes, by result.",
-            ["server", "result"],
+            ["server", "host", "result"],
             registry=registry,
         )
         self.host_unreachable = Gauge(
             "launcher_host_unreachable",
             "1 while the server's host cannot be reached over its transport, else 0.",
-            ["server"],
+            ["server", "host"],
             registry=registry,
         )
         self.host_unreachable_seconds = Counter(
             "launcher_host_unreachable_seconds",
             "Seconds the server's host was unreachable, counted when each outage ends.",
-            ["server"],
+            ["server", "host"],
             registry=registry,
         )
+        for server, server_facts in (facts or {}).items():
+            self.describe(server, server_facts)
+
+    # -- what each server is -------------------------------------------------------------
+
+    def describe(self, server: str, facts: ServerFacts) -> None:
+        """Set ``server``'s host label and its ``launcher_server_info`` series. Call it before
+        the server's first event (the daemon does, once the SGLang version is known); a
+        later call with another host leaves the earlier series under the old host."""
+        with self._lock:
+            old = self._hosts.get(server)
+            self._hosts[server] = facts.host
+        if old is not None and old != facts.host:
+            self.server_info.remove(server, old)
+        self.server_info.labels(server, facts.host).info({
+            "model": facts.model,
+            "sglang_version": facts.sglang_version,
+            "endpoint": facts.endpoint,
+            "gpus": facts.gpus,
+        })
+
+    def _host(self, server: str) -> str:
+        """The host label of ``server``: its described host, "" before ``describe``."""
+        return self._hosts.get(server, "")
 
     # -- the event hook -------------------------------------------------------------------
 
@@ -216,42 +276,43 @@ class Metrics:
             log.exception("metrics.hook_failed", server=server, hook_event=event)
 
     def _record(self, server: str, event: str, data: Mapping[str, Any]) -> None:
+        host = self._host(server)
         if event == "attempt.started":
-            self.attempts.labels(server).inc()
-            self.server_ready.labels(server).set(0)
+            self.attempts.labels(server, host).inc()
+            self.server_ready.labels(server, host).set(0)
             attempt = _number(data.get("attempt"))
             if attempt is not None:
-                self.server_attempt.labels(server).set(attempt)
+                self.server_attempt.labels(server, host).set(attempt)
         elif event == "attempt.failed":
             outcome = data.get("outcome")
-            self.attempt_failures.labels(server, str(outcome or "unknown")).inc()
-            self.server_ready.labels(server).set(0)
+            self.attempt_failures.labels(server, host, str(outcome or "unknown")).inc()
+            self.server_ready.labels(server, host).set(0)
         elif event == "server.ready":
             seconds = _number(data.get("seconds"))
             if seconds is not None and seconds >= 0:
-                self.time_to_ready.labels(server).set(seconds)
-                self.startup_duration.labels(server).observe(seconds)
+                self.time_to_ready.labels(server, host).set(seconds)
+                self.startup_duration.labels(server, host).observe(seconds)
             self._set_state(server, State.READY.value)
         elif event == "probe.result":
             latency = _number(data.get("latency_s"))
             if latency is not None and latency >= 0:
-                self.probe_latency.labels(server).set(latency)
-            self.probes.labels(server, "ok" if data.get("ok") else "failed").inc()
+                self.probe_latency.labels(server, host).observe(latency)
+            self.probes.labels(server, host, "ok" if data.get("ok") else "failed").inc()
         elif event == "restart.scheduled":
-            self.restarts.labels(server).inc()
+            self.restarts.labels(server, host).inc()
         elif event == "server.unhealthy":
-            self.server_ready.labels(server).set(0)
+            self.server_ready.labels(server, host).set(0)
         elif event == "server.gave_up":
             self._set_state(server, State.GAVE_UP.value)
         elif event == "server.stopped":
             self._set_state(server, State.STOPPED.value)
         elif event == "host.unreachable":
-            self.host_unreachable.labels(server).set(1)
+            self.host_unreachable.labels(server, host).set(1)
         elif event == "host.reachable":
-            self.host_unreachable.labels(server).set(0)
+            self.host_unreachable.labels(server, host).set(0)
             seconds = _number(data.get("unreachable_s"))
             if seconds is not None and seconds >= 0:
-                self.host_unreachable_seconds.labels(server).inc(seconds)
+                self.host_unreachable_seconds.labels(server, host).inc(seconds)
 
     # -- state snapshots ------------------------------------------------------------------
 
@@ -261,21 +322,22 @@ class Metrics:
             self._set_state(snap.server, str(snap.state))
             attempt = _number(snap.attempt)
             if attempt is not None:
-                self.server_attempt.labels(snap.server).set(attempt)
+                self.server_attempt.labels(snap.server, self._host(snap.server)).set(attempt)
 
     def _set_state(self, server: str, state: str) -> None:
+        host = self._host(server)
         with self._lock:
             previous = self._current.get(server)
             if previous is None:
                 # Every state gets a series, so `launcher_server_state{state="ready"} == 0`
                 # is queryable before a server ever was ready.
                 for name in _STATES:
-                    self.server_state.labels(server, name).set(0)
+                    self.server_state.labels(server, host, name).set(0)
             elif previous != state:
-                self.server_state.labels(server, previous).set(0)
-            self.server_state.labels(server, state).set(1)
+                self.server_state.labels(server, host, previous).set(0)
+            self.server_state.labels(server, host, state).set(1)
             self._current[server] = state
-        self.server_ready.labels(server).set(1 if state == State.READY.value else 0)
+        self.server_ready.labels(server, host).set(1 if state == State.READY.value else 0)
 
     # -- the endpoint ---------------------------------------------------------------------
 

@@ -4,6 +4,8 @@
 - ``Ledger(path)`` records every start-up attempt (params, outcome, phase, the log's numbers,
   evidence, a bounded log tail) and, per fingerprint, the last params that reached ready.
 - ``fingerprint(server, host, sglang_version)`` names "the same launch" across restarts.
+- ``Ledger.notify_states`` / ``save_notify_state`` keep the Slack notifier's memory (when each
+  kind of message was last sent, what was suppressed, which alerts fire) across restarts.
 - ``LedgerRecorder`` is a supervisor event hook that writes those events to the ledger from its
   own thread; ``initial_params`` picks the params of the first attempt (warm start).
 
@@ -49,6 +51,7 @@ __all__ = [
     "LastGood",
     "Ledger",
     "LedgerRecorder",
+    "NotifyState",
     "StateLock",
     "fingerprint",
     "initial_params",
@@ -255,6 +258,25 @@ class LastGood:
     attempts: int
 
 
+@dataclass(frozen=True)
+class NotifyState:
+    """The Slack notifier's memory of one (server, kind) of message (``launcher.notify``).
+
+    ``last_sent``: wall-clock time it was last posted (None: never); ``suppressed``: repeats
+    held back since then; ``firing_since``: when its alert began firing (None: not firing);
+    ``announced``: the firing alert was posted (a resolution is posted only then);
+    ``payload``: the last posted message (``text``, ``blocks``), repeated by reminders.
+    """
+
+    server: str
+    kind: str
+    last_sent: float | None = None
+    suppressed: int = 0
+    firing_since: float | None = None
+    announced: bool = False
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
 # --- the ledger --------------------------------------------------------------------------
 
 # Step i takes a database from user_version i to i + 1, in one transaction. Never edit a
@@ -293,6 +315,20 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # relaunch set), as the JSON of ``LaunchParams.extras()``.
         "ALTER TABLE attempts ADD COLUMN params_extra TEXT NOT NULL DEFAULT '{}'",
         "ALTER TABLE last_good ADD COLUMN params_extra TEXT NOT NULL DEFAULT '{}'",
+    ),
+    (
+        # The Slack notifier's dedupe and alert state (NotifyState), so a restarted launcher
+        # neither repeats what it just posted nor forgets what still fires.
+        """CREATE TABLE notify_state (
+            server TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            last_sent REAL,
+            suppressed INTEGER NOT NULL DEFAULT 0,
+            firing_since REAL,
+            announced INTEGER NOT NULL DEFAULT 0,
+            payload TEXT NOT NULL DEFAULT '{}',
+            PRIMARY KEY (server, kind)
+        )""",
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -510,7 +546,38 @@ class Ledger:
                  now, attempt if attempts is None else attempts, _to_json(params.extras())),
             )
 
+    def save_notify_state(self, state: NotifyState) -> None:
+        """Insert or replace the notifier's state of (``state.server``, ``state.kind``)."""
+        with self._writing("save_notify_state") as conn:
+            conn.execute(
+                """INSERT INTO notify_state (server, kind, last_sent, suppressed, firing_since,
+                       announced, payload) VALUES (?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (server, kind) DO UPDATE SET
+                       last_sent = excluded.last_sent, suppressed = excluded.suppressed,
+                       firing_since = excluded.firing_since, announced = excluded.announced,
+                       payload = excluded.payload""",
+                (state.server, state.kind, state.last_sent, state.suppressed,
+                 state.firing_since, int(state.announced), _to_json(state.payload)),
+            )
+
     # -- reads --------------------------------------------------------------------------
+
+    def notify_states(self) -> list[NotifyState]:
+        """Every (server, kind) the notifier has saved, in server and kind order."""
+        with self._reading() as conn:
+            rows = conn.execute(
+                """SELECT server, kind, last_sent, suppressed, firing_since, announced, payload
+                   FROM notify_state ORDER BY server, kind"""
+            ).fetchall()
+        out = []
+        for row in rows:
+            try:
+                payload = json.loads(row[6])
+            except ValueError:
+                payload = {}
+            out.append(NotifyState(row[0], row[1], row[2], int(row[3]), row[4], bool(row[5]),
+                                   payload if isinstance(payload, dict) else {}))
+        return out
 
     def last_good(self, fingerprint: str) -> LaunchParams | None:
         """The last params that reached ready for ``fingerprint``, or None."""

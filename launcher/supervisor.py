@@ -52,6 +52,7 @@ from launcher.errors import (
     PreflightError,
     is_transient,
 )
+from launcher.eventlog import level_of
 from launcher.gpus import check_gpus
 from launcher.lifecycle import (
     Action,
@@ -320,7 +321,11 @@ class ServerSupervisor:
     async def _execute(self, action: Action) -> None:
         assert self._tg is not None
         if isinstance(action, Emit):
-            self._emit(action.name, action.data)
+            data = action.data
+            if action.name == "server.ready" and self._attempt is not None:
+                # What SGLang resolved for params left to it (Slack shows numbers, not "auto").
+                data = {**data, "resolved": _params_dict(self._attempt.follower.resolved_params)}
+            self._emit(action.name, data)
             if action.name == "server.ready" and self._attempt is not None:
                 self._ready_attempt_ended(self._attempt)
         elif isinstance(action, RunPreflight):
@@ -340,7 +345,7 @@ class ServerSupervisor:
 
     def _emit(self, name: str, data: dict[str, Any]) -> None:
         data = self.redact(data)
-        self.log.info(name, **data)
+        self.log.log(level_of(name), name, **data)  # the level table: launcher.eventlog
         for hook in self.hooks:
             hook(self.server.name, name, data)
 

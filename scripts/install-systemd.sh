@@ -3,8 +3,9 @@
 # run it again after changing the config or the code; it converges and restarts the service,
 # which leaves the servers running (KillMode=process) and adopts them again.
 #
-# usage: scripts/install-systemd.sh [--dry-run] [--no-start] [--env FILE] [--source DIR]
-#                                   [--python PYTHON] NAME [CONFIG.toml]
+# usage: scripts/install-systemd.sh [--dry-run] [--no-start] [--env FILE] [--slack-webhook FILE]
+#                                   [--source DIR] [--python PYTHON] [--systemd-version N]
+#                                   NAME [CONFIG.toml]
 set -euo pipefail
 
 usage() {
@@ -15,16 +16,21 @@ Installs launcher for /etc/launcher/NAME.toml as the systemd service launcher@NA
   1. a system user `launcher` with home /var/lib/launcher-home and ~/.ssh (0700)
   2. a venv in /opt/launcher/.venv with launcher installed from --source
   3. /etc/launcher/NAME.toml (root:launcher 0640) from CONFIG; kept as is when CONFIG is omitted
-  4. /etc/launcher/NAME.env (root:root 0600) from --env; the commented example when missing
-  5. /etc/systemd/system/launcher@.service, daemon-reload, enable and (re)start launcher@NAME
+  4. /etc/launcher/NAME.env (root:root 0600) from --env; the commented example when missing;
+     /etc/launcher/NAME.slack-webhook (root:root 0600, the unit's LoadCredential=) from
+     --slack-webhook; created empty (no Slack) when missing
+  5. /etc/systemd/system/launcher@.service (plus, on systemd >= 254, the drop-in
+     launcher@.service.d/restart-steps.conf), daemon-reload, enable and (re)start launcher@NAME
 
 options:
   --dry-run      print the steps, change nothing (does not need root)
   --no-start     install and enable, but do not (re)start the service
-  --env FILE     secrets for the service (KEY=VALUE lines); replaces NAME.env
+  --env FILE     overrides for the service (KEY=VALUE lines); replaces NAME.env
+  --slack-webhook FILE  a file holding the Slack webhook URL; replaces NAME.slack-webhook
   --source DIR   what to pip install (default: this checkout)
   --python PATH  Python >= 3.11 for the venv (default /usr/bin/python3; Debian needs the
                  python3-venv package). The service user must be able to run it.
+  --systemd-version N  install for this systemd version (default: systemctl --version)
   -h, --help     this text
 USAGE
 }
@@ -33,6 +39,8 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 dry_run=0
 start=1
 env_file=""
+webhook_file=""
+systemd_version=""
 source_dir="$here"
 python=/usr/bin/python3
 # Fixed: the unit names them (User=, ExecStart=, ProtectHome= reasoning in docs/systemd.md).
@@ -54,6 +62,9 @@ while [ $# -gt 0 ]; do
     --dry-run) dry_run=1 ;;
     --no-start) start=0 ;;
     --env) [ $# -ge 2 ] || die "--env needs a file"; env_file="$2"; shift ;;
+    --slack-webhook) [ $# -ge 2 ] || die "--slack-webhook needs a file"; webhook_file="$2"; shift ;;
+    --systemd-version) [ $# -ge 2 ] || die "--systemd-version needs a number"
+      systemd_version="$2"; shift ;;
     --source) [ $# -ge 2 ] || die "--source needs a directory"; source_dir="$2"; shift ;;
     --python) [ $# -ge 2 ] || die "--python needs a path"; python="$2"; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -73,6 +84,12 @@ done
 [[ "$name" =~ ^[A-Za-z0-9_.-]+$ ]] || die "NAME '$name' may only use letters, digits, '_', '.', '-'"
 [ -z "$config" ] || [ -f "$config" ] || die "config $config is not a file"
 [ -z "$env_file" ] || [ -f "$env_file" ] || die "env file $env_file is not a file"
+[ -z "$webhook_file" ] || [ -f "$webhook_file" ] || die "webhook file $webhook_file is not a file"
+if [ -z "$systemd_version" ]; then
+  systemd_version="$(systemctl --version 2>/dev/null | sed -n '1s/^systemd \([0-9]*\).*/\1/p')"
+fi
+[[ "$systemd_version" =~ ^[0-9]+$ ]] ||
+  die "cannot tell the systemd version (pass --systemd-version N)"
 [ -f "$source_dir/pyproject.toml" ] || die "--source $source_dir has no pyproject.toml"
 "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null ||
   die "$python is not a Python >= 3.11 (pass --python PATH)"
@@ -84,6 +101,8 @@ if [ -z "$config" ] && [ ! -f "$etc/$name.toml" ]; then
 fi
 
 unit="$here/systemd/launcher@.service"
+# Settings only systemd >= 254 knows: a drop-in, so systemd 252 never sees them (no warning).
+dropin="$here/systemd/launcher@.service.d/restart-steps.conf"
 example="$here/systemd/launcher.env.example"
 venv="$prefix/.venv"
 
@@ -125,8 +144,21 @@ if [ -n "$env_file" ]; then
 elif [ ! -f "$etc/$name.env" ]; then
   step install -m 0600 -o root -g root "$example" "$etc/$name.env"
 fi
+# The unit's LoadCredential= needs the file to exist; empty means "no webhook".
+if [ -n "$webhook_file" ]; then
+  step install -m 0600 -o root -g root "$webhook_file" "$etc/$name.slack-webhook"
+elif [ ! -f "$etc/$name.slack-webhook" ]; then
+  step install -m 0600 -o root -g root /dev/null "$etc/$name.slack-webhook"
+fi
 
 step install -m 0644 "$unit" "$unit_dir/launcher@.service"
+if [ "$systemd_version" -ge 254 ]; then
+  step install -D -m 0644 "$dropin" "$unit_dir/launcher@.service.d/restart-steps.conf"
+elif [ -e "$unit_dir/launcher@.service.d/restart-steps.conf" ]; then
+  step rm -f "$unit_dir/launcher@.service.d/restart-steps.conf"  # systemd was downgraded
+else
+  echo "install-systemd: systemd $systemd_version < 254: restarts every 5 s (no RestartSteps=)"
+fi
 step systemctl daemon-reload
 step systemctl enable "launcher@$name.service"
 if [ "$start" = 1 ]; then

@@ -760,6 +760,20 @@ def test_slack_webhook_url_from_env_or_file(tmp_path: Path) -> None:
     assert "https://hooks.example/file" == SlackConfig(webhook_url_file=url_file).webhook_url({})
 
 
+def test_slack_remind_every_takes_a_duration_or_off(tmp_path: Path) -> None:
+    """[slack] remind_every: a duration of at least a minute, or "off" (0); 4h by default;
+    anything else is one problem naming the key and what to write."""
+    assert 4 * 3600.0 == SlackConfig().remind_every
+    slack = load(tmp_path, BASE + '[slack]\nremind_every = "30m"\n').slack
+    assert slack is not None and 1800.0 == slack.remind_every
+    slack = load(tmp_path, BASE + '[slack]\nremind_every = "off"\n').slack
+    assert slack is not None and 0.0 == slack.remind_every
+    assert ['slack.remind_every: 10s is too short: use at least 1m, or "off" to turn '
+            'reminders off'] == problems(tmp_path, BASE + '[slack]\nremind_every = "10s"\n')
+    [bad] = problems(tmp_path, BASE + '[slack]\nremind_every = "soon"\n')
+    assert bad.startswith("slack.remind_every: invalid duration 'soon'")
+
+
 def test_metrics_listen_splits_host_and_port() -> None:
     """MetricsConfig exposes the bind address and port, IPv6 brackets removed."""
     assert ("127.0.0.1", 9400) == (MetricsConfig().host, MetricsConfig().port)
@@ -913,6 +927,17 @@ def test_credentials_directory_overrides_like_variables(tmp_path: Path) -> None:
     assert config.slack is not None
     assert hook == config.slack.webhook_url({})
     assert "hooks.example" not in repr(config)
+
+
+def test_empty_webhook_credential_is_unset(tmp_path: Path) -> None:
+    """The unit's LoadCredential= file as the install script creates it (empty): no webhook
+    from it; the variable of the env file is used instead, or none at all."""
+    directory = credentials(tmp_path, {"LAUNCHER_SLACK__WEBHOOK": "\n"})
+    config = load(tmp_path, BASE, {"CREDENTIALS_DIRECTORY": str(directory)})
+    assert config.slack is not None
+    hook = "https://hooks.example/services/T0/B0/env"
+    assert None is config.slack.webhook_url({})
+    assert hook == config.slack.webhook_url({"LAUNCHER_SLACK_WEBHOOK": hook})
 
 
 def test_credential_problem_names_the_credential(tmp_path: Path) -> None:

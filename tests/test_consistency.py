@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.httpsink import HttpSink
 from tests.simhost import free_port
@@ -68,9 +69,12 @@ def scrape(port: int) -> str:
 
 
 def metric(text: str, name: str) -> float:
-    match = re.search(rf'^{name}{{server="{SERVER}"}} (\S+)$', text, re.MULTILINE)
-    assert match, f"{name} not in the metrics"
-    return float(match.group(1))
+    """The value of ``name`` for SERVER, read with prometheus_client's own parser."""
+    values = [sample.value for family in text_string_to_metric_families(text)
+              for sample in family.samples
+              if sample.name == name and sample.labels.get("server") == SERVER]
+    assert 1 == len(values), f"{name} of {SERVER} not (once) in the metrics"
+    return values[0]
 
 
 def test_attempts_tell_one_story_across_a_crash_an_adoption_and_a_relaunch(
@@ -168,16 +172,29 @@ def test_attempts_tell_one_story_across_a_crash_an_adoption_and_a_relaunch(
 
         # -- Slack ------------------------------------------------------------------------
         texts = [r.json()["text"] for r in slack.requests]
+        blocks = [json.dumps(r.json()["blocks"]) for r in slack.requests]
+        info = [line for family in text_string_to_metric_families(metrics_text)
+                for line in family.samples if line.name == "launcher_server_info"]
     failed_list = "; ".join(f"#{f['attempt']} " for f in failed_first)
-    assert 3 == len(texts), texts  # ready; nothing on adoption; relaunched; recovered
+    assert 3 == len(texts), texts  # ready; nothing on adoption; relaunched; resolved
+    # Each message names the SGLang version launcher uses, the model by name and how to read
+    # the attempt's log; the metrics' info series says the same.
+    logs_line = f"launcher logs {config} {SERVER} --attempt"
+    for number, text in zip([n_ready, died["attempt"], n_last], blocks, strict=True):
+        assert "*SGLang*\\n0.5.23" in text and "*Model*\\nllama-70b-sim" in text, text
+        assert f"{logs_line} {number}" in text, text
+    [labels] = [sample.labels for sample in info]
+    assert ("0.5.23", "llama-70b-sim") == (labels["sglang_version"], labels["model"])
     assert f", attempt #{n_ready}, " in texts[0] and texts[0].startswith(f"{SERVER} is ready")
     assert [f"#{f['attempt']} " for f in failed_first] == re.findall(r"#\d+ ", texts[0].split(
         "Failed attempts: ")[1]), (failed_list, texts[0])
-    assert texts[1].startswith(f"{SERVER} relaunched after ready") and died["outcome"] in texts[1]
-    assert texts[2].startswith(f"{SERVER} recovered") and f", attempt #{n_last}, " in texts[2]
+    assert texts[1].startswith(f"[FIRING] {SERVER} relaunched after ready")
+    assert died["outcome"] in texts[1]
+    assert texts[2].startswith(f"[RESOLVED] {SERVER} relaunched after ready: ready again")
+    assert f", attempt #{n_last}, " in texts[2]
     # Every attempt number Slack names is one the ledger has, with the same outcome.
     by_number = {r[0]: r[1] for r in rows}
     for text in texts:
-        for number in re.findall(r"#(\d+) mem_fraction_static=\S+ cuda_graph_max_bs=\S+ → (\w+)",
-                                 text):
+        for number in re.findall(r"#(\d+) mem_fraction_static=\S+(?: \(auto\))? "
+                                 r"cuda_graph_max_bs=\S+(?: \(auto\))? → (\w+)", text):
             assert by_number[int(number[0])] == number[1], text

@@ -77,6 +77,14 @@ def machine(
     )
 
 
+def restart_scheduled(delay_s: float, *, attempt: int, left: int, budget: int = 3) -> Emit:
+    """restart.scheduled as the machine of ``machine(budget=budget)`` emits it: the failed
+    attempt, and the restarts its budget still allows in the window after this one."""
+    return Emit("restart.scheduled", {"delay_s": delay_s, "params": P0, "attempt": attempt,
+                                      "restarts_left": left, "restart_budget": budget,
+                                      "restart_window_s": 3600.0})
+
+
 def launched(m: ServerMachine, t: float = 0.0, pid: int = 100) -> None:
     """Start, pass preflight and launch: the machine ends in INIT."""
     m.handle(Start(), t)
@@ -707,7 +715,7 @@ def test_crash_while_serving_restarts_with_exact_payloads() -> None:
         actions[0])
     assert [WaitForGpus()] == m.handle(CleanedUp(), t + 11)
     assert [
-        Emit("restart.scheduled", {"delay_s": 12.35, "params": P0}),
+        restart_scheduled(12.35, attempt=1, left=2),
         Sleep(DELAY),
     ] == m.handle(GpusFree(), t + 12)
     assert State.BACKING_OFF is m.state
@@ -733,7 +741,7 @@ def test_non_retryable_failure_while_serving_restarts() -> None:
         "advice": "an illegal memory access",
     }) == failed[1]
     assert [WaitForGpus()] == m.handle(CleanedUp(), t + 11)
-    assert [Emit("restart.scheduled", {"delay_s": 12.35, "params": P0}), Sleep(DELAY)] == (
+    assert [restart_scheduled(12.35, attempt=1, left=0, budget=1), Sleep(DELAY)] == (
         m.handle(GpusFree(), t + 12))
     t = ready_again(m, restart_from_backoff(m, t + 30))
     m.handle(Exited(status=1, diagnosis=diag), t + 10)
@@ -795,7 +803,7 @@ def test_a_long_healthy_run_resets_the_restart_delay() -> None:
     t = ready_again(m, t)
     m.handle(Exited(status=137, diagnosis=crashed()), t + 500)
     m.handle(CleanedUp(), t + 501)
-    assert [Emit("restart.scheduled", {"delay_s": 12.35, "params": P0}), Sleep(DELAY)] == (
+    assert [restart_scheduled(12.35, attempt=2, left=1), Sleep(DELAY)] == (
         m.handle(GpusFree(), t + 502))
 
 
@@ -807,7 +815,7 @@ def test_a_short_run_doubles_the_restart_delay() -> None:
     t = ready_again(m, t)
     m.handle(Exited(status=137, diagnosis=crashed()), t + 5)
     m.handle(CleanedUp(), t + 6)
-    assert [Emit("restart.scheduled", {"delay_s": 24.69, "params": P0}), Sleep(2 * DELAY)] == (
+    assert [restart_scheduled(24.69, attempt=2, left=1), Sleep(2 * DELAY)] == (
         m.handle(GpusFree(), t + 7))
 
 

@@ -11,7 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
+from launcher import __version__
 from launcher.errors import ConfigError
+from launcher.facts import ServerFacts
 from launcher.lifecycle import State
 from launcher.metrics import Metrics, MetricsServer
 
@@ -29,8 +31,16 @@ class Snap:
 
 @pytest.fixture
 def metrics() -> Metrics:
-    """A Metrics with its own registry."""
-    return Metrics()
+    """A Metrics with its own registry, told what llama and qwen are."""
+    return Metrics(facts=FACTS)
+
+
+FACTS = {
+    "llama": ServerFacts(host="gpu1", model="Llama-3.1-70B-Instruct", endpoint="10.0.0.5:30000",
+                         gpus="0,1", sglang_version="0.5.10"),
+    "qwen": ServerFacts(host="gpu2", model="Qwen3-8B", endpoint="10.0.0.6:30001", gpus="3",
+                        sglang_version="0.5.23"),
+}
 
 
 @pytest.fixture
@@ -41,21 +51,35 @@ def served(metrics: Metrics) -> Iterator[MetricsServer]:
     server.close()
 
 
-async def scrape(server: MetricsServer) -> dict[tuple[str, Labels], float]:
-    """GET /metrics and return every sample as (name, labels) -> value."""
+async def exposition(server: MetricsServer) -> str:
+    """GET /metrics: the text exposition format."""
     async with httpx.AsyncClient() as client:
         response = await client.get(server.url, timeout=5)
     assert 200 == response.status_code
     assert response.headers["content-type"].startswith("text/plain")
+    return response.text
+
+
+async def scrape(server: MetricsServer) -> dict[tuple[str, Labels], float]:
+    """GET /metrics and return every sample as (name, labels) -> value."""
+    text = await exposition(server)
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(response.text)
+        for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
 
 
 def L(**labels: str) -> Labels:
     return frozenset(labels.items())
+
+
+def S(server: str, **labels: str) -> Labels:
+    """The labels of ``server``'s series: its name, its host (from FACTS) and ``labels``."""
+    return L(server=server, host=FACTS[server].host, **labels)
+
+
+LLAMA = {"server": "llama", "host": "gpu1"}
 
 
 def feed_llama_story(metrics: Metrics) -> None:
@@ -81,25 +105,30 @@ async def test_scrape_shows_what_the_events_said(metrics: Metrics, served: Metri
     outcome, readiness, time to ready, probe latency and each server's state."""
     feed_llama_story(metrics)
     got = await scrape(served)
-    assert 2 == got["launcher_attempts_total", L(server="llama")]
-    assert 1 == got["launcher_attempts_total", L(server="qwen")]
+    assert 2 == got["launcher_attempts_total", S("llama")]
+    assert 1 == got["launcher_attempts_total", S("qwen")]
     assert (
-        1 == got["launcher_attempt_failures_total", L(server="llama", outcome="oom_graph_capture")]
+        1 == got["launcher_attempt_failures_total", S("llama", outcome="oom_graph_capture")]
     )
-    assert 1 == got["launcher_server_ready", L(server="llama")]
-    assert 0 == got["launcher_server_ready", L(server="qwen")]
-    assert 2 == got["launcher_server_attempt", L(server="llama")]
-    assert 95.5 == got["launcher_time_to_ready_seconds", L(server="llama")]
-    assert 1 == got["launcher_startup_duration_seconds_count", L(server="llama")]
-    assert 95.5 == got["launcher_startup_duration_seconds_sum", L(server="llama")]
-    assert 0 == got["launcher_startup_duration_seconds_bucket", L(server="llama", le="60.0")]
-    assert 1 == got["launcher_startup_duration_seconds_bucket", L(server="llama", le="120.0")]
-    assert 0.012 == got["launcher_probe_latency_seconds", L(server="llama")]
-    assert 1 == got["launcher_probes_total", L(server="llama", result="ok")]
-    assert 1 == got["launcher_probes_total", L(server="llama", result="failed")]
-    assert 1 == got["launcher_server_state", L(server="llama", state="ready")]
-    assert 0 == got["launcher_server_state", L(server="llama", state="cuda_graph")]
-    assert 1 == got["launcher_server_state", L(server="qwen", state="cuda_graph")]
+    assert 1 == got["launcher_server_ready", S("llama")]
+    assert 0 == got["launcher_server_ready", S("qwen")]
+    assert 2 == got["launcher_server_attempt", S("llama")]
+    assert 95.5 == got["launcher_time_to_ready_seconds", S("llama")]
+    assert 1 == got["launcher_startup_duration_seconds_count", S("llama")]
+    assert 95.5 == got["launcher_startup_duration_seconds_sum", S("llama")]
+    assert 0 == got["launcher_startup_duration_seconds_bucket", S("llama", le="60.0")]
+    assert 1 == got["launcher_startup_duration_seconds_bucket", S("llama", le="120.0")]
+    assert 2 == got["launcher_probe_latency_seconds_count", S("llama")]
+    assert 0.512 == got["launcher_probe_latency_seconds_sum", S("llama")]
+    assert 1 == got["launcher_probe_latency_seconds_bucket",
+                    S("llama", le="0.025")]
+    assert 2 == got["launcher_probe_latency_seconds_bucket",
+                    S("llama", le="0.5")]
+    assert 1 == got["launcher_probes_total", S("llama", result="ok")]
+    assert 1 == got["launcher_probes_total", S("llama", result="failed")]
+    assert 1 == got["launcher_server_state", S("llama", state="ready")]
+    assert 0 == got["launcher_server_state", S("llama", state="cuda_graph")]
+    assert 1 == got["launcher_server_state", S("qwen", state="cuda_graph")]
 
 
 async def test_exactly_one_state_is_current(metrics: Metrics, served: MetricsServer) -> None:
@@ -123,13 +152,13 @@ async def test_ready_drops_on_failure_and_unhealthy(
     """launcher_server_ready goes back to 0 when a ready server turns unhealthy or fails,
     and a restart after ready is counted."""
     metrics("llama", "server.ready", {"attempts": 1, "seconds": 30.0})
-    ready = (await scrape(served))["launcher_server_ready", L(server="llama")]
+    ready = (await scrape(served))["launcher_server_ready", S("llama")]
     metrics("llama", "server.unhealthy", {"consecutive_failures": 3, "detail": "timeout"})
-    unhealthy = (await scrape(served))["launcher_server_ready", L(server="llama")]
+    unhealthy = (await scrape(served))["launcher_server_ready", S("llama")]
     metrics("llama", "restart.scheduled", {"delay_s": 10.0, "params": {}})
     got = await scrape(served)
     assert (1, 0) == (ready, unhealthy)
-    assert 1 == got["launcher_restarts_total", L(server="llama")]
+    assert 1 == got["launcher_restarts_total", S("llama")]
 
 
 async def test_process_series_are_exposed(served: MetricsServer) -> None:
@@ -148,9 +177,9 @@ def test_hook_never_raises_on_bad_data(metrics: Metrics) -> None:
         metrics("llama", "attempt.started", None)  # type: ignore[arg-type]
     assert ["metrics.hook_failed"] == [entry["event"] for entry in logs]
     value = metrics.registry.get_sample_value
-    assert value("launcher_time_to_ready_seconds", {"server": "llama"}) is None
-    assert value("launcher_probe_latency_seconds", {"server": "llama"}) is None
-    assert 1 == value("launcher_attempt_failures_total", {"server": "llama", "outcome": "unknown"})
+    assert value("launcher_time_to_ready_seconds", LLAMA) is None
+    assert value("launcher_probe_latency_seconds_count", LLAMA) is None
+    assert 1 == value("launcher_attempt_failures_total", {**LLAMA, "outcome": "unknown"})
 
 
 async def test_port_zero_reports_the_bound_port_and_close_stops_serving(
@@ -192,6 +221,47 @@ async def test_host_outages_are_a_gauge_and_their_seconds_a_counter(
     metrics("llama", "host.unreachable", {"error": "down", "unreachable_s": 0.0})
     metrics("llama", "host.reachable", {"unreachable_s": 2.0})
     after = await scrape(served)
-    assert 1 == during["launcher_host_unreachable", L(server="llama")]
-    assert 0 == after["launcher_host_unreachable", L(server="llama")]
-    assert 14.5 == after["launcher_host_unreachable_seconds_total", L(server="llama")]
+    assert 1 == during["launcher_host_unreachable", S("llama")]
+    assert 0 == after["launcher_host_unreachable", S("llama")]
+    assert 14.5 == after["launcher_host_unreachable_seconds_total", S("llama")]
+
+
+async def test_build_and_server_info_and_a_host_label_everywhere(
+    metrics: Metrics, served: MetricsServer
+) -> None:
+    """launcher_build_info names the version; launcher_server_info what each server runs;
+    every per-server series carries the server's host."""
+    feed_llama_story(metrics)
+    got = await scrape(served)
+    build = [dict(labels) for name, labels in got if name == "launcher_build_info"]
+    assert 1 == len(build) and __version__ == build[0]["version"]
+    assert 1 == got["launcher_server_info", L(
+        server="llama", host="gpu1", model="Llama-3.1-70B-Instruct", sglang_version="0.5.10",
+        endpoint="10.0.0.5:30000", gpus="0,1")]
+    assert 1 == got["launcher_server_info", L(
+        server="qwen", host="gpu2", model="Qwen3-8B", sglang_version="0.5.23",
+        endpoint="10.0.0.6:30001", gpus="3")]
+    per_server = [dict(labels) for name, labels in got
+                  if name.startswith("launcher_") and name != "launcher_build_info"]
+    assert per_server
+    assert all(FACTS[labels["server"]].host == labels["host"] for labels in per_server)
+
+
+async def test_no_created_series(metrics: Metrics, served: MetricsServer) -> None:
+    """Counters and histograms expose no *_created samples."""
+    feed_llama_story(metrics)
+    text = await exposition(served)
+    families = list(text_string_to_metric_families(text))
+    assert any(f.type == "counter" for f in families)
+    assert [] == [s.name for f in families for s in f.samples if s.name.endswith("_created")]
+    assert "_created" not in text
+
+
+async def test_describe_moves_a_server_to_its_new_host(metrics: Metrics,
+                                                       served: MetricsServer) -> None:
+    """describe() again with another host: the info series follows, the old one is gone."""
+    metrics.describe("llama", ServerFacts(host="gpu9", model="m", endpoint="gpu9:1"))
+    got = await scrape(served)
+    hosts = {dict(labels)["host"] for name, labels in got
+             if name == "launcher_server_info" and dict(labels)["server"] == "llama"}
+    assert {"gpu9"} == hosts

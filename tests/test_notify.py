@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +19,34 @@ import pytest
 from structlog.testing import capture_logs
 
 from launcher.errors import ConfigError
-from launcher.notify import Redactor, ServerInfo, SlackNotifier, ready_message
+from launcher.notify import (
+    Kind,
+    Origin,
+    Redactor,
+    ServerInfo,
+    SlackNotifier,
+    adopted_message,
+    checked_blocks,
+    gave_up_message,
+    ready_message,
+    resolved_message,
+    restart_message,
+    unhealthy_message,
+)
 from launcher.sglang.classify import diagnose_text
+from launcher.store import Ledger
 from tests.httpsink import HANG, HttpSink, Reply
 
 LOGS = Path(__file__).parent / "data" / "logs"
 
 HOOK_PATH = "/services/T0000AAAA/B0000BBBB/XXXXXXXXXXXXXXXXXXXXXXXX"
 INFO = {
-    "llama": ServerInfo(host="gpu1", model="meta-llama/Llama-3.1-70B-Instruct"),
+    "llama": ServerInfo(host="gpu1", model="meta-llama/Llama-3.1-70B-Instruct",
+                        endpoint="10.0.0.5:30000", gpus="0,1", sglang_version="0.5.10"),
     "qwen": ServerInfo(host="gpu2", model="Qwen/Qwen2.5-7B-Instruct"),
 }
+CONFIG = "/etc/launcher/prod.toml"
+BOX = "ops-box-1"
 HF_TOKEN = "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ012345"
 
 
@@ -37,7 +56,9 @@ def failed(attempt: int, mfs: float, bs: int | None, outcome: str, phase: str) -
         "attempt": attempt,
         "outcome": outcome,
         "phase": phase,
-        "numbers": {"tried_gib": 2.0},
+        # What the log showed: SGLang's own value of a param launcher left unset.
+        "numbers": {"tried_gib": 2.0, "mem_fraction_static": mfs,
+                    "cuda_graph_max_bs": 160 if bs is None else bs},
         "retryable": True,
         "after_ready": False,
         "evidence": [f"torch.OutOfMemoryError: CUDA out of memory (attempt {attempt})"],
@@ -97,7 +118,8 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 def make(
     sink: HttpSink, client: httpx.AsyncClient, clock: FakeClock, **kwargs: Any
 ) -> SlackNotifier:
-    options: dict[str, Any] = {"rng": random.Random(3), "post_timeout_s": 2.0}
+    options: dict[str, Any] = {"rng": random.Random(3), "post_timeout_s": 2.0,
+                               "config_path": CONFIG, "box": BOX}
     options.update(kwargs)
     return SlackNotifier(
         sink.url(HOOK_PATH),
@@ -163,7 +185,8 @@ async def test_ready_message_names_params_attempts_time_and_each_failed_attempt(
         "llama is ready on gpu1 (meta-llama/Llama-3.1-70B-Instruct) with "
         "mem_fraction_static=0.780 cuda_graph_max_bs=96, attempt #3, 7m12s to ready. "
         "Failed attempts: "
-        "#1 mem_fraction_static=0.880 cuda_graph_max_bs=auto → oom_graph_capture in cuda_graph; "
+        "#1 mem_fraction_static=0.880 cuda_graph_max_bs=160 (auto) → oom_graph_capture in "
+        "cuda_graph; "
         "#2 mem_fraction_static=0.830 cuda_graph_max_bs=96 → oom_graph_capture in cuda_graph"
     ) == body["text"]
     blocks = body["blocks"]
@@ -173,16 +196,23 @@ async def test_ready_message_names_params_attempts_time_and_each_failed_attempt(
     fields = [f["text"] for f in blocks[1]["fields"]]
     assert [
         "*Host*\ngpu1",
+        "*Endpoint*\n10.0.0.5:30000",
+        "*GPUs*\n0,1",
         "*Model*\nmeta-llama/Llama-3.1-70B-Instruct",
-        "*Params*\n`mem_fraction_static=0.780 cuda_graph_max_bs=96`",
+        "*SGLang*\n0.5.10",
         "*Attempt*\n#3",
+        "*Params*\n`mem_fraction_static=0.780 cuda_graph_max_bs=96`",
         "*Time to ready*\n7m12s",
     ] == fields
     assert (
         "*Failed attempts*\n"
-        "• #1 mem_fraction_static=0.880 cuda_graph_max_bs=auto → oom_graph_capture in cuda_graph\n"
+        "• #1 mem_fraction_static=0.880 cuda_graph_max_bs=160 (auto) → oom_graph_capture in "
+        "cuda_graph\n"
         "• #2 mem_fraction_static=0.830 cuda_graph_max_bs=96 → oom_graph_capture in cuda_graph"
     ) == blocks[2]["text"]["text"]
+    assert f"*Logs*\n```launcher logs {CONFIG} llama --attempt 3```" == blocks[3]["text"]["text"]
+    assert [{"type": "mrkdwn", "text": f"sent by launcher on {BOX} · config `{CONFIG}`"}] == (
+        blocks[4]["elements"])
     assert [{"server": "llama", "kind": "ready", "attempt": 1, "status": 200}] == [
         {k: e[k] for k in ("server", "kind", "attempt", "status")}
         for e in events(logs, "notify.sent")
@@ -192,16 +222,20 @@ async def test_ready_message_names_params_attempts_time_and_each_failed_attempt(
 async def test_gave_up_message_has_reason_ledger_evidence_and_advice(
     sink: HttpSink, client: httpx.AsyncClient
 ) -> None:
-    """server.gave_up posts the reason, the ledger and the last failure's evidence and advice."""
+    """server.gave_up posts the reason, the ledger and the last failure's evidence and advice;
+    the decisive line the reason quotes (and TP1 repeats) is shown once, in the evidence."""
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     last = failed(2, 0.5, 1, "oom_weights", "weights") | {
         "evidence": [
             "[2025-01-01 10:00:00 TP0] Load weight begin. avail mem=10.00 GB",
-            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            oom,
+            oom,
         ],
         "advice": "the weights do not fit: use more GPUs (tp) or a smaller model",
     }
     gave_up = {
-        "reason": "oom_weights in weights: the weights do not fit",
+        "reason": f"oom_weights in weights: the weights do not fit (log: {oom})",
+        "attempt": 2,
         "attempts": 2,
         "history": [
             record(0.6, None, "oom_weights", "weights"),
@@ -218,22 +252,26 @@ async def test_gave_up_message_has_reason_ledger_evidence_and_advice(
     )
     body = sink.wait_for(1)[0].json()
     assert (
-        "llama gave up on gpu1 (meta-llama/Llama-3.1-70B-Instruct) after 2 attempt(s): "
-        "oom_weights in weights: the weights do not fit. Last evidence: "
+        "[FIRING] llama gave up on gpu1 (meta-llama/Llama-3.1-70B-Instruct) after 2 attempt(s) "
+        "(last #2): oom_weights in weights: the weights do not fit. Last evidence: "
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     ) == body["text"]
     sections = [b["text"]["text"] for b in body["blocks"] if b["type"] == "section" and "text" in b]
     assert [
         "*Reason*\noom_weights in weights: the weights do not fit",
         "*Attempts*\n"
-        "• #1 mem_fraction_static=0.600 cuda_graph_max_bs=auto → oom_weights in weights\n"
+        "• #1 mem_fraction_static=0.600 cuda_graph_max_bs=160 (auto) → oom_weights in weights\n"
         "• #2 mem_fraction_static=0.500 cuda_graph_max_bs=1 → oom_weights in weights",
         "*Evidence* (attempt #2: oom_weights in weights)\n```"
         "[2025-01-01 10:00:00 TP0] Load weight begin. avail mem=10.00 GB\n"
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB```",
         "*Advice*\nthe weights do not fit: use more GPUs (tp) or a smaller model",
+        f"*Logs*\n```launcher logs {CONFIG} llama --attempt 2```",
     ] == sections
-    assert ":x: llama gave up" == body["blocks"][0]["text"]["text"]
+    assert ":x: [FIRING] llama gave up" == body["blocks"][0]["text"]["text"]
+    assert 1 == json.dumps(body["blocks"]).count("Tried to allocate")
+    fields = [f["text"] for f in body["blocks"][1]["fields"]]
+    assert "*Params*\n`mem_fraction_static=0.500 cuda_graph_max_bs=1`" in fields
 
 
 async def test_gave_up_shows_a_prescribed_fix_as_a_config_block(
@@ -260,40 +298,126 @@ async def test_gave_up_shows_a_prescribed_fix_as_a_config_block(
     assert sections[-2].startswith("*Advice*\nSGLang rejected the command line")
 
 
-async def test_unhealthy_and_relaunch_are_reported_and_the_next_ready_is_recovered(
+RESTART = {"delay_s": 10.0, "params": READY["params"], "attempt": 4, "restarts_left": 2,
+           "restart_budget": 3, "restart_window_s": 3600.0}
+ILLEGAL = "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+async def test_an_alert_and_its_resolution_share_a_title(
     sink: HttpSink, client: httpx.AsyncClient
 ) -> None:
-    """unhealthy → restart.scheduled → server.ready gives unhealthy, relaunch, recovered."""
-    after_ready = failed(4, 0.78, 96, "hang", "ready") | {"after_ready": True, "evidence": []}
-    await deliver(
-        make(sink, client, FakeClock()),
-        [
-            ("llama", "server.unhealthy", {"consecutive_failures": 3, "detail": "HTTP 503"}),
-            ("llama", "attempt.failed", after_ready),
-            ("llama", "restart.scheduled", {"delay_s": 10.0, "params": READY["params"]}),
-            ("llama", "server.ready", READY | {"attempt": 5, "attempts": 5, "seconds": 95.0}),
-            ("qwen", "server.ready", READY | {"history": []}),
-        ],
-    )
-    got = texts(sink)
-    assert [
-        "llama is unhealthy on gpu1 (meta-llama/Llama-3.1-70B-Instruct): "
-        "3 failed health probes in a row (last: HTTP 503)",
-        "llama relaunched after ready on gpu1 (meta-llama/Llama-3.1-70B-Instruct) after hang "
-        "in ready: relaunching in 10s with mem_fraction_static=0.780 cuda_graph_max_bs=96",
-    ] == got[:2]
-    assert got[2].startswith(
-        "llama recovered on gpu1 (meta-llama/Llama-3.1-70B-Instruct) after 3 failed health "
-        "probes with mem_fraction_static=0.780 cuda_graph_max_bs=96, attempt #5, 1m35s to ready"
-    )
-    assert got[3].startswith("qwen is ready on gpu2")  # trouble is per server
+    """unhealthy → relaunched → ready: two [FIRING] messages, then one [RESOLVED] with the same
+    title for each, saying how long it fired; another server's ready is a plain ready."""
+    clock = FakeClock()
+    died = failed(4, 0.78, 96, "cuda_error_other", "ready") | {
+        "after_ready": True, "evidence": [ILLEGAL, ILLEGAL]}
+    async with anyio.create_task_group() as tg:
+        notifier = make(sink, client, clock)
+        await tg.start(notifier.run)
+        notifier("llama", "server.ready", READY)
+        notifier("llama", "server.unhealthy", {"consecutive_failures": 3, "detail": "HTTP 503"})
+        notifier("llama", "attempt.failed", died)
+        notifier("llama", "restart.scheduled", RESTART)
+        clock.now += 95
+        notifier("llama", "server.ready", READY | {"attempt": 5, "attempts": 5, "seconds": 95.0})
+        notifier("qwen", "server.ready", READY | {"history": []})
+        await notifier.aclose(timeout_s=5.0)
     headers = [r.json()["blocks"][0]["text"]["text"] for r in sink.requests]
     assert [
-        ":warning: llama is unhealthy",
-        ":repeat: llama relaunched after ready",
-        ":large_green_circle: llama recovered",
+        ":white_check_mark: llama is ready",
+        ":warning: [FIRING] llama is unhealthy",
+        ":repeat: [FIRING] llama relaunched after ready",
+        ":large_green_circle: [RESOLVED] llama is unhealthy",
+        ":large_green_circle: [RESOLVED] llama relaunched after ready",
         ":white_check_mark: qwen is ready",
     ] == headers
+    got = texts(sink)
+    assert got[1] == ("[FIRING] llama is unhealthy on gpu1 (meta-llama/Llama-3.1-70B-Instruct): "
+                      "3 failed health probes in a row (last: HTTP 503)")
+    assert got[3] == (
+        "[RESOLVED] llama is unhealthy: ready again on gpu1 (meta-llama/Llama-3.1-70B-Instruct) "
+        "with mem_fraction_static=0.780 cuda_graph_max_bs=96, attempt #5, 1m35s to ready; "
+        "fired for 1m35s")
+    assert [] == notifier.firing()
+    # The unhealthy message shows what was serving: the params and attempt of the last ready.
+    unhealthy = sink.requests[1].json()["blocks"]
+    assert "*Attempt*\n#3" in [f["text"] for f in unhealthy[1]["fields"]]
+    assert f"launcher logs {CONFIG} llama --attempt 3" in json.dumps(unhealthy)
+
+
+async def test_a_relaunch_shows_the_restart_budget_left_and_the_error_line_once(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """restart.scheduled: the budget the event reports, the failure's decisive log line (once,
+    though two ranks printed it) and the failed attempt's logs command."""
+    died = failed(4, 0.78, 96, "cuda_error_other", "ready") | {
+        "after_ready": True, "evidence": ["Traceback (most recent call last):", ILLEGAL, ILLEGAL]}
+    await deliver(make(sink, client, FakeClock()),
+                  [("llama", "attempt.failed", died), ("llama", "restart.scheduled", RESTART)])
+    body = sink.wait_for(1)[0].json()
+    assert body["text"] == (
+        "[FIRING] llama relaunched after ready on gpu1 (meta-llama/Llama-3.1-70B-Instruct) "
+        "after cuda_error_other in ready: relaunching in 10s with mem_fraction_static=0.780 "
+        f"cuda_graph_max_bs=96; 2 of 3 restarts per 1h left. Error: {ILLEGAL}")
+    blocks = body["blocks"]
+    assert "*Restart budget*\n2 of 3 restarts per 1h left" in [
+        f["text"] for f in blocks[1]["fields"]]
+    sections = [b["text"]["text"] for b in blocks if b["type"] == "section" and "text" in b]
+    assert [
+        "*Failure*\ncuda_error_other in ready",
+        f"*Error*\n```{ILLEGAL}```",
+        f"*Logs*\n```launcher logs {CONFIG} llama --attempt 4```",
+    ] == sections
+    assert 1 == json.dumps(blocks).count("illegal memory access")
+
+
+async def test_a_firing_alert_is_reminded_until_resolved(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """A gave-up alert is posted again each remind_every_s with the same title and how long it
+    has fired; once the server is ready it is resolved and no longer reminded."""
+    clock = FakeClock()
+    notifier = make(sink, client, clock, remind_every_s=3600.0)
+    gave_up = {"reason": "oom_weights in weights", "attempt": 2, "attempts": 2, "history": []}
+    async with anyio.create_task_group() as tg:
+        await tg.start(notifier.run)
+        notifier("llama", "server.gave_up", gave_up)
+        clock.now += 3599
+        assert 0 == notifier.remind_due()
+        clock.now += 1
+        assert 1 == notifier.remind_due()
+        assert 0 == notifier.remind_due()  # not again until another interval passed
+        clock.now += 3600
+        assert 1 == notifier.remind_due()
+        notifier("llama", "server.ready", READY | {"attempt": 3})
+        clock.now += 7200
+        assert 0 == notifier.remind_due()
+        await notifier.aclose(timeout_s=5.0)
+    headers = [r.json()["blocks"][0]["text"]["text"] for r in sink.requests]
+    assert [":x: [FIRING] llama gave up", ":bell: :x: [FIRING] llama gave up",
+            ":bell: :x: [FIRING] llama gave up", ":large_green_circle: [RESOLVED] llama gave up",
+            ] == headers
+    got = texts(sink)
+    assert got[1] == got[0] + " Reminder: still firing after 1h."
+    assert got[2].endswith("Reminder: still firing after 2h.")
+    assert got[3].endswith("; fired for 2h")
+    assert 2 == notifier.reminded
+
+
+async def test_the_worker_posts_reminders_on_its_own(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """No event needed: the worker looks for due reminders every reminder_poll_s."""
+    clock = FakeClock()
+    notifier = make(sink, client, clock, remind_every_s=60.0, reminder_poll_s=0.02)
+    async with anyio.create_task_group() as tg:
+        await tg.start(notifier.run)
+        notifier("llama", "server.unhealthy", {"consecutive_failures": 3, "detail": "x"})
+        await until(lambda: len(sink.requests) == 1, timeout=5)
+        clock.now += 60
+        await until(lambda: len(sink.requests) == 2, timeout=5)
+        await notifier.aclose(timeout_s=5.0)
+    assert texts(sink)[1].endswith("Reminder: still firing after 1m.")
 
 
 async def test_other_events_send_nothing() -> None:
@@ -458,14 +582,14 @@ async def test_queue_overflow_drops_the_oldest(sink: HttpSink, client: httpx.Asy
 async def test_flapping_is_suppressed_and_the_next_message_counts_it(
     sink: HttpSink, client: httpx.AsyncClient
 ) -> None:
-    """Repeats of (server, kind) inside the window are held back; the next one says how many."""
+    """Repeats of (server, kind) inside the window are held back, and so is the resolution of
+    an alert that was held back; the next message of that server says how many."""
     clock = FakeClock()
     notifier = make(sink, client, clock, dedupe_window_s=600.0)
     unhealthy = {"consecutive_failures": 3, "detail": "HTTP 503"}
-    restart = {"delay_s": 10.0, "params": READY["params"]}
     cycle = [
         ("llama", "server.unhealthy", unhealthy),
-        ("llama", "restart.scheduled", restart),
+        ("llama", "restart.scheduled", RESTART),
         ("llama", "server.ready", READY),
     ]
     with capture_logs() as logs:
@@ -481,19 +605,115 @@ async def test_flapping_is_suppressed_and_the_next_message_counts_it(
             await notifier.aclose(timeout_s=5.0)
     headers = [r.json()["blocks"][0]["text"]["text"] for r in sink.requests]
     assert [
-        ":warning: llama is unhealthy",
-        ":repeat: llama relaunched after ready",
-        ":large_green_circle: llama recovered",
-        ":warning: llama is unhealthy",
-        ":warning: qwen is unhealthy",
+        ":warning: [FIRING] llama is unhealthy",
+        ":repeat: [FIRING] llama relaunched after ready",
+        ":large_green_circle: [RESOLVED] llama is unhealthy",
+        ":large_green_circle: [RESOLVED] llama relaunched after ready",
+        ":warning: [FIRING] llama is unhealthy",
+        ":warning: [FIRING] qwen is unhealthy",
     ] == headers
     got = texts(sink)
-    assert got[3].endswith("(6 similar suppressed)")
-    assert {"type": "mrkdwn", "text": "(6 similar suppressed)"} == (
-        sink.requests[3].json()["blocks"][-1]["elements"][0]
+    # Two later cycles, each: unhealthy, relaunched, and their two resolutions.
+    assert got[4].endswith("(8 similar suppressed)")
+    assert {"type": "mrkdwn", "text": "(8 similar suppressed)"} == (
+        sink.requests[4].json()["blocks"][-2]["elements"][0]
     )
-    assert "suppressed" not in got[4]
-    assert 6 == notifier.suppressed == len(events(logs, "notify.suppressed"))
+    assert "suppressed" not in got[5]
+    assert 8 == notifier.suppressed == len(events(logs, "notify.suppressed"))
+
+
+async def test_dedupe_and_firing_alerts_survive_a_restart(
+    sink: HttpSink, client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """The memory lives in the ledger (real SQLite): a second notifier on the same ledger holds
+    back a repeat inside the window, resolves the alert the first one announced, and reminds
+    an alert that fell due while no launcher ran."""
+    clock = FakeClock()
+    gave_up = {"reason": "oom_weights in weights", "attempt": 2, "attempts": 2, "history": []}
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+        first = make(sink, client, clock)
+        first.bind_store(ledger)
+        await deliver(first, [("llama", "server.gave_up", gave_up),
+                              ("qwen", "server.unhealthy", {"consecutive_failures": 3})])
+    clock.now += 120
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+        second = make(sink, client, clock, remind_every_s=3600.0)
+        second.bind_store(ledger)
+        assert [("llama", Kind.GAVE_UP), ("qwen", Kind.UNHEALTHY)] == second.firing()
+        await deliver(second, [("llama", "server.gave_up", gave_up),
+                               ("llama", "server.ready", READY | {"attempt": 3})])
+    clock.now += 3600
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+        third = make(sink, client, clock, remind_every_s=3600.0)
+        third.bind_store(ledger)
+        await deliver(third, [])  # the worker's start looks for due reminders
+    headers = [r.json()["blocks"][0]["text"]["text"] for r in sink.requests]
+    assert [
+        ":x: [FIRING] llama gave up",
+        ":warning: [FIRING] qwen is unhealthy",
+        ":large_green_circle: [RESOLVED] llama gave up",
+        ":bell: :warning: [FIRING] qwen is unhealthy",
+    ] == headers
+    assert 1 == second.suppressed
+    assert texts(sink)[2].endswith("(1 similar suppressed)")
+    assert texts(sink)[3].endswith("Reminder: still firing after 1h2m.")
+
+
+async def test_a_payload_slack_would_reject_is_posted_as_text(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """Blocks that break Slack's limits (slack_sdk's models say so) are not posted: the text is,
+    and notify.invalid_blocks says why."""
+    notifier = make(sink, client, FakeClock())
+    message = ready_message("llama", INFO["llama"], READY)
+    too_many = {"type": "section", "fields": [{"type": "mrkdwn", "text": "x"}] * 11}
+    with capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            await tg.start(notifier.run)
+            notifier._enqueue(replace(message, blocks=[*message.blocks, too_many]))
+            await notifier.aclose(timeout_s=5.0)
+    assert [{"text": message.text}] == [r.json() for r in sink.requests]
+    [invalid] = events(logs, "notify.invalid_blocks")
+    assert "fields attribute cannot exceed 10 items" in invalid["error"]
+
+
+def test_every_message_carries_the_facts_and_fits_slack() -> None:
+    """Each kind of message names host, endpoint, GPUs, model, SGLang version, params in
+    numbers, the logs command and who sent it, and passes slack_sdk's checks even with an
+    overlong server name and reason."""
+    origin = Origin(box=BOX, config=CONFIG)
+    name = "llama" + "-x" * 100
+    info = INFO["llama"]
+    auto = {"mem_fraction_static": None, "cuda_graph_max_bs": None}
+    ready = READY | {"params": auto, "resolved": {"mem_fraction_static": 0.812,
+                                                  "cuda_graph_max_bs": 48}}
+    died = failed(3, 0.78, 96, "hang", "ready")
+    messages = [
+        ready_message(name, info, ready, origin=origin),
+        resolved_message(name, Kind.UNHEALTHY, info, ready, firing_s=75.0, origin=origin),
+        gave_up_message(name, info, {"reason": "r" * 5000, "attempt": 3, "attempts": 3},
+                        failures=[died], origin=origin),
+        unhealthy_message(name, info, {"consecutive_failures": 3}, params=auto,
+                          resolved=ready["resolved"], attempt=3, origin=origin),
+        restart_message(name, info, RESTART | {"params": auto, "attempt": 3}, last_failure=died,
+                        resolved=ready["resolved"], origin=origin),
+        adopted_message(name, info, {"pid": 1, "attempt": 3, "params": READY["params"]},
+                        origin=origin),
+    ]
+    for message in messages:
+        checked = checked_blocks(message.blocks)
+        fields = [f["text"] for f in checked[1]["fields"]]
+        for label, value in [("Host", "gpu1"), ("Endpoint", "10.0.0.5:30000"), ("GPUs", "0,1"),
+                             ("Model", info.model), ("SGLang", "0.5.10"), ("Attempt", "#3")]:
+            assert f"*{label}*\n{value}" in fields, (message.kind, fields)
+        params = next(f for f in fields if f.startswith("*Params*"))
+        assert "auto`" not in params and "=auto" not in params, params
+        dump = json.dumps(checked)
+        assert f"launcher logs {CONFIG} {name} --attempt 3" in dump, message.kind
+        sender = checked[-1]["elements"][0]["text"]
+        assert f"sent by launcher on {BOX} · config `{CONFIG}`" == sender
+        assert len(checked[0]["text"]["text"]) <= 150
+    assert "mem_fraction_static=0.812 (auto) cuda_graph_max_bs=48 (auto)" in messages[0].text
 
 
 # --- secrets and the log-only mode ---------------------------------------------------------
@@ -568,7 +788,7 @@ async def test_without_a_webhook_messages_go_to_the_log_only() -> None:
             "log_level": "info",
             "server": "llama",
             "kind": "unhealthy",
-            "text": "llama is unhealthy on gpu1 (meta-llama/Llama-3.1-70B-Instruct): "
+            "text": "[FIRING] llama is unhealthy on gpu1 (meta-llama/Llama-3.1-70B-Instruct): "
             "3 failed health probes in a row (last: ***)",
         }
     ] == logs
@@ -657,3 +877,14 @@ async def test_an_adopted_server_is_no_fresh_ready(
         "still running with mem_fraction_static=0.780 cuda_graph_max_bs=96; supervising it "
         "again, nothing relaunched"
     ] == texts(sink)
+
+
+def test_the_clipping_limits_are_within_slack_sdks() -> None:
+    """What this module clips to stays within the limits slack_sdk's models check (they are
+    not imported at module load: see checked_blocks)."""
+    from slack_sdk.models.blocks import HeaderBlock, SectionBlock
+
+    from launcher import notify
+
+    assert notify._HEADER_MAX <= HeaderBlock.text_max_length
+    assert notify._SECTION_MAX <= SectionBlock.text_max_length

@@ -22,12 +22,14 @@ from launcher.config import HostConfig, ServerConfig
 from launcher.errors import StateError
 from launcher.params import LaunchParams
 from launcher.store import (
+    _MIGRATIONS,
     LOCK_FILENAME,
     LOG_TAIL_LIMIT,
     SCHEMA_VERSION,
     AttemptRow,
     Ledger,
     LedgerRecorder,
+    NotifyState,
     StateLock,
     fingerprint,
     initial_params,
@@ -63,7 +65,7 @@ def test_new_ledger_is_migrated_to_the_current_schema(tmp_path: Path) -> None:
     assert steps == [(e["from_version"], e["to_version"]) for e in migrated]
     conn = _raw(path)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"attempts", "last_good"} == tables
+    assert {"attempts", "last_good", "notify_state"} == tables
     assert SCHEMA_VERSION == conn.execute("PRAGMA user_version").fetchone()[0]
     assert "wal" == conn.execute("PRAGMA journal_mode").fetchone()[0]
 
@@ -78,6 +80,32 @@ def test_reopening_runs_no_migration_and_keeps_rows(tmp_path: Path) -> None:
             assert SCHEMA_VERSION == ledger.schema_version
             assert [1] == [row.attempt for row in ledger.history()]
         assert [] == [e for e in logs if e["event"] == "ledger.migrated"]
+
+
+def test_a_version_2_ledger_opens_and_gains_the_notify_state(tmp_path: Path) -> None:
+    """A ledger of the schema before notify_state (version 2, as launchers before it wrote it)
+    is migrated in place: its attempts stay, and notifier state then survives a reopen."""
+    path = tmp_path / "ledger.sqlite3"
+    conn = _raw(path)
+    for statement in (*_MIGRATIONS[0], *_MIGRATIONS[1]):
+        conn.execute(statement)
+    conn.execute("PRAGMA user_version = 2")
+    conn.execute("INSERT INTO attempts (server, fingerprint, attempt, mem_fraction_static, "
+                 "started_at) VALUES ('llama', 'fp', 1, 0.8, 100.0)")
+    conn.close()
+    state = NotifyState("llama", "gave_up", last_sent=5.0, suppressed=2, firing_since=4.0,
+                        announced=True, payload={"text": "x", "blocks": [{"type": "header"}]})
+    with Ledger(path) as ledger:
+        assert 3 <= ledger.schema_version
+        assert [(1, 0.8)] == [(r.attempt, r.params.mem_fraction_static)
+                              for r in ledger.history()]
+        assert [] == ledger.notify_states()
+        ledger.save_notify_state(state)
+        ledger.save_notify_state(NotifyState("llama", "ready", last_sent=6.0))
+    with Ledger(path) as ledger:
+        assert [state, NotifyState("llama", "ready", last_sent=6.0)] == ledger.notify_states()
+        ledger.save_notify_state(NotifyState("llama", "gave_up", last_sent=9.0))  # replaces
+        assert NotifyState("llama", "gave_up", last_sent=9.0) == ledger.notify_states()[0]
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
