@@ -179,9 +179,10 @@ async def all_registered(front: Front) -> None:
                    "all three registered")
 
 
-async def test_a_dead_server_leaves_the_router_and_comes_back_after_recovery(
+async def test_dead_servers_leave_the_router_and_a_dead_router_gets_every_ready_worker_back(
     tmp_path: Path, site: Site,
 ) -> None:
+    """One story, so the three servers and the router start once (the slow part)."""
     async with running_front(tmp_path, site) as front:
         await all_registered(front)
         # Registered only once ready: each server's ready event comes before its registration.
@@ -209,10 +210,11 @@ async def test_a_dead_server_leaves_the_router_and_comes_back_after_recovery(
         live = {front.port_of("r1"), front.port_of("r3")}
         assert set(await front.served_by(6)) == live
         assert set(await front.served_by(4, "/v1/chat/completions")) == live
-        # ...and before its relaunch started.
-        relaunch = [e for e in front.events.named("attempt.started", "r2")
-                    if e.data["attempt"] == 2]
-        assert not relaunch or relaunch[0].at > gone.at
+        # Driven by the death, not by failed probes, and before launcher's cleanup and relaunch.
+        assert not [e for e in front.events.named("probe.failed", "r2") if e.at < gone.at]
+        await wait_for(lambda: bool(front.events.named("process.stopped", "r2")), front.events,
+                       "r2 cleaned up")
+        assert front.events.named("process.stopped", "r2")[0].at > gone.at
 
         # It recovers (attempt 2) and is registered again.
         await wait_for(lambda: front.registered("r2") >= 2, front.events, "r2 re-registered")
@@ -220,13 +222,9 @@ async def test_a_dead_server_leaves_the_router_and_comes_back_after_recovery(
         assert set(await front.listed()) == urls
         assert set(await front.served_by(6)) == ports
 
-
-async def test_a_killed_router_is_relaunched_and_every_worker_registered_again(
-    tmp_path: Path, site: Site,
-) -> None:
-    async with running_front(tmp_path, site) as front:
-        await all_registered(front)
+        # Kill the router: it is relaunched and every ready worker is registered with it again.
         before = {s: front.registered(s) for s in SERVERS}
+        attempts = {name: sup.machine.attempt for name, sup in front.sups.items()}
         os.kill(front.router_pid(1), signal.SIGKILL)
         await wait_for(lambda: bool(front.events.named("router.died", "front")), front.events,
                        "the router's death noticed")
@@ -238,5 +236,13 @@ async def test_a_killed_router_is_relaunched_and_every_worker_registered_again(
         urls = {f"http://127.0.0.1:{front.port_of(s)}" for s in SERVERS}
         assert set(await front.listed()) == urls
         assert set(await front.served_by(6)) == {front.port_of(s) for s in SERVERS}
-        # The servers were never touched: still their first attempts.
-        assert all(sup.machine.attempt == 1 for sup in front.sups.values())
+        # The servers were never touched.
+        assert {name: sup.machine.attempt for name, sup in front.sups.items()} == attempts
+
+        # launcher stops r1: it leaves the router before its processes are signalled.
+        front.sups["r1"].request_stop(kill=True)
+        await wait_for(lambda: bool(front.events.named("process.stopped", "r1")), front.events,
+                       "r1 stopped")
+        left = front.deregistered("r1")[-1]
+        assert left.at < front.events.named("process.stopped", "r1")[0].at
+        assert f"http://127.0.0.1:{front.port_of('r1')}" not in await front.listed()
