@@ -11,8 +11,10 @@
 # Where: $SGLANG_ROUTER_VENV if set, else ${XDG_CACHE_HOME:-~/.cache}/launcher/sglang-router/
 # <first 16 hex digits of this file's sha256>, outside the work tree like the contract env (CI's
 # fresh clone reuses it). A build is finished when <venv>/.ready-<same digits> exists; an
-# unfinished one is wiped and rebuilt. The dependencies are pinned (pip check proves the list
-# closed; the list is pip freeze after installing sglang-router==0.3.2) so a new release on PyPI cannot change what the tests run.
+# unfinished one is wiped and rebuilt. The dependencies are pinned (the list is `pip freeze`
+# after `pip install sglang-router==0.3.2`; pip check proves it closed), so a new release on
+# PyPI cannot change what the tests run. A build downloads about 45 MB and takes 1 to 2 minutes
+# (77 s and 123 s measured on a loaded 2-core machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
