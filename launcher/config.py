@@ -571,11 +571,11 @@ class RouterConfig(_Model):
     @classmethod
     def _no_owned_router_flags(cls, args: list[str]) -> list[str]:
         clashes = [
-            f"{flag} (set by {ROUTER_OWNED_FLAGS[flag.split('=', 1)[0]]})"
+            f"{flag} (from this router's {ROUTER_OWNED_FLAGS[flag.split('=', 1)[0]]})"
             for flag in args if flag.split("=", 1)[0] in ROUTER_OWNED_FLAGS
         ]
         if clashes:
-            raise ValueError(f"launcher sets {', '.join(clashes)}; remove it from args")
+            raise ValueError(f"launcher sets {', '.join(clashes)}: remove it from args")
         return args
 
     def argv(self) -> list[str]:
