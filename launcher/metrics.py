@@ -21,6 +21,13 @@ Exported series (label ``server`` on every one):
 ``launcher_host_unreachable_seconds_total``  time the host was unreachable (ended outages)
 =========================================  ===========================================
 
+Routers (``[[routers]]``, label ``router``):
+
+==================================================  ==================================
+``launcher_router_up``                              1 while the router answers /health
+``launcher_router_worker_registered{server}``       1 while the server is its worker
+==================================================  ==================================
+
 State values are ``launcher.lifecycle.State`` values (``cuda_graph``, ``gave_up``, ...).
 """
 
@@ -199,6 +206,18 @@ class Metrics:
             ["server"],
             registry=registry,
         )
+        self.router_up = Gauge(
+            "launcher_router_up",
+            "1 while the router is up (answering /health), else 0.",
+            ["router"],
+            registry=registry,
+        )
+        self.router_worker = Gauge(
+            "launcher_router_worker_registered",
+            "1 while the server is registered as a worker of the router, else 0.",
+            ["router", "server"],
+            registry=registry,
+        )
         self.host_unreachable_seconds = Counter(
             "launcher_host_unreachable_seconds",
             "Seconds the server's host was unreachable, counted when each outage ends.",
@@ -216,7 +235,9 @@ class Metrics:
             log.exception("metrics.hook_failed", server=server, hook_event=event)
 
     def _record(self, server: str, event: str, data: Mapping[str, Any]) -> None:
-        if event == "attempt.started":
+        if event.startswith("router."):  # ``server`` is the router's name
+            self._record_router(server, event, data)
+        elif event == "attempt.started":
             self.attempts.labels(server).inc()
             self.server_ready.labels(server).set(0)
             attempt = _number(data.get("attempt"))
@@ -252,6 +273,20 @@ class Metrics:
             seconds = _number(data.get("unreachable_s"))
             if seconds is not None and seconds >= 0:
                 self.host_unreachable_seconds.labels(server).inc(seconds)
+
+    def _record_router(self, router: str, event: str, data: Mapping[str, Any]) -> None:
+        if event == "router.ready":
+            self.router_up.labels(router).set(1)
+            for worker in data.get("servers") or []:
+                if isinstance(worker, str):  # every server gets a series from the start
+                    self.router_worker.labels(router, worker).set(0)
+        elif event in ("router.died", "router.unhealthy", "router.gave_up"):
+            self.router_up.labels(router).set(0)
+        elif event in ("router.worker_registered", "router.worker_deregistered"):
+            worker = data.get("server")
+            if isinstance(worker, str):
+                up = 1 if event == "router.worker_registered" else 0
+                self.router_worker.labels(router, worker).set(up)
 
     # -- state snapshots ------------------------------------------------------------------
 

@@ -96,6 +96,7 @@ _OBSERVED = frozenset(
         "server.gave_up",
         "server.unhealthy",
         "restart.scheduled",
+        "router.ready",
     }
 )
 
@@ -227,6 +228,24 @@ def _attempt_no(data: Mapping[str, Any]) -> str:
     if isinstance(number, int) and not isinstance(number, bool):
         return f"#{number}"
     return "?"
+
+
+def router_ready_message(router: str, data: Mapping[str, Any]) -> Message:
+    """The message for ``router.ready`` (``[[routers]]``): it names the router, where it
+    listens and the servers behind it (registered as each one is ready)."""
+    where = f"{data.get('host', '?')}:{data.get('port', '?')}"
+    servers = data.get("servers")
+    behind = ", ".join(str(s) for s in servers) if isinstance(servers, list) else "?"
+    seconds = _duration(data.get("seconds"))
+    attempt = _attempt_no(data)
+    text = (f"router {router} is ready on {where} (attempt {attempt}, {seconds} to ready); "
+            f"its workers: {behind}, each registered once ready")
+    blocks = [
+        _header(f":white_check_mark: router {router} is ready"),
+        _fields(("Listens on", where), ("Workers", behind), ("Attempt", attempt),
+                ("Time to ready", seconds)),
+    ]
+    return Message(router, Kind.READY, _esc(_clip(text, _TEXT_MAX)), blocks)
 
 
 def adopted_message(server: str, info: ServerInfo, data: Mapping[str, Any]) -> Message:
@@ -552,6 +571,8 @@ class SlackNotifier:
                 )
 
     def _observe(self, server: str, event: str, data: dict[str, Any]) -> Message | None:
+        if event == "router.ready":  # ``server`` is the router's name
+            return router_ready_message(server, data)
         info = self.servers_info.get(server, _UNKNOWN)
         failures = self._failures.setdefault(server, [])
         if event == "attempt.failed":

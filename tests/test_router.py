@@ -21,9 +21,12 @@ import anyio
 import anyio.lowlevel
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from launcher.config import Config, config_from_dict
 from launcher.errors import ConfigError
+from launcher.metrics import Metrics
+from launcher.notify import SlackNotifier
 from launcher.router import Registrar, plan_rows
 from launcher.router_api import RouterApiError, RouterClient
 from tests.supervise import SimSetup, run_cli
@@ -331,3 +334,36 @@ async def test_the_registrar_follows_server_events_and_deregisters_before_a_stop
         await until(lambda: set(fake.workers) == {r2})
         tg.cancel_scope.cancel()
     assert registrar.registration("front") == {"r1": "router down", "r2": "router down"}
+
+
+# -- what the hooks make of the router's events ----------------------------------------------
+
+
+def test_metrics_show_the_router_and_each_workers_registration() -> None:
+    metrics = Metrics()
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    metrics("front", "router.ready", {"attempt": 1, "servers": ["r1", "r2"]})
+    assert value("launcher_router_up", router="front") == 1
+    assert value("launcher_router_worker_registered", router="front", server="r2") == 0
+    metrics("front", "router.worker_registered", {"server": "r2", "url": "http://x:1"})
+    assert value("launcher_router_worker_registered", router="front", server="r2") == 1
+    metrics("front", "router.worker_deregistered", {"server": "r2", "reason": "not ready"})
+    assert value("launcher_router_worker_registered", router="front", server="r2") == 0
+    metrics("front", "router.died", {"attempt": 1, "exit_status": 137})
+    assert value("launcher_router_up", router="front") == 0
+    assert value("launcher_server_ready", server="front") is None  # not mistaken for a server
+
+
+async def test_slack_names_the_router_when_it_is_ready() -> None:
+    notifier = SlackNotifier(None, servers_info={})
+    with capture_logs() as logs:
+        notifier("front", "router.ready", {"attempt": 2, "host": "gpu-a", "port": 30000,
+                                            "seconds": 3.9, "servers": ["r1", "r2", "r3"]})
+        notifier("front", "router.worker_registered", {"server": "r1"})
+    [message] = logs
+    assert message["event"] == "notify.message"
+    assert message["text"] == ("router front is ready on gpu-a:30000 (attempt #2, 4s to ready); "
+                               "its workers: r1, r2, r3, each registered once ready")

@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from launcher.config import Config, config_from_dict
+from launcher.metrics import Metrics
 from launcher.router import Routing, wire
 from launcher.supervisor import ServerSupervisor
 from tests.simhost import free_port
@@ -66,6 +67,11 @@ class Front:
     events: EventRecorder
     routing: Routing
     sups: dict[str, ServerSupervisor]
+    metrics: Metrics
+
+    def gauge(self, server: str) -> float | None:
+        return self.metrics.registry.get_sample_value(
+            "launcher_router_worker_registered", {"router": "front", "server": server})
 
     @property
     def router_url(self) -> str:
@@ -144,8 +150,9 @@ async def running_front(tmp_path: Path, site: Site) -> AsyncIterator[Front]:
     config = front_config(tmp_path, site, router_python())
     transport = transport_for(config, site.name)
     events = EventRecorder()
+    metrics = Metrics()
     try:
-        routing = wire(config, config.servers, {site.name: transport}, [events])
+        routing = wire(config, config.servers, {site.name: transport}, [events, metrics])
         sups = {s.name: ServerSupervisor(config, s, transport, sglang_version=SIM_VERSION,
                                          hooks=[events, routing.registrar],
                                          before_stop=routing.before_stop)
@@ -155,7 +162,7 @@ async def running_front(tmp_path: Path, site: Site) -> AsyncIterator[Front]:
                 await tg.start(sup.run)
             for rsup in routing.supervisors:
                 await tg.start(rsup.run)
-            yield Front(config, site, events, routing, sups)
+            yield Front(config, site, events, routing, sups, metrics)
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
@@ -206,6 +213,7 @@ async def test_dead_servers_leave_the_router_and_a_dead_router_gets_every_ready_
         print(f"death -> deregistration confirmed: {gone.at - killed_at:.3f}s "
               f"(trigger -> confirmed {gone.data['after_s']}s)")
         assert gone.data["reason"] == "not ready"
+        assert front.gauge("r2") == 0 and front.gauge("r1") == 1
         assert f"http://127.0.0.1:{front.port_of('r2')}" not in await front.listed()
         live = {front.port_of("r1"), front.port_of("r3")}
         assert set(await front.served_by(6)) == live
@@ -219,6 +227,7 @@ async def test_dead_servers_leave_the_router_and_a_dead_router_gets_every_ready_
         # It recovers (attempt 2) and is registered again.
         await wait_for(lambda: front.registered("r2") >= 2, front.events, "r2 re-registered")
         assert [e.data["attempt"] for e in front.events.named("server.ready", "r2")] == [1, 2]
+        assert front.gauge("r2") == 1
         assert set(await front.listed()) == urls
         assert set(await front.served_by(6)) == ports
 
