@@ -27,8 +27,9 @@ import pytest
 
 from launcher.config import Config, config_from_dict
 from launcher.metrics import Metrics
-from launcher.router import Routing, wire
+from launcher.router import Routing, router_status, wire
 from launcher.supervisor import ServerSupervisor
+from launcher.transport.base import Transport
 from tests.simhost import free_port
 from tests.sshd import Sshd
 from tests.sshsim import (
@@ -68,6 +69,11 @@ class Front:
     routing: Routing
     sups: dict[str, ServerSupervisor]
     metrics: Metrics
+    transport: Transport
+
+    async def status(self) -> dict[str, Any]:
+        """What `launcher status` shows of the router."""
+        return await router_status(self.config, self.config.router("front"), self.transport)
 
     def gauge(self, server: str) -> float | None:
         return self.metrics.registry.get_sample_value(
@@ -162,7 +168,7 @@ async def running_front(tmp_path: Path, site: Site) -> AsyncIterator[Front]:
                 await tg.start(sup.run)
             for rsup in routing.supervisors:
                 await tg.start(rsup.run)
-            yield Front(config, site, events, routing, sups, metrics)
+            yield Front(config, site, events, routing, sups, metrics, transport)
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
@@ -201,6 +207,9 @@ async def test_dead_servers_leave_the_router_and_a_dead_router_gets_every_ready_
                 ("router.worker_registered", s))
         urls = {f"http://127.0.0.1:{front.port_of(s)}" for s in SERVERS}
         assert set(await front.listed()) == urls
+        status = await front.status()
+        assert (status["running"], status["healthy"], status["attempt"]) == (True, True, 1)
+        assert status["workers"] == dict.fromkeys(SERVERS, "registered")
         ports = {front.port_of(s) for s in SERVERS}
         assert set(await front.served_by(6)) == ports
         assert set(await front.served_by(6, "/v1/chat/completions")) == ports
@@ -214,6 +223,7 @@ async def test_dead_servers_leave_the_router_and_a_dead_router_gets_every_ready_
               f"(trigger -> confirmed {gone.data['after_s']}s)")
         assert gone.data["reason"] == "not ready"
         assert front.gauge("r2") == 0 and front.gauge("r1") == 1
+        assert (await front.status())["workers"]["r2"] == "not registered"
         assert f"http://127.0.0.1:{front.port_of('r2')}" not in await front.listed()
         live = {front.port_of("r1"), front.port_of("r3")}
         assert set(await front.served_by(6)) == live
