@@ -282,6 +282,9 @@ class Metrics:
                     self.router_worker.labels(router, worker).set(0)
         elif event in ("router.died", "router.unhealthy", "router.gave_up"):
             self.router_up.labels(router).set(0)
+            for worker in data.get("servers") or []:  # a dead router has no workers
+                if isinstance(worker, str):
+                    self.router_worker.labels(router, worker).set(0)
         elif event in ("router.worker_registered", "router.worker_deregistered"):
             worker = data.get("server")
             if isinstance(worker, str):

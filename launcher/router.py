@@ -139,6 +139,7 @@ class _RouterState:
     attached: bool = False
     registered: dict[str, str] = field(default_factory=dict)  # server -> url
     wake: anyio.Event = field(default_factory=anyio.Event)
+    adding: set[str] = field(default_factory=set)  # registrations in flight
     leave_asked: dict[str, float] = field(default_factory=dict)  # server -> when it had to go
     last_error: dict[str, str] = field(default_factory=dict)
 
@@ -178,7 +179,8 @@ class Registrar:
         must never keep a server from being stopped)."""
         self._leave(server)
         with anyio.move_on_after(_BEFORE_STOP_WAIT_S):
-            while any(st.attached and server in st.registered for st in self._routers.values()):
+            while any(st.attached and (server in st.registered or server in st.adding)
+                      for st in self._routers.values()):
                 await self._changed.wait()
 
     def _registrations_changed(self) -> None:
@@ -223,26 +225,35 @@ class Registrar:
     async def serve(self, router: RouterConfig, client: RouterClient) -> None:
         """Keep ``router``'s workers in step with the ready servers until cancelled (the
         router died, or supervision ends). The router's own listing is the truth at start
-        and at least every ``resync_s``."""
+        and at least every ``resync_s``.
+
+        Removals are made in this loop, one after the other; each addition runs in a task of
+        its own, so a worker the router is slow to accept (it checks the worker first) never
+        delays the removal of a dead one."""
         st = self._routers[router.name]
         st.attached, st.registered = True, {}
         try:
-            synced = -float("inf")
-            while True:
-                st.wake = anyio.Event()
-                if self.clock() - synced >= self.resync_s and await self._sync(st, client):
-                    synced = self.clock()
-                ok = await self._reconcile(st, client)
-                delay = self.resync_s if ok else _RETRY_S
-                with anyio.move_on_after(delay):
-                    await st.wake.wait()
+            async with anyio.create_task_group() as tg:
+                synced = -float("inf")
+                while True:
+                    st.wake = anyio.Event()
+                    if self.clock() - synced >= self.resync_s and await self._sync(st, client):
+                        synced = self.clock()
+                    ok = await self._remove_leavers(st, client)
+                    for server in st.urls:
+                        if (server in self.ready and server not in st.registered
+                                and server not in st.adding):
+                            st.adding.add(server)
+                            tg.start_soon(self._add, st, client, server)
+                    delay = self.resync_s if ok else _RETRY_S
+                    with anyio.move_on_after(delay):
+                        await st.wake.wait()
         finally:
+            # Whatever the router had is its own business now (it died, or launcher leaves
+            # it running): nothing is known to be registered until it is listed again.
             st.attached = False
-            for server, url in st.registered.items():
-                self._emit(router.name, "router.worker_deregistered",
-                           {"server": server, "url": url, "reason": "router down",
-                            "after_s": None})
             st.registered.clear()
+            st.adding.clear()
             st.leave_asked.clear()
             self._registrations_changed()
 
@@ -250,25 +261,23 @@ class Registrar:
         """Take the router's listing as the truth about which servers it has."""
         try:
             listed = await client.workers()
-        except LauncherError as exc:
-            self._failed(st, "", exc)
-            return False
-        except Exception as exc:  # httpx errors past their retries
+        except Exception as exc:  # LauncherError, or httpx errors past their retries
             self._failed(st, "", exc)
             return False
         for server, url in st.urls.items():
-            if url in listed and server not in st.registered:
+            if url in listed and server not in st.registered and server not in st.adding:
                 st.registered[server] = url
                 self._emit(st.router.name, "router.worker_registered",
                            {"server": server, "url": url, "found": True})
             elif url not in listed and server in st.registered:
                 del st.registered[server]  # the router lost it (a restart): add it again
+                self._registrations_changed()
                 self._emit(st.router.name, "router.worker_deregistered",
                            {"server": server, "url": url, "reason": "not listed by the router",
                             "after_s": None})
         return True
 
-    async def _reconcile(self, st: _RouterState, client: RouterClient) -> bool:
+    async def _remove_leavers(self, st: _RouterState, client: RouterClient) -> bool:
         ok = True
         for server in [s for s in st.registered if s not in self.ready]:
             url = st.registered[server]
@@ -284,24 +293,28 @@ class Registrar:
             after = None if asked is None else round(self.clock() - asked, 3)
             self._emit(st.router.name, "router.worker_deregistered",
                        {"server": server, "url": url, "reason": "not ready", "after_s": after})
-        for server in st.urls:
-            if server not in self.ready or server in st.registered:
-                continue
-            url = st.urls[server]
-            try:
-                worker = await client.register(url)
-            except Exception as exc:
-                self._failed(st, server, exc)
-                ok = False
-                continue
-            if server not in self.ready:  # it left while being added: the next round removes
+        return ok
+
+    async def _add(self, st: _RouterState, client: RouterClient, server: str) -> None:
+        url = st.urls[server]
+        try:
+            worker = await client.register(url)
+        except Exception as exc:
+            self._failed(st, server, exc)
+            await anyio.sleep(_RETRY_S)  # then the next round tries again
+            return
+        else:
+            if server not in self.ready:  # it left while being added: remove it again
                 st.leave_asked.setdefault(server, self.clock())
             st.registered[server] = url
             st.last_error.pop(server, None)
             self._emit(st.router.name, "router.worker_registered",
                        {"server": server, "url": url, "worker_id": worker.id,
                         "api": "legacy" if client.legacy else "workers"})
-        return ok
+        finally:
+            st.adding.discard(server)
+            self._registrations_changed()
+            st.wake.set()
 
     def _failed(self, st: _RouterState, server: str, exc: BaseException) -> None:
         error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -387,11 +400,13 @@ class RouterSupervisor:
                         why, detail = await self._watch(self.handle)
                 else:
                     why, detail = await self._watch(self.handle)
+                servers = list(self.router.servers)  # none is its worker any more
                 if why == "exited":
-                    self._emit("router.died", {"attempt": self.attempt, "exit_status": detail})
+                    self._emit("router.died", {"attempt": self.attempt, "exit_status": detail,
+                                               "servers": servers})
                 elif self.handle is not None:
                     self._emit("router.unhealthy", {"attempt": self.attempt, "reason": why,
-                                                    "detail": detail})
+                                                    "detail": detail, "servers": servers})
                     await self._stop(self.handle, why)
                 self.handle = None
                 delay = self.backoff.on_failure(self.clock())

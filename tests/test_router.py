@@ -130,9 +130,11 @@ class FakeRouter:
 
     def __init__(self, *, legacy: bool = False, lag: int = 1, busy: int = 0) -> None:
         self.legacy, self.lag, self.busy = legacy, lag, busy
+        self.never: set[str] = set()  # URLs whose add job never finishes (unreachable worker)
         self.workers: dict[str, str] = {}  # url -> id
         self.pending: list[list[Any]] = []  # [listings left, "add"|"remove", url]
         self.requests: list[str] = []
+        self.posted: list[str] = []  # the URLs of POST /workers, in order
         self.lock = threading.Lock()
         fake = self
 
@@ -174,7 +176,7 @@ class FakeRouter:
     def _tick(self) -> None:
         for job in self.pending:
             job[0] -= 1
-        for job in [j for j in self.pending if j[0] < 0]:
+        for job in [j for j in self.pending if j[0] < 0 and j[2] not in self.never]:
             self.pending.remove(job)
             if job[1] == "add":
                 self.workers.setdefault(job[2], str(uuid.uuid5(uuid.NAMESPACE_URL, job[2])))
@@ -205,6 +207,7 @@ class FakeRouter:
                                          for u, i in self.workers.items()]}
             if path == "/workers" and method == "POST":
                 url = json.loads(body)["url"]
+                self.posted.append(url)
                 self.pending.append([self.lag, "add", url])
                 return 202, {"status": "accepted", "url": url}
             if path.startswith("/workers/") and method == "DELETE":
@@ -314,10 +317,12 @@ async def test_the_registrar_follows_server_events_and_deregisters_before_a_stop
         await until(lambda: registrar.registration("front")["r1"] == "registered")
         assert set(fake.workers) == {r1}
         registrar("r2", "server.ready", {"attempt": 1})
-        await until(lambda: set(fake.workers) == {r1, r2})
+        await until(lambda: registrar.registration("front")["r2"] == "registered")
+        assert set(fake.workers) == {r1, r2}
 
         registrar("r2", "process.died", {"attempt": 1})
-        await until(lambda: set(fake.workers) == {r1})
+        await until(lambda: any(name == "router.worker_deregistered" for _, name, _ in seen))
+        assert set(fake.workers) == {r1}
         gone = [d for _, name, d in seen if name == "router.worker_deregistered"]
         assert gone[0]["server"] == "r2" and gone[0]["after_s"] is not None
 
@@ -328,7 +333,8 @@ async def test_the_registrar_follows_server_events_and_deregisters_before_a_stop
 
         # An operator's removal (or a router restart) is noticed at the next resync.
         registrar("r2", "server.ready", {"attempt": 2})
-        await until(lambda: set(fake.workers) == {r2})
+        await until(lambda: registrar.registration("front")["r2"] == "registered")
+        assert set(fake.workers) == {r2}
         with fake.lock:
             fake.workers.clear()
         await until(lambda: set(fake.workers) == {r2})
@@ -352,8 +358,10 @@ def test_metrics_show_the_router_and_each_workers_registration() -> None:
     assert value("launcher_router_worker_registered", router="front", server="r2") == 1
     metrics("front", "router.worker_deregistered", {"server": "r2", "reason": "not ready"})
     assert value("launcher_router_worker_registered", router="front", server="r2") == 0
-    metrics("front", "router.died", {"attempt": 1, "exit_status": 137})
+    metrics("front", "router.worker_registered", {"server": "r1", "url": "http://x:2"})
+    metrics("front", "router.died", {"attempt": 1, "exit_status": 137, "servers": ["r1", "r2"]})
     assert value("launcher_router_up", router="front") == 0
+    assert value("launcher_router_worker_registered", router="front", server="r1") == 0
     assert value("launcher_server_ready", server="front") is None  # not mistaken for a server
 
 
@@ -367,3 +375,32 @@ async def test_slack_names_the_router_when_it_is_ready() -> None:
     assert message["event"] == "notify.message"
     assert message["text"] == ("router front is ready on gpu-a:30000 (attempt #2, 4s to ready); "
                                "its workers: r1, r2, r3, each registered once ready")
+
+
+async def test_a_worker_the_router_is_slow_to_accept_never_delays_a_removal(
+    fake: FakeRouter,
+) -> None:
+    config = two_server_config()
+    registrar = Registrar(config, config.routers, resync_s=0.2)
+    r2 = "http://10.0.0.2:30002"
+    fake.never.add(r2)
+
+    async def until(predicate: Any) -> None:
+        with anyio.fail_after(10):
+            while True:
+                if predicate():
+                    return
+                await anyio.sleep(0.01)
+
+    async with httpx.AsyncClient(trust_env=False) as http, anyio.create_task_group() as tg:
+        client = RouterClient(http, fake.url, sleep=anyio.sleep, confirm_s=60.0, poll_s=0.05)
+        tg.start_soon(registrar.serve, config.router("front"), client)
+        registrar("r1", "server.ready", {})
+        await until(lambda: registrar.registration("front")["r1"] == "registered")
+        registrar("r2", "server.ready", {})  # its registration now waits on the router
+        await until(lambda: r2 in fake.posted)
+        registrar("r1", "server.unhealthy", {})
+        await until(lambda: registrar.registration("front") == {
+            "r1": "not ready", "r2": "pending"})
+        assert fake.workers == {}
+        tg.cancel_scope.cancel()
