@@ -58,7 +58,7 @@ from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
 from launcher.router import plan_rows as router_plan_rows
-from launcher.router import router_status
+from launcher.router import router_status, stop_router
 from launcher.sglang.classify import diagnose_text
 from launcher.sglang.logparse import LineSplitter, LogFollower
 from launcher.sglang.outcome import Diagnosis
@@ -661,7 +661,8 @@ async def _per_server(config: Config, servers: list[ServerConfig],
 
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
-    """Stop servers cleanly (TERM, bounded wait, KILL) and check their GPUs were freed."""
+    """Stop servers cleanly (TERM, bounded wait, KILL) and check their GPUs were freed; then
+    the routers (without --server)."""
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
 
@@ -694,7 +695,30 @@ def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         else:
             _say(out, f"{s.name}: {r}")
             code = code or (1 if "not free" in r else 0)
+    for name, line in _stop_routers(config) if not server else []:  # after their servers
+        if isinstance(line, LauncherError):
+            _error(err, line, f"{name}: ")
+            code = 1
+        else:
+            _say(out, f"{name}: {line}")
     raise typer.Exit(code)
+
+
+def _stop_routers(config: Config) -> list[tuple[str, str | LauncherError]]:
+    async def stop_all() -> list[tuple[str, str | LauncherError]]:
+        transports = {r.host: make_transport(config.host(r.host)) for r in config.routers}
+        done: list[tuple[str, str | LauncherError]] = []
+        try:
+            for r in config.routers:
+                try:
+                    done.append((r.name, await stop_router(config, r, transports[r.host])))
+                except LauncherError as exc:
+                    done.append((r.name, exc))
+        finally:
+            await daemon.close_transports(transports)
+        return done
+
+    return anyio.run(stop_all) if config.routers else []
 
 
 async def _server_status(config: Config, s: ServerConfig, t: Transport) -> dict[str, Any]:

@@ -202,6 +202,10 @@ async def _supervise(config: Config, servers: list[ServerConfig],
                 view.start()
             try:
                 await supervise_all(sups, until_ready=opts.until_ready, on_tick=tick)
+                if opts.until_ready and routing.supervisors and not interrupted:
+                    # Ready includes the routers and the registration of the ready servers.
+                    with anyio.move_on_after(config.policy.start_deadline):
+                        await routing.settled()
             finally:
                 if view is not None:
                     view.stop()

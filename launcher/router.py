@@ -115,6 +115,20 @@ class Routing:
     def before_stop(self) -> Callable[[str, str], Awaitable[None]] | None:
         return self.registrar.before_stop if self.supervisors else None
 
+    async def settled(self) -> None:
+        """Return once every router is ready (or gave up) and every ready server is
+        registered with each live router in front of it (``launcher up --until-ready``)."""
+        while True:
+            done = all(
+                sup.state == "gave_up" or (sup.state == "ready" and all(
+                    state != "pending" and not state.startswith("failed")
+                    for state in self.registrar.registration(sup.router.name).values()))
+                for sup in self.supervisors
+            )
+            if done:
+                return
+            await self.registrar.changed()
+
 
 def wire(config: Config, servers: Sequence[ServerConfig], transports: dict[str, Transport],
          hooks: Sequence[Hook], *, stop_on_exit: bool = False) -> Routing:
@@ -186,6 +200,12 @@ class Registrar:
     def _registrations_changed(self) -> None:
         self._changed.set()
         self._changed = anyio.Event()
+
+    async def changed(self) -> None:
+        """Return at the next change of registrations (or after at most a second, for changes
+        made elsewhere, such as a router becoming ready)."""
+        with anyio.move_on_after(1.0):
+            await self._changed.wait()
 
     def _leave(self, server: str) -> None:
         self.ready.discard(server)
@@ -581,3 +601,14 @@ async def router_status(config: Config, router: RouterConfig, transport: Transpo
                                 "registered, unhealthy" if worker.healthy is False else
                                 "registered")
     return row
+
+
+async def stop_router(config: Config, router: RouterConfig, transport: Transport) -> str:
+    """What ``launcher down`` does to a router: TERM, bounded wait, KILL; a line saying so."""
+    run_dir = router.run_dir or config.host(router.host).run_dir
+    handle = await remote.find_running(transport, run_dir, router.name)
+    if handle is None:
+        return "not running"
+    report = await remote.stop(transport, handle, grace=10.0, kill_wait=5.0)
+    signals = "+".join(report.signals_sent) or "none needed"
+    return f"stopped (pid {handle.pid}, {signals})"

@@ -11,6 +11,7 @@ teardown (``kill_leftovers``: the router runs under the same run_dir).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -41,6 +42,7 @@ from tests.sshsim import (
     server_entry,
     transport_for,
 )
+from tests.supervise import SimSetup, json_lines, run_cli
 
 pytestmark = pytest.mark.ssh
 
@@ -265,3 +267,38 @@ async def test_dead_servers_leave_the_router_and_a_dead_router_gets_every_ready_
         left = front.deregistered("r1")[-1]
         assert left.at < front.events.named("process.stopped", "r1")[0].at
         assert f"http://127.0.0.1:{front.port_of('r1')}" not in await front.listed()
+
+
+def test_up_until_ready_registers_status_shows_it_and_down_stops_the_router(
+    sim: SimSetup,
+) -> None:
+    """`launcher up` wires the router in (daemon.py); --until-ready waits for the router and
+    the registration; `status` reads the router's listing; `down` stops the router too."""
+    data = sim.data(mem_fraction_static=0.8, cuda_graph_max_bs=8)
+    server = data["servers"][0]
+    data["routers"] = [{
+        "name": "front", "host": server["host"], "port": free_port(), "listen": "127.0.0.1",
+        "servers": [server["name"]], "command": [router_python(), "-m",
+                                                 "sglang_router.launch_router"],
+        "args": ["--prometheus-port", str(free_port()), "--prometheus-host", "127.0.0.1"],
+    }]
+    config = sim.write_toml(data)
+    try:
+        up = run_cli("up", str(config), "--until-ready", "--log-format", "json", timeout=120)
+        assert 0 == up.returncode, up.stderr[-2000:]
+        names = [e["event"] for e in json_lines(up.stdout + up.stderr) if "event" in e]
+        assert names.index("server.ready") < names.index("router.worker_registered")
+        assert "router.ready" in names
+
+        status = run_cli("status", str(config), "--json")
+        assert 0 == status.returncode, status.stderr
+        [router] = [row for row in json.loads(status.stdout) if "router" in row]
+        assert (router["running"], router["healthy"]) == (True, True)
+        assert router["workers"] == {server["name"]: "registered"}
+
+        down = run_cli("down", str(config))
+        assert 0 == down.returncode, down.stderr
+        assert "front: stopped (pid" in down.stdout
+        assert not kill_leftovers([sim.run_dir])  # nothing left to kill
+    finally:
+        kill_leftovers([sim.run_dir])
