@@ -405,7 +405,12 @@ class RouterSupervisor:
         """Supervise until the restart budget is spent (returns ``gave_up``) or cancelled."""
         task_status.started()
         try:
-            found = await self._survey()
+            try:
+                found = await self._survey()
+            except LauncherError as exc:  # a refused host key or login: asking again won't do
+                self.state = "gave_up"
+                self._emit("router.gave_up", {"attempt": self.attempt, "reason": str(exc)})
+                return self.state
             self.attempt = found.latest
             self.handle = found.running
             if self.handle is not None:
@@ -495,7 +500,7 @@ class RouterSupervisor:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(self._follow, handle, end)
-            tg.start_soon(self._probe, handle, end)
+            tg.start_soon(self._probing, handle, end)
         if self.state == "ready":
             self.state = "restarting"
         return ended[0] if ended else ("exited", None)
@@ -515,6 +520,15 @@ class RouterSupervisor:
                 self._emit("router.follow_failed", {"error": str(exc), "retry_in_s": delay})
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 10.0)
+
+    async def _probing(self, handle: remote.RunHandle, end: Callable[[str, Any], None]) -> None:
+        """``_probe``; a host that refuses the port forward (its key, the login) ends the
+        attempt as unhealthy instead of ending ``launcher up`` (the restart budget bounds
+        the retries)."""
+        try:
+            await self._probe(handle, end)
+        except* LauncherError as group:
+            end("unhealthy", str(group.exceptions[0]))
 
     async def _probe(self, handle: remote.RunHandle, end: Callable[[str, Any], None]) -> None:
         p = self.policy
