@@ -44,7 +44,8 @@ from tests.sshsim import (
 )
 from tests.supervise import SimSetup, json_lines, run_cli
 
-pytestmark = pytest.mark.ssh
+# Four Python processes start here; on a loaded 2-core machine that alone can take a minute.
+pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parent.parent
 SERVERS = ("r1", "r2", "r3")
@@ -178,7 +179,7 @@ async def running_front(tmp_path: Path, site: Site) -> AsyncIterator[Front]:
 
 
 async def wait_for(predicate: Callable[[], bool], events: EventRecorder, what: str,
-                   timeout: float = 60.0) -> None:
+                   timeout: float = 120.0) -> None:
     try:
         with anyio.fail_after(timeout):
             while True:
