@@ -57,6 +57,8 @@ from launcher.notify import ServerInfo, SlackNotifier
 from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
+from launcher.router import plan_rows as router_plan_rows
+from launcher.router import router_status, stop_router
 from launcher.sglang.classify import diagnose_text
 from launcher.sglang.logparse import LineSplitter, LogFollower
 from launcher.sglang.outcome import Diagnosis
@@ -66,6 +68,7 @@ from launcher.store import (
     ledger_path,
 )
 from launcher.supervisor import Snapshot
+from launcher.transport import make_transport
 from launcher.transport.base import Transport
 
 EXIT_OK = 0
@@ -383,7 +386,8 @@ def diagnose(
 def plan(
     config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Show each server's exact command line, env (secrets masked), run dir and OOM ladder."""
+    """Show each server's exact command line, env (secrets masked), run dir and OOM ladder,
+    then each router's command line and worker URLs (without --server)."""
     config = _guard(lambda: _open(config_path))
     rows: list[dict[str, Any]] = []
     for s in _guard(lambda: _selected(config, server)):
@@ -421,10 +425,19 @@ def plan(
                 ],
             }
         )
+    if not server:
+        rows += router_plan_rows(config)
     if as_json:
         out.print_json(json.dumps(rows))
         return
     for r in rows:
+        if "router" in r:
+            _say(out, (r["router"], "bold"), f" on {r['host']}  (router)")
+            _say(out, f"  command  {r['command']}")
+            _say(out, f"  run dir  {r['run_dir']}")
+            for name, url in r["workers"].items():
+                _say(out, f"  worker   {name} = {url}  (registered once ready)")
+            continue
         _say(out, (r["server"], "bold"), f" on {r['host']}  (SGLang {r['sglang_version']}, "
              f"{r['version_source']})")
         _say(out, f"  command  {r['command']}")
@@ -647,7 +660,8 @@ async def _per_server(config: Config, servers: list[ServerConfig],
 
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
-    """Stop servers cleanly (TERM, bounded wait, KILL) and check their GPUs were freed."""
+    """Stop servers cleanly (TERM, bounded wait, KILL) and check their GPUs were freed; then
+    the routers (without --server)."""
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
 
@@ -680,7 +694,30 @@ def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         else:
             _say(out, f"{s.name}: {r}")
             code = code or (1 if "not free" in r else 0)
+    for name, line in _stop_routers(config) if not server else []:  # after their servers
+        if isinstance(line, LauncherError):
+            _error(err, line, f"{name}: ")
+            code = 1
+        else:
+            _say(out, f"{name}: {line}")
     raise typer.Exit(code)
+
+
+def _stop_routers(config: Config) -> list[tuple[str, str | LauncherError]]:
+    async def stop_all() -> list[tuple[str, str | LauncherError]]:
+        transports = {r.host: make_transport(config.host(r.host)) for r in config.routers}
+        done: list[tuple[str, str | LauncherError]] = []
+        try:
+            for r in config.routers:
+                try:
+                    done.append((r.name, await stop_router(config, r, transports[r.host])))
+                except LauncherError as exc:
+                    done.append((r.name, exc))
+        finally:
+            await daemon.close_transports(transports)
+        return done
+
+    return anyio.run(stop_all) if config.routers else []
 
 
 async def _server_status(config: Config, s: ServerConfig, t: Transport) -> dict[str, Any]:
@@ -759,8 +796,9 @@ def status(
         if isinstance(r, LauncherError):
             r = {"server": s.name, "host": s.host, "error": str(r)}
         rows.append(r)
+    router_rows = _guard(lambda: _router_rows(config, server))
     if as_json:
-        out.print_json(json.dumps(rows))
+        out.print_json(json.dumps(rows + router_rows))
     else:
         table = Table(box=None, pad_edge=False)
         for col in ("server", "host", "running", "pid", "attempt", "params", "phase", "ready",
@@ -779,11 +817,50 @@ def status(
                  r["phase"] or "", "yes" if r["ready"] else "no",
                  {None: "", True: "yes", False: "no"}[r["healthy"]], up_s)
         out.print(table)
+        if router_rows:
+            out.print(_router_table(router_rows))
     # Like `systemctl status`: 0 only when everything asked about is up (running, ready and
     # not failing its health check), 3 otherwise, a host that cannot be asked included.
     up_and_ready = all("error" not in r and r["running"] and r["ready"] and r["healthy"]
                        is not False for r in rows)
     raise typer.Exit(EXIT_OK if up_and_ready else EXIT_NOT_READY)
+
+
+def _router_rows(config: Config, server: list[str] | None) -> list[dict[str, Any]]:
+    """Each router's status row (none with --server); a host that cannot be asked is an
+    ``error`` row."""
+    if server or not config.routers:
+        return []
+
+    async def ask() -> list[dict[str, Any]]:
+        transports = {r.host: make_transport(config.host(r.host)) for r in config.routers}
+        rows: list[dict[str, Any]] = []
+        try:
+            for r in config.routers:
+                try:
+                    rows.append(await router_status(config, r, transports[r.host]))
+                except LauncherError as exc:
+                    rows.append({"router": r.name, "host": r.host, "error": str(exc)})
+        finally:
+            await daemon.close_transports(transports)
+        return rows
+
+    return anyio.run(ask)
+
+
+def _router_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for col in ("router", "host", "running", "pid", "attempt", "healthy", "workers"):
+        table.add_column(col)
+    for r in rows:
+        if "error" in r:
+            _row(table, r["router"], r["host"], Text(_plain(r["error"]), style="red"))
+            continue
+        workers = r["workers_error"] or ", ".join(f"{k}: {v}" for k, v in r["workers"].items())
+        _row(table, r["router"], f"{r['host']}:{r['port']}", "yes" if r["running"] else "no",
+             str(r["pid"] or ""), str(r["attempt"] or ""),
+             {None: "", True: "yes", False: "no"}[r["healthy"]], workers)
+    return table
 
 
 def _config_and_server(config_path: Path | None, server_name: str | None

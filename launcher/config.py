@@ -557,6 +557,52 @@ class MetricsConfig(_Model):
 # --- root --------------------------------------------------------------------------------
 
 
+# Router flags launcher decides: where it listens comes from host/port, and its workers are
+# registered at run time (a --worker-urls list would bring back servers that are not ready).
+ROUTER_OWNED_FLAGS = {"--host": "listen", "--port": "port", "--worker-urls": "servers"}
+ROUTER_PROMETHEUS_PORT = 29000  # sglang-router's default --prometheus-port
+
+
+class RouterConfig(_Model):
+    """One SGLang router (``sglang-router``; ``command`` may start the ``smg`` gateway instead)
+    in front of ``servers``, supervised like a server: launched on ``host``, followed, probed
+    on ``/health`` at ``port``, relaunched within the restart budget. launcher registers each
+    server as a worker once it is ready and deregisters it before it stops or relaunches it.
+
+    ``worker_urls`` maps a server name to the URL the router reaches it at; by default
+    ``http://127.0.0.1:PORT`` when the server runs on the router's host, else
+    ``http://ADDRESS:PORT`` with the server host's ``address`` (its ``listen`` must then accept
+    connections from other hosts).
+    """
+
+    name: Name
+    host: str
+    port: Port = 30000
+    listen: Annotated[str, Field(min_length=1)] = "0.0.0.0"
+    servers: Annotated[list[str], Field(min_length=1)]
+    args: Argv = Field(default_factory=list)
+    command: Program = Field(
+        default_factory=lambda: ["python3", "-m", "sglang_router.launch_router"])
+    env: EnvMap = Field(default_factory=dict)
+    run_dir: RemoteDir | None = None
+    worker_urls: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("args")
+    @classmethod
+    def _no_owned_router_flags(cls, args: list[str]) -> list[str]:
+        clashes = [
+            f"{flag} (from this router's {ROUTER_OWNED_FLAGS[flag.split('=', 1)[0]]})"
+            for flag in args if flag.split("=", 1)[0] in ROUTER_OWNED_FLAGS
+        ]
+        if clashes:
+            raise ValueError(f"launcher sets {', '.join(clashes)}: remove it from args")
+        return args
+
+    def argv(self) -> list[str]:
+        """The router's command line: ``command``, where it listens, then ``args``."""
+        return [*self.command, "--host", self.listen, "--port", str(self.port), *self.args]
+
+
 def default_state_dir(environ: Mapping[str, str]) -> Path:
     """$STATE_DIRECTORY (systemd, first entry), else $XDG_STATE_HOME/launcher, else
     ~/.local/state/launcher (with ~ from $HOME in ``environ``)."""
@@ -591,6 +637,7 @@ class Config(BaseSettings):
     servers: list[ServerConfig] = Field(default_factory=list)
     slack: SlackConfig | None = None
     metrics: MetricsConfig | None = None
+    routers: list[RouterConfig] = Field(default_factory=list)
 
     def server(self, name: str) -> ServerConfig:
         """The server called ``name``; ConfigError (with did-you-mean) if there is none."""
@@ -599,6 +646,15 @@ class Config(BaseSettings):
                 return server
         raise ConfigError(
             [f"servers: no server named {name!r}; {_known([s.name for s in self.servers], name)}"]
+        )
+
+    def router(self, name: str) -> RouterConfig:
+        """The router called ``name``; ConfigError (with did-you-mean) if there is none."""
+        for router in self.routers:
+            if router.name == name:
+                return router
+        raise ConfigError(
+            [f"routers: no router named {name!r}; {_known([r.name for r in self.routers], name)}"]
         )
 
     def host(self, name: str) -> HostConfig:
@@ -940,6 +996,7 @@ def _cross_checks(tree: Mapping[str, Any]) -> Iterator[tuple[Loc, str]]:
     host_names = [h["name"] for h in host_entries if isinstance(h, dict) and "name" in h]
     hosts = yield from _check_hosts(host_entries)
     yield from _check_servers(tree.get("servers", []), host_names, hosts, policy, global_problems)
+    yield from _check_routers(tree, host_names, hosts)
 
 
 def _check_hosts(entries: list[Any]) -> Generator[tuple[Loc, str], None, dict[str, HostConfig]]:
@@ -1089,3 +1146,105 @@ def _inline_secrets(env: Mapping[str, str], at: Loc) -> Iterator[tuple[Loc, str]
                 f'({key} = "env:{key}" or "file:/path") so it is read on this machine '
                 "and never stored in the config",
             )
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def worker_url(router: RouterConfig, server: str, server_host: str, server_port: int,
+               server_listen: str, host_address: str | None) -> str:
+    """The URL ``router`` reaches ``server`` at (see ``RouterConfig``)."""
+    if server in router.worker_urls:
+        return router.worker_urls[server]
+    if server_host == router.host:
+        address = "127.0.0.1" if server_listen in ("0.0.0.0", "::") else server_listen
+    elif server_listen not in ("0.0.0.0", "::", *_LOOPBACK):
+        address = server_listen
+    else:
+        address = host_address or server_host
+    if ":" in address:
+        address = f"[{address}]"
+    return f"http://{address}:{server_port}"
+
+
+def _check_routers(
+    tree: Mapping[str, Any], host_names: list[Any], hosts: Mapping[str, HostConfig],
+) -> Iterator[tuple[Loc, str]]:
+    """Router rules: known host and servers, names apart from the servers' (both name run
+    directories on hosts), no port clash on a host, and servers the router can reach."""
+    raw_routers = tree.get("routers", [])
+    entries = raw_routers if isinstance(raw_routers, list) else []
+    yield from _duplicate_names("routers", entries)
+    raw_servers = tree.get("servers", [])
+    servers = {
+        raw["name"]: raw for raw in (raw_servers if isinstance(raw_servers, list) else [])
+        if isinstance(raw, dict) and isinstance(raw.get("name"), str)
+    }
+    taken: dict[tuple[str, int], str] = {}
+    for name, raw in servers.items():
+        host = _server_host(raw)
+        port = raw.get("port", 30000)
+        if isinstance(host, str) and isinstance(port, int):
+            taken.setdefault((host, port), f"server {name!r}")
+    for index, raw in enumerate(entries):
+        at: Loc = ("routers", index)
+        partial = _partial(RouterConfig, raw)
+        if partial is None:
+            continue
+        router, bad = partial
+        if router.name in servers:
+            yield (*at, "name"), (f"{router.name!r} is also the name of a server; routers and "
+                                  "servers need distinct names (each names a run directory)")
+        if "host" not in bad and router.host not in host_names:
+            known = [str(n) for n in host_names]
+            yield (*at, "host"), f"unknown host {router.host!r}; {_known(known, router.host)}"
+        if "port" not in bad and "host" not in bad:
+            other = taken.setdefault((router.host, router.port), f"routers[{index}]")
+            if other != f"routers[{index}]":
+                yield (*at, "port"), (f"port {router.port} on host {router.host!r} is also "
+                                      f"used by {other}")
+        if "args" not in bad and "host" not in bad and "--prometheus-port" not in " ".join(
+                router.args):
+            key = (router.host, -ROUTER_PROMETHEUS_PORT)  # a slot apart from the TCP ports
+            other = taken.setdefault(key, f"routers[{index}]")
+            if other != f"routers[{index}]":
+                yield (*at, "args"), (
+                    f"{other} on host {router.host!r} already uses the router's default "
+                    f"Prometheus port {ROUTER_PROMETHEUS_PORT}; add \"--prometheus-port\", "
+                    "\"PORT\" to args")
+        if "servers" not in bad:
+            yield from _router_servers(router, at, servers, hosts, bad)
+        for name in router.worker_urls if "worker_urls" not in bad else []:
+            if name not in router.servers:
+                yield (*at, "worker_urls", name), f"{name!r} is not in this router's servers"
+
+
+def _server_host(raw: Mapping[str, Any]) -> object:
+    """The server's host (node 0's for a server that spans several nodes)."""
+    nodes = raw.get("nodes")
+    if isinstance(nodes, list) and nodes:
+        return nodes[0]
+    return raw.get("host")
+
+
+def _router_servers(router: RouterConfig, at: Loc, servers: Mapping[str, Mapping[str, Any]],
+                    hosts: Mapping[str, HostConfig], bad: frozenset[str],
+                    ) -> Iterator[tuple[Loc, str]]:
+    seen: set[str] = set()
+    for j, name in enumerate(router.servers):
+        loc: Loc = (*at, "servers", j)
+        if name in seen:
+            yield loc, f"{name!r} is listed twice"
+            continue
+        seen.add(name)
+        raw = servers.get(name)
+        if raw is None:
+            yield loc, f"unknown server {name!r}; {_known(list(servers), name)}"
+            continue
+        host, listen = _server_host(raw), raw.get("listen", "127.0.0.1")
+        if (isinstance(host, str) and host != router.host and "host" not in bad
+                and listen in _LOOPBACK and name not in router.worker_urls):
+            yield loc, (
+                f"server {name!r} listens on {listen} of host {host!r}, which the router on "
+                f"{router.host!r} cannot reach; set its listen to an address the router can "
+                f"reach, or give worker_urls.{name}")

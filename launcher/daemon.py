@@ -23,6 +23,7 @@ from launcher.lifecycle import State
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
 from launcher.params import LaunchParams
+from launcher.router import routers_for, wire
 from launcher.store import (
     Ledger,
     LedgerRecorder,
@@ -81,8 +82,13 @@ class View(Protocol):
 
 
 def transports_for(config: Config, servers: list[ServerConfig]) -> dict[str, Transport]:
-    """One transport per host the servers use (their commands share its connections)."""
-    return {s.host: make_transport(config.host(s.host)) for s in servers}
+    """One transport per host the servers and their routers use (commands share its
+    connections)."""
+    transports = {s.host: make_transport(config.host(s.host)) for s in servers}
+    for r in routers_for(config, servers):
+        if r.host not in transports:
+            transports[r.host] = make_transport(config.host(r.host))
+    return transports
 
 
 async def close_transports(transports: dict[str, Transport]) -> None:
@@ -152,10 +158,15 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         metrics_server = metrics.serve(config.metrics.host, config.metrics.port)
         log.info("metrics.listening", url=metrics_server.url)
     sd = SdNotifier.from_env()
+    # The routers get the hooks so far (ledger, Slack, metrics); the servers also the
+    # registrar, which registers them with their routers.
+    routing = wire(config, servers, transports, list(hooks), stop_on_exit=opts.stop_on_exit)
+    if routing.supervisors:
+        hooks.append(routing.registrar)
     sups = [
         ServerSupervisor(config, s, transports[s.host], sglang_version=version,
                          secret_env=secrets[s.name], stop_on_exit=opts.stop_on_exit,
-                         initial=initial, hooks=hooks)
+                         initial=initial, hooks=hooks, before_stop=routing.before_stop)
         for s, version, initial in plans
     ]
     interrupted = False
@@ -181,6 +192,8 @@ async def _supervise(config: Config, servers: list[ServerConfig],
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_signals)
+            for rsup in routing.supervisors:
+                tg.start_soon(rsup.run)
             if sd is not None:
                 # READY=1 means "supervising", not "every server is ready" (that can take an
                 # hour); the watchdog pings from this loop so a wedged loop gets restarted.
@@ -194,6 +207,10 @@ async def _supervise(config: Config, servers: list[ServerConfig],
                 view.start()
             try:
                 await supervise_all(sups, until_ready=opts.until_ready, on_tick=tick)
+                if opts.until_ready and routing.supervisors and not interrupted:
+                    # Ready includes the routers and the registration of the ready servers.
+                    with anyio.move_on_after(config.policy.start_deadline):
+                        await routing.settled()
             finally:
                 if view is not None:
                     view.stop()

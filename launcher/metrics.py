@@ -27,6 +27,13 @@ series; ``describe`` tells the host, model, version and endpoint of each server)
 No ``*_created`` series: prometheus-client's are disabled (``disable_created_metrics``), as
 Prometheus ignores them in the text format and they double every counter's output.
 
+Routers (``[[routers]]``, label ``router``):
+
+==================================================  ==================================
+``launcher_router_up``                              1 while the router answers /health
+``launcher_router_worker_registered{server}``       1 while the server is its worker
+==================================================  ==================================
+
 State values are ``launcher.lifecycle.State`` values (``cuda_graph``, ``gave_up``, ...).
 """
 
@@ -235,6 +242,18 @@ class Metrics:
             ["server", "host"],
             registry=registry,
         )
+        self.router_up = Gauge(
+            "launcher_router_up",
+            "1 while the router is up (answering /health), else 0.",
+            ["router"],
+            registry=registry,
+        )
+        self.router_worker = Gauge(
+            "launcher_router_worker_registered",
+            "1 while the server is registered as a worker of the router, else 0.",
+            ["router", "server"],
+            registry=registry,
+        )
         self.host_unreachable_seconds = Counter(
             "launcher_host_unreachable_seconds",
             "Seconds the server's host was unreachable, counted when each outage ends.",
@@ -276,6 +295,9 @@ class Metrics:
             log.exception("metrics.hook_failed", server=server, hook_event=event)
 
     def _record(self, server: str, event: str, data: Mapping[str, Any]) -> None:
+        if event.startswith("router."):  # ``server`` is the router's name
+            self._record_router(server, event, data)
+            return
         host = self._host(server)
         if event == "attempt.started":
             self.attempts.labels(server, host).inc()
@@ -313,6 +335,23 @@ class Metrics:
             seconds = _number(data.get("unreachable_s"))
             if seconds is not None and seconds >= 0:
                 self.host_unreachable_seconds.labels(server, host).inc(seconds)
+
+    def _record_router(self, router: str, event: str, data: Mapping[str, Any]) -> None:
+        if event == "router.ready":
+            self.router_up.labels(router).set(1)
+            for worker in data.get("servers") or []:
+                if isinstance(worker, str):  # every server gets a series from the start
+                    self.router_worker.labels(router, worker).set(0)
+        elif event in ("router.died", "router.unhealthy", "router.gave_up"):
+            self.router_up.labels(router).set(0)
+            for worker in data.get("servers") or []:  # a dead router has no workers
+                if isinstance(worker, str):
+                    self.router_worker.labels(router, worker).set(0)
+        elif event in ("router.worker_registered", "router.worker_deregistered"):
+            worker = data.get("server")
+            if isinstance(worker, str):
+                up = 1 if event == "router.worker_registered" else 0
+                self.router_worker.labels(router, worker).set(up)
 
     # -- state snapshots ------------------------------------------------------------------
 

@@ -123,6 +123,7 @@ _OBSERVED = frozenset(
         "server.gave_up",
         "server.unhealthy",
         "restart.scheduled",
+        "router.ready",
     }
 )
 
@@ -294,6 +295,26 @@ def _attempt_no(data: Mapping[str, Any]) -> str:
     if isinstance(number, int) and not isinstance(number, bool):
         return f"#{number}"
     return "?"
+
+
+def router_ready_message(router: str, data: Mapping[str, Any], *,
+                         origin: Origin = _NOWHERE) -> Message:
+    """The message for ``router.ready`` (``[[routers]]``): it names the router, where it
+    listens and the servers behind it (registered as each one is ready)."""
+    where = f"{data.get('host', '?')}:{data.get('port', '?')}"
+    servers = data.get("servers")
+    behind = ", ".join(str(s) for s in servers) if isinstance(servers, list) else "?"
+    seconds = _duration(data.get("seconds"))
+    attempt = _attempt_no(data)
+    text = (f"router {router} is ready on {where} (attempt {attempt}, {seconds} to ready); "
+            f"its workers: {behind}, each registered once ready")
+    blocks = [
+        _header(f":white_check_mark: router {router} is ready"),
+        _fields(("Listens on", where), ("Workers", behind), ("Attempt", attempt),
+                ("Time to ready", seconds)),
+    ]
+    # No logs line: `launcher logs` reads servers' attempts, not the router's.
+    return _message(router, Kind.READY, text, blocks, origin, None)
 
 
 def adopted_message(
@@ -833,6 +854,8 @@ class SlackNotifier:
                 )
 
     def _observe(self, server: str, event: str, data: dict[str, Any]) -> list[Message]:
+        if event == "router.ready":  # ``server`` is the router's name
+            return [router_ready_message(server, data, origin=self.origin)]
         info = self.servers_info.get(server, _UNKNOWN)
         failures = self._failures.setdefault(server, [])
         origin = self.origin

@@ -2,7 +2,8 @@
 
 ``{config_dir}`` is the directory of the config file; ``{python}`` is the interpreter running
 launcher (for the embedded simulator on a local host). They are expanded in model paths,
-commands, run directories, nvidia-smi commands and env values, and nowhere else.
+commands (routers' too), run directories, nvidia-smi commands and env values, and nowhere
+else.
 """
 
 from __future__ import annotations
@@ -43,5 +44,16 @@ def expand_placeholders(config: Config, config_path: Path) -> Config:
         )
         for s in config.servers
     ]
+    routers = [
+        r.model_copy(
+            update={
+                "command": [sub(a) for a in r.command],
+                "run_dir": sub(r.run_dir) if r.run_dir else None,
+                "env": {k: sub(v) for k, v in r.env.items()},
+            }
+        )
+        for r in config.routers
+    ]
     state_dir = Path(sub(str(config.state_dir)))
-    return config.model_copy(update={"hosts": hosts, "servers": servers, "state_dir": state_dir})
+    return config.model_copy(update={"hosts": hosts, "servers": servers, "routers": routers,
+                                     "state_dir": state_dir})

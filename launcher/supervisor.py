@@ -96,6 +96,9 @@ from launcher.sglang.phases import Phase
 from launcher.transport.base import Transport
 
 EventHook = Callable[[str, str, dict[str, Any]], None]
+# Awaited with (server, reason) before launcher stops a server's processes (a router's
+# registrar deregisters it there); it must return within a bounded time.
+BeforeStop = Callable[[str, str], Awaitable[None]]
 
 # The follower's longest wait between tries while its host is unreachable (each try also
 # reconnects with the transport's own bounded, jittered backoff).
@@ -151,8 +154,10 @@ class ServerSupervisor:
         listing_recheck_s: float = 30.0,
         preflight_tries: int = 6,
         inbox_size: int = 1000,
+        before_stop: BeforeStop | None = None,
     ) -> None:
         self.config = config
+        self.before_stop = before_stop
         self.server = server
         self.transport = transport
         self.version = sglang_version
@@ -773,6 +778,9 @@ class ServerSupervisor:
             if att is not None:
                 att.scope.cancel()
         if att is not None:
+            if self.before_stop is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.before_stop(self.server.name, reason)
             await self._stop_reaching_host(att, reason)
             with anyio.CancelScope(shield=True):
                 # Read after the stop, so the tail has the server's last words; a tail that

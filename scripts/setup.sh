@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a venv in .venv with launcher and its dev tools. With
 # --test (scripts/test) also what only the tests need: (when run as root on Debian and missing)
-# OpenSSH's sshd, systemd-analyze, iproute2 and util-linux, and the SGLang contract
-# environment. The demo runs without --test, so it never builds the 2.6 GB contract
-# environment nor installs Debian packages.
+# OpenSSH's sshd, systemd-analyze, iproute2 and util-linux, the SGLang contract environment
+# and the sglang-router environment. The demo runs without --test, so it never builds the
+# 2.6 GB contract environment or the router's, nor installs Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false
@@ -35,4 +35,7 @@ fi
 # contract tests that parse launcher's command lines with it.
 if $for_tests; then
   scripts/sglang-contract-env.sh
+  # The real SGLang router (sglang-router 0.3.2 from PyPI) for tests/test_router_e2e.py: a
+  # test dependency only, in a venv of its own outside the tree (never for the demo).
+  scripts/sglang-router-env.sh
 fi

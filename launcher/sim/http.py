@@ -8,10 +8,15 @@ Endpoints follow SGLang's ``http_server.py`` (reference §5):
     GET  /model_info, /get_model_info, /v1/models, /server_info, /get_server_info
     GET  /metrics                    only with --enable-metrics (else 404)
     POST /generate                   a tiny fake completion
+    POST /v1/chat/completions        the same completion in the OpenAI chat shape
     POST /freeze_gc                  200 (the 0.5.23 warmup posts it)
 
 With an API key every path except ``/health*``, ``/metrics`` (and ``/ready`` on 0.5.23) needs
 ``Authorization: Bearer KEY``. Each request is reported to the backend for uvicorn's access log.
+
+Not SGLang: each answer names the simulated server that produced it (``host:port`` it listens
+on) as ``meta_info.sim_served_by`` (``/generate``) or ``metadata.sim_served_by`` (chat), so a
+test can tell where a router sent a request.
 """
 
 from __future__ import annotations
@@ -234,14 +239,20 @@ class _Handler(BaseHTTPRequestHandler):
             return _json(401, {"error": "Unauthorized"})
         if method == "GET":
             return self._get(backend, path)
-        if path == "/generate":
+        if path in ("/generate", "/v1/chat/completions"):
             try:
                 request = json.loads(body or b"{}")
             except ValueError:
                 return _json(400, {"error": {"message": "invalid JSON body"}})
             if not isinstance(request, dict):
                 return _json(400, {"error": {"message": "body must be a JSON object"}})
-            return _json(200, backend.generate(request))
+            host, port = self.server.server_address[:2]
+            served_by = f"{host!s}:{port}" if isinstance(host, str) else f"{host!r}:{port}"
+            if path == "/v1/chat/completions":
+                return _json(200, chat_completion(backend, request, served_by))
+            answer = backend.generate(request)
+            answer.setdefault("meta_info", {})["sim_served_by"] = served_by
+            return _json(200, answer)
         if path == "/freeze_gc":
             return _json(200, {})
         return _not_found()
@@ -270,6 +281,39 @@ class _Handler(BaseHTTPRequestHandler):
             text = metrics_body(backend.info(), backend.running_requests())
             return 200, text.encode(), "text/plain; version=0.0.4"
         return _not_found()
+
+
+def chat_completion(backend: HttpBackend, request: dict[str, Any], served_by: str,
+                    ) -> dict[str, Any]:
+    """SGLang's non-streaming ``ChatCompletionResponse`` for the last user message, made by
+    ``backend.generate`` (serving_chat.py: id from meta_info, ``metadata`` with the weight
+    version)."""
+    messages = request.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else {}
+    text = last.get("content") if isinstance(last, dict) else ""
+    max_new = request.get("max_tokens") or request.get("max_completion_tokens") or 8
+    out = backend.generate({"text": text if isinstance(text, str) else "",
+                            "sampling_params": {"max_new_tokens": int(max_new)}})
+    meta = out.get("meta_info", {})
+    prompt, completion = int(meta.get("prompt_tokens", 0)), int(meta.get("completion_tokens", 0))
+    return {
+        "id": str(meta.get("id", "")),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.get("model") or backend.info().served_model_name,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": str(out.get("text", "")).strip(),
+                        "reasoning_content": None, "tool_calls": None},
+            "logprobs": None,
+            "finish_reason": "length",
+            "matched_stop": None,
+        }],
+        "usage": {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                  "completion_tokens": completion, "prompt_tokens_details": None,
+                  "reasoning_tokens": 0},
+        "metadata": {"weight_version": "default", "sim_served_by": served_by},
+    }
 
 
 def _json(code: int, data: dict[str, Any]) -> tuple[int, bytes, str]:
