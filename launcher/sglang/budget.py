@@ -314,7 +314,7 @@ class ModelFacts:
             share = 1 - self.num_kv_heads / tp
             out += int(self.kv_layers * self.hidden_size * self.head_dim * 2 * 2 * share)
         if self.num_experts:
-            out += self.moe_layers * self.hidden_size * self.num_experts * 4  # router (fp32)
+            out += self.moe_layers * self.hidden_size * self.num_experts * 2  # router gate
         return out
 
 
@@ -740,8 +740,12 @@ def estimate(
             draft_gib = (share + 2 * model.vocab_size * model.hidden_size * 2) / GIB / tp
             draft_layers = n
             notes.append(f"draft: the checkpoint's {n} MTP layer(s)")
-        # pool_configurator: the draft's per-token bytes = the target cell x draft layers / layers
-        draft_kv = int(model.kv_bytes_per_token(tp, kv_b) * draft_layers / max(model.kv_layers, 1))
+        if at_least(shape.sglang_version, ONE_STATIC_BUDGET_FROM) or draft is None:
+            # pool_configurator: the draft's cell = the target's x draft layers / target layers
+            draft_kv = int(model.kv_bytes_per_token(tp, kv_b) * draft_layers
+                           / max(model.kv_layers, 1))
+        else:  # 0.5.10: the draft worker sizes its own pool from its own config
+            draft_kv = draft.kv_bytes_per_token(tp, kv_b)
     rep = model.replicated_bytes(tp)
     w = ((target_bytes - rep) / tp + rep) / GIB * coeffs.weights_scale
     state = 0
