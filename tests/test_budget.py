@@ -324,5 +324,5 @@ def test_observed_bar_splits_the_log_figures_and_states_the_deficit() -> None:
     assert b.free_gib == pytest.approx(0.5)
     assert o.deficit_gib == pytest.approx(1.5)
     assert o.broke == "cuda_graph (target_decode)"
-    assert b.line_gib == pytest.approx(1.0 + 79.0 * 0.88)
+    assert b.line_gib == pytest.approx(79.0 * 0.88)
     assert observed_bar(Numbers(), "cuda_graph") is None

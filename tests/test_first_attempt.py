@@ -173,7 +173,7 @@ def test_plan_draws_a_bar_per_gpu_and_carries_memory_in_json(sim: SimSetup) -> N
     text = run_cli("plan", str(config))
     assert text.returncode == 0, text.stderr
     assert "GPU 0" in text.stdout and "GPU 1" in text.stdout
-    assert f"mem_fraction_static {mfs:.3f}: static budget ends at" in text.stdout
+    assert f"mem_fraction_static {mfs:.3f}: static budget (weights + KV)" in text.stdout
     assert "weights 64.20" in text.stdout
 
 
@@ -205,7 +205,7 @@ def test_diagnose_draws_the_failed_attempt_with_the_pass_and_the_deficit(tmp_pat
     assert mem["deficit_gib"] > 0 and mem["graphs_gib"] > 0
     text = run_cli("diagnose", str(path))
     assert "broke in cuda_graph (target_decode)" in text.stdout
-    assert "deficit:" in text.stdout and "static budget ends at" in text.stdout
+    assert "deficit:" in text.stdout and "static budget (weights + KV)" in text.stdout
 
 
 def test_weights_per_rank_in_the_estimate_match_the_simulated_log() -> None:

@@ -464,7 +464,8 @@ class GpuBar:
     ``memory`` in their JSON. ``kv_gib`` includes the hybrid state and the draft's pool;
     ``activations_gib`` the warmup activations; ``context_gib`` (CUDA context, NCCL) is drawn
     with ``other``'s colour but kept apart. The parts sum to ``total_gib`` (free may be < 0:
-    a deficit). ``line_gib``: where ``--mem-fraction-static`` ends the static budget."""
+    a deficit). ``line_gib``: the static budget, ``--mem-fraction-static`` x the free memory
+    before loading, measured from the bar's left end (weights, then KV pool, end there)."""
 
     index: int
     total_gib: float
@@ -668,7 +669,7 @@ class Estimate:
         for g in self.gpus:
             other = g.other_used_gib
             ctx = self.context_gib
-            line = other + ctx + pre * mfs
+            line = pre * mfs  # weights + KV pool (+ state) end here, from the bar's left
             free = g.total_gib - other - ctx - weights - kv - state - graphs - act
             bars.append(GpuBar(g.index, g.total_gib, weights, kv + state, graphs, act, other, ctx,
                                free, line))
@@ -940,7 +941,7 @@ def observed_bar(n: Numbers, phase: str) -> Observed | None:
     other = max(0.0, total - pre)
     free = total - other - weights - kv - graphs - acts
     mfs = n.mem_fraction_static
-    line = other + pre * mfs if mfs is not None else 0.0
+    line = pre * mfs if mfs is not None else 0.0
     where = phase + (f" ({n.graph_pass})" if n.graph_pass and phase == "cuda_graph" else "")
     bar = GpuBar(n.gpu or 0, total, weights, kv, graphs, acts, other, 0.0, free, line)
     return Observed(bar, where, deficit, mfs)
