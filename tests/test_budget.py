@@ -326,3 +326,26 @@ def test_observed_bar_splits_the_log_figures_and_states_the_deficit() -> None:
     assert o.broke == "cuda_graph (target_decode)"
     assert b.line_gib == pytest.approx(79.0 * 0.88)
     assert observed_bar(Numbers(), "cuda_graph") is None
+
+
+def test_hybrid_state_cache_follows_0523_slot_sizing_with_speculative_decoding() -> None:
+    """KVCacheConfigurator._handle_max_mamba_cache (0.5.23): budget = rest x 0.9/1.9; with
+    EAGLE (D = 4 draft tokens) K = (budget - s(1+D)) // (s(1 + D/ratio)), ratio 5 (extra_buffer
+    with the overlap schedule: 3 + 2), K + 1 slots plus s x (min(48, K // 5) + 1) x D of
+    intermediate state; the KV pool gets the rest."""
+    m = facts("qwen3.6-27b-sim")
+    shape = ServerShape(tp=1, spec=SpecShape("EAGLE", 3, 1, 4))
+    e = estimate(m, weights("qwen3.6-27b-sim"), [GpuFacts(0, 94.97)], shape)
+    assert e.mamba_slots_per_req() == 5
+    s = sum(m.hybrid.per_req_bytes(1)) / GIB if m.hybrid else 0.0
+    b = e.at(0.9, 48)
+    pre = e.pre_load_free_gib
+    rest = pre - e.weights_gib - e.draft_weights_gib - pre * 0.1
+    budget = rest * 0.9 / 1.9
+    k = int((budget - s * 5) // (s * (1 + 4 / 5)))
+    state = s * (k + 1) + s * (min(48, k // 5) + 1) * 4
+    assert b.state_gib == pytest.approx(state)
+    assert b.kv_pool_gib == pytest.approx(rest - state)
+    no_overlap = estimate(m, weights("qwen3.6-27b-sim"), [GpuFacts(0, 94.97)],
+                          ServerShape(tp=1, overlap=False))
+    assert no_overlap.mamba_slots_per_req() == 3  # auto without overlap: no_buffer

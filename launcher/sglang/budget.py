@@ -617,22 +617,47 @@ class Estimate:
         return (c.warmup_gib_per_token_hidden * max(chunk, 2048) * self.model.hidden_size
                 * c.activations_scale)
 
+    def mamba_slots_per_req(self) -> int:
+        """0.5.23's state slots per request (``_calculate_mamba_ratio``): 3, plus 2 for
+        ``extra_buffer`` with the overlap schedule, 1 without it or with ``extra_buffer_lazy``;
+        ``auto`` resolves to ``extra_buffer`` when overlap is on, else ``no_buffer``."""
+        s = self.shape
+        strategy = s.mamba_strategy
+        if strategy == "auto":
+            strategy = "extra_buffer" if s.overlap else "no_buffer"
+        if not strategy.startswith("extra_buffer"):
+            return 3
+        return 3 + (1 if strategy == "extra_buffer_lazy" or not s.overlap else 2)
+
     def _state_gib(self, rest: float) -> float:
-        """The hybrid state cache carved out of ``rest`` (GiB), 0.5.23's auto sizing
-        (``_handle_max_mamba_cache``; 0.5.10 ``handle_max_mamba_cache``): the budget is
-        ``rest x r/(1+r)``, whole slots, plus speculative intermediate state."""
+        """The hybrid state cache carved out of ``rest`` (GiB) with the auto sizing: the budget
+        is ``rest x r/(1+r)``. 0.5.23 ``KVCacheConfigurator._handle_max_mamba_cache``: slots
+        ``K = (budget - per_req (1+D)) // (per_req (1 + D/ratio))`` with speculative decoding
+        (else ``(budget - per_req) // per_req``), ``K + 1`` allocated, plus intermediate state
+        ``per_req x (min(reqs, K // ratio) + 1) x D``. 0.5.10 ``handle_max_mamba_cache``: the
+        intermediate ``per_req x max_running_requests x D`` comes off first, then ``K =
+        budget // per_req``."""
         per_req = self.state_bytes_per_req / GIB
         if per_req <= 0 or rest <= 0:
             return 0.0
         r = self.shape.mamba_full_memory_ratio
-        budget = rest * r / (1 + r)
-        slots = int(budget // per_req)
-        state = per_req * max(slots, 0)
         spec = self.shape.spec
+        d = spec.num_draft_tokens if spec is not None else 0
+        reqs = self.request_cap() or SPEC_DEFAULT_MAX_RUNNING_REQUESTS
+        if not self.one_budget:
+            inter = per_req * reqs * d if spec is not None else 0.0
+            budget = (rest - inter) * r / (1 + r)
+            slots = max(int(budget // per_req), 0)
+            return min(inter + per_req * (slots + 1), rest)
+        budget = rest * r / (1 + r)
+        ratio = self.mamba_slots_per_req()
         if spec is not None:
-            reqs = self.request_cap() or SPEC_DEFAULT_MAX_RUNNING_REQUESTS
-            state += per_req * (reqs + 1) * spec.num_draft_tokens
-        return min(state, rest)
+            slots = int((budget - per_req * (1 + d)) // (per_req * (1 + d / ratio)))
+            inter = per_req * (min(reqs, max(slots, 0) // ratio) + 1) * d
+        else:
+            slots = int((budget - per_req) // per_req)
+            inter = 0.0
+        return min(per_req * (max(slots, 0) + 1) + inter, rest)
 
     def at(self, mem_fraction_static: float, cuda_graph_max_bs: int) -> Budget:
         """The budget at (mfs, bs). ``problem`` names the first pass that would fail."""
