@@ -5,7 +5,11 @@ real CLI against simulated servers (docs/memory.md)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -19,7 +23,7 @@ from launcher.sim.memory import simulate
 from launcher.sim.server import scenario_from_argv
 from launcher.transport.local import LocalTransport
 from tests.simhost import make_sim_host, model_dir
-from tests.supervise import SimSetup, json_lines, run_cli
+from tests.supervise import SimSetup, cli_argv, cli_env, json_lines, run_cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -214,3 +218,41 @@ def test_weights_per_rank_in_the_estimate_match_the_simulated_log() -> None:
         "0.5.23", ["--model-path", str(model_dir("llama-70b-sim")), "--tp-size", "2"], 79.19)
     _, weights = anyio.run(read_model, _local(), str(model_dir("llama-70b-sim")))
     assert weights.total_bytes / GIB / 2 == pytest.approx(scenario.weights_per_rank_gib)
+
+
+def test_a_running_server_is_adopted_not_refused(sim: SimSetup) -> None:
+    """A server that was launched with --force still runs (here: hung in weight loading); a
+    new `up` without --force adopts it instead of refusing (exit 5) and logs why."""
+    data = sim.data(model="llama-70b-sim", tp=1,
+                    faults=[{"kind": "hang", "phase": "weights", "after_s": 0.0}])
+    config = sim.write_toml(data)
+    forced = subprocess.Popen(cli_argv("up", str(config), "--log-format", "json", "--force"),
+                              env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (sim.attempts() and (sim.attempt_dir(1) / "pid").exists()):
+            assert time.monotonic() < deadline, "the forced attempt never started"
+            time.sleep(0.1)
+    finally:
+        os.killpg(forced.pid, signal.SIGKILL)
+        forced.wait()
+    assert sim.alive(1)
+
+    second = subprocess.Popen(cli_argv("up", str(config), "--log-format", "json"),
+                              env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        assert second.stdout is not None
+        seen = []
+        for line in second.stdout:
+            seen.append(line)
+            if "server.adopted" in line:
+                break
+        text = "".join(seen)
+        assert "estimate.refused_but_running" in text, text[-2000:]
+        assert "server.adopted" in text
+    finally:
+        os.killpg(second.pid, signal.SIGTERM)
+        second.communicate(timeout=30)
+    assert second.returncode == EXIT_OK
