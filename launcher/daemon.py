@@ -164,7 +164,7 @@ async def _first_attempts(config: Config, servers: list[ServerConfig],
         initial, why = initial_params(ledger, fp, configured, opts.fresh)
         first = await plan_first_attempt(
             config, s, transports[s.host], version, configured,
-            warm=None if initial is configured else (initial, why))
+            warm=None if initial is configured else (initial, why), configured_reason=why)
         if first.refused:
             if await _already_running(config, s, transports[s.host]):
                 # a running server (launched with --force, or before this estimate) is

@@ -60,11 +60,14 @@ def wants_estimate(mode: str, configured: LaunchParams) -> bool:
 async def plan_first_attempt(config: Config, server: ServerConfig, transport: Transport,
                              version: str, configured: LaunchParams, *,
                              warm: tuple[LaunchParams, str] | None = None,
+                             configured_reason: str = "configured params",
                              always_estimate: bool = False) -> Planned:
     """The first attempt of ``server``. ``warm``: the ledger's last good params and their
     reason (they win). ``always_estimate``: compute the estimate even when it chooses nothing
-    (for `plan`'s picture). Never raises for missing facts; HostUnreachable is reported as
-    ``no_estimate`` too (the supervisor deals with an unreachable host)."""
+    (for `plan`'s picture). ``configured_reason``: why the configured params apply when the
+    estimate does not choose (``store.initial_params``'s reason). Never raises for missing
+    facts; an unreachable host is reported as ``no_estimate`` too (the supervisor deals with
+    it)."""
     log = structlog.get_logger("launcher").bind(server=server.name)
     policy = config.policy_for(server.name)
     mode = policy.initial
@@ -72,7 +75,7 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
     if not choosing and not always_estimate:
         if warm is not None:
             return Planned(warm[0], warm[1], "ledger")
-        return Planned(configured, "configured params", "configured")
+        return Planned(configured, configured_reason, "configured")
     facts: Facts | None = None
     try:
         facts = await read_facts(transport, config.host(server.host), server, version,
@@ -83,13 +86,15 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
         log.info("estimate.unavailable", why=why)
         if warm is not None:
             return Planned(warm[0], warm[1], "ledger", no_estimate=why)
-        return Planned(configured, f"configured params ({why})", "configured", no_estimate=why)
+        return Planned(configured, f"{configured_reason} ({why})", "configured",
+                       no_estimate=why)
     choice = choose(est, configured, margin=policy.estimate_margin,
                     override=mode == "estimate")
     if warm is not None:
         return Planned(warm[0], warm[1], "ledger", est, choice, facts=facts)
     if not choosing:  # [policy] initial = "configured", or both params set
-        return Planned(configured, choice.reason, "configured", est, choice, facts=facts)
+        return Planned(configured, f"{configured_reason}; {choice.reason}", "configured", est,
+                       choice, facts=facts)
     if not choice.feasible:
         if any(g.other_used_gib > 0 for g in facts.gpus):
             # Refuse only what no wait can fix: with the GPUs empty, does a setting fit? If so,
