@@ -16,9 +16,10 @@ import anyio
 import pytest
 
 from launcher.cli import EXIT_GAVE_UP, EXIT_OK, EXIT_WONT_FIT
-from launcher.modelfacts import MAX_CONFIG, read_gpus, read_model
+from launcher.config import config_from_dict
+from launcher.modelfacts import MAX_CONFIG, Facts, read_gpus, read_model, server_shape
 from launcher.params import LaunchParams
-from launcher.sglang.budget import GIB, NoEstimate
+from launcher.sglang.budget import GIB, GpuFacts, NoEstimate, choose
 from launcher.sim.memory import simulate
 from launcher.sim.server import scenario_from_argv
 from launcher.transport.local import LocalTransport
@@ -256,3 +257,47 @@ def test_a_running_server_is_adopted_not_refused(sim: SimSetup) -> None:
         os.killpg(second.pid, signal.SIGTERM)
         second.communicate(timeout=30)
     assert second.returncode == EXIT_OK
+
+
+_E3 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+       str(model_dir("kimi-k2.5-eagle3-sim")), "--speculative-num-steps", "3",
+       "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "gib", "version", "extra"),
+    [
+        ("llama-70b-sim", 2, 79.19, "0.5.23", []),
+        ("llama-70b-sim", 2, 79.19, "0.5.10", []),
+        ("tiny-1b-sim", 1, 24.0, "0.5.23", []),
+        ("qwen3.6-27b-sim", 1, 94.97, "0.5.23", ["--speculative-algorithm", "NEXTN"]),
+        ("kimi-k2.5-sim", 8, 94.97, "0.5.23", _E3),
+        ("kimi-k2.5-sim", 8, 94.97, "0.5.10", _E3),
+    ],
+)
+def test_the_cold_estimate_starts_the_sim_models_on_attempt_1(
+    tmp_path: Path, model: str, tp: int, gib: float, version: str, extra: list[str]
+) -> None:
+    """The facts read from the sim model's files (and the config's extra_args, as `up` reads
+    them) give a first attempt that the simulator's start-up arithmetic brings to ready. (The
+    DeepSeek-V4 seed's graph costs are beyond the cold prior: docs/memory.md.)"""
+    cfg = config_from_dict({
+        "state_dir": str(tmp_path),
+        "hosts": [{"name": "h", "transport": "local"}],
+        "servers": [{"name": "s", "host": "h", "model_path": str(model_dir(model)), "tp": tp,
+                     "gpus": list(range(tp)), "port": 30000, "sglang_version": version,
+                     "extra_args": extra}],
+    }, environ={})
+    server = cfg.servers[0]
+    m, w = anyio.run(read_model, _local(), server.model_path)
+    shape, draft_path = server_shape(server, version, LaunchParams(), m)
+    d = dw = None
+    if draft_path is not None:
+        d, dw = anyio.run(read_model, _local(), draft_path)
+    facts = Facts(m, w, [GpuFacts(i, gib) for i in range(tp)], shape, d, dw)
+    choice = choose(facts.estimate(), LaunchParams())
+    assert choice.feasible, choice.reason
+    scenario, _ = scenario_from_argv(
+        version, ["--model-path", server.model_path, "--tp-size", str(tp), *extra], gib)
+    trace = simulate(scenario, choice.params)
+    assert trace.ok, (choice.reason, trace.failure)
