@@ -32,6 +32,8 @@ from launcher.transport.base import Transport
 
 __all__ = ["Planned", "estimate_servers", "plan_first_attempt", "wants_estimate"]
 
+_CONFIGURED = "configured params"
+
 
 @dataclass(frozen=True)
 class Planned:
@@ -60,7 +62,7 @@ def wants_estimate(mode: str, configured: LaunchParams) -> bool:
 async def plan_first_attempt(config: Config, server: ServerConfig, transport: Transport,
                              version: str, configured: LaunchParams, *,
                              warm: tuple[LaunchParams, str] | None = None,
-                             configured_reason: str = "configured params",
+                             configured_reason: str = _CONFIGURED,
                              always_estimate: bool = False) -> Planned:
     """The first attempt of ``server``. ``warm``: the ledger's last good params and their
     reason (they win). ``always_estimate``: compute the estimate even when it chooses nothing
@@ -93,8 +95,10 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
     if warm is not None:
         return Planned(warm[0], warm[1], "ledger", est, choice, facts=facts)
     if not choosing:  # [policy] initial = "configured", or both params set
-        return Planned(configured, f"{configured_reason}; {choice.reason}", "configured", est,
-                       choice, facts=facts)
+        why = choice.reason  # it starts "configured ... kept"
+        if configured_reason != _CONFIGURED:
+            why = f"{configured_reason}; {why}"
+        return Planned(configured, why, "configured", est, choice, facts=facts)
     if not choice.feasible:
         if any(g.other_used_gib > 0 for g in facts.gpus):
             # Refuse only what no wait can fix: with the GPUs empty, does a setting fit? If so,
