@@ -25,7 +25,14 @@ from launcher.config import Config, ServerConfig
 from launcher.errors import RemoteCommandError, TransportError
 from launcher.modelfacts import Facts, read_facts
 from launcher.params import LaunchParams
-from launcher.sglang.budget import Choice, Estimate, NoEstimate, choose
+from launcher.sglang.budget import (
+    DEFAULT_COEFFICIENTS,
+    Choice,
+    Coefficients,
+    Estimate,
+    NoEstimate,
+    choose,
+)
 from launcher.sglang.versions import DEFAULT_VERSION
 from launcher.transport import make_transport
 from launcher.transport.base import Transport
@@ -63,13 +70,14 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
                              version: str, configured: LaunchParams, *,
                              warm: tuple[LaunchParams, str] | None = None,
                              configured_reason: str = _CONFIGURED,
-                             always_estimate: bool = False) -> Planned:
+                             always_estimate: bool = False,
+                             coeffs: Coefficients = DEFAULT_COEFFICIENTS) -> Planned:
     """The first attempt of ``server``. ``warm``: the ledger's last good params and their
     reason (they win). ``always_estimate``: compute the estimate even when it chooses nothing
     (for `plan`'s picture). ``configured_reason``: why the configured params apply when the
     estimate does not choose (``store.initial_params``'s reason). Never raises for missing
     facts; an unreachable host is reported as ``no_estimate`` too (the supervisor deals with
-    it)."""
+    it). ``coeffs``: the costs to assume (the cold prior, or what the ledger taught)."""
     log = structlog.get_logger("launcher").bind(server=server.name)
     policy = config.policy_for(server.name)
     mode = policy.initial
@@ -82,7 +90,7 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
     try:
         facts = await read_facts(transport, config.host(server.host), server, version,
                                  configured)
-        est = facts.estimate()
+        est = facts.estimate(coeffs)
     except (NoEstimate, TransportError, RemoteCommandError) as exc:
         why = str(exc) if isinstance(exc, NoEstimate) else f"no estimate: {str(exc)[:200]}"
         log.info("estimate.unavailable", why=why)
@@ -104,7 +112,7 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
             # Refuse only what no wait can fix: with the GPUs empty, does a setting fit? If so,
             # the preflight waits for the other processes as it always did.
             empty = replace(facts, gpus=[replace(g, other_used_gib=0.0) for g in facts.gpus])
-            if choose(empty.estimate(), configured, margin=policy.estimate_margin,
+            if choose(empty.estimate(coeffs), configured, margin=policy.estimate_margin,
                       override=mode == "estimate").feasible:
                 why = ("configured params (the estimate fits only once other processes free "
                        f"their GPU memory: {choice.reason})")
