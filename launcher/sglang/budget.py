@@ -21,6 +21,12 @@ Public API (stable; ``fleetlearn`` builds on it)::
     choice:    choose(estimate, configured: LaunchParams, margin=DEFAULT_MARGIN) -> Choice
     pictures:  Budget.gpus -> list[GpuBar]; GpuBar.as_dict() gives the ``memory`` JSON keys
                (total_gib, weights_gib, kv_gib, graphs_gib, activations_gib, other_gib, free_gib)
+               observed_bar(numbers: Numbers, phase: str) -> Observed | None   (a failed log)
+    shared:    mamba_slot_ratio(strategy, overlap), mamba_cache_slots(budget, per_req, D, ratio)
+               (0.5.23's state-slot rules; the simulator uses them too)
+
+Host side: ``launcher.modelfacts.read_facts`` reads the facts over a Transport;
+``launcher.firstattempt.plan_first_attempt(..., coeffs=...)`` applies the ledger-first rule.
 
 All sizes are GiB (SGLang's "GB" in its logs is GiB) unless a name says bytes; all per-rank
 figures are for one GPU of the server. The formulas and where each comes from in SGLang's source
