@@ -18,7 +18,9 @@ import structlog
 
 from launcher import remote
 from launcher.config import Config, ServerConfig
+from launcher.errors import LauncherError, WontFit
 from launcher.facts import ServerFacts
+from launcher.firstattempt import plan_first_attempt
 from launcher.lifecycle import State
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
@@ -55,6 +57,7 @@ class Options:
     until_ready: bool = False
     stop_on_exit: bool = False
     fresh: bool = False
+    force: bool = False  # launch even when the memory estimate says nothing fits
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,16 @@ async def sglang_version_of(server: ServerConfig, transport: Transport) -> str:
     return await remote.detect_sglang_version(transport, server.command)
 
 
+async def _already_running(config: Config, server: ServerConfig, transport: Transport) -> bool:
+    """Whether an attempt of ``server`` runs on its host (to be adopted); False when the
+    listing fails (the refusal stands)."""
+    run_dir = server.run_dir or config.host(server.host).run_dir
+    try:
+        return await remote.find_running(transport, run_dir, server.name) is not None
+    except LauncherError:
+        return False
+
+
 async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, dict[str, str]],
               notifier: SlackNotifier, opts: Options, view: View | None = None) -> Result:
     """Supervise ``servers`` under the state directory's lock until supervision ends.
@@ -117,11 +130,19 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
     try:
         with StateLock(config.state_dir), Ledger(ledger_path(config.state_dir)) as ledger:
             notifier.bind_store(ledger)  # dedupe and firing alerts survive a restart
+            # before any task group: WontFit reaches the CLI as itself, and nothing started
+            try:
+                plans, fingerprints = await _first_attempts(config, servers, transports,
+                                                            ledger, opts)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await notifier.aclose(10.0)
+                raise
             async with anyio.create_task_group() as tg:
                 await tg.start(notifier.run)
                 try:
-                    result = await _supervise(config, servers, secrets, transports, ledger,
-                                              notifier, opts, view)
+                    result = await _supervise(config, plans, fingerprints, secrets, transports,
+                                              ledger, notifier, opts, view)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await notifier.aclose(10.0)
@@ -131,24 +152,60 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
         await close_transports(transports)
 
 
-async def _supervise(config: Config, servers: list[ServerConfig],
+_Plan = tuple[ServerConfig, str, LaunchParams, str]
+
+
+async def _first_attempts(config: Config, servers: list[ServerConfig],
+                          transports: dict[str, Transport], ledger: Ledger, opts: Options,
+                          ) -> tuple[list[_Plan], dict[str, str]]:
+    """Per server: (server, version, first params, why) and its fingerprint. Raises WontFit
+    for the servers the estimate refuses (unless ``opts.force`` or already running)."""
+    log = structlog.get_logger("launcher")
+    fingerprints: dict[str, str] = {}
+    plans: list[_Plan] = []
+    refused: list[tuple[str, str]] = []
+    for s in servers:
+        version = await sglang_version_of(s, transports[s.host])
+        fp = fingerprint(s, config.host(s.host), version)
+        fingerprints[s.name] = fp
+        configured = s.launch_params()
+        initial, why = initial_params(ledger, fp, configured, opts.fresh)
+        first = await plan_first_attempt(
+            config, s, transports[s.host], version, configured,
+            warm=None if initial is configured else (initial, why), configured_reason=why)
+        if first.refused:
+            if await _already_running(config, s, transports[s.host]):
+                # a running server (launched with --force, or before this estimate) is
+                # adopted, not refused; a relaunch would be refused again
+                log.warning("estimate.refused_but_running", server=s.name, reason=first.reason)
+            elif not opts.force:
+                refused.append((s.name, first.reason))
+                continue
+            else:
+                log.warning("estimate.forced", server=s.name, reason=first.reason)
+        initial, why = first.params, first.reason
+        log.info("params.initial", server=s.name, params=initial.describe(), reason=why,
+                 source=first.source, sglang_version=version)
+        plans.append((s, version, initial, why))
+    if refused:
+        raise WontFit(
+            "the memory estimate says nothing fits; nothing was launched:\n" + "\n".join(
+                f"  {name}: {reason}" for name, reason in refused),
+            servers=[name for name, _ in refused],
+            remedy="follow the fix above, or `launcher up --force` to launch anyway")
+    return plans, fingerprints
+
+
+async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str, str],
                      secrets: dict[str, dict[str, str]], transports: dict[str, Transport],
                      ledger: Ledger, notifier: SlackNotifier, opts: Options,
                      view: View | None) -> Result:
     log = structlog.get_logger("launcher")
-    fingerprints: dict[str, str] = {}
-    plans: list[tuple[ServerConfig, str, LaunchParams]] = []
+    servers = [s for s, _, _, _ in plans]
     facts: dict[str, ServerFacts] = {}
-    for s in servers:
-        version = await sglang_version_of(s, transports[s.host])
+    for s, version, _, _ in plans:
         facts[s.name] = ServerFacts.of(s, config.host(s.host), version)
         notifier.describe(s.name, facts[s.name])
-        fp = fingerprint(s, config.host(s.host), version)
-        fingerprints[s.name] = fp
-        initial, why = initial_params(ledger, fp, s.launch_params(), opts.fresh)
-        log.info("params.initial", server=s.name, params=initial.describe(), reason=why,
-                 sglang_version=version)
-        plans.append((s, version, initial))
     recorder = LedgerRecorder(ledger, fingerprints)
     hooks: list[EventHook] = [recorder, notifier]
     metrics = Metrics(facts=facts) if config.metrics else None
@@ -166,8 +223,9 @@ async def _supervise(config: Config, servers: list[ServerConfig],
     sups = [
         ServerSupervisor(config, s, transports[s.host], sglang_version=version,
                          secret_env=secrets[s.name], stop_on_exit=opts.stop_on_exit,
-                         initial=initial, hooks=hooks, before_stop=routing.before_stop)
-        for s, version, initial in plans
+                         initial=initial, initial_reason=why, hooks=hooks,
+                         before_stop=routing.before_stop)
+        for s, version, initial, why in plans
     ]
     interrupted = False
 
