@@ -35,7 +35,6 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher import __version__, daemon, health, remote
-from launcher.command import server_command
 from launcher.config import (
     Config,
     ServerConfig,
@@ -53,6 +52,7 @@ from launcher.errors import (
 )
 from launcher.eventlog import Format, configure
 from launcher.gpus import check_gpus
+from launcher.multinode import rank_commands
 from launcher.notify import ServerInfo, SlackNotifier
 from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
@@ -391,7 +391,8 @@ def plan(
         version = s.sglang_version or DEFAULT_VERSION
         params = s.launch_params()
         secrets = {k: "***" for k in s.secret_env}
-        cmd = server_command(s, params, version, secrets)
+        ranks = _plan_ranks(config, s, params, version, secrets)
+        cmd = rank_commands(config, s, params, version, secrets)[0][1]  # node 0's
         p = config.policy_for(s.name)
         ladder = capture_oom_ladder(
             params,
@@ -412,6 +413,7 @@ def plan(
                 "command": shlex.join(cmd.argv),
                 "env": cmd.masked_env(),
                 "run_dir": f"{s.run_dir or host.run_dir}/{s.name}/<attempt>",
+                "ranks": ranks,
                 "oom_ladder": [
                     {
                         "mem_fraction_static": q.mem_fraction_static,
@@ -431,10 +433,23 @@ def plan(
         for k, v in r["env"].items():
             _say(out, f"  env      {k}={v}")
         _say(out, f"  run dir  {r['run_dir']}")
+        for rank in r["ranks"][1:]:  # node 0's is the command above
+            _say(out, f"  rank {rank['rank']}   on {rank['host']}: {rank['command']}")
+            _say(out, f"           run dir {rank['run_dir']}")
         steps = " → ".join(
             f"{q['mem_fraction_static']}/{q['cuda_graph_max_bs']}" for q in r["oom_ladder"]
         )
         _say(out, f"  after capture OOMs (fraction/graph bs): {steps or 'gives up'}")
+
+
+def _plan_ranks(config: Config, s: ServerConfig, params: LaunchParams, version: str,
+                secrets: dict[str, str]) -> list[dict[str, Any]]:
+    """Every rank's host, command line and run dir (one entry, rank 0, for one host)."""
+    return [
+        {"rank": rank.rank, "host": rank.host, "argv": cmd.argv, "command": shlex.join(cmd.argv),
+         "run_dir": f"{s.run_dir or config.host(rank.host).run_dir}/{rank.run_name}/<attempt>"}
+        for rank, cmd in rank_commands(config, s, params, version, secrets)
+    ]
 
 
 # --- up ---------------------------------------------------------------------------------
