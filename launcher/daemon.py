@@ -22,6 +22,7 @@ from launcher.lifecycle import State
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
 from launcher.params import LaunchParams
+from launcher.ranks import MultiNodeSupervisor
 from launcher.store import (
     Ledger,
     LedgerRecorder,
@@ -80,8 +81,9 @@ class View(Protocol):
 
 
 def transports_for(config: Config, servers: list[ServerConfig]) -> dict[str, Transport]:
-    """One transport per host the servers use (their commands share its connections)."""
-    return {s.host: make_transport(config.host(s.host)) for s in servers}
+    """One transport per host the servers use, every node of a multi-node server included
+    (their commands share its connections)."""
+    return {h: make_transport(config.host(h)) for s in servers for h in s.node_hosts}
 
 
 async def close_transports(transports: dict[str, Transport]) -> None:
@@ -148,6 +150,10 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         log.info("metrics.listening", url=metrics_server.url)
     sd = SdNotifier.from_env()
     sups = [
+        MultiNodeSupervisor(config, s, transports, sglang_version=version,
+                            secret_env=secrets[s.name], stop_on_exit=opts.stop_on_exit,
+                            initial=initial, hooks=hooks)
+        if s.nnodes > 1 else
         ServerSupervisor(config, s, transports[s.host], sglang_version=version,
                          secret_env=secrets[s.name], stop_on_exit=opts.stop_on_exit,
                          initial=initial, hooks=hooks)
