@@ -318,3 +318,23 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_restarted_launcher_adopts_the_running_rank_group(
+    pair: tuple[Site, Site], tmp_path: Path
+) -> None:
+    """A second supervisor (a restarted launcher) finds every node running attempt 1: it
+    adopts the group, follows every rank again and is ready without launching anything."""
+    a, b = pair
+    config = config_for(tmp_path, a, b)
+    first = EventRecorder()
+    async with supervised(config, first) as (sup, _):
+        await wait_until(lambda: sup.state is State.READY, 180, first, "ready")
+    pids = rank_pid(a, 1, 0), rank_pid(b, 1, 1)
+    events = EventRecorder()
+    async with supervised(config, events) as (sup, _):
+        await wait_until(lambda: sup.state is State.READY, 180, events, "ready again")
+    adopted = events.first("server.adopted")
+    assert adopted is not None and 1 == adopted.data["attempt"]
+    assert not events.named("attempt.started") and not events.named("process.stopped")
+    assert all(_alive(pid) for pid in pids)
