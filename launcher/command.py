@@ -81,6 +81,7 @@ class NodeRank:
     nnodes: int
     rank: int
     dist_init_addr: str
+    gated_launch_port: int | None = None  # SGLang >= 0.5.23's all-ranks-joined gate
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,8 @@ def build_command(
     if node is not None:  # every rank runs the same line but for --node-rank
         argv += ["--nnodes", str(node.nnodes), "--node-rank", str(node.rank),
                  "--dist-init-addr", node.dist_init_addr]
+        if node.gated_launch_port is not None:
+            argv += ["--gated-launch-port", str(node.gated_launch_port)]
     argv += params_argv(params, sglang_version)
     argv += ["--log-level", "info"]
     argv += list(extra_args or [])

@@ -64,7 +64,7 @@ from launcher.errors import ConfigError
 from launcher.params import LaunchParams
 from launcher.sglang.flags import OWNED_FLAGS
 from launcher.sglang.phases import Phase
-from launcher.sglang.versions import MAMBA_RADIX_SPELLING_FROM, at_least
+from launcher.sglang.versions import GATED_LAUNCH_FROM, MAMBA_RADIX_SPELLING_FROM, at_least
 
 __all__ = [
     "ENV_PREFIX",
@@ -373,6 +373,9 @@ class ServerConfig(_Model):
     nodes: Annotated[list[Name], AfterValidator(_node_list)] | None = None
     dist_init_port: Port | None = None
     dist_init_addr: Annotated[str, AfterValidator(_host_port)] | None = None
+    # SGLang >= 0.5.23: every rank blocks after distributed init until launcher POSTs
+    # /gate/activate on node 0's port, once every node waits there (all ranks joined).
+    gated_launch_port: Port | None = None
     model_path: Annotated[str, Field(min_length=1)]
     served_model_name: str | None = None
     tp: AtLeastOne = 1
@@ -406,6 +409,15 @@ class ServerConfig(_Model):
             if isinstance(nodes, list) and nodes and isinstance(nodes[0], str):
                 return {**data, "host": nodes[0]}
         return data
+
+    @model_validator(mode="after")
+    def _gate_exists_in_version(self) -> ServerConfig:
+        version = self.sglang_version
+        if (self.gated_launch_port is not None and version is not None
+                and not at_least(version, GATED_LAUNCH_FROM)):
+            raise ValueError(f"gated_launch_port needs SGLang >= 0.5.23 (this server runs "
+                             f"{version}, which has no --gated-launch-port)")
+        return self
 
     @property
     def node_hosts(self) -> list[str]:
@@ -1066,7 +1078,7 @@ def _node_problems(raw: object, at: Loc, host_names: list[Any]) -> Iterator[tupl
         yield ((*at, "nodes"), "set either host or nodes, not both: nodes lists every host "
                "of the server in rank order, node 0 first")
     if not isinstance(nodes, list):
-        for key in ("dist_init_port", "dist_init_addr"):
+        for key in ("dist_init_port", "dist_init_addr", "gated_launch_port"):
             if key in raw and "nodes" not in raw:
                 yield (*at, key), "is only used with nodes = [...] (a multi-node server)"
         return

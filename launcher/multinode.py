@@ -67,7 +67,8 @@ def rank_commands(
     addr = dist_init_addr(config, server)
     out: list[tuple[Rank, ServerCommand]] = []
     for rank in ranks_of(server):
-        node = NodeRank(server.nnodes, rank.rank, addr) if addr is not None else None
+        node = (NodeRank(server.nnodes, rank.rank, addr, server.gated_launch_port)
+                if addr is not None else None)
         cmd = server_command(server, params, sglang_version, secret_env, attempt, node=node)
         out.append((rank, cmd))
     return out

@@ -10,6 +10,10 @@ server, and this module turns the ranks' events into that server's.
   did start are stopped and the attempt fails.
 - **Phase**: the least advanced rank's. A node >= 1 counts as done ("joined") once it logs
   SGLang's ``Dummy health check server started`` line.
+- **Gate** (SGLang >= 0.5.23, ``gated_launch_port``): once every scheduler of every node
+  logged ``Gated launch waiting for activation``, all ranks have joined: launcher POSTs
+  ``/gate/activate`` to node 0's gate port through node 0's transport, before any rank
+  allocates its weights.
 - **Ready**: node 0's ready line, once every other node has joined, then node 0's ``/health``
   through its tunnel (the base supervisor's probe). The other nodes' ``/health`` always answers
   200 and is never asked.
@@ -40,8 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import httpx
 
-from launcher import remote
+from launcher import health, remote
 from launcher.config import Config, ServerConfig
 from launcher.errors import HostKeyError, HostUnreachable, LauncherError, PreflightError
 from launcher.gpus import check_gpus
@@ -64,6 +69,7 @@ from launcher.sglang.classify import classify, diagnose, diagnose_text
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
 from launcher.sglang.multinode import (
     DIST_TIMEOUT_ADVICE,
+    gate_waiting_rank,
     is_consequence,
     is_joined_line,
     pick_cause,
@@ -93,6 +99,7 @@ class _RankRun:
     ended: Diagnosis | None = None
     status: int | None = None
     port_reported: bool = False
+    gate_waiting: set[int] = field(default_factory=set)  # world ranks waiting at the gate
     lines: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=_TAIL_LINES))
 
@@ -120,6 +127,7 @@ class _GroupAttempt(_Attempt):
     reported: int = Phase.INIT.order
     ready_posted: bool = False
     failed: bool = False
+    gate_opened: bool = False
     ended_order: list[_RankRun] = field(default_factory=list)
 
 
@@ -415,6 +423,9 @@ class MultiNodeSupervisor(ServerSupervisor):
             if isinstance(ev, ReadyLine | PhaseEntered) and run.rank.rank == 0 and (
                     isinstance(ev, ReadyLine) or ev.phase is Phase.READY):
                 run.joined = True
+        waiting = gate_waiting_rank(line)
+        if waiting is not None:
+            run.gate_waiting.add(waiting)
         if run.rank.rank > 0 and not run.joined and is_joined_line(line):
             run.joined = True
             self._emit("rank.joined", {"rank": run.rank.rank, "node": run.rank.host,
@@ -430,6 +441,12 @@ class MultiNodeSupervisor(ServerSupervisor):
         ready line and every other node joined, the ready line."""
         if att.failed:
             return
+        port = self.server.gated_launch_port
+        local = self.server.tp * self.server.dp // self.server.nnodes
+        if (port is not None and not att.gate_opened and att.tg is not None
+                and all(len(run.gate_waiting) >= local for run in att.ranks)):
+            att.gate_opened = True  # every scheduler of every node waits: all have joined
+            att.tg.start_soon(self._open_gate, att, port)
         least = min(run.order for run in att.ranks)
         if att.reported < least < Phase.READY.order:
             att.reported = least
@@ -437,6 +454,27 @@ class MultiNodeSupervisor(ServerSupervisor):
         if least >= Phase.READY.order and not att.ready_posted:
             att.ready_posted = True
             await self._post(ReadyLineSeen())
+
+    async def _open_gate(self, att: _GroupAttempt, port: int, tries: int = 5) -> None:
+        """POST ``/gate/activate`` to node 0's gated-launch server (0.5.23), through node 0's
+        transport, retried a few times; a gate that stays shut is left to the start-up
+        deadline (the ranks keep logging "still waiting" every 10 s)."""
+        detail = ""
+        for attempt in range(1, tries + 1):
+            try:
+                async with health.client_for(self.transport, port, 10.0) as (client, url):
+                    resp = await client.post(url.removesuffix("/health") + "/gate/activate")
+                if resp.status_code == 200:
+                    self._emit("ranks.gate_opened", {"attempt": att.handle.attempt,
+                                                     "port": port})
+                    return
+                detail = f"HTTP {resp.status_code}"
+            # The forward's task group wraps transport errors in exception groups.
+            except (httpx.HTTPError, LauncherError, OSError, ExceptionGroup) as exc:
+                detail = f"{type(exc).__name__}: {exc}"
+            self._emit("gate.retry", {"try": attempt, "detail": detail})
+            await anyio.sleep(min(2.0 ** attempt * 0.25, 5.0))
+        self._emit("gate.failed", {"port": port, "detail": detail})
 
     # -- failures ------------------------------------------------------------------------------
 

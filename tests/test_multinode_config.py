@@ -71,6 +71,13 @@ def test_nodes_stand_for_host_and_every_rank_gets_its_flags(tmp_path: Path) -> N
     assert "CUDA_VISIBLE_DEVICES" in ranks[1][1].env
 
 
+def test_gated_launch_port_is_on_every_rank(tmp_path: Path) -> None:
+    config = load(tmp_path, HOSTS + DSV3 + "gated_launch_port = 5100\n")
+    for _, cmd in rank_commands(config, config.server("dsv3"), LaunchParams(), "0.5.23", {}):
+        i = cmd.argv.index("--gated-launch-port")
+        assert "5100" == cmd.argv[i + 1]
+
+
 def test_single_host_command_has_no_multinode_flags(tmp_path: Path) -> None:
     text = HOSTS + DSV3.replace('nodes = ["gpu-a", "gpu-b"]', 'host = "gpu-a"').replace(
         "tp = 16", "tp = 8").replace("dist_init_port = 5000\n", "")
@@ -110,6 +117,10 @@ def test_explicit_dist_init_addr_and_ipv6_node_zero(tmp_path: Path) -> None:
          "servers[0].dist_init_port: is only used with nodes"),
         (("sglang_version", 'extra_args = ["--node-rank", "1"]\nsglang_version'),
          "'--node-rank' is set by launcher; use nodes"),
+        (('sglang_version = "0.5.23"', 'sglang_version = "0.5.10"\ngated_launch_port = 5100'),
+         "gated_launch_port needs SGLang >= 0.5.23"),
+        (('nodes = ["gpu-a", "gpu-b"]', 'host = "gpu-a"\ngated_launch_port = 5100'),
+         "servers[0].gated_launch_port: is only used with nodes"),
     ],
 )
 def test_bad_multinode_config_names_the_field(

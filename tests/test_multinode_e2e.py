@@ -38,7 +38,8 @@ from tests.sshsim import (
     transport_for,
 )
 
-pytestmark = pytest.mark.ssh
+# Each test runs two simulated start-ups (seconds); 300 s leaves room for a loaded CI box.
+pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
 
 SERVER = "dsv3"
 
@@ -338,3 +339,28 @@ async def test_restarted_launcher_adopts_the_running_rank_group(
     assert adopted is not None and 1 == adopted.data["attempt"]
     assert not events.named("attempt.started") and not events.named("process.stopped")
     assert all(_alive(pid) for pid in pids)
+
+
+async def test_0523_gated_launch_opens_once_every_rank_waits(
+    pair: tuple[Site, Site], tmp_path: Path
+) -> None:
+    """gated_launch_port: every rank blocks after distributed init; launcher opens the gate
+    (POST /gate/activate through gpu-a's transport) only once all four schedulers on both
+    nodes logged that they wait, and nothing loads weights before it."""
+    a, b = pair
+    gate = free_port()
+    config = config_for(tmp_path, a, b, gated_launch_port=gate)
+    events = EventRecorder()
+    async with supervised(config, events) as (sup, transports):
+        await wait_until(lambda: sup.state is State.READY, 180, events, "ready")
+    opened = events.first("ranks.gate_opened")
+    assert opened is not None and gate == opened.data["port"]
+    assert gate in {p for p, _ in transports["gpu-a"].forwards}
+    logs = rank_log(a, 1, 0), rank_log(b, 1, 1)
+    for log, ranks in zip(logs, ((0, 1), (2, 3)), strict=True):
+        for r in ranks:
+            assert log.index(f"Gated launch waiting for activation. rank={r}") < log.index(
+                "Gated launch activated")
+        assert log.index("Gated launch activated") < log.index("Load weight begin")
+    assert f"--gated-launch-port {gate}" in (b.attempt_dir(f"{SERVER}.node1", 1) / "cmd"
+                                            ).read_text()

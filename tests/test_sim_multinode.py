@@ -22,6 +22,7 @@ from launcher.sim.multinode import DUMMY_STARTED
 from tests.simhost import SimHost, SimProcess, free_port, make_sim_host, model_dir
 
 MODEL = str(model_dir("tiny-1b-sim"))
+pytestmark = pytest.mark.timeout(300)  # a few seconds each; room for a loaded CI box
 
 
 def two_hosts(tmp_path: Path, *, total_a: float = 79.19) -> tuple[SimHost, SimHost]:
@@ -146,3 +147,34 @@ def test_oom_in_capture_on_rank_one(
     assert -9 == r0.wait()
     assert "Connection closed by peer" in r0.output
     assert "CUDA out of memory" not in r0.output
+
+
+def test_0523_gated_launch_holds_every_rank_until_activated(
+    tmp_path: Path, ports: tuple[int, int], procs: list[SimProcess]
+) -> None:
+    """--gated-launch-port: every scheduler of both nodes logs that it waits after "Init
+    parallel ends" and loads nothing until POST /gate/activate reaches node 0's gate."""
+    a, b = two_hosts(tmp_path)
+    gate = free_port()
+    port, dist = ports
+    argv = [[*flags(port, dist, r), "--gated-launch-port", str(gate)] for r in (0, 1)]
+    r0 = a.start(*[w.replace("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode") for w in
+                   argv[0]], version="0.5.23")
+    procs.append(r0)
+    r1 = b.start(*[w.replace("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode") for w in
+                   argv[1]], version="0.5.23")
+    procs.append(r1)
+    r0.wait_for(f"Gated launch control server started on 127.0.0.1:{gate}")
+    r1.wait_for("Gated launch waiting for activation. rank=3")
+    r0.wait_for("Gated launch still waiting for activation. rank=0")
+    assert "Load weight begin" not in r0.output + r1.output
+    assert "Gated launch waiting for activation. rank=1" in r0.output
+    request = urllib.request.Request(f"http://127.0.0.1:{gate}/gate/activate", method="POST")
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        assert 200 == resp.status
+    r0.wait_for("The server is fired up and ready to roll!")
+    r1.wait_for("Dummy health check server started")
+    for out in (r0.output, r1.output):
+        ends, activated, baseline = (out.index(t) for t in (
+            "Init parallel ends", "Gated launch activated", "Memory baseline taken"))
+        assert ends < activated < baseline

@@ -56,6 +56,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--node-rank": "nodes",
     "--dist-init-addr": "dist_init_addr",
     "--nccl-init-addr": "dist_init_addr",
+    "--gated-launch-port": "gated_launch_port",
 }
 
 # The ``LaunchParams`` fields launcher sets per attempt, and the type of each flag's value.

@@ -15,6 +15,11 @@ Sources (0.5.10 and 0.5.23 alike unless noted):
   watchdog (``Watchdog caught collective operation timeout``, 600 s, ``--dist-timeout``) or
   gloo's 120-minute timeout.
 
+- ``distributed/gated_launch.py`` (0.5.23, ``--gated-launch-port P``): every scheduler logs
+  ``Gated launch waiting for activation. rank=N`` after distributed init and blocks until
+  ``POST /gate/activate`` reaches rank 0's control server on ``--host:P``; then ``Gated launch
+  activated. elapsed=X s``. Once every rank waits there, all ranks have joined.
+
 A rank that died of such an error died because a peer did: a consequence. The cause is a
 rank that died of its own error (an OOM, a bad argument, SIGKILL from outside...).
 """
@@ -28,11 +33,14 @@ from launcher.sglang.outcome import Diagnosis, Outcome
 
 __all__ = [
     "DIST_TIMEOUT_ADVICE",
+    "gate_waiting_rank",
     "is_consequence",
     "is_joined_line",
     "pick_cause",
 ]
 
+# distributed/gated_launch.py (0.5.23): every scheduler, after "Init parallel ends".
+_GATE_WAITING = re.compile(r"Gated launch waiting for activation\. rank=(\d+)")
 _JOINED = re.compile(r"Dummy health check server started in background thread at \S+")
 _PEER_DEATH = re.compile(
     r"Connection (?:closed|reset) by peer"
@@ -56,6 +64,12 @@ DIST_TIMEOUT_ADVICE = (
 def is_joined_line(line: str) -> bool:
     """Whether ``line`` is a node >= 1's "Dummy health check server started" line."""
     return _JOINED.search(line) is not None
+
+
+def gate_waiting_rank(line: str) -> int | None:
+    """The global rank of a ``Gated launch waiting for activation. rank=N`` line, else None."""
+    m = _GATE_WAITING.search(line)
+    return int(m.group(1)) if m else None
 
 
 def is_consequence(diag: Diagnosis, lines: Iterable[str]) -> bool:

@@ -29,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 JOINED = b"J"
 SHUTDOWN = b"S"
+GATE = b"G"
 
 # torch prints this (no SGLang prefix) once every rank has joined the gloo group.
 GLOO_CONNECTED = ("[Gloo] Rank {rank} is connected to {peers} peer ranks. Expected number of "
@@ -64,6 +65,7 @@ class Fabric:
         self.host, self.port = split_addr(addr)
         self.lost: tuple[str, int] | None = None
         self.shutdown = threading.Event()
+        self.gate = threading.Event()  # node 0 broadcast "activated" (gated launch)
         self._joined: set[int] = set()
         self._peers: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -116,6 +118,8 @@ class Fabric:
                 return
             if SHUTDOWN in data:
                 self.shutdown.set()
+            if GATE in data:
+                self.gate.set()
             if JOINED in data:
                 with self._lock:
                     self._joined.add(id(conn))
@@ -132,6 +136,15 @@ class Fabric:
         """Node 0: whether every other node said it joined."""
         with self._lock:
             return len(self._joined) >= self.nnodes - 1
+
+    def open_gate(self) -> None:
+        """Node 0: the gated launch's "activated" broadcast (once)."""
+        if self.gate.is_set():
+            return
+        self.gate.set()
+        for conn in self._peers:
+            with contextlib.suppress(OSError):
+                conn.sendall(GATE)
 
     def broadcast_shutdown(self) -> None:
         """Node 0: the ShutdownReq broadcast that stops every other node."""
@@ -158,4 +171,38 @@ def serve_dummy_health(host: str, port: int) -> ThreadingHTTPServer:
     httpd = ThreadingHTTPServer((host, port), _DummyHandler)
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, name="health-check-server", daemon=True).start()
+    return httpd
+
+
+class _GateHandler(BaseHTTPRequestHandler):
+    opened: threading.Event
+
+    def do_GET(self) -> None:
+        self._answer(200 if self.path == "/health" else 404)
+
+    def do_POST(self) -> None:
+        if self.path == "/gate/activate":
+            self.opened.set()
+            self._answer(200)
+        else:
+            self._answer(404)
+
+    def _answer(self, code: int) -> None:
+        body = b"OK" if code == 200 else b""
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def serve_gate(address: tuple[str, int], opened: threading.Event) -> ThreadingHTTPServer:
+    """0.5.23's gated-launch control server (``GET /health``, ``POST /gate/activate``) in a
+    daemon thread; ``opened`` is set on activation."""
+    handler = type("GateHandler", (_GateHandler,), {"opened": opened})
+    httpd = ThreadingHTTPServer(address, handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, name="gated-launch", daemon=True).start()
     return httpd

@@ -87,6 +87,7 @@ from launcher.sim.multinode import (
     TCPSTORE_IN_USE,
     Fabric,
     serve_dummy_health,
+    serve_gate,
 )
 
 ENV_VERSION = "SGLANG_SIM_VERSION"
@@ -102,6 +103,7 @@ NOMINAL_S = {
 GENERATE_NOMINAL_S = 0.5  # one /generate after warmup
 WARMUP_POLL_NOMINAL_S = 1.0  # SGLang's warmup polls the model-info path once a second
 DRAIN_POLL_NOMINAL_S = 5.0  # SGLang's sigterm watchdog wakes every 5 s
+GATE_LOG_NOMINAL_S = 10.0  # gated_launch.py LOG_INTERVAL_SECONDS
 TORCH_COMPILE_SLOWDOWN = 10.0  # capture steps that also compile take this much longer
 DRAFT_WEIGHTS_SHARE = 0.12  # a draft's weight load against the target's (seeds: 8.82 s)
 MAX_PREFILL_TOKENS = 16384
@@ -194,6 +196,8 @@ def build_parser(d: Dialect) -> argparse.ArgumentParser:
     add("--api-key", type=str, default=None)
     add("--watchdog-timeout", type=float, default=300)
     add("--dist-timeout", type=int, default=None)
+    if d.since(0, 5, 23):
+        add("--gated-launch-port", type=int, default=None)
     add("--enable-metrics", action="store_true")
     add("--kv-cache-dtype", type=str, default="auto")
     add("--quantization", type=str, default=None)
@@ -295,6 +299,7 @@ class Flags:
     mamba_strategy: str = "auto"  # --mamba-scheduler-strategy (<= 0.5.10) / -radix-cache- (0.5.23)
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
+    gated_launch_port: int | None = None
 
     @classmethod
     def parse(cls, d: Dialect, argv: Sequence[str]) -> Flags:
@@ -1140,11 +1145,19 @@ class Server:
         first = self.ranks[0]
         if nccl and not d.since(0, 5, 23):
             log.record(first.label, f"sglang is using nccl=={logfmt.NCCL_VERSION}")
+        ends = logfmt.init_end(
+            d, elapsed_s=self._nominal(Phase.INIT), mem_usage_gib=self.scenario.context_gib
+        )
+        # bootstrap.py: the gate sits between "Init parallel ends" and the memory baseline.
+        gate = self.flags.gated_launch_port is not None
         for r in self.ranks:
-            for line in logfmt.init_end(
-                d, elapsed_s=self._nominal(Phase.INIT), mem_usage_gib=self.scenario.context_gib
-            ):
+            for line in ends[:1] if gate else ends:
                 log.record(r.label, line)
+        if gate:
+            self._gated_launch()
+            for r in self.ranks:
+                for line in ends[1:]:
+                    log.record(r.label, line)
         if nccl and d.since(0, 5, 23):
             log.record(first.label, f"sglang is using nccl=={logfmt.NCCL_VERSION}")
             log.record(
@@ -1172,6 +1185,43 @@ class Server:
             self.log.raw(GLOO_CONNECTED.format(rank=index, peers=world - 1) + "\n")
         for r in self.ranks:
             self.log.record(r.label, CROSS_NODE_ALLREDUCE, WARNING)
+
+    def _gated_launch(self) -> None:
+        """0.5.23 ``maybe_wait_for_gated_launch``: world rank 0 serves ``/gate/activate`` on
+        ``--host:--gated-launch-port``; every scheduler waits, logging every 10 s, until rank
+        0's flag (broadcast over the CPU group) says activated."""
+        port = self.flags.gated_launch_port
+        assert port is not None
+        opened = threading.Event()
+        if self.node_rank == 0:
+            try:
+                serve_gate((self._bind_host(), port), opened)
+            except OSError as exc:
+                tb = logfmt.traceback_text(logfmt.init_frames(self.d), f"OSError: {exc}")
+                self._scheduler_crash(self.ranks[0], tb)
+            self.log.record(self.ranks[0].label,
+                            f"Gated launch control server started on {self.flags.host}:{port}")
+        world = [r.dp_rank * self.flags.tp + r.tp_rank for r in self.ranks]
+        for r, w in zip(self.ranks, world, strict=True):
+            self.log.record(r.label, f"Gated launch waiting for activation. rank={w}")
+        started = time.monotonic()
+        every = GATE_LOG_NOMINAL_S * self.scale
+        next_log = started + every
+        while True:
+            if self.node_rank == 0 and opened.is_set() and self.fabric is not None:
+                self.fabric.open_gate()
+            if opened.is_set() or (self.fabric is not None and self.fabric.gate.is_set()):
+                break
+            self._sleep(min(0.02, every))
+            if time.monotonic() >= next_log:
+                waited = (time.monotonic() - started) / max(self.scale, 1e-9)
+                for r, w in zip(self.ranks, world, strict=True):
+                    self.log.record(r.label, "Gated launch still waiting for activation. "
+                                    f"rank={w} elapsed={waited:.0f} s")
+                next_log += every
+        waited = (time.monotonic() - started) / max(self.scale, 1e-9)
+        for r in self.ranks:
+            self.log.record(r.label, f"Gated launch activated. elapsed={waited:.2f} s")
 
     def _peer_died(self, peer: tuple[str, int]) -> NoReturn:
         """A peer node's connection closed without a shutdown: gloo's error in this node's
