@@ -57,6 +57,7 @@ from launcher.notify import ServerInfo, SlackNotifier
 from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
+from launcher.ranks import stop_other_ranks
 from launcher.sglang.classify import diagnose_text
 from launcher.sglang.logparse import LineSplitter, LogFollower
 from launcher.sglang.outcome import Diagnosis
@@ -668,6 +669,13 @@ def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     servers = _guard(lambda: _selected(config, server))
 
     async def stop_one(s: ServerConfig, t: Transport) -> str:
+        said = await stop_first(s, t)
+        if s.nnodes > 1:  # node 0 first (0.5.23's nodes >= 1 wait for its shutdown)
+            said = "; ".join([f"node 0 ({s.host}): {said}",
+                              *await stop_other_ranks(config, s)])
+        return said
+
+    async def stop_first(s: ServerConfig, t: Transport) -> str:
         handle = await remote.find_running(t, _run_dir(config, s), s.name)
         if handle is None:
             return "not running"

@@ -77,9 +77,10 @@ from launcher.sglang.multinode import (
 from launcher.sglang.outcome import Diagnosis, Outcome
 from launcher.sglang.phases import Phase
 from launcher.supervisor import ServerSupervisor, _Attempt
+from launcher.transport import make_transport
 from launcher.transport.base import Transport
 
-__all__ = ["MultiNodeSupervisor"]
+__all__ = ["MultiNodeSupervisor", "stop_other_ranks"]
 
 _OUTAGE_RETRY_MAX_S = 10.0
 _TAIL_LINES = 400  # per rank, for telling a consequence from a cause
@@ -673,3 +674,37 @@ async def _on_every_node(ranks: list[Rank],
 
 def _phase_of_order(order: int) -> Phase:
     return list(Phase)[order]
+
+
+async def stop_other_ranks(config: Config, server: ServerConfig, *, grace: float = 10.0,
+                           ) -> list[str]:
+    """``launcher down`` for a multi-node server's nodes >= 1, after node 0: each node's
+    running rank is stopped (SIGTERM, ``grace``, SIGKILL) and its GPUs checked, over a
+    transport of its own. One line per node; a node that cannot be asked says why."""
+    lines: list[str] = []
+    for rank in ranks_of(server)[1:]:
+        host = config.host(rank.host)
+        transport = make_transport(host)
+        where = f"node {rank.rank} ({rank.host})"
+        try:
+            run_dir = server.run_dir or host.run_dir
+            handle = await remote.find_running(transport, run_dir, rank.run_name)
+            done = "not running (it goes with node 0)"
+            if handle is not None:
+                report = await remote.stop(transport, handle, grace=grace)
+                signals = "+".join(report.signals_sent) or "none needed"
+                done = f"stopped (pid {handle.pid}, {signals})"
+            deadline = anyio.current_time() + config.policy_for(server.name).gpu_free_timeout
+            while True:
+                problems = await check_gpus(transport, host.nvidia_smi, server.gpus)
+                if not problems or anyio.current_time() > deadline:
+                    break
+                await anyio.sleep(1.0)
+            state = f"GPUs not free: {'; '.join(problems)}" if problems else "GPUs free"
+            lines.append(f"{where}: {done}; {state}")
+        except LauncherError as exc:
+            lines.append(f"{where}: could not be stopped (GPUs not free): {exc}")
+        finally:
+            with anyio.CancelScope(shield=True):
+                await transport.aclose()
+    return lines

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -37,6 +38,7 @@ from tests.sshsim import (
     ssh_config,
     transport_for,
 )
+from tests.supervise import _toml, run_cli
 
 # Each test runs two simulated start-ups (seconds); 300 s leaves room for a loaded CI box.
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
@@ -364,3 +366,31 @@ async def test_0523_gated_launch_opens_once_every_rank_waits(
         assert log.index("Gated launch activated") < log.index("Load weight begin")
     assert f"--gated-launch-port {gate}" in (b.attempt_dir(f"{SERVER}.node1", 1) / "cmd"
                                             ).read_text()
+
+
+async def test_down_stops_node_zero_then_the_other_ranks(
+    pair: tuple[Site, Site], tmp_path: Path
+) -> None:
+    """`launcher down` on a multi-node server left running: node 0 first, then node 1
+    (stopped, or gone with node 0 already), each node's GPUs checked free (exit 0)."""
+    a, b = pair
+    config = config_for(tmp_path, a, b)
+    events = EventRecorder()
+    async with supervised(config, events) as (sup, _):
+        await wait_until(lambda: sup.state is State.READY, 180, events, "ready")
+    pids = rank_pid(a, 1, 0), rank_pid(b, 1, 1)
+    assert all(_alive(pid) for pid in pids)
+    entry = {**config.server(SERVER).model_dump(mode="json", exclude_none=True)}
+    entry.pop("host")
+    data = {"state_dir": str(tmp_path / "state"),
+            "hosts": [a.host_entry(), b.host_entry()], "servers": [entry]}
+    path = tmp_path / "down.toml"
+    path.write_text(_toml(data))
+    result = await anyio.to_thread.run_sync(lambda: run_cli("down", str(path), timeout=240))
+    assert 0 == result.returncode, result.stdout + result.stderr
+    said = result.stdout.replace("\n", " ")
+    # Node 1 leaves with node 0's tree (peer death) unless launcher gets there first.
+    assert "node 0 (gpu-a): stopped" in said, said
+    assert re.search(r"node 1 \(gpu-b\): (stopped|not running)[^;]*; GPUs free", said), said
+    assert said.index("node 0 (gpu-a)") < said.index("node 1 (gpu-b)")
+    assert not any(_alive(pid) for pid in pids)
