@@ -428,7 +428,8 @@ def plan(
         out.print_json(json.dumps(rows))
         return
     for r in rows:
-        _say(out, (r["server"], "bold"), f" on {r['host']}  (SGLang {r['sglang_version']}, "
+        hosts = ", ".join(rank["host"] for rank in r["ranks"])
+        _say(out, (r["server"], "bold"), f" on {hosts}  (SGLang {r['sglang_version']}, "
              f"{r['version_source']})")
         _say(out, f"  command  {r['command']}")
         for k, v in r["env"].items():

@@ -23,6 +23,7 @@ from tests.simhost import SimHost, SimProcess, free_port, make_sim_host, model_d
 
 MODEL = str(model_dir("tiny-1b-sim"))
 pytestmark = pytest.mark.timeout(300)  # a few seconds each; room for a loaded CI box
+T = 90.0  # seconds any one wait may take on a loaded box (seconds normally)
 
 
 def two_hosts(tmp_path: Path, *, total_a: float = 79.19) -> tuple[SimHost, SimHost]:
@@ -78,8 +79,8 @@ def test_two_nodes_come_up_node_zero_serves_the_other_joins(
 ) -> None:
     a, b = two_hosts(tmp_path)
     r0, r1 = start_pair(a, b, ports, procs)
-    r0.wait_for("The server is fired up and ready to roll!")
-    r1.wait_for("Dummy health check server started")
+    r0.wait_for("The server is fired up and ready to roll!", timeout=T)
+    r1.wait_for("Dummy health check server started", timeout=T)
     port = ports[0]
     assert 200 == health("127.0.0.1", port) == health("127.0.0.2", port)
     out1 = r1.output
@@ -97,9 +98,9 @@ def test_rank_one_killed_node_zero_dies_with_gloo_peer_closed(
 ) -> None:
     a, b = two_hosts(tmp_path)
     r0, r1 = start_pair(a, b, ports, procs)
-    r0.wait_for("The server is fired up and ready to roll!")
+    r0.wait_for("The server is fired up and ready to roll!", timeout=T)
     r1.signal(signal.SIGKILL)
-    assert -9 == r0.wait()
+    assert -9 == r0.wait(timeout=T)
     assert "Connection closed by peer [127.0.0.1]" in r0.output
     assert "Scheduler hit an exception" in r0.output
 
@@ -111,16 +112,16 @@ def test_sigterm_on_rank_one_is_ignored_on_0523_and_rank_zero_stops_it(
     broadcasts ShutdownReq and node 1 exits cleanly (its dummy server stopped)."""
     a, b = two_hosts(tmp_path)
     r0, r1 = start_pair(a, b, ports, procs)
-    r0.wait_for("The server is fired up and ready to roll!")
-    r1.wait_for("Dummy health check server started")
+    r0.wait_for("The server is fired up and ready to roll!", timeout=T)
+    r1.wait_for("Dummy health check server started", timeout=T)
     r1.signal(signal.SIGTERM)
-    r1.wait_for("SIGTERM received on node_rank 1; waiting for the rank-0 ShutdownReq")
+    r1.wait_for("SIGTERM received on node_rank 1; waiting for the rank-0 ShutdownReq", timeout=T)
     assert r1.proc.poll() is None
     r0.signal(signal.SIGTERM)
-    assert 0 == r1.wait()
+    assert 0 == r1.wait(timeout=T)
     assert "Dummy health check server stopped at 127.0.0.1" in r1.output
     assert "Connection closed by peer" not in r1.output
-    assert -9 == r0.wait()
+    assert -9 == r0.wait(timeout=T)
 
 
 def test_sigterm_on_rank_one_kills_it_on_0510(
@@ -128,10 +129,10 @@ def test_sigterm_on_rank_one_kills_it_on_0510(
 ) -> None:
     a, b = two_hosts(tmp_path)
     r0, r1 = start_pair(a, b, ports, procs, version="0.5.10")
-    r1.wait_for("Dummy health check server started")
+    r1.wait_for("Dummy health check server started", timeout=T)
     r1.signal(signal.SIGTERM)
-    assert -15 == r1.wait()
-    assert -9 == r0.wait()
+    assert -15 == r1.wait(timeout=T)
+    assert -9 == r0.wait(timeout=T)
     assert "Connection closed by peer" in r0.output
 
 
@@ -142,9 +143,9 @@ def test_oom_in_capture_on_rank_one(
     its capture runs out of memory; node 0 dies of the closed connection, never an OOM."""
     a, b = two_hosts(tmp_path, total_a=139.8)
     r0, r1 = start_pair(a, b, ports, procs, model=str(model_dir("llama-70b-sim")), bs=256)
-    assert -9 == r1.wait()
+    assert -9 == r1.wait(timeout=T)
     assert "CUDA out of memory" in r1.output and "Capture cuda graph failed" in r1.output
-    assert -9 == r0.wait()
+    assert -9 == r0.wait(timeout=T)
     assert "Connection closed by peer" in r0.output
     assert "CUDA out of memory" not in r0.output
 
@@ -164,16 +165,16 @@ def test_0523_gated_launch_holds_every_rank_until_activated(
     r1 = b.start(*[w.replace("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode") for w in
                    argv[1]], version="0.5.23")
     procs.append(r1)
-    r0.wait_for(f"Gated launch control server started on 127.0.0.1:{gate}")
-    r1.wait_for("Gated launch waiting for activation. rank=3")
-    r0.wait_for("Gated launch still waiting for activation. rank=0")
+    r0.wait_for(f"Gated launch control server started on 127.0.0.1:{gate}", timeout=T)
+    r1.wait_for("Gated launch waiting for activation. rank=3", timeout=T)
+    r0.wait_for("Gated launch still waiting for activation. rank=0", timeout=T)
     assert "Load weight begin" not in r0.output + r1.output
     assert "Gated launch waiting for activation. rank=1" in r0.output
     request = urllib.request.Request(f"http://127.0.0.1:{gate}/gate/activate", method="POST")
     with urllib.request.urlopen(request, timeout=5) as resp:
         assert 200 == resp.status
-    r0.wait_for("The server is fired up and ready to roll!")
-    r1.wait_for("Dummy health check server started")
+    r0.wait_for("The server is fired up and ready to roll!", timeout=T)
+    r1.wait_for("Dummy health check server started", timeout=T)
     for out in (r0.output, r1.output):
         ends, activated, baseline = (out.index(t) for t in (
             "Init parallel ends", "Gated launch activated", "Memory baseline taken"))
