@@ -41,7 +41,7 @@ from tests.sshsim import (
 from tests.supervise import _toml, run_cli
 
 # Each test runs two simulated start-ups (seconds); 300 s leaves room for a loaded CI box.
-pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ssh, pytest.mark.slow, pytest.mark.timeout(300)]
 
 SERVER = "dsv3"
 
