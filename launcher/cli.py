@@ -428,8 +428,7 @@ def plan(
         out.print_json(json.dumps(rows))
         return
     for r in rows:
-        hosts = ", ".join(rank["host"] for rank in r["ranks"])
-        _say(out, (r["server"], "bold"), f" on {hosts}  (SGLang {r['sglang_version']}, "
+        _say(out, (r["server"], "bold"), f" on {r['host']}  (SGLang {r['sglang_version']}, "
              f"{r['version_source']})")
         _say(out, f"  command  {r['command']}")
         for k, v in r["env"].items():
