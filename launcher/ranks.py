@@ -587,6 +587,11 @@ class MultiNodeSupervisor(ServerSupervisor):
             if att is not None:
                 att.scope.cancel()
         if isinstance(att, _GroupAttempt):
+            # A hook run before any stop (main's router deregistration), when there is one.
+            before_stop = getattr(self, "before_stop", None)
+            if before_stop is not None:
+                with anyio.CancelScope(shield=True):
+                    await before_stop(self.server.name, reason)
             await self._stop_group(att, reason)
             with anyio.CancelScope(shield=True):
                 tails = []
