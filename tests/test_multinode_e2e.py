@@ -79,7 +79,9 @@ def config_for(tmp_path: Path, a: Site, b: Site, *, policy: dict[str, Any] | Non
     entry = server_entry(SERVER, a, gpus=[0, 1], port=free_port(), tp=4, **fields)
     del entry["host"]
     entry.update(nodes=["gpu-a", "gpu-b"], dist_init_port=free_port())
-    return ssh_config(tmp_path, [a.host_entry(), b.host_entry()], [entry], policy=policy)
+    # The start-up deadline is not under test: a loaded box may spend minutes in SSH alone.
+    merged = {"start_deadline": "600s", **(policy or {})}
+    return ssh_config(tmp_path, [a.host_entry(), b.host_entry()], [entry], policy=merged)
 
 
 @asynccontextmanager
