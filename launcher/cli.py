@@ -38,7 +38,6 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher import __version__, daemon, health, remote
-from launcher.command import server_command
 from launcher.config import (
     Config,
     ServerConfig,
@@ -59,10 +58,12 @@ from launcher.eventlog import Format, configure
 from launcher.firstattempt import Planned, estimate_servers
 from launcher.gpus import check_gpus
 from launcher.memview import bar_text, legend
+from launcher.multinode import rank_commands
 from launcher.notify import ServerInfo, SlackNotifier
 from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
+from launcher.ranks import stop_other_ranks
 from launcher.router import plan_rows as router_plan_rows
 from launcher.router import router_status, stop_router
 from launcher.sglang.budget import observed_bar
@@ -423,7 +424,8 @@ def plan(
         first = planned[s.name]
         params = first.params
         secrets = {k: "***" for k in s.secret_env}
-        cmd = server_command(s, params, version, secrets)
+        ranks = _plan_ranks(config, s, params, version, secrets)
+        cmd = rank_commands(config, s, params, version, secrets)[0][1]  # node 0's
         p = config.policy_for(s.name)
         ladder = capture_oom_ladder(
             params,
@@ -444,6 +446,7 @@ def plan(
                 "command": shlex.join(cmd.argv),
                 "env": cmd.masked_env(),
                 "run_dir": f"{s.run_dir or host.run_dir}/{s.name}/<attempt>",
+                "ranks": ranks,
                 "oom_ladder": [
                     {
                         "mem_fraction_static": q.mem_fraction_static,
@@ -473,6 +476,9 @@ def plan(
         for k, v in r["env"].items():
             _say(out, f"  env      {k}={v}")
         _say(out, f"  run dir  {r['run_dir']}")
+        for rank in r["ranks"][1:]:  # node 0's is the command above
+            _say(out, f"  rank {rank['rank']}   on {rank['host']}: {rank['command']}")
+            _say(out, f"           run dir {rank['run_dir']}")
         steps = " → ".join(
             f"{q['mem_fraction_static']}/{q['cuda_graph_max_bs']}" for q in r["oom_ladder"]
         )
@@ -516,6 +522,16 @@ def _print_plan_memory(first: Planned) -> None:
         out.print(bar_text(g, mfs=b.mem_fraction_static), soft_wrap=True)
     if b.gpus:
         out.print(legend(b.gpus[0]), soft_wrap=True)
+
+
+def _plan_ranks(config: Config, s: ServerConfig, params: LaunchParams, version: str,
+                secrets: dict[str, str]) -> list[dict[str, Any]]:
+    """Every rank's host, command line and run dir (one entry, rank 0, for one host)."""
+    return [
+        {"rank": rank.rank, "host": rank.host, "argv": cmd.argv, "command": shlex.join(cmd.argv),
+         "run_dir": f"{s.run_dir or config.host(rank.host).run_dir}/{rank.run_name}/<attempt>"}
+        for rank, cmd in rank_commands(config, s, params, version, secrets)
+    ]
 
 
 # --- up ---------------------------------------------------------------------------------
@@ -738,6 +754,13 @@ def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     servers = _guard(lambda: _selected(config, server))
 
     async def stop_one(s: ServerConfig, t: Transport) -> str:
+        said = await stop_first(s, t)
+        if s.nnodes > 1:  # node 0 first (0.5.23's nodes >= 1 wait for its shutdown)
+            said = "; ".join([f"node 0 ({s.host}): {said}",
+                              *await stop_other_ranks(config, s)])
+        return said
+
+    async def stop_first(s: ServerConfig, t: Transport) -> str:
         handle = await remote.find_running(t, _run_dir(config, s), s.name)
         if handle is None:
             return "not running"

@@ -75,6 +75,16 @@ def params_from_argv(words: Iterable[str], env_lines: Iterable[str] = ()) -> Lau
 
 
 @dataclass(frozen=True)
+class NodeRank:
+    """One node of a multi-node server: ``--nnodes``, ``--node-rank``, ``--dist-init-addr``."""
+
+    nnodes: int
+    rank: int
+    dist_init_addr: str
+    gated_launch_port: int | None = None  # SGLang >= 0.5.23's all-ranks-joined gate
+
+
+@dataclass(frozen=True)
 class ServerCommand:
     """Everything needed to start one attempt: argv, plain env, secret env (never in argv)."""
 
@@ -104,6 +114,7 @@ def build_command(
     secret_env: Mapping[str, str] | None = None,
     attempt: int = 1,
     server_name: str = "",
+    node: NodeRank | None = None,
 ) -> ServerCommand:
     """Build the attempt's command line. Explicit params only; None leaves SGLang's auto value.
 
@@ -119,6 +130,11 @@ def build_command(
     if dp > 1:
         argv += ["--dp-size", str(dp)]
     argv += ["--host", listen, "--port", str(port)]
+    if node is not None:  # every rank runs the same line but for --node-rank
+        argv += ["--nnodes", str(node.nnodes), "--node-rank", str(node.rank),
+                 "--dist-init-addr", node.dist_init_addr]
+        if node.gated_launch_port is not None:
+            argv += ["--gated-launch-port", str(node.gated_launch_port)]
     argv += params_argv(params, sglang_version)
     argv += ["--log-level", "info"]
     argv += list(extra_args or [])
@@ -134,13 +150,14 @@ def build_command(
 
 def server_command(
     server: ServerConfig, params: LaunchParams, sglang_version: str,
-    secret_env: Mapping[str, str], attempt: int = 1,
+    secret_env: Mapping[str, str], attempt: int = 1, node: NodeRank | None = None,
 ) -> ServerCommand:
-    """``build_command`` for a configured server (the supervisor and `plan` share it)."""
+    """``build_command`` for a configured server (the supervisor and `plan` share it);
+    ``node`` for one rank of a multi-node server (``launcher.multinode.rank_commands``)."""
     s = server
     return build_command(
         command=s.command, model_path=s.model_path, tp=s.tp, dp=s.dp, port=s.port,
         listen=s.listen, gpus=s.gpus, params=params, sglang_version=sglang_version,
         served_model_name=s.served_model_name, extra_args=s.extra_args, env=s.env,
-        secret_env=secret_env, attempt=attempt, server_name=s.name,
+        secret_env=secret_env, attempt=attempt, server_name=s.name, node=node,
     )

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import itertools
 import math
 import os
 import re
@@ -63,7 +64,7 @@ from launcher.errors import ConfigError
 from launcher.params import LaunchParams
 from launcher.sglang.flags import OWNED_FLAGS
 from launcher.sglang.phases import Phase
-from launcher.sglang.versions import MAMBA_RADIX_SPELLING_FROM, at_least
+from launcher.sglang.versions import GATED_LAUNCH_FROM, MAMBA_RADIX_SPELLING_FROM, at_least
 
 __all__ = [
     "ENV_PREFIX",
@@ -153,6 +154,25 @@ def _jump_host(value: str) -> str:
     if not address or (sep and not (port.isascii() and port.isdigit()
                                     and 1 <= int(port) <= 65535)):
         raise ValueError(f"{value!r} is not [user@]host[:port] with a port from 1 to 65535")
+    return value
+
+
+def _node_list(nodes: list[str]) -> list[str]:
+    if not nodes:
+        raise ValueError("must list at least one host (node 0 first), or use host = ... instead")
+    repeated = sorted({n for n in nodes if nodes.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{', '.join(map(repr, repeated))} listed more than once: each node "
+                         "is a different host")
+    return nodes
+
+
+def _host_port(value: str) -> str:
+    """``host:port`` (IPv6 as ``[addr]:port``), as SGLang's --dist-init-addr takes it."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host.strip("[]") or not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"{value!r} is not HOST:PORT with a port in 1..65535 "
+                         "(e.g. '10.0.4.21:5000')")
     return value
 
 
@@ -369,7 +389,15 @@ class ServerConfig(_Model):
     """
 
     name: Name
-    host: str
+    host: str  # node 0's host when ``nodes`` is set (filled in from it)
+    # Multi-node (one server over several hosts): every host in rank order, node 0 first;
+    # ``gpus`` apply on each. launcher/multinode.py renders --nnodes/--node-rank/--dist-init-addr.
+    nodes: Annotated[list[Name], AfterValidator(_node_list)] | None = None
+    dist_init_port: Port | None = None
+    dist_init_addr: Annotated[str, AfterValidator(_host_port)] | None = None
+    # SGLang >= 0.5.23: every rank blocks after distributed init until launcher POSTs
+    # /gate/activate on node 0's port, once every node waits there (all ranks joined).
+    gated_launch_port: Port | None = None
     model_path: Annotated[str, Field(min_length=1)]
     served_model_name: str | None = None
     tp: AtLeastOne = 1
@@ -392,6 +420,35 @@ class ServerConfig(_Model):
     run_dir: RemoteDir | None = None
     probe: Literal["tunnel", "direct"] = "tunnel"
     policy: PolicyOverride = Field(default_factory=PolicyOverride)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _host_from_nodes(cls, data: Any) -> Any:
+        # ``nodes`` names node 0 first; ``host`` stands for it everywhere one host is meant
+        # (version detection, probes, fingerprint). Both set is reported by the cross-checks.
+        if isinstance(data, dict) and "host" not in data:
+            nodes = data.get("nodes")
+            if isinstance(nodes, list) and nodes and isinstance(nodes[0], str):
+                return {**data, "host": nodes[0]}
+        return data
+
+    @model_validator(mode="after")
+    def _gate_exists_in_version(self) -> ServerConfig:
+        version = self.sglang_version
+        if (self.gated_launch_port is not None and version is not None
+                and not at_least(version, GATED_LAUNCH_FROM)):
+            raise ValueError(f"gated_launch_port needs SGLang >= 0.5.23 (this server runs "
+                             f"{version}, which has no --gated-launch-port)")
+        return self
+
+    @property
+    def node_hosts(self) -> list[str]:
+        """The hosts of the server's ranks in rank order (one for a single-host server)."""
+        return list(self.nodes) if self.nodes else [self.host]
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.node_hosts)
 
     @field_validator("gpus")
     @classmethod
@@ -1041,33 +1098,39 @@ def _check_servers(
         if isinstance(host_ref, str) and host_ref not in host_names:
             known = [str(name) for name in host_names]
             yield (*at, "host"), f"unknown host {host_ref!r}; {_known(known, host_ref)}"
+        yield from _node_problems(raw, at, host_names)
         partial = _partial(ServerConfig, raw)
         if partial is None:
             continue
         server, bad = partial
-        need = server.tp * server.dp
-        if len(server.gpus) != need and not bad & {"tp", "dp", "gpus"}:
+        need, nnodes = server.tp * server.dp, server.nnodes
+        if need % nnodes and not bad & {"tp", "dp", "nodes"}:
+            yield ((*at, "tp"), f"tp*dp = {need} does not split evenly over {nnodes} nodes")
+        elif len(server.gpus) * nnodes != need and not bad & {"tp", "dp", "gpus", "nodes"}:
+            per = f" per node ({need // nnodes} on each of {nnodes} nodes)" if nnodes > 1 else ""
             yield (
                 (*at, "gpus"),
                 f"lists {len(server.gpus)} GPU(s) but tp*dp = {server.tp}*{server.dp} = {need}; "
-                f"list exactly {need}",
+                f"list exactly {need // nnodes}{per}",
             )
         if "env" not in bad:
             yield from _inline_secrets(server.env, (*at, "env"))
-        if "port" not in bad:
-            other = ports.setdefault((server.host, server.port), (index, server.name))
+        # Ranks >= 1 bind the same port (SGLang's dummy /health): every node counts.
+        for node in server.node_hosts if "port" not in bad else []:
+            other = ports.setdefault((node, server.port), (index, server.name))
             if other[0] != index:
                 yield (
                     (*at, "port"),
-                    f"port {server.port} on host {server.host!r} is also used by "
+                    f"port {server.port} on host {node!r} is also used by "
                     f"servers[{other[0]}] ({other[1]!r})",
                 )
-        for gpu in server.gpus if "gpus" not in bad else []:
-            other = gpus_in_use.setdefault((server.host, gpu), (index, server.name))
+        for node, gpu in itertools.product(server.node_hosts,
+                                           server.gpus if "gpus" not in bad else []):
+            other = gpus_in_use.setdefault((node, gpu), (index, server.name))
             if other[0] != index:
                 yield (
                     (*at, "gpus"),
-                    f"GPU {gpu} on host {server.host!r} is also used by "
+                    f"GPU {gpu} on host {node!r} is also used by "
                     f"servers[{other[0]}] ({other[1]!r})",
                 )
         host = hosts.get(server.host)
@@ -1089,6 +1152,30 @@ def _check_servers(
             for loc, message in _policy_problems(merged, policy[1]):
                 if (loc, message) not in global_problems:
                     yield (*at, "policy", *loc), message
+
+
+def _node_problems(raw: object, at: Loc, host_names: list[Any]) -> Iterator[tuple[Loc, str]]:
+    """The multi-node keys of one raw ``[[servers]]`` table: ``nodes`` instead of ``host``,
+    known hosts, and a rendezvous address when there is more than one node."""
+    if not isinstance(raw, dict):
+        return
+    nodes = raw.get("nodes")
+    if "nodes" in raw and "host" in raw:
+        yield ((*at, "nodes"), "set either host or nodes, not both: nodes lists every host "
+               "of the server in rank order, node 0 first")
+    if not isinstance(nodes, list):
+        for key in ("dist_init_port", "dist_init_addr", "gated_launch_port"):
+            if key in raw and "nodes" not in raw:
+                yield (*at, key), "is only used with nodes = [...] (a multi-node server)"
+        return
+    for j, ref in enumerate(nodes):
+        if isinstance(ref, str) and ref not in host_names:
+            known = [str(name) for name in host_names]
+            yield (*at, "nodes", j), f"unknown host {ref!r}; {_known(known, ref)}"
+    if len(nodes) > 1 and "dist_init_port" not in raw and "dist_init_addr" not in raw:
+        yield ((*at, "dist_init_port"), "required with more than one node: the port of the "
+               "torch rendezvous on node 0 (--dist-init-addr), e.g. dist_init_port = 5000; "
+               "or give dist_init_addr = 'HOST:PORT'")
 
 
 def _duplicate_names(section: str, entries: Sequence[object]) -> Iterator[tuple[Loc, str]]:

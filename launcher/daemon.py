@@ -25,6 +25,7 @@ from launcher.lifecycle import State
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
 from launcher.params import LaunchParams
+from launcher.ranks import MultiNodeSupervisor
 from launcher.router import routers_for, wire
 from launcher.store import (
     Ledger,
@@ -85,9 +86,9 @@ class View(Protocol):
 
 
 def transports_for(config: Config, servers: list[ServerConfig]) -> dict[str, Transport]:
-    """One transport per host the servers and their routers use (commands share its
-    connections)."""
-    transports = {s.host: make_transport(config.host(s.host)) for s in servers}
+    """One transport per host the servers (every node of a multi-node server included) and
+    their routers use (commands share its connections)."""
+    transports = {h: make_transport(config.host(h)) for s in servers for h in s.node_hosts}
     for r in routers_for(config, servers):
         if r.host not in transports:
             transports[r.host] = make_transport(config.host(r.host))
@@ -221,6 +222,11 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
     if routing.supervisors:
         hooks.append(routing.registrar)
     sups = [
+        MultiNodeSupervisor(config, s, transports, sglang_version=version,
+                            secret_env=secrets[s.name], stop_on_exit=opts.stop_on_exit,
+                            initial=initial, initial_reason=why, hooks=hooks,
+                            before_stop=routing.before_stop)
+        if s.nnodes > 1 else
         ServerSupervisor(config, s, transports[s.host], sglang_version=version,
                          secret_env=secrets[s.name], stop_on_exit=opts.stop_on_exit,
                          initial=initial, initial_reason=why, hooks=hooks,

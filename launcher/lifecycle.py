@@ -144,9 +144,11 @@ class Exited:
 
 @dataclass(frozen=True)
 class Stalled:
-    """The log has not advanced for the current phase's budget while the process lives."""
+    """The log has not advanced for the current phase's budget while the process lives.
+    ``where`` names the rank that stalled when the server spans several nodes."""
 
     silent_s: float
+    where: str = ""
 
 
 @dataclass(frozen=True)
@@ -499,7 +501,8 @@ class ServerMachine:
             outcome=Outcome.HANG,
             phase=phase,
             retryable=True,
-            advice=f"no log progress for {event.silent_s:.0f}s in {phase.value}",
+            advice=f"no log progress for {event.silent_s:.0f}s in {phase.value}"
+            + (f" on {event.where}" if event.where else ""),
         )
         emit = Emit(
             "stall.detected",

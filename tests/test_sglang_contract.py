@@ -25,6 +25,7 @@ import pytest
 
 from launcher.command import build_command, graph_bs_flag, mamba_strategy_flag
 from launcher.params import LaunchParams
+from launcher.sglang.versions import GATED_LAUNCH_FROM, at_least
 from launcher.sim.logfmt import Dialect
 from launcher.sim.server import Flags
 
@@ -271,6 +272,17 @@ def _config(version: str, servers: tuple[Server, ...] = SERVERS) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _multinode_config(version: str) -> str:
+    """One server over two hosts (TP4 = 2 GPUs × 2 nodes), gated on versions that have it."""
+    gate = "gated_launch_port = 5100\n" if at_least(version, GATED_LAUNCH_FROM) else ""
+    return (
+        '[[hosts]]\nname = "gpu-a"\naddress = "10.0.4.21"\n\n'
+        '[[hosts]]\nname = "gpu-b"\naddress = "10.0.4.22"\n\n'
+        '[[servers]]\nname = "multi"\nnodes = ["gpu-a", "gpu-b"]\nmodel_path = "/models/m"\n'
+        f'tp = 4\ngpus = [0, 1]\ndist_init_port = 5000\nsglang_version = "{version}"\n{gate}'
+    )
+
+
 def _plan(config: Path) -> list[dict[str, Any]]:
     """``launcher plan --json`` of ``config``, run as a user runs it."""
     done = subprocess.run(
@@ -329,6 +341,8 @@ class Cases:
     spec_plans: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # version -> spec/hybrid argv lists, parsed by SGLang only (not yet the simulator's parser)
     spec_argvs: dict[str, list[list[str]]] = field(default_factory=dict)
+    # version -> (rank, argv) of every rank of a multi-node server's plan
+    multinode: dict[str, list[tuple[int, list[str]]]] = field(default_factory=dict)
 
     def add(self, version: str, argv: list[str]) -> list[str]:
         if argv not in self.argvs[version]:
@@ -354,6 +368,11 @@ def _collect(tmp: Path) -> Cases:
             cases.add(version, _sglang_args(_argv(version, SERVERS[0], LaunchParams(mfs, 64))))
         for argv in BROKEN:
             cases.add(version, list(argv))
+        multi = tmp / f"launcher-multinode-{version}.toml"
+        multi.write_text(_multinode_config(version))
+        [row] = _plan(multi)
+        cases.multinode[version] = [(r["rank"], cases.add(version, _sglang_args(r["argv"])))
+                                    for r in row["ranks"]]
         # Spec and hybrid servers, in a config of their own (see test_spec_and_hybrid_...).
         spec_config = tmp / f"launcher-spec-{version}.toml"
         spec_config.write_text(_config(version, SPEC_HYBRID_SERVERS))
@@ -462,6 +481,24 @@ def test_planned_command_parses_to_intended_values(
     assert _graph_dest(version) == dest
     namespace = {k: result["namespace"][k] for k in server.expected_namespace}
     assert server.expected_namespace == namespace
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_multinode_rank_lines_parse_to_their_rank(
+    version: str, cases: Cases, real: dict[str, Parsed]
+) -> None:
+    """Every rank's line of a multi-node plan parses, in SGLang's own parser, to --nnodes 2,
+    its --node-rank, node 0's --dist-init-addr and (0.5.23) the gated-launch port."""
+    ranks = cases.multinode[version]
+    assert [0, 1] == [rank for rank, _ in ranks]
+    for rank, argv in ranks:
+        result = real[version][argv]
+        assert (True, 0) == (result["ok"], result["exit_code"]), result.get("error")
+        ns = result["namespace"]
+        assert (2, rank, "10.0.4.21:5000") == (
+            ns["nnodes"], ns["node_rank"], ns["dist_init_addr"])
+        if at_least(version, GATED_LAUNCH_FROM):
+            assert 5100 == ns["gated_launch_port"]
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -50,6 +50,13 @@ OWNED_FLAGS: dict[str, str] = {
     "--mamba-scheduler-strategy": "mamba_strategy",
     "--mamba-radix-cache-strategy": "mamba_strategy",
     "--disable-overlap-schedule": "disable_overlap_schedule",
+    # Multi-node: launcher writes them per rank from nodes / dist_init_port / dist_init_addr
+    # (same spelling in 0.5.10 and 0.5.23; --nccl-init-addr is an alias of --dist-init-addr).
+    "--nnodes": "nodes",
+    "--node-rank": "nodes",
+    "--dist-init-addr": "dist_init_addr",
+    "--nccl-init-addr": "dist_init_addr",
+    "--gated-launch-port": "gated_launch_port",
 }
 
 # The ``LaunchParams`` fields launcher sets per attempt, and the type of each flag's value.

@@ -12,6 +12,7 @@ __all__ = [
     "DECODE_SPELLING_FROM",
     "DEFAULT_VERSION",
     "DRAFT_EXTEND_SWITCH_FROM",
+    "GATED_LAUNCH_FROM",
     "MAMBA_RADIX_SPELLING_FROM",
     "ONE_STATIC_BUDGET_FROM",
     "SPEC_V2_ENV_REMOVED_FROM",
@@ -43,6 +44,8 @@ AUTO_TABLE_2_FROM: Version = (0, 5, 15)
 SPEC_V2_ENV_REMOVED_FROM: Version = (0, 5, 23)
 # SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH exists (environ.py); 0.5.10 lacks it.
 DRAFT_EXTEND_SWITCH_FROM: Version = (0, 5, 23)
+# --gated-launch-port (arg_groups/fields/parallel.py, distributed/gated_launch.py); 0.5.10 lacks it.
+GATED_LAUNCH_FROM: Version = (0, 5, 23)
 # One static budget: the draft's weights load right after the target's and count in
 # --mem-fraction-static (kv_cache_configurator.py); graphs are captured in passes, target
 # prefill first; the auto fraction no longer reserves extra memory for speculative decoding.

@@ -61,6 +61,9 @@ class SimGpuHost:
     state_dir: Path
     time_scale: float
     foreign_used_gib: Mapping[int, float]
+    # The address this host's own 127.0.0.1 stands for when a server binds it: two sim hosts
+    # on one machine (a multi-node test) bind their HTTP ports apart (e.g. 127.0.0.2).
+    loopback: str | None = None
 
     @classmethod
     def load(cls, path: Path, environ: Mapping[str, str] | None = None) -> SimGpuHost:
@@ -93,7 +96,9 @@ class SimGpuHost:
             )
         if not state.is_absolute():
             state = path.resolve().parent / state
-        return cls(path, gpu_count, total, name, state, scale, foreign)
+        loopback = data.get("loopback")
+        return cls(path, gpu_count, total, name, state, scale, foreign,
+                   str(loopback) if loopback else None)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> SimGpuHost | None:

@@ -87,6 +87,7 @@ class LogWriter:
     err: TextIO = field(default_factory=lambda: sys.stderr)
     out: TextIO = field(default_factory=lambda: sys.stdout)
     silenced: bool = False
+    bars: bool = True  # tqdm bars print on a TP group's rank 0 only (not on nodes >= 1)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _write(self, stream: TextIO, text: str) -> None:
@@ -116,13 +117,13 @@ class LogWriter:
 
     def bar(self, text: str, *, close: bool = False) -> None:
         """One tqdm redraw (``\\r`` + bar); ``close`` ends the bar's line."""
-        if self.level > INFO or self.silenced:
+        if self.level > INFO or self.silenced or not self.bars:
             return
         self._write(self.err, "\r" + text + ("\n" if close else ""))
 
     def end_bar(self) -> None:
         """End a bar's line without redrawing (the bar was interrupted by an exception)."""
-        if self.level > INFO or self.silenced:
+        if self.level > INFO or self.silenced or not self.bars:
             return
         self._write(self.err, "\n")
 

@@ -77,6 +77,18 @@ from launcher.sim.memory import (
     StartupTrace,
     simulate,
 )
+from launcher.sim.multinode import (
+    CROSS_NODE_ALLREDUCE,
+    DUMMY_STARTED,
+    DUMMY_STOPPED,
+    GLOO_CONNECTED,
+    GLOO_PEER_CLOSED,
+    SIGTERM_IGNORED,
+    TCPSTORE_IN_USE,
+    Fabric,
+    serve_dummy_health,
+    serve_gate,
+)
 
 ENV_VERSION = "SGLANG_SIM_VERSION"
 
@@ -91,6 +103,7 @@ NOMINAL_S = {
 GENERATE_NOMINAL_S = 0.5  # one /generate after warmup
 WARMUP_POLL_NOMINAL_S = 1.0  # SGLang's warmup polls the model-info path once a second
 DRAIN_POLL_NOMINAL_S = 5.0  # SGLang's sigterm watchdog wakes every 5 s
+GATE_LOG_NOMINAL_S = 10.0  # gated_launch.py LOG_INTERVAL_SECONDS
 TORCH_COMPILE_SLOWDOWN = 10.0  # capture steps that also compile take this much longer
 DRAFT_WEIGHTS_SHARE = 0.12  # a draft's weight load against the target's (seeds: 8.82 s)
 MAX_PREFILL_TOKENS = 16384
@@ -183,6 +196,8 @@ def build_parser(d: Dialect) -> argparse.ArgumentParser:
     add("--api-key", type=str, default=None)
     add("--watchdog-timeout", type=float, default=300)
     add("--dist-timeout", type=int, default=None)
+    if d.since(0, 5, 23):
+        add("--gated-launch-port", type=int, default=None)
     add("--enable-metrics", action="store_true")
     add("--kv-cache-dtype", type=str, default="auto")
     add("--quantization", type=str, default=None)
@@ -284,6 +299,7 @@ class Flags:
     mamba_strategy: str = "auto"  # --mamba-scheduler-strategy (<= 0.5.10) / -radix-cache- (0.5.23)
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
+    gated_launch_port: int | None = None
 
     @classmethod
     def parse(cls, d: Dialect, argv: Sequence[str]) -> Flags:
@@ -775,6 +791,13 @@ class Server:
         self._inflight = 0
         self._stop_warmup = threading.Event()
         self._forever = threading.Event()
+        # Multi-node: this node's place and its link to the others (launcher.sim.multinode).
+        self.node_rank = flags.node_rank
+        self.fabric = (Fabric(flags.nnodes, flags.node_rank, flags.dist_init_addr)
+                       if flags.nnodes > 1 and flags.dist_init_addr else None)
+        self._joined = False  # node >= 1: its schedulers are ready (SIGTERM handler installed)
+        if self.node_rank > 0:
+            log.bars = False
 
     # -- resolution -----------------------------------------------------------------------
 
@@ -877,6 +900,8 @@ class Server:
     def _check_children(self) -> None:
         if self._dying or threading.current_thread() is not threading.main_thread():
             return
+        if self.fabric is not None and self.fabric.lost is not None:
+            self._peer_died(self.fabric.lost)
         for r in self.ranks:
             if r.proc is not None and r.proc.poll() is not None:
                 time.sleep(0.05)
@@ -1048,6 +1073,9 @@ class Server:
             self._draft_weights_phase()
             self._draft_kv_phase()
             self._graph_phase([p for p in self._trace().passes if p.draft])
+        if self.fabric is not None and self.node_rank > 0:
+            self._serve_as_follower()
+        self._wait_for_nodes()
         self._summary()
         return self._serve()
 
@@ -1059,23 +1087,26 @@ class Server:
         devices = gpustate.visible_devices(self.host, os.environ)
         hold = self.plan.orphan_hold_s
         holders: list[gpustate.Holder] = []
-        for dp_rank in range(f.dp):
-            for tp_rank in range(f.tp):
-                index = dp_rank * f.tp + tp_rank
-                label = logfmt.rank_label(
-                    tp_rank=tp_rank, tp_size=f.tp, dp_rank=dp_rank, dp_size=f.dp
-                )
-                name = (
-                    f"sglang::scheduler_DP{dp_rank}_TP{tp_rank}"
-                    if f.dp > 1
-                    else f"sglang::scheduler_TP{tp_rank}"
-                )
-                phys = devices[index] if index < len(devices) else None
-                r = Rank(index, tp_rank, dp_rank, label, name, phys)
-                r.proc = gpustate.spawn_holder(name, hold_s=hold if phys is not None else 0.0)
-                if phys is not None:
-                    holders.append(gpustate.holder_of(r.proc, phys, name))
-                self.ranks.append(r)
+        nnodes = max(f.nnodes, 1)
+        local = f.tp * f.dp // nnodes  # a node runs its share of the (global) TP x DP grid
+        first_global = f.node_rank * local
+        for global_index in range(first_global, first_global + local):
+            dp_rank, tp_rank = divmod(global_index, f.tp)
+            index = global_index - first_global
+            label = logfmt.rank_label(
+                tp_rank=tp_rank, tp_size=f.tp, dp_rank=dp_rank, dp_size=f.dp
+            )
+            name = (
+                f"sglang::scheduler_DP{dp_rank}_TP{tp_rank}"
+                if f.dp > 1
+                else f"sglang::scheduler_TP{tp_rank}"
+            )
+            phys = devices[index] if index < len(devices) else None
+            r = Rank(index, tp_rank, dp_rank, label, name, phys)
+            r.proc = gpustate.spawn_holder(name, hold_s=hold if phys is not None else 0.0)
+            if phys is not None:
+                holders.append(gpustate.holder_of(r.proc, phys, name))
+            self.ranks.append(r)
         self.detokenizer = gpustate.spawn_holder("sglang::detokenizer", hold_s=0.0)
         self.registration = gpustate.Registration(self.host, self.pid, holders)
 
@@ -1092,6 +1123,8 @@ class Server:
         self.trace = trace = simulate(self.scenario, LaunchParams(self.mfs, self.bs))
         for r in self.ranks:
             log.record(r.label, logfmt.init_begin(d))
+        if self.fabric is not None:
+            self._rendezvous()
         fail = trace.failure
         if fail is None or fail.phase is not Phase.INIT:
             self._allocate(self.scenario.context_gib)
@@ -1112,16 +1145,143 @@ class Server:
         first = self.ranks[0]
         if nccl and not d.since(0, 5, 23):
             log.record(first.label, f"sglang is using nccl=={logfmt.NCCL_VERSION}")
+        ends = logfmt.init_end(
+            d, elapsed_s=self._nominal(Phase.INIT), mem_usage_gib=self.scenario.context_gib
+        )
+        # bootstrap.py: the gate sits between "Init parallel ends" and the memory baseline.
+        gate = self.flags.gated_launch_port is not None
         for r in self.ranks:
-            for line in logfmt.init_end(
-                d, elapsed_s=self._nominal(Phase.INIT), mem_usage_gib=self.scenario.context_gib
-            ):
+            for line in ends[:1] if gate else ends:
                 log.record(r.label, line)
+        if gate:
+            self._gated_launch()
+            for r in self.ranks:
+                for line in ends[1:]:
+                    log.record(r.label, line)
         if nccl and d.since(0, 5, 23):
             log.record(first.label, f"sglang is using nccl=={logfmt.NCCL_VERSION}")
             log.record(
                 first.label, f"NCCL/RCCL/HCCL warmup completed in 0.41s (tp_size={self.flags.tp})"
             )
+
+    # -- multi-node ------------------------------------------------------------------------
+
+    def _rendezvous(self) -> None:
+        """torch's store rendezvous: node 0 listens on --dist-init-addr and waits for every
+        node; the others connect (retrying). Then gloo's line from every scheduler."""
+        fabric = self.fabric
+        assert fabric is not None
+        if fabric.rank == 0:
+            try:
+                fabric.listen()
+            except OSError:
+                tb = logfmt.traceback_text(logfmt.init_frames(self.d),
+                                           TCPSTORE_IN_USE.format(port=fabric.port))
+                self._scheduler_crash(self.ranks[0], tb)
+        fabric.rendezvous()
+        world = self.flags.tp * self.flags.dp
+        for r in self.ranks:
+            index = r.dp_rank * self.flags.tp + r.tp_rank
+            self.log.raw(GLOO_CONNECTED.format(rank=index, peers=world - 1) + "\n")
+        for r in self.ranks:
+            self.log.record(r.label, CROSS_NODE_ALLREDUCE, WARNING)
+
+    def _gated_launch(self) -> None:
+        """0.5.23 ``maybe_wait_for_gated_launch``: world rank 0 serves ``/gate/activate`` on
+        ``--host:--gated-launch-port``; every scheduler waits, logging every 10 s, until rank
+        0's flag (broadcast over the CPU group) says activated."""
+        port = self.flags.gated_launch_port
+        assert port is not None
+        opened = threading.Event()
+        if self.node_rank == 0:
+            try:
+                serve_gate((self._bind_host(), port), opened)
+            except OSError as exc:
+                tb = logfmt.traceback_text(logfmt.init_frames(self.d), f"OSError: {exc}")
+                self._scheduler_crash(self.ranks[0], tb)
+            self.log.record(self.ranks[0].label,
+                            f"Gated launch control server started on {self.flags.host}:{port}")
+        world = [r.dp_rank * self.flags.tp + r.tp_rank for r in self.ranks]
+        for r, w in zip(self.ranks, world, strict=True):
+            self.log.record(r.label, f"Gated launch waiting for activation. rank={w}")
+        started = time.monotonic()
+        every = GATE_LOG_NOMINAL_S * self.scale
+        next_log = started + every
+        while True:
+            if self.node_rank == 0 and opened.is_set() and self.fabric is not None:
+                self.fabric.open_gate()
+            if opened.is_set() or (self.fabric is not None and self.fabric.gate.is_set()):
+                break
+            self._sleep(min(0.02, every))
+            if time.monotonic() >= next_log:
+                waited = (time.monotonic() - started) / max(self.scale, 1e-9)
+                for r, w in zip(self.ranks, world, strict=True):
+                    self.log.record(r.label, "Gated launch still waiting for activation. "
+                                    f"rank={w} elapsed={waited:.0f} s")
+                next_log += every
+        waited = (time.monotonic() - started) / max(self.scale, 1e-9)
+        for r in self.ranks:
+            self.log.record(r.label, f"Gated launch activated. elapsed={waited:.2f} s")
+
+    def _peer_died(self, peer: tuple[str, int]) -> NoReturn:
+        """A peer node's connection closed without a shutdown: gloo's error in this node's
+        next collective (wrapped by the capture's handler during graph capture)."""
+        d = self.d
+        error = GLOO_PEER_CLOSED.format(address=peer[0], port=peer[1])
+        r = self.ranks[0]
+        if self.phase is Phase.CUDA_GRAPH:
+            inner = logfmt.traceback_text(logfmt.capture_inner_frames(d), error)
+            outer = logfmt.traceback_text(
+                logfmt.capture_outer_frames(d),
+                "Exception: " + logfmt.capture_failed(d, error.split(": ", 1)[1]),
+            )
+            self._scheduler_crash(r, logfmt.chained(inner, outer))
+        frames = {
+            Phase.WEIGHTS: logfmt.weights_frames(d),
+            Phase.WARMUP: logfmt.runtime_frames(d),
+            Phase.READY: logfmt.runtime_frames(d),
+        }.get(self.phase, logfmt.init_frames(d))
+        self._scheduler_crash(r, logfmt.traceback_text(frames, error))
+
+    def _wait_for_nodes(self) -> None:
+        """Node 0: the collectives after capture wait for every node's schedulers."""
+        while self.fabric is not None and not self.fabric.all_joined():
+            self._sleep(0.02)
+
+    def _bind_host(self) -> str:
+        """--host, with this sim host's own loopback address standing for 127.0.0.1."""
+        host = self.flags.host
+        if self.host.loopback and host in ("127.0.0.1", "localhost"):
+            return self.host.loopback
+        return host
+
+    def _serve_as_follower(self) -> NoReturn:
+        """Node >= 1 after its schedulers are ready: SGLang's engine joins them, installs (on
+        0.5.23) the SIGTERM handler that only logs, serves the dummy /health and blocks until
+        the schedulers exit: on node 0's ShutdownReq (exit 0) or a peer's death (the tree
+        dies, 137)."""
+        fabric = self.fabric
+        assert fabric is not None
+        fabric.join()
+        self._joined = True
+        self.phase = Phase.READY
+        host, port = self._bind_host(), self.flags.port
+        try:
+            httpd = serve_dummy_health(host, port)
+        except OSError as exc:
+            self.log.record(None, f"Dummy health check server failed to start: {exc}", ERROR)
+            self._forever.wait()
+            raise AssertionError("unreachable") from None
+        self.log.record(None, DUMMY_STARTED.format(host=self.flags.host, port=port))
+        while not fabric.shutdown.is_set():
+            self._sleep(0.02)
+        httpd.shutdown()
+        self.log.record(None, DUMMY_STOPPED.format(host=self.flags.host, port=port))
+        self._dying = True
+        self._release()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     def _nccl_crash(self) -> NoReturn:
         d = self.d
@@ -1520,7 +1680,7 @@ class Server:
         warmup.start()
         log.uvicorn("Application startup complete.")
         try:
-            httpd = SimHttpServer((f.host, f.port), self)
+            httpd = SimHttpServer((self._bind_host(), f.port), self)
         except OSError as exc:
             log.uvicorn(
                 logfmt.bind_error(f.host, f.port, exc.errno or 0, exc.strerror or str(exc)), ERROR
@@ -1545,7 +1705,7 @@ class Server:
                 self._after_ready(pending.pop(0))
 
     def _warmup_url(self) -> str:
-        host = self.flags.host
+        host = self._bind_host()
         if self.d.since(0, 5, 10):
             host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
         if ":" in host:
@@ -1598,6 +1758,10 @@ class Server:
     # -- signals ---------------------------------------------------------------------------
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
+        if self.node_rank > 0 and self._joined and self.d.since(0, 5, 23):
+            # engine.py: nodes >= 1 cannot drain; rank 0's ShutdownReq stops them.
+            self.log.record(None, SIGTERM_IGNORED.format(rank=self.node_rank), WARNING)
+            return
         if self._ready_at is None:
             # SGLang has no handler while loading: the process dies at once.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -1609,9 +1773,12 @@ class Server:
             self._next_drain = self._sigterm_at + DRAIN_POLL_NOMINAL_S * self.scale
 
     def _drain(self, now: float) -> None:
-        """SGLang's ``sigterm_watchdog``: force exit, or wait for in-flight requests."""
+        """SGLang's ``sigterm_watchdog``: force exit, or wait for in-flight requests. Node 0
+        of a multi-node server broadcasts ShutdownReq to the other nodes as it goes."""
         if self._next_drain is None or now < self._next_drain:
             return
+        if self.fabric is not None:
+            self.fabric.broadcast_shutdown()
         if self._unhealthy:
             self.log.record(
                 None, "Signal SIGTERM received while health check failed. Force exiting.", ERROR
