@@ -25,27 +25,35 @@ Unknowns take documented defaults (``DEFAULT_STEP_GIB``, ``default_warmup_gib``)
 guess costs one more attempt, whose log then has the exact figure.
 
 KV too small: SGLang's stated minimum (or (weights + counted draft weights) / pre) plus
-``KV_CUSHION``, never SGLang's auto value (only without any figure is the auto value a floor);
+``KV_CUSHION`` (times ``1 + --mamba-full-memory-ratio`` for a hybrid, whose state cache takes
+``r / (1 + r)`` of the pool first), never SGLang's auto value (only without any figure is the
+auto value a floor);
 once a pool > 0 was too small, the most the brackets allow (an OOM there brings the graph
 figures). A graph estimate below a fraction known to leave too small a pool is wrong: then the
 KV figures' fraction is taken, bisected between the brackets where they cap it (never a
 0.001 walk). Without figures at all, fixed steps of ``STEP_FRACTION`` (SGLang's own advice),
 halving the graph bs where the fraction would cross its floor.
 
-Multi-pass capture (a log that names its passes, ``Numbers.graph_pass``): SGLang captures
-target prefill, target decode/verify, then the draft's decode and extend graphs, each from what
-the pass before left. A capture OOM then says that everything since the *first* pass began is
-needed again (``start - free``, ``start`` capped at ``(1 - mfs) x pre``), plus what was
-``tried``, the failing pass's remaining steps and an estimate of the passes still to come
-(``LATER_PASS_SHARE`` of the failing pass's size); at an unchanged graph bs the fraction falls
-by at least the OOM's own deficit (``tried - free``). Under speculative decoding the graph bs
-is searched below the running-request cap (48 unless set), the speculative shape is never
-touched, and the levers go fraction, then graph bs, then (0.5.23, ``[policy]
+Multi-pass capture (a log that names its passes, ``Numbers.graph_pass``): SGLang captures target
+prefill, target decode/verify, then the draft's decode and extend graphs, each from what the
+pass before left. A capture OOM then says that everything since the *first* pass began is needed
+again (``start - free``, ``start`` capped at ``(1 - mfs) x pre``), plus what was ``tried``, the
+failing pass's remaining steps and an estimate of the passes still to come (``LATER_PASS_SHARE``
+of the failing pass's size; after a prefill pass, scaled by the tokens the decode graph runs
+against the prefill shape's). Each pass's own size comes from its begin line
+(``Numbers.graph_begins``, ``_PassFit``): prefill passes stay fixed, a decode-like pass's first
+step scales with the effective bs, each further captured size costs a step. On 0.5.10 the
+draft's weights and KV pool load between the target's and the draft's graphs, out of the same
+headroom; the pool (its own ``KV Cache is allocated`` line) has the target's token count, so it
+grows with the fraction and is solved for, not counted as graph memory. At an unchanged graph bs
+the fraction falls by at least the OOM's own deficit (``tried - free``). Under speculative
+decoding the graph bs is searched below the running-request cap (48 unless set), the speculative
+shape is never touched, and the levers go fraction, then graph bs, then (0.5.23, ``[policy]
 allow_disable_draft_extend_graph``) ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1``. Hybrid
-state-cache errors follow SGLang's message: a configured ``max_mamba_cache_size`` doubled,
-else ``max_running_requests`` halved, else the fraction raised. A fix SGLang's error names is
-applied once with ``[policy] apply_prescribed_fixes`` (``launcher.sglang.prescribe``). A relaunch
-keeps every knob it does not change.
+state-cache errors follow SGLang's message: a configured ``max_mamba_cache_size`` doubled, else
+``max_running_requests`` halved, else the fraction raised. A fix SGLang's error names is applied
+once with ``[policy] apply_prescribed_fixes`` (``launcher.sglang.prescribe``). A relaunch keeps
+every knob it does not change.
 
 Facts are kept as brackets, in thousandths: a fraction too small at any bs bounds all lower
 fractions out; an OOM at (mfs, bs) bounds out every (>= mfs, >= bs). A proposal is always
@@ -115,6 +123,8 @@ PREFILL_PASSES = frozenset({GraphPass.TARGET_PREFILL, GraphPass.DRAFT_PREFILL})
 # Hybrid state-cache errors: max_running_requests is halved down to this before the fraction
 # is raised instead.
 MIN_RUNNING_REQUESTS = 8
+# SGLang's default --mamba-full-memory-ratio (server_args, 0.5.10 and 0.5.23).
+MAMBA_FULL_MEMORY_RATIO = 0.9
 
 
 def margin_gib(pre: float) -> float:
@@ -239,6 +249,7 @@ class _Facts:
     # static budget that is not pool (weights), so that pool(m) = m x pre - pool_base.
     draft_kv_ratio: float = 0.0
     pool_base: float = 0.0
+    mamba_ratio: float = 0.0  # a hybrid's --mamba-full-memory-ratio (0: not a hybrid)
 
     def hi(self, bs: int, ceiling: int) -> int:
         """Highest fraction (thousandths) not known to OOM at ``bs``."""
@@ -294,12 +305,19 @@ class _Facts:
         return _down((self.pre - need + k * self.pool_base) / (self.pre * (1 + k)))
 
     def soft_lo(self) -> int:
-        """Smallest fraction estimated to leave a useful KV pool (>= the hard bound)."""
+        """Smallest fraction estimated to leave a useful KV pool (>= the hard bound).
+
+        A hybrid model's state cache takes ``r / (1 + r)`` of the pool budget first
+        (``--mamba-full-memory-ratio`` r, 0.9 unless set: 0.5.10
+        ``handle_max_mamba_cache``, 0.5.23 ``_handle_max_mamba_cache``), so its cushion is
+        ``1 + r`` times the plain one.
+        """
+        cushion = KV_CUSHION * (1 + self.mamba_ratio)
         lo = self.lo
         if self.stated_min is not None:
-            lo = max(lo, _up(self.stated_min + KV_CUSHION))
+            lo = max(lo, _up(self.stated_min + cushion))
         if self.pre is not None and self.weights is not None:
-            pool = max(KV_CUSHION * self.pre, KV_GROWTH * self.small_pool)
+            pool = max(cushion * self.pre, KV_GROWTH * self.small_pool)
             lo = max(lo, _up((self.weights + self.draft_weights + pool) / self.pre))
         return lo
 
@@ -374,6 +392,8 @@ def _learn(history: Sequence[AttemptRecord], ctx: _Context, bounds: Bounds) -> _
                 facts.weights = n.weights_gib
         if n.draft_weights_gib and at_least(ctx.version, DRAFT_IN_BUDGET_FROM):
             facts.draft_weights = n.draft_weights_gib
+        if n.mamba_strategy is not None or n.mamba_cache_size is not None:
+            facts.mamba_ratio = rec.params.mamba_full_memory_ratio or MAMBA_FULL_MEMORY_RATIO
     a_values: list[float] = []
     fits: list[tuple[tuple[bool, int, int], _PassFit]] = []
     for rec in history:
@@ -426,6 +446,16 @@ def _learn(history: Sequence[AttemptRecord], ctx: _Context, bounds: Bounds) -> _
     if facts.weights is not None and facts.pre:
         # A pool must be > 0; the weights figure is a difference of two rounded ones.
         facts.lo = max(facts.lo, _down((facts.weights - 2 * ROUNDING_GIB) / facts.pre) + 1)
+    if facts.c is None and a_values and facts.graph_at:
+        # A capture OOM's first step gave the slope, a warmup OOM the whole graph memory at
+        # some bs: what the slope leaves of it is the later steps, which sizes them (rather
+        # than DEFAULT_STEP_GIB, whose error the slope would absorb and misplace at other bs).
+        slope = max(a_values)
+        per_step = max(
+            (g - slope * b) / len(capture_bs_list(b)) for b, g in facts.graph_at.items()
+        )
+        if per_step > DEFAULT_STEP_GIB:
+            facts.c = per_step
     step = facts.c if facts.c is not None else DEFAULT_STEP_GIB
     for bs, graphs in facts.graph_at.items():
         a_values.append(max(0.0, graphs - step * len(capture_bs_list(bs))) / bs)
@@ -634,6 +664,15 @@ def _pass_fit(
             acc["fixed"] += (begin - free) - held
             first = add(name, held + tried + rest, steps, step)
         later = _later_passes(gpass, n, ctx, extend_off)
+        if gpass is GraphPass.TARGET_PREFILL and (n.graph_steps_done or 0) == 0 and (
+            n.graph_last_bs
+        ):
+            # The same model's activations grow with the tokens a graph runs: the decode (or
+            # verify) graph runs bs x tokens per request, the failed prefill shape
+            # ``graph_last_bs`` tokens (the bar's num_tokens).
+            per_req = (n.speculative_num_draft_tokens or SPEC_AUTO_STEPS + 1) if spec else 1
+            ratio = min(1.0, bs * per_req / n.graph_last_bs)
+            later = [(p, share * ratio) for p, share in later]
         for p, share in later:
             acc["scaled"] += share * first
             acc["passes"] += 1

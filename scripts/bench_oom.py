@@ -170,20 +170,31 @@ FAMILIES = ("multipass", "eagle", "eagle3", "mtp", "hybrid")
 
 
 def _base(rng: random.Random, versions: Sequence[str]) -> MemoryScenario:
-    """draw_case's plain scenario, on one of ``versions``."""
+    """draw_case's plain scenario, on one of ``versions``, without a minimum KV pool.
+
+    SGLang 0.5.10 and 0.5.23 refuse a full-attention KV pool only when it has no token at all
+    (``MemoryPoolConfig.__post_init__``: ``max_total_num_tokens <= 0``, 0.5.10
+    model_runner_kv_cache_mixin.py:56, 0.5.23 pool_configurator.py:95); the families' models
+    have no sliding window (whose floor is ``validate_swa_pool_size``), and a hybrid's floor
+    is its state cache, modelled separately. So ``min_kv_tokens`` is 0 here; its draw is kept
+    so that every other figure is the one drawn before this fix.
+    """
     gpu = rng.uniform(24.0, 141.0)
     tp = rng.choice((1, 2, 4, 8))
     other = 0.0 if rng.random() < 0.5 else rng.uniform(0.0, 0.3 * gpu)
     context = rng.uniform(0.5, 3.0)
     pre = gpu - other - context
+    weights = rng.uniform(0.05, 1.05) * pre * tp
+    kv = rng.uniform(0.01, 0.3)
+    _ = rng.random() < 0.5 or rng.randint(1, 16384)  # the former min_kv_tokens draw
     return MemoryScenario(
         gpu_total_gib=gpu,
-        weights_gib=rng.uniform(0.05, 1.05) * pre * tp,
+        weights_gib=weights,
         tp=tp,
         other_used_gib=other,
         context_gib=context,
-        kv_gib_per_1k_tokens=rng.uniform(0.01, 0.3),
-        min_kv_tokens=0 if rng.random() < 0.5 else rng.randint(1, 16384),
+        kv_gib_per_1k_tokens=kv,
+        min_kv_tokens=0,
         graph_gib_per_bs=math.exp(rng.uniform(math.log(0.001), math.log(0.08))),
         graph_overhead_gib=rng.uniform(0.001, 0.05),
         warmup_gib=rng.uniform(0.1, 3.0),
@@ -249,6 +260,14 @@ def draw_family_case(rng: random.Random, index: int, family: str) -> Case:
         raise ValueError(f"unknown family {family!r} (one of {', '.join(FAMILIES)})")
     mfs = None if rng.random() < 0.5 else round(rng.uniform(0.55, 0.95), 2)
     bs = None if rng.random() < 0.5 else rng.choice(EXPLICIT_BS)
+    # 0.5.23 captures the target's prefill graphs (breakable, the CUDA default) for EAGLE-family
+    # targets too, and the draft's after them (cuda_graph_setup.capture_prefill_graph,
+    # eagle_worker_v2.init_cuda_graphs): the same distribution as ``multipass``. Drawn last so
+    # that the figures above are the ones drawn before this fix; 0.5.10 has no prefill graphs
+    # (speculative decoding turns its piecewise graphs off).
+    prefill = (rng.uniform(0.2, 3.0), rng.uniform(0.002, 0.02))
+    if family in ("eagle", "eagle3", "mtp") and s.new_order:
+        s = replace(s, prefill_graph_gib=prefill[0], prefill_graph_overhead_gib=prefill[1])
     return Case(index, s, LaunchParams(mfs, bs), family)
 
 
