@@ -65,10 +65,18 @@ request cap (``--max-running-requests``) clamps the captured sizes, and on 0.5.2
   tokens; draft weights U(0.01, 0.04) x the target's.
   Spec families: SGLang 0.5.10 or 0.5.23; draft graph activations log-U(0.0005, 0.02) GiB per
   token, draft KV U(0.02, 0.15) x the target's per token; the request cap is 48 (p=0.7) or an
-  explicit U{8..256}; the other figures as above.
+  explicit U{8..256}; on 0.5.23 prefill graphs as in ``multipass`` (SGLang captures them for
+  EAGLE-family targets too, then the draft's; drawn from a generator of their own so that
+  every case keeps its other figures); the other figures as above.
 - ``hybrid``: a Mamba hybrid with MTP (p=0.6) or without, conv+ssm state U(0.02, 0.3) GiB per
   slot, strategy as each version resolves it for a working launch (0.5.10: extra_buffer with
   spec, no_buffer without; 0.5.23: auto, i.e. extra_buffer with the overlap schedule).
+
+All families: no minimum KV pool (``min_kv_tokens`` 0; its draw is kept so the other figures do
+not move). SGLang 0.5.10 and 0.5.23 refuse a full-attention pool only at 0 tokens
+(``MemoryPoolConfig.__post_init__``); the floor the issue-6 generator draws has no counterpart
+for these models (a hybrid's floor is its state cache, modelled; sliding-window models, whose
+``validate_swa_pool_size`` has one, are not in the families).
 
 Where the generator may flatter the policy (read the family tables with this in mind):
 
@@ -78,8 +86,18 @@ Where the generator may flatter the policy (read the family tables with this in 
 - Memory is deterministic: a setting that failed fails again, one that fits always fits; no
   fragmentation, no allocator caching slack, no rank that differs from another.
 - Graph memory is linear in the largest captured size (tokens per request included) plus a
-  per-graph constant, the shape the policy's per-pass estimate assumes; SGLang's real growth
-  is only roughly linear (attention backends, torch.compile, NCCL buffers).
+  per-graph constant, the shape the policy's per-pass estimate assumes: a decode-like pass's
+  first step proportional to the bs, a prefill pass fixed. SGLang's real growth is only
+  roughly linear (attention backends, torch.compile, NCCL buffers), and a first step with a
+  constant part (static buffers) is extrapolated too low to a smaller bs (the policy tests'
+  ``tests/multipass.py`` world has such a part).
+- Each pass's begin line is present, so every finished pass has an exact size; 0.5.10's draft
+  pool is exactly the target's token count times its cell (as SGLang sizes it), which the
+  policy solves for with the fraction.
+- The policy's constants were not tuned to these draws, but its priors for what no log shows
+  yet (warmup after a capture OOM, ``default_warmup_gib``; passes not yet begun,
+  ``LATER_PASS_SHARE``) decide most of the attempts after a first failure: the warmup need is
+  drawn U(0.1, 3) GiB whatever the model, the draft graphs independently of the target's.
 - The truth used for "feasible" and "headroom" searches only the fraction and graph bs at the
   attempt's own request cap and env; it never credits the spec parameters (never changed, by
   design) nor Mamba knobs the policy does not touch.

@@ -636,11 +636,12 @@ def test_0_5_10_draft_pool_grows_with_the_fraction() -> None:
 
 
 def test_a_verify_graph_bigger_than_any_headroom_cuts_the_bs_in_proportion() -> None:
-    """EAGLE case 20 of ``bench_oom.py --families`` (seed 1, figures rounded): the target
-    verify graph's first step at bs 128 (x 10 draft tokens) tried 85 GiB, more than any
-    fraction leaves. A fixed half of it at every bs (the former FIXED_GRAPH_SHARE) sent the
-    policy to bs 1 at the 0.50 floor; the verify pass is proportional to the bs, so one
-    relaunch at a bs in proportion is ready, above the floor. (The draft passes not yet seen
+    """EAGLE case 20 of ``bench_oom.py --families`` (seed 1, figures rounded, without the
+    prefill graphs the family has since d29c806): the target verify graph's first step at
+    bs 128 (x 10 draft tokens) tried 85 GiB, more than any fraction leaves. A fixed half of
+    it at every bs (the former FIXED_GRAPH_SHARE) sent the policy to bs 1 at the 0.50 floor;
+    the verify pass is proportional to the bs, so one relaunch at a bs in proportion is
+    ready, above the floor. (The draft passes not yet seen
     are guessed at LATER_PASS_SHARE of the verify pass, far more than this draft takes: the
     fraction stays about 0.13 below the best at that bs.)"""
     scenario = MemoryScenario(
