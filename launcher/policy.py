@@ -25,27 +25,35 @@ Unknowns take documented defaults (``DEFAULT_STEP_GIB``, ``default_warmup_gib``)
 guess costs one more attempt, whose log then has the exact figure.
 
 KV too small: SGLang's stated minimum (or (weights + counted draft weights) / pre) plus
-``KV_CUSHION``, never SGLang's auto value (only without any figure is the auto value a floor);
+``KV_CUSHION`` (times ``1 + --mamba-full-memory-ratio`` for a hybrid, whose state cache takes
+``r / (1 + r)`` of the pool first), never SGLang's auto value (only without any figure is the
+auto value a floor);
 once a pool > 0 was too small, the most the brackets allow (an OOM there brings the graph
 figures). A graph estimate below a fraction known to leave too small a pool is wrong: then the
 KV figures' fraction is taken, bisected between the brackets where they cap it (never a
 0.001 walk). Without figures at all, fixed steps of ``STEP_FRACTION`` (SGLang's own advice),
 halving the graph bs where the fraction would cross its floor.
 
-Multi-pass capture (a log that names its passes, ``Numbers.graph_pass``): SGLang captures
-target prefill, target decode/verify, then the draft's decode and extend graphs, each from what
-the pass before left. A capture OOM then says that everything since the *first* pass began is
-needed again (``start - free``, ``start`` capped at ``(1 - mfs) x pre``), plus what was
-``tried``, the failing pass's remaining steps and an estimate of the passes still to come
-(``LATER_PASS_SHARE`` of the failing pass's size); at an unchanged graph bs the fraction falls
-by at least the OOM's own deficit (``tried - free``). Under speculative decoding the graph bs
-is searched below the running-request cap (48 unless set), the speculative shape is never
-touched, and the levers go fraction, then graph bs, then (0.5.23, ``[policy]
+Multi-pass capture (a log that names its passes, ``Numbers.graph_pass``): SGLang captures target
+prefill, target decode/verify, then the draft's decode and extend graphs, each from what the
+pass before left. A capture OOM then says that everything since the *first* pass began is needed
+again (``start - free``, ``start`` capped at ``(1 - mfs) x pre``), plus what was ``tried``, the
+failing pass's remaining steps and an estimate of the passes still to come (``LATER_PASS_SHARE``
+of the failing pass's size; after a prefill pass, scaled by the tokens the decode graph runs
+against the prefill shape's). Each pass's own size comes from its begin line
+(``Numbers.graph_begins``, ``_PassFit``): prefill passes stay fixed, a decode-like pass's first
+step scales with the effective bs, each further captured size costs a step. On 0.5.10 the
+draft's weights and KV pool load between the target's and the draft's graphs, out of the same
+headroom; the pool (its own ``KV Cache is allocated`` line) has the target's token count, so it
+grows with the fraction and is solved for, not counted as graph memory. At an unchanged graph bs
+the fraction falls by at least the OOM's own deficit (``tried - free``). Under speculative
+decoding the graph bs is searched below the running-request cap (48 unless set), the speculative
+shape is never touched, and the levers go fraction, then graph bs, then (0.5.23, ``[policy]
 allow_disable_draft_extend_graph``) ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1``. Hybrid
-state-cache errors follow SGLang's message: a configured ``max_mamba_cache_size`` doubled,
-else ``max_running_requests`` halved, else the fraction raised. A fix SGLang's error names is
-applied once with ``[policy] apply_prescribed_fixes`` (``launcher.sglang.prescribe``). A relaunch
-keeps every knob it does not change.
+state-cache errors follow SGLang's message: a configured ``max_mamba_cache_size`` doubled, else
+``max_running_requests`` halved, else the fraction raised. A fix SGLang's error names is applied
+once with ``[policy] apply_prescribed_fixes`` (``launcher.sglang.prescribe``). A relaunch keeps
+every knob it does not change.
 
 Facts are kept as brackets, in thousandths: a fraction too small at any bs bounds all lower
 fractions out; an OOM at (mfs, bs) bounds out every (>= mfs, >= bs). A proposal is always
@@ -56,6 +64,7 @@ brackets are empty even at the graph-bs floor, and at ``max_attempts``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -67,6 +76,7 @@ from launcher.sglang.autoargs import (
     auto_cuda_graph_max_bs,
     auto_mem_fraction_static,
     capture_bs_list,
+    captured_sizes,
 )
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import GraphPass, Phase
@@ -107,12 +117,14 @@ DRAFT_IN_BUDGET_FROM = ONE_STATIC_BUDGET_FROM
 # quarter (the draft is one layer); draft extend after draft decode as much again. A wrong
 # guess costs one attempt, whose log then has that pass's own figures.
 LATER_PASS_SHARE = {"same_model": 1.0, "draft_after_target": 0.25}
-# The half of a graph estimate that does not shrink with the graph bs (static buffers, the
-# prefill graphs, the draft's pool) when extrapolating a multi-pass figure to a smaller bs.
-FIXED_GRAPH_SHARE = 0.5
+# Capture passes whose size does not depend on the decode graph bs: the prefill graphs are
+# captured per token count (cuda_graph_setup.py, 0.5.23), not per request.
+PREFILL_PASSES = frozenset({GraphPass.TARGET_PREFILL, GraphPass.DRAFT_PREFILL})
 # Hybrid state-cache errors: max_running_requests is halved down to this before the fraction
 # is raised instead.
 MIN_RUNNING_REQUESTS = 8
+# SGLang's default --mamba-full-memory-ratio (server_args, 0.5.10 and 0.5.23).
+MAMBA_FULL_MEMORY_RATIO = 0.9
 
 
 def margin_gib(pre: float) -> float:
@@ -230,15 +242,23 @@ class _Facts:
     warmup: float | None = None
     hidden: float = 0.0  # GiB of (1 - mfs) x pre already gone when capture began (latest seen)
     draft_weights: float = 0.0  # per rank, when the version counts them in the static budget
-    multipass: bool = False  # graph figures come from logs that name their capture passes
-    extend: dict[int, float] = field(default_factory=dict)  # draft-extend GiB in graph_at[bs]
+    # Multi-pass logs: one fit per capture/warmup OOM, the most informed first (``_PassFit``).
+    fits: list[_PassFit] = field(default_factory=list)
+    # 0.5.10: the draft's KV pool, allocated after the target's graphs from the headroom, in
+    # GiB per GiB of the target's pool (it has the target's token count), and the GiB of the
+    # static budget that is not pool (weights), so that pool(m) = m x pre - pool_base.
+    draft_kv_ratio: float = 0.0
+    pool_base: float = 0.0
+    mamba_ratio: float = 0.0  # a hybrid's --mamba-full-memory-ratio (0: not a hybrid)
 
     def hi(self, bs: int, ceiling: int) -> int:
         """Highest fraction (thousandths) not known to OOM at ``bs``."""
         return min([ceiling, *(h for h, b in self.ooms if b <= bs)])
 
     def has_model(self) -> bool:
-        return self.pre is not None and (self.a is not None or bool(self.graph_at))
+        return self.pre is not None and (
+            self.a is not None or bool(self.graph_at) or bool(self.fits)
+        )
 
     def need(self, bs: int) -> float:
         """Estimated GiB needed after the KV pool at graph max ``bs`` (margin included)."""
@@ -249,21 +269,18 @@ class _Facts:
     def graphs(self, bs: int, *, without_extend: bool = False) -> float:
         """Estimated GiB all capture passes take at graph max ``bs`` (an effective bs).
 
-        Multi-pass figures are extrapolated from the nearest known bs: to a smaller bs only
-        the part that grows with bs shrinks (``FIXED_GRAPH_SHARE`` stays), to a larger one
-        all of it grows.
+        Multi-pass logs: the most informed fit (``fits[0]``) with its guesses for passes not
+        yet seen, at least what any other fit saw (``_PassFit.at``).
         """
+        if self.fits:
+            first, *others = self.fits
+            return max([
+                first.at(bs, without_extend=without_extend),
+                *(f.at(bs, without_extend=without_extend, seen_only=True) for f in others),
+            ])
         known = dict(self.graph_at)
-        if without_extend:
-            known = {b: max(0.0, g - self.extend.get(b, 0.0)) for b, g in known.items()}
         if bs in known:
             return known[bs]
-        if self.multipass and known:
-            above = [(b, g) for b, g in known.items() if b > bs]
-            if above:
-                return min(g * (FIXED_GRAPH_SHARE + (1 - FIXED_GRAPH_SHARE) * bs / b)
-                           for b, g in above)
-            return max(g * bs / b for b, g in known.items())
         step = self.c if self.c is not None else DEFAULT_STEP_GIB
         return (self.a or 0.0) * bs + step * len(capture_bs_list(bs))
 
@@ -281,15 +298,26 @@ class _Facts:
             need -= margin_gib(self.pre)
             if self.warmup is None:
                 need -= default_warmup_gib(self.pre)
-        return _down(1 - need / self.pre)
+        # 0.5.10's draft pool comes out of the same headroom and grows with the fraction:
+        # (1 - m) x pre >= need + k x (m x pre - base)  <=>  m <= (pre - need + k x base) /
+        # (pre x (1 + k)).
+        k = self.draft_kv_ratio
+        return _down((self.pre - need + k * self.pool_base) / (self.pre * (1 + k)))
 
     def soft_lo(self) -> int:
-        """Smallest fraction estimated to leave a useful KV pool (>= the hard bound)."""
+        """Smallest fraction estimated to leave a useful KV pool (>= the hard bound).
+
+        A hybrid model's state cache takes ``r / (1 + r)`` of the pool budget first
+        (``--mamba-full-memory-ratio`` r, 0.9 unless set: 0.5.10
+        ``handle_max_mamba_cache``, 0.5.23 ``_handle_max_mamba_cache``), so its cushion is
+        ``1 + r`` times the plain one.
+        """
+        cushion = KV_CUSHION * (1 + self.mamba_ratio)
         lo = self.lo
         if self.stated_min is not None:
-            lo = max(lo, _up(self.stated_min + KV_CUSHION))
+            lo = max(lo, _up(self.stated_min + cushion))
         if self.pre is not None and self.weights is not None:
-            pool = max(KV_CUSHION * self.pre, KV_GROWTH * self.small_pool)
+            pool = max(cushion * self.pre, KV_GROWTH * self.small_pool)
             lo = max(lo, _up((self.weights + self.draft_weights + pool) / self.pre))
         return lo
 
@@ -364,7 +392,10 @@ def _learn(history: Sequence[AttemptRecord], ctx: _Context, bounds: Bounds) -> _
                 facts.weights = n.weights_gib
         if n.draft_weights_gib and at_least(ctx.version, DRAFT_IN_BUDGET_FROM):
             facts.draft_weights = n.draft_weights_gib
+        if n.mamba_strategy is not None or n.mamba_cache_size is not None:
+            facts.mamba_ratio = rec.params.mamba_full_memory_ratio or MAMBA_FULL_MEMORY_RATIO
     a_values: list[float] = []
+    fits: list[tuple[tuple[bool, int, int], _PassFit]] = []
     for rec in history:
         mfs, raw_bs = _resolve(rec.params, rec.numbers, ctx)
         n = rec.numbers
@@ -388,27 +419,43 @@ def _learn(history: Sequence[AttemptRecord], ctx: _Context, bounds: Bounds) -> _
             hidden = _hidden(n, mfs)
             if hidden is not None:
                 facts.hidden = hidden
-        multi = _multipass_graphs(n, mfs, ctx, extend_off) if rec.outcome is (
-            Outcome.OOM_GRAPH_CAPTURE) else None
-        if multi is not None:
-            facts.multipass = True
-            if multi[0] >= facts.graph_at.get(bs, 0.0):
-                facts.graph_at[bs], facts.extend[bs] = multi
+        if rec.outcome is Outcome.OOM_RUNTIME and n.tried_gib is not None:
+            facts.warmup = max(facts.warmup or 0.0, n.tried_gib + ROUNDING_GIB)
+        fitted = None
+        if n.graph_pass is not None and rec.outcome in (
+            Outcome.OOM_GRAPH_CAPTURE, Outcome.OOM_RUNTIME
+        ):
+            fitted = _pass_fit(n, rec.outcome, mfs, bs, ctx, extend_off, facts.c)
+        if fitted is not None:
+            fit, draft_kv = fitted
+            fits.append(((fit.exact, len(n.graph_begins or ()), len(fits)), fit))
+            weights = facts.weights
+            if draft_kv and pre and weights is not None and mfs * pre > weights:
+                facts.draft_kv_ratio = max(facts.draft_kv_ratio, draft_kv / (mfs * pre - weights))
+                facts.pool_base = weights
         elif rec.outcome is Outcome.OOM_GRAPH_CAPTURE:
             a = _graph_slope(n, bs, facts)
             if a is not None:
                 a_values.append(a)
         elif rec.outcome is Outcome.OOM_RUNTIME and n.tried_gib is not None:
-            facts.warmup = max(facts.warmup or 0.0, n.tried_gib + ROUNDING_GIB)
             start = _capture_start(n)
-            if n.graph_pass is not None:
-                facts.multipass = True
             if start is not None and n.free_gib is not None and n.graph_last_bs is not None:
                 graphs = start - n.free_gib + 2 * ROUNDING_GIB
                 facts.graph_at[bs] = max(facts.graph_at.get(bs, 0.0), graphs)
+    facts.fits = [fit for _, fit in sorted(fits, key=lambda kf: kf[0], reverse=True)]
     if facts.weights is not None and facts.pre:
         # A pool must be > 0; the weights figure is a difference of two rounded ones.
         facts.lo = max(facts.lo, _down((facts.weights - 2 * ROUNDING_GIB) / facts.pre) + 1)
+    if facts.c is None and a_values and facts.graph_at:
+        # A capture OOM's first step gave the slope, a warmup OOM the whole graph memory at
+        # some bs: what the slope leaves of it is the later steps, which sizes them (rather
+        # than DEFAULT_STEP_GIB, whose error the slope would absorb and misplace at other bs).
+        slope = max(a_values)
+        per_step = max(
+            (g - slope * b) / len(capture_bs_list(b)) for b, g in facts.graph_at.items()
+        )
+        if per_step > DEFAULT_STEP_GIB:
+            facts.c = per_step
     step = facts.c if facts.c is not None else DEFAULT_STEP_GIB
     for bs, graphs in facts.graph_at.items():
         a_values.append(max(0.0, graphs - step * len(capture_bs_list(bs))) / bs)
@@ -473,44 +520,181 @@ def _later_passes(gpass: GraphPass, n: Numbers, ctx: _Context, extend_off: bool)
     return []
 
 
-def _multipass_graphs(
-    n: Numbers, mfs: float, ctx: _Context, extend_off: bool
-) -> tuple[float, float] | None:
-    """(GiB all capture passes need, the draft-extend pass's part of it) from a capture OOM
-    in a log that names its passes; None without the OOM's figures or the pass.
+@dataclass(frozen=True)
+class _PassFit:
+    """The capture passes of one multi-pass OOM, split by how they grow with the graph bs.
 
-    Everything since the first pass began is needed again: ``start - free`` (the earlier
-    passes and this pass's progress), the failed ``tried``, this pass's remaining steps, and
-    the passes still to come (estimated, ``_later_passes``). ``start`` is the free memory at
-    the first ``Capture ... begin``, at most the ``(1 - mfs) x pre`` SGLang leaves after its
-    pools, so that with no or odd capture figures this is the plain deficit rule.
+    ``fixed``: GiB that do not depend on the decode graph bs (prefill passes, 0.5.10's draft
+    weights, memory missing at a failed first step beyond its static buffers). ``scaled``:
+    the GiB of each decode-like pass's first capture step (activations and static buffers
+    sized from the largest captured bs), proportional to the effective bs. ``step``: GiB per
+    further captured size of each of ``passes`` decode-like passes. ``later_*``: the part
+    that is a guess for passes not yet begun (``LATER_PASS_SHARE``); ``ext_*``: the
+    draft-extend pass's part. ``exact``: every pass ended (a warmup OOM).
+    """
+
+    bs: int
+    spec: bool
+    fixed: float
+    scaled: float
+    step: float
+    passes: int
+    later_scaled: float = 0.0
+    later_passes: int = 0
+    ext_scaled: float = 0.0
+    ext_passes: int = 0
+    ext_later: bool = False
+    exact: bool = False
+
+    def at(self, bs: int, *, without_extend: bool = False, seen_only: bool = False) -> float:
+        """GiB of all capture passes at effective graph max ``bs``; ``seen_only`` leaves the
+        guessed later passes out, ``without_extend`` the draft-extend pass."""
+        scaled, passes = self.scaled, self.passes
+        if seen_only:
+            scaled, passes = scaled - self.later_scaled, passes - self.later_passes
+        if without_extend and not (seen_only and self.ext_later):
+            scaled, passes = scaled - self.ext_scaled, passes - self.ext_passes
+        steps = len(captured_sizes(bs, spec=self.spec))
+        return (self.fixed + max(0.0, scaled) * bs / max(1, self.bs)
+                + self.step * max(0, passes) * steps)
+
+
+def _pass_fit(
+    n: Numbers,
+    outcome: Outcome,
+    mfs: float,
+    bs: int,
+    ctx: _Context,
+    extend_off: bool,
+    step_known: float | None,
+) -> tuple[_PassFit, float | None] | None:
+    """The fit of one capture (or warmup) OOM in a log that names its passes, and 0.5.10's
+    draft KV pool at ``mfs`` when the log shows it (allocated, or the allocation that failed).
+
+    Each finished pass's size is the difference of consecutive ``Capture ... begin`` figures
+    (``graph_begins``; on 0.5.10 less the draft's weights and pool loaded between the target
+    and draft graphs). The failing pass needs again what it held, the failed ``tried`` and
+    its remaining steps; passes not yet begun are estimated (``_later_passes``). ``start``,
+    the first begin's free memory, is capped at the ``(1 - mfs) x pre`` SGLang leaves, so that
+    with odd capture figures this stays the plain deficit rule.
     """
     pre = n.pre_load_avail_gib
-    if n.graph_pass is None or n.tried_gib is None or n.free_gib is None or not pre:
+    if n.graph_pass is None or n.free_gib is None or not pre:
+        return None
+    if outcome is Outcome.OOM_GRAPH_CAPTURE and n.tried_gib is None:
         return None
     headroom = (1 - mfs) * pre
     start = min(_capture_start(n) or headroom, headroom)
-    current = min(n.graph_begin_avail_gib if n.graph_begin_avail_gib is not None else start,
-                  start)
-    free = min(n.free_gib, current)
-    tried = n.tried_gib + ROUNDING_GIB
-    done, steps = n.graph_steps_done or 0, n.graph_steps_total or 1
-    # A later step tried just its own size; after a failed first step, the rest are small.
-    rest = max(0, steps - done - 1) * (tried if done >= 1 else DEFAULT_STEP_GIB)
-    # What this pass holds before the failing step: after a first step that failed, only its
-    # static buffers (begin to progress bar); free memory missing beyond that is not this
-    # pass's size (it stays counted in ``start - free`` below, just not extrapolated).
-    bar = n.graph_last_avail_gib if n.graph_last_avail_gib is not None else current
-    held = current - free if done >= 1 else max(0.0, current - max(bar, free))
-    pass_size = held + tried + rest
-    gpass = GraphPass(n.graph_pass)
-    later = _later_passes(gpass, n, ctx, extend_off)
-    later_gib = sum(share * pass_size for _, share in later)
-    extend = pass_size if gpass is GraphPass.DRAFT_EXTEND else sum(
-        share * pass_size for p, share in later if p is GraphPass.DRAFT_EXTEND
+    current = n.graph_begin_avail_gib if n.graph_begin_avail_gib is not None else start
+    begins = list(n.graph_begins or [(n.graph_pass, current)])
+    begins = [(name, min(avail, start)) for name, avail in begins]
+    spec = ctx.spec or n.speculative
+    old_draft = spec and not at_least(ctx.version, DRAFT_IN_BUDGET_FROM)
+    n_steps = len(captured_sizes(bs, spec=spec))
+    c = step_known if step_known is not None else DEFAULT_STEP_GIB
+    draft_w = n.draft_weights_gib or 0.0
+    draft_kv = n.draft_kv_gib
+    acc = {"fixed": 0.0, "scaled": 0.0, "passes": 0, "ext": 0.0, "ext_passes": 0}
+    if n.graph_begins is None:
+        acc["fixed"] += start - begins[0][1]  # earlier passes of unknown kind: kept, not scaled
+
+    def add(name: str, size: float, steps: int, step: float) -> float:
+        """Count one pass of ``size`` GiB; returns its first step (scaling part)."""
+        if GraphPass(name) in PREFILL_PASSES:
+            acc["fixed"] += max(0.0, size)
+            return max(0.0, size)
+        first = max(0.0, size - step * steps)
+        acc["scaled"] += first
+        acc["passes"] += 1
+        acc["fixed"] += min(max(0.0, size), step * steps) - c * steps
+        if name == GraphPass.DRAFT_EXTEND:
+            acc["ext"] += first
+            acc["ext_passes"] += 1
+        return first
+
+    def draft_between(name: str, following: str | None) -> bool:
+        """0.5.10 loads the draft's weights and pool after the target's last pass."""
+        return old_draft and not GraphPass(name).is_draft and (
+            following is None or GraphPass(following).is_draft
+        )
+
+    for (name, b0), (following, b1) in itertools.pairwise(begins):
+        size = b0 - b1
+        if draft_between(name, following):
+            size -= draft_w + (draft_kv or 0.0)
+            acc["fixed"] += draft_w
+        add(name, size, n_steps, c)
+    name, begin = begins[-1]
+    free = min(n.free_gib, begin)
+    gpass = GraphPass(name)
+    exact = outcome is Outcome.OOM_RUNTIME
+    later: list[tuple[GraphPass, float]] = []
+    if exact:
+        size = begin - free
+        if draft_between(name, None):
+            size -= draft_w + (draft_kv or 0.0)
+            acc["fixed"] += draft_w
+        add(name, size, n_steps, c)
+    else:
+        assert n.tried_gib is not None
+        tried = n.tried_gib + ROUNDING_GIB
+        ended = n.graph_passes_ended or 0
+        if draft_between(name, None) and ended >= len(begins):
+            # The target's graphs are done: the draft's weights (not yet shown) or its pool
+            # failed to allocate; the draft graphs are still to come.
+            size = begin - free
+            if n.draft_weights_gib is None:
+                acc["fixed"] += tried
+            else:
+                size -= draft_w
+                acc["fixed"] += draft_w
+                draft_kv = tried
+            first = add(name, size, n_steps, c)
+        else:
+            done, steps = n.graph_steps_done or 0, n.graph_steps_total or n_steps
+            # A later step tried just its own size; after a failed first step, the rest are
+            # small.
+            step = tried if done >= 1 else c
+            rest = max(0, steps - done - 1) * step
+            # What this pass holds before the failing step: after a first step that failed,
+            # only its static buffers (begin to progress bar); free memory missing beyond that
+            # is needed again but is not this pass's size.
+            bar = n.graph_last_avail_gib if n.graph_last_avail_gib is not None else begin
+            held = begin - free if done >= 1 else max(0.0, begin - max(bar, free))
+            acc["fixed"] += (begin - free) - held
+            first = add(name, held + tried + rest, steps, step)
+        later = _later_passes(gpass, n, ctx, extend_off)
+        if gpass is GraphPass.TARGET_PREFILL and (n.graph_steps_done or 0) == 0 and (
+            n.graph_last_bs
+        ):
+            # The same model's activations grow with the tokens a graph runs: the decode (or
+            # verify) graph runs bs x tokens per request, the failed prefill shape
+            # ``graph_last_bs`` tokens (the bar's num_tokens).
+            per_req = (n.speculative_num_draft_tokens or SPEC_AUTO_STEPS + 1) if spec else 1
+            ratio = min(1.0, bs * per_req / n.graph_last_bs)
+            later = [(p, share * ratio) for p, share in later]
+        for p, share in later:
+            acc["scaled"] += share * first
+            acc["passes"] += 1
+            if p is GraphPass.DRAFT_EXTEND:
+                acc["ext"] += share * first
+                acc["ext_passes"] += 1
+    later_scaled = sum(share * first for _, share in later) if later else 0.0
+    fit = _PassFit(
+        bs=bs,
+        spec=spec,
+        fixed=acc["fixed"] + 2 * ROUNDING_GIB,
+        scaled=acc["scaled"],
+        step=c,
+        passes=int(acc["passes"]),
+        later_scaled=later_scaled,
+        later_passes=len(later),
+        ext_scaled=acc["ext"],
+        ext_passes=int(acc["ext_passes"]),
+        ext_later=any(p is GraphPass.DRAFT_EXTEND for p, _ in later),
+        exact=exact,
     )
-    total = start - free + tried + rest + later_gib + 2 * ROUNDING_GIB
-    return total, extend
+    return fit, draft_kv if old_draft else None
 
 
 def _graph_slope(n: Numbers, bs: int, facts: _Facts) -> float | None:
@@ -753,7 +937,7 @@ def _draft_extend_switch(facts: _Facts, bounds: Bounds) -> bool:
         and ctx.spec
         and not ctx.draft_extend_off
         and at_least(ctx.version, DRAFT_EXTEND_SWITCH_FROM)
-        and any(facts.extend.values())
+        and any(f.ext_scaled > 0 for f in facts.fits)
     )
 
 
@@ -775,7 +959,9 @@ def _deficit_cap(
         or not size
     ):
         return _MILLI
-    return _down(mfs - max(0.0, n.tried_gib - n.free_gib) / size)
+    # A 0.5.10 draft pool in the same headroom shrinks with the fraction: each thousandth
+    # frees (1 + k) thousandths of pre.
+    return _down(mfs - max(0.0, n.tried_gib - n.free_gib) / (size * (1 + facts.draft_kv_ratio)))
 
 
 def _by_model(

@@ -65,10 +65,18 @@ request cap (``--max-running-requests``) clamps the captured sizes, and on 0.5.2
   tokens; draft weights U(0.01, 0.04) x the target's.
   Spec families: SGLang 0.5.10 or 0.5.23; draft graph activations log-U(0.0005, 0.02) GiB per
   token, draft KV U(0.02, 0.15) x the target's per token; the request cap is 48 (p=0.7) or an
-  explicit U{8..256}; the other figures as above.
+  explicit U{8..256}; on 0.5.23 prefill graphs as in ``multipass`` (SGLang captures them for
+  EAGLE-family targets too, then the draft's; drawn from a generator of their own so that
+  every case keeps its other figures); the other figures as above.
 - ``hybrid``: a Mamba hybrid with MTP (p=0.6) or without, conv+ssm state U(0.02, 0.3) GiB per
   slot, strategy as each version resolves it for a working launch (0.5.10: extra_buffer with
   spec, no_buffer without; 0.5.23: auto, i.e. extra_buffer with the overlap schedule).
+
+All families: no minimum KV pool (``min_kv_tokens`` 0; its draw is kept so the other figures do
+not move). SGLang 0.5.10 and 0.5.23 refuse a full-attention pool only at 0 tokens
+(``MemoryPoolConfig.__post_init__``); the floor the issue-6 generator draws has no counterpart
+for these models (a hybrid's floor is its state cache, modelled; sliding-window models, whose
+``validate_swa_pool_size`` has one, are not in the families).
 
 Where the generator may flatter the policy (read the family tables with this in mind):
 
@@ -78,8 +86,18 @@ Where the generator may flatter the policy (read the family tables with this in 
 - Memory is deterministic: a setting that failed fails again, one that fits always fits; no
   fragmentation, no allocator caching slack, no rank that differs from another.
 - Graph memory is linear in the largest captured size (tokens per request included) plus a
-  per-graph constant, the shape the policy's per-pass estimate assumes; SGLang's real growth
-  is only roughly linear (attention backends, torch.compile, NCCL buffers).
+  per-graph constant, the shape the policy's per-pass estimate assumes: a decode-like pass's
+  first step proportional to the bs, a prefill pass fixed. SGLang's real growth is only
+  roughly linear (attention backends, torch.compile, NCCL buffers), and a first step with a
+  constant part (static buffers) is extrapolated too low to a smaller bs (the policy tests'
+  ``tests/multipass.py`` world has such a part).
+- Each pass's begin line is present, so every finished pass has an exact size; 0.5.10's draft
+  pool is exactly the target's token count times its cell (as SGLang sizes it), which the
+  policy solves for with the fraction.
+- The policy's constants were not tuned to these draws, but its priors for what no log shows
+  yet (warmup after a capture OOM, ``default_warmup_gib``; passes not yet begun,
+  ``LATER_PASS_SHARE``) decide most of the attempts after a first failure: the warmup need is
+  drawn U(0.1, 3) GiB whatever the model, the draft graphs independently of the target's.
 - The truth used for "feasible" and "headroom" searches only the fraction and graph bs at the
   attempt's own request cap and env; it never credits the spec parameters (never changed, by
   design) nor Mamba knobs the policy does not touch.
@@ -170,20 +188,31 @@ FAMILIES = ("multipass", "eagle", "eagle3", "mtp", "hybrid")
 
 
 def _base(rng: random.Random, versions: Sequence[str]) -> MemoryScenario:
-    """draw_case's plain scenario, on one of ``versions``."""
+    """draw_case's plain scenario, on one of ``versions``, without a minimum KV pool.
+
+    SGLang 0.5.10 and 0.5.23 refuse a full-attention KV pool only when it has no token at all
+    (``MemoryPoolConfig.__post_init__``: ``max_total_num_tokens <= 0``, 0.5.10
+    model_runner_kv_cache_mixin.py:56, 0.5.23 pool_configurator.py:95); the families' models
+    have no sliding window (whose floor is ``validate_swa_pool_size``), and a hybrid's floor
+    is its state cache, modelled separately. So ``min_kv_tokens`` is 0 here; its draw is kept
+    so that every other figure is the one drawn before this fix.
+    """
     gpu = rng.uniform(24.0, 141.0)
     tp = rng.choice((1, 2, 4, 8))
     other = 0.0 if rng.random() < 0.5 else rng.uniform(0.0, 0.3 * gpu)
     context = rng.uniform(0.5, 3.0)
     pre = gpu - other - context
+    weights = rng.uniform(0.05, 1.05) * pre * tp
+    kv = rng.uniform(0.01, 0.3)
+    _ = rng.random() < 0.5 or rng.randint(1, 16384)  # the former min_kv_tokens draw
     return MemoryScenario(
         gpu_total_gib=gpu,
-        weights_gib=rng.uniform(0.05, 1.05) * pre * tp,
+        weights_gib=weights,
         tp=tp,
         other_used_gib=other,
         context_gib=context,
-        kv_gib_per_1k_tokens=rng.uniform(0.01, 0.3),
-        min_kv_tokens=0 if rng.random() < 0.5 else rng.randint(1, 16384),
+        kv_gib_per_1k_tokens=kv,
+        min_kv_tokens=0,
         graph_gib_per_bs=math.exp(rng.uniform(math.log(0.001), math.log(0.08))),
         graph_overhead_gib=rng.uniform(0.001, 0.05),
         warmup_gib=rng.uniform(0.1, 3.0),
@@ -249,6 +278,16 @@ def draw_family_case(rng: random.Random, index: int, family: str) -> Case:
         raise ValueError(f"unknown family {family!r} (one of {', '.join(FAMILIES)})")
     mfs = None if rng.random() < 0.5 else round(rng.uniform(0.55, 0.95), 2)
     bs = None if rng.random() < 0.5 else rng.choice(EXPLICIT_BS)
+    # 0.5.23 captures the target's prefill graphs (breakable, the CUDA default) for EAGLE-family
+    # targets too, and the draft's after them (cuda_graph_setup.capture_prefill_graph,
+    # eagle_worker_v2.init_cuda_graphs): the same distribution as ``multipass``, drawn from a
+    # generator of its own so that every other figure, and every later case, is the one drawn
+    # before this fix. 0.5.10 has no prefill graphs (speculative decoding turns its piecewise
+    # graphs off).
+    own = random.Random(f"prefill-{family}-{index}-{s.gpu_total_gib!r}")
+    prefill = (own.uniform(0.2, 3.0), own.uniform(0.002, 0.02))
+    if family in ("eagle", "eagle3", "mtp") and s.new_order:
+        s = replace(s, prefill_graph_gib=prefill[0], prefill_graph_overhead_gib=prefill[1])
     return Case(index, s, LaunchParams(mfs, bs), family)
 
 

@@ -609,6 +609,39 @@ def test_0_5_10_bare_capture_line_is_target_verify_with_spec() -> None:
 
 
 @pytest.mark.parametrize(
+    ("version", "begins", "ended", "draft_kv"),
+    [
+        # 0.5.23: both pools first (the draft's is the second KV line, 2.00 GB), then target
+        # prefill, target verify (ended) and draft extend (failed).
+        ("0523",
+         [("target_prefill", 28.0), ("target_verify", 26.88), ("draft_extend", 9.26)], 2, 2.0),
+        # 0.5.10: target verify (ended), the draft's weights and its pool (0.40 GB, after the
+        # target's graphs), then draft extend (failed).
+        ("0510", [("target_verify", 28.0), ("draft_extend", 8.49)], 1, 0.4),
+    ],
+)
+def test_every_capture_pass_and_the_draft_pool_are_read(
+    version: str, begins: list[tuple[str, float]], ended: int, draft_kv: float
+) -> None:
+    """Each ``Capture ... begin`` line's pass and avail mem (the smallest over ranks), the
+    ``end`` lines, and the draft's ``KV Cache is allocated`` line (a rank's second)."""
+    n = follow(read_log(f"v{version}_oom_draft_extend_mtp_seed_tp4.log"))[0].numbers
+    assert (begins, ended, draft_kv) == (n.graph_begins, n.graph_passes_ended, n.draft_kv_gib)
+    assert n.kv_tokens == 1444864  # the target's line still gives the token count
+
+
+def test_a_begin_line_without_avail_mem_leaves_the_pass_sizes_unknown() -> None:
+    """A pass whose begin line shows no figure cannot be sized: no ``graph_begins``."""
+    text = (
+        "[2026-06-17 19:52:43 TP0] Capture target prefill CUDA graph begin. backend=breakable, "
+        "num_tokens=[64, 128], avail mem=28.00 GB\n"
+        "[2026-06-17 19:52:52 TP0] Capture target verify CUDA graph begin. backend=full\n"
+    )
+    n = follow(text)[0].numbers
+    assert (None, "target_verify") == (n.graph_begins, n.graph_pass)
+
+
+@pytest.mark.parametrize(
     ("line", "size", "gib"),
     [
         # 0.5.23 memory_pool.py:1005 (no spec; trailing space as printed)

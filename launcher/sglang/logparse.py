@@ -808,6 +808,11 @@ class LogFollower:
         self._firsts: dict[Figure, dict[str, float]] = {f: {} for f in _FIGURE_FIELDS}
         # rank -> (capture passes it began, avail mem at its latest begin)
         self._rank_pass: dict[str, tuple[int, float | None]] = {}
+        # per pass index: (GraphPass value, avail figures of its begin lines over the ranks)
+        self._pass_begins: list[tuple[str, list[float | None]]] = []
+        self._rank_ends: dict[str, int] = {}  # rank -> "Capture ... end" lines seen
+        self._rank_kv_lines: dict[str, int] = {}  # rank -> "KV Cache is allocated" lines seen
+        self._draft_kv: dict[str, float] = {}
         self._draft_weights: dict[str, float] = {}
         self._tb: _OpenTraceback | None = None
         self._failures: list[Traceback | FailureSignature] = []
@@ -1029,6 +1034,13 @@ class LogFollower:
             if m := _KV_ALLOC.search(msg):
                 if self.numbers.kv_tokens is None:
                     self.numbers.kv_tokens = int(m.group(1))
+                key = rank or ""
+                self._rank_kv_lines[key] = self._rank_kv_lines.get(key, 0) + 1
+                if self._rank_kv_lines[key] == 2 and self.numbers.speculative:
+                    # The draft's pool: the same unlabelled line, the rank's second
+                    # (model_runner_kv_cache_mixin.py 0.5.10; kv_cache_configurator.py 0.5.23).
+                    self._draft_kv[key] = sum(float(v) for v in m.groups()[1:] if v is not None)
+                    self.numbers.draft_kv_gib = round(max(self._draft_kv.values()), 2)
                 sizes = zip(
                     (Figure.KV_K_SIZE, Figure.KV_V_SIZE, Figure.KV_SIZE),
                     m.groups()[1:],
@@ -1049,6 +1061,9 @@ class LogFollower:
             if self.numbers.max_running_requests is None:
                 self.numbers.max_running_requests = int(m.group(1))
         elif m := _GRAPH_END.match(msg):
+            key = rank or ""
+            self._rank_ends[key] = self._rank_ends.get(key, 0) + 1
+            self.numbers.graph_passes_ended = max(self._rank_ends.values())
             figure(Figure.GRAPH_END_USAGE, m.group(1))
             figure(Figure.GRAPH_END_AVAIL, m.group(2))
         elif m := _SUMMARY.match(msg):
@@ -1117,6 +1132,17 @@ class LogFollower:
         at_pass = [a for c, a in self._rank_pass.values() if c == n.graph_passes_begun]
         figures = [a for a in at_pass if a is not None]
         n.graph_begin_avail_gib = min(figures) if figures else None
+        if count > len(self._pass_begins):
+            self._pass_begins.append((graph_pass_of(msg, speculative=n.speculative).value, []))
+        self._pass_begins[count - 1][1].append(avail)
+        begins: list[tuple[str, float]] = []
+        for name, values in self._pass_begins:
+            known = [v for v in values if v is not None]
+            if not known:
+                n.graph_begins = None
+                return
+            begins.append((name, min(known)))
+        n.graph_begins = begins
 
     def _args_dump(self, msg: str) -> None:
         n = self.numbers

@@ -73,6 +73,10 @@ class Numbers:
     graph_first_begin_avail_gib: float | None = None  # first "Capture ... begin" (any pass)
     graph_pass: str | None = None  # GraphPass value of the last "Capture ... begin" line
     graph_passes_begun: int | None = None  # how many capture passes began
+    # (GraphPass value, avail mem) of every "Capture ... begin" line in order (the smallest
+    # over the ranks that printed it); None when a begin line showed no avail figure.
+    graph_begins: list[tuple[str, float]] | None = None
+    graph_passes_ended: int | None = None  # how many "Capture ... end" lines (one rank)
     graph_last_avail_gib: float | None = None  # last "Capturing batches (bs=.. avail_mem=X GB)"
     graph_last_bs: int | None = None  # bs of that last progress line
     graph_steps_done: int | None = None  # k of the last "Capturing batches ... k/n"
@@ -83,6 +87,9 @@ class Numbers:
     cuda_graph_max_bs: int | None = None  # resolved value from the server_args dump
     max_total_num_tokens: int | None = None  # from the TP0 summary line
     draft_weights_gib: float | None = None  # draft "Load weight end. type=...NextN/MTP/Eagle"
+    # The draft's pool: the second "KV Cache is allocated" line of a rank (K + V, or KV size).
+    # 0.5.10 allocates it after the target's graphs, out of the (1 - mfs) x pre headroom.
+    draft_kv_gib: float | None = None
     # Speculative decoding and hybrid settings, from the server_args dump (None: not shown).
     speculative_algorithm: str | None = None
     speculative_num_steps: int | None = None

@@ -44,7 +44,9 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
       draft's ``Load weight end`` (``draft_weights_gib``) and the ``Mamba Cache is allocated``
       line (``mamba_cache_size``, ``mamba_state_gib``) once printed; the capture passes
       (``graph_pass`` of the last begin line, ``graph_first_begin_avail_gib``,
-      ``graph_passes_begun``); 0.5.23's hybrid state errors' ``max_mamba_cache_size`` and
+      ``graph_passes_begun``, every begin line's ``graph_begins``, the ``end`` lines'
+      ``graph_passes_ended``); the draft pool's ``KV Cache is allocated`` line
+      (``draft_kv_gib``); 0.5.23's hybrid state errors' ``max_mamba_cache_size`` and
       ``mamba_cache_per_req``;
     - any CUDA OOM: ``tried_gib``, ``free_gib``, ``total_gib`` from torch's message;
     - a 0.5.10 draft weight or pool OOM after the target's graphs: ``oom_graph_capture`` in
@@ -84,6 +86,8 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         numbers.mamba_state_gib = _gib(trace.mamba.total_gib)
     if trace.kv_pool_gib is not None and trace.kv_pool_gib > 0:
         numbers.kv_tokens = trace.kv_tokens
+    if spec is not None and trace.draft_kv_pool_gib is not None:  # the second KV line
+        numbers.draft_kv_gib = _gib(trace.draft_kv_pool_gib)
     if trace.pool_end_free_gib is not None:
         numbers.pool_end_avail_gib = _gib(trace.pool_end_free_gib)
     if trace.passes:
@@ -95,12 +99,13 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         ):
             # The pass names, as the classifier reads them, only for the multi-pass families
             # (issue 9). Plain scenarios (issue 6's benchmark, the property tests) keep the
-            # older reading without them: with them the policy's multi-pass estimate
-            # (FIXED_GRAPH_SHARE) walks kv_too_small up 0.001 a try on small GPUs, a known
-            # policy weakness reported in docs/benchmarks.md, not yet fixed.
+            # older reading without them, so that their figures stay comparable across
+            # branches.
             numbers.graph_first_begin_avail_gib = _gib(trace.passes[0].begin_free_gib)
             numbers.graph_pass = last.name
             numbers.graph_passes_begun = len(trace.passes)
+            numbers.graph_begins = [(p.name, _gib(p.begin_free_gib)) for p in trace.passes]
+            numbers.graph_passes_ended = sum(p.end_free_gib is not None for p in trace.passes)
         last_bs, last_free = last.steps[-1]
         numbers.graph_last_avail_gib = _gib(last_free)
         numbers.graph_last_bs = last_bs
