@@ -27,9 +27,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from launcher.sglang.budget import DEFAULT_MARGIN, GIB, Estimate
 from launcher.sglang.observed import Observed
 
 __all__ = [
+    "ALL_PASSES",
     "CALIBRATED_MARGIN",
     "COLD_MARGIN",
     "Correction",
@@ -37,18 +39,22 @@ __all__ = [
     "KeyedObservation",
     "Match",
     "ObservationKey",
+    "apply",
     "calibrate",
     "corrected",
     "describe",
+    "guess_of",
     "learn",
+    "learn_estimate",
     "select",
 ]
 
-# Safety margins (fraction of the GPU) a chooser may leave: without observations the guess
-# can be off by several percent of the card; once corrected by measured costs of this
-# architecture on this GPU type, by the log's rounding and run-to-run noise.
-COLD_MARGIN = 0.04
-CALIBRATED_MARGIN = 0.015
+# The margin ``launcher.sglang.budget.choose`` leaves (a share of the estimated graph +
+# activation memory): the estimator's cold prior, and what measured costs of this
+# architecture on this GPU type warrant (the log's rounding, run-to-run noise, and the spread
+# between observations, added on top).
+COLD_MARGIN = DEFAULT_MARGIN
+CALIBRATED_MARGIN = 0.06
 
 
 @dataclass(frozen=True)
@@ -70,31 +76,40 @@ class ObservationKey:
                 "sglang_version": self.sglang_version, "speculative": self.speculative}
 
 
+ALL_PASSES = "*"  # a CostGuess.graph_gib key: every capture pass together
+
+
 @dataclass(frozen=True)
 class CostGuess:
-    """An estimate of one server's memory components per GPU (GiB unless named otherwise).
+    """An estimate of one server's memory components per GPU (GiB unless named otherwise),
+    for the setting an attempt ran with.
 
-    ``graph_gib_per_bs`` maps a capture pass (``GraphPass`` value) to its memory per captured
-    batch size; ``activations_gib`` is what warmup and serving need outside the static pool
-    beyond the graphs.
+    ``graph_gib`` maps a capture pass (``GraphPass`` value), or ``ALL_PASSES``, to the memory
+    the estimator expects it to take at graph bs ``graph_bs``; ``activations_gib`` is what
+    warmup needs outside the static pool beyond the graphs; ``pre_load_free_gib`` what the
+    estimator expects free before the weights (the GPU less other processes and the CUDA
+    context).
     """
 
     weights_gib: float
     kv_bytes_per_token: float
-    graph_gib_per_bs: Mapping[str, float] = field(default_factory=dict)
+    graph_gib: Mapping[str, float] = field(default_factory=dict)
+    graph_bs: int = 0
     activations_gib: float = 0.0
     draft_weights_gib: float = 0.0
     draft_kv_bytes_per_token: float = 0.0
     mamba_gib_per_slot: float = 0.0
+    pre_load_free_gib: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "weights_gib": self.weights_gib, "kv_bytes_per_token": self.kv_bytes_per_token,
-            "graph_gib_per_bs": dict(self.graph_gib_per_bs),
+            "graph_gib": dict(self.graph_gib), "graph_bs": self.graph_bs,
             "activations_gib": self.activations_gib,
             "draft_weights_gib": self.draft_weights_gib,
             "draft_kv_bytes_per_token": self.draft_kv_bytes_per_token,
             "mamba_gib_per_slot": self.mamba_gib_per_slot,
+            "pre_load_free_gib": self.pre_load_free_gib,
         }
 
     @classmethod
@@ -103,15 +118,17 @@ class CostGuess:
         row recorded without an estimate)."""
         if data.get("weights_gib") is None or data.get("kv_bytes_per_token") is None:
             return None
-        graphs = data.get("graph_gib_per_bs") or {}
+        graphs = data.get("graph_gib") or {}
         return cls(
             weights_gib=float(data["weights_gib"]),
             kv_bytes_per_token=float(data["kv_bytes_per_token"]),
-            graph_gib_per_bs={str(k): float(v) for k, v in dict(graphs).items()},
+            graph_gib={str(k): float(v) for k, v in dict(graphs).items()},
+            graph_bs=int(data.get("graph_bs") or 0),
             activations_gib=float(data.get("activations_gib") or 0.0),
             draft_weights_gib=float(data.get("draft_weights_gib") or 0.0),
             draft_kv_bytes_per_token=float(data.get("draft_kv_bytes_per_token") or 0.0),
             mamba_gib_per_slot=float(data.get("mamba_gib_per_slot") or 0.0),
+            pre_load_free_gib=float(data.get("pre_load_free_gib") or 0.0),
         )
 
 
@@ -139,10 +156,11 @@ class Match(enum.StrEnum):
 class Correction:
     """Factors to multiply the estimator's guesses by (1.0: no evidence), and their basis.
 
-    ``graph`` holds a factor per capture pass seen; ``graph_default`` applies to passes not
-    seen (the median of those seen). ``spread`` is the largest relative disagreement between
-    observations of one component (0 with one observation): how far a chooser should trust
-    the corrected figures beyond ``CALIBRATED_MARGIN``.
+    ``graph`` holds a factor per capture pass seen (``ALL_PASSES``: all together);
+    ``graph_default`` applies to passes not seen (the median of the factors). ``spread`` is
+    the largest relative disagreement between observations of one component (0 with one
+    observation): how far a chooser should trust the corrected figures beyond
+    ``CALIBRATED_MARGIN``.
     """
 
     weights: float = 1.0
@@ -153,16 +171,20 @@ class Correction:
     draft_weights: float = 1.0
     draft_kv: float = 1.0
     mamba: float = 1.0
+    context_gib: float = 0.0  # GiB more than guessed taken before the weights (CUDA, NCCL)
     observations: int = 0
     match: Match = Match.NONE
     spread: float = 0.0
 
     @property
     def margin(self) -> float:
-        """The safety margin (fraction of the GPU) this basis warrants."""
+        """The margin for ``budget.choose`` (share of graphs + activations) this basis
+        warrants: the cold one without observations; less once measured, more the more the
+        observations disagree (never more than the cold one)."""
         if self.match is Match.NONE:
             return COLD_MARGIN
-        return min(COLD_MARGIN, CALIBRATED_MARGIN + self.spread / 4)
+        extra = 0.03 if self.match is Match.FAMILY else 0.0
+        return min(COLD_MARGIN, CALIBRATED_MARGIN + extra + self.spread)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -171,7 +193,8 @@ class Correction:
             "graph_default": round(self.graph_default, 4),
             "activations": round(self.activations, 4),
             "draft_weights": round(self.draft_weights, 4), "draft_kv": round(self.draft_kv, 4),
-            "mamba": round(self.mamba, 4), "observations": self.observations,
+            "mamba": round(self.mamba, 4), "context_gib": round(self.context_gib, 3),
+            "observations": self.observations,
             "match": self.match.value, "spread": round(self.spread, 4),
             "margin": round(self.margin, 4),
         }
@@ -212,12 +235,25 @@ def _ratios(
     return out
 
 
-def _observed_graph(name: str) -> Callable[[Observed], float | None]:
-    return lambda o: o.graph_gib_per_bs(name)
-
-
-def _guessed_graph(name: str) -> Callable[[CostGuess], float]:
-    return lambda g: g.graph_gib_per_bs.get(name, 0.0)
+def _graph_ratios(rows: Sequence[KeyedObservation], name: str) -> list[float]:
+    """observed / guessed memory of capture pass ``name`` (``ALL_PASSES``: the sum of every
+    pass, only from attempts that got past the capture), at the bs the attempt ran with."""
+    out = []
+    for row in rows:
+        o, g = row.observed, row.guess
+        if g is None or g.graph_gib.get(name, 0.0) <= 0:
+            continue
+        if g.graph_bs and o.graph_max_bs and o.graph_max_bs != g.graph_bs:
+            continue  # the guess was for another setting than the one that ran
+        if name == ALL_PASSES:
+            if o.ready_avail_gib is None or not o.graph_mem_gib:
+                continue
+            seen: float | None = sum(o.graph_mem_gib.values())
+        else:
+            seen = o.graph_mem_gib.get(name)
+        if seen is not None and seen > 0:
+            out.append(seen / g.graph_gib[name])
+    return out
 
 
 def _median(values: list[float]) -> float:
@@ -261,11 +297,11 @@ def calibrate(
     weights = _ratios(rows, lambda o: o.weights_gib, lambda g: g.weights_gib)
     kv = _ratios(rows, lambda o: o.kv_bytes_per_token, lambda g: g.kv_bytes_per_token)
     mamba = _ratios(rows, lambda o: o.mamba_gib_per_slot, lambda g: g.mamba_gib_per_slot)
-    passes = sorted({p for r in rows for p in r.observed.graph_mem_gib})
+    passes = sorted({p for r in rows if r.guess is not None for p in r.guess.graph_gib})
     graph: dict[str, float] = {}
     graph_all: list[float] = []
     for name in passes:
-        ratios = _ratios(rows, _observed_graph(name), _guessed_graph(name))
+        ratios = _graph_ratios(rows, name)
         if ratios:
             graph[name] = _median(ratios)
             graph_all.extend(ratios)
@@ -276,12 +312,19 @@ def calibrate(
         draft_kv = _ratios(rows, lambda o: o.draft_kv_bytes_per_token,
                            lambda g: g.draft_kv_bytes_per_token)
     activations = _activation_ratios(rows)
+    context = [
+        r.guess.pre_load_free_gib - r.observed.pre_load_avail_gib
+        for r in rows
+        if r.guess is not None and r.guess.pre_load_free_gib > 0
+        and r.observed.pre_load_avail_gib is not None
+    ]
     spread = max(_spread(v) for v in (weights, kv, graph_all, mamba))
     return Correction(
         weights=_median(weights), kv=_median(kv), graph=graph,
         graph_default=_median(list(graph.values())),
         activations=max(activations, default=1.0),
         draft_weights=_median(draft_w), draft_kv=_median(draft_kv), mamba=_median(mamba),
+        context_gib=statistics.median(context) if context else 0.0,
         observations=len(rows), match=match, spread=spread,
     )
 
@@ -290,13 +333,14 @@ def corrected(guess: CostGuess, correction: Correction) -> CostGuess:
     """``guess`` with each component multiplied by its factor."""
     graphs = {
         name: gib * correction.graph.get(name, correction.graph_default)
-        for name, gib in guess.graph_gib_per_bs.items()
+        for name, gib in guess.graph_gib.items()
     }
     return replace(
         guess,
         weights_gib=guess.weights_gib * correction.weights,
         kv_bytes_per_token=guess.kv_bytes_per_token * correction.kv,
-        graph_gib_per_bs=graphs,
+        graph_gib=graphs,
+        pre_load_free_gib=guess.pre_load_free_gib - correction.context_gib,
         activations_gib=guess.activations_gib * correction.activations,
         draft_weights_gib=guess.draft_weights_gib * correction.draft_weights,
         draft_kv_bytes_per_token=guess.draft_kv_bytes_per_token * correction.draft_kv,
@@ -325,5 +369,64 @@ def describe(correction: Correction) -> str:
         parts.append(f"graphs x{correction.graph_default:.3f}")
     if correction.activations != 1.0:
         parts.append(f"activations x{correction.activations:.3f}")
+    if correction.context_gib:
+        parts.append(f"context {correction.context_gib:+.2f} GiB")
     return (f"corrected by {correction.observations} observation(s) of {basis}: "
             + ", ".join(parts) + f"; margin {correction.margin:.3f}")
+
+
+# --- the estimator's side (launcher.sglang.budget) -------------------------------------------
+
+
+def guess_of(e: Estimate, bs: int) -> CostGuess:
+    """What the estimate ``e`` expects of an attempt at graph bs ``bs``: the guess to store
+    with that attempt. Store the *uncorrected* estimate's guess (default coefficients), so
+    that observed / guessed ratios always compare with the same prior and never compound."""
+    return CostGuess(
+        weights_gib=e.weights_gib,
+        kv_bytes_per_token=float(e.kv_bytes_per_token),
+        graph_gib={ALL_PASSES: e.graphs_gib(bs)},
+        graph_bs=bs,
+        activations_gib=e.activations_gib(),
+        draft_weights_gib=e.draft_weights_gib,
+        draft_kv_bytes_per_token=float(e.draft_kv_bytes_per_token),
+        mamba_gib_per_slot=e.state_bytes_per_req / GIB,
+        pre_load_free_gib=e.pre_load_free_gib,
+    )
+
+
+def apply(e: Estimate, correction: Correction) -> Estimate:
+    """``e`` with its costs replaced by the measured ones: weights, KV and state bytes, the
+    CUDA context (and so the free memory before the weights) and the graph / activation
+    coefficients, each by its correction. No observations: ``e`` unchanged."""
+    if correction.match is Match.NONE:
+        return e
+    c = correction
+    graphs = c.graph.get(ALL_PASSES, c.graph_default)
+    coeffs = replace(
+        e.coeffs,
+        graphs_scale=e.coeffs.graphs_scale * graphs,
+        activations_scale=e.coeffs.activations_scale * c.activations,
+        context_gib=e.coeffs.context_gib + c.context_gib,
+    )
+    return replace(
+        e,
+        coeffs=coeffs,
+        weights_gib=e.weights_gib * c.weights,
+        draft_weights_gib=e.draft_weights_gib * c.draft_weights,
+        kv_bytes_per_token=max(1, round(e.kv_bytes_per_token * c.kv)),
+        draft_kv_bytes_per_token=round(e.draft_kv_bytes_per_token * c.draft_kv),
+        state_bytes_per_req=round(e.state_bytes_per_req * c.mamba),
+        context_gib=e.context_gib + c.context_gib,
+        pre_load_free_gib=e.pre_load_free_gib - c.context_gib,
+    )
+
+
+def learn_estimate(
+    history: Iterable[KeyedObservation], key: ObservationKey, e: Estimate
+) -> tuple[Estimate, Correction]:
+    """``e`` corrected by what ``history`` measured for ``key``, and the correction (its
+    ``margin`` is the one to choose with). The first-attempt choice calls this."""
+    match, rows = select(history, key)
+    correction = calibrate(rows, match)
+    return apply(e, correction), correction

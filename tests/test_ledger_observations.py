@@ -22,7 +22,7 @@ from launcher.store import (
 
 KEY = ObservationKey("Qwen3ForCausalLM", "NVIDIA H200", "0.5.23", "")
 GUESS = CostGuess(weights_gib=30.0, kv_bytes_per_token=65536.0,
-                  graph_gib_per_bs={"target_decode": 0.002}, activations_gib=2.0)
+                  graph_gib={"target_decode": 0.5}, graph_bs=256, activations_gib=2.0)
 OBS = Observed(weights_gib=30.73, kv_tokens=1106880, kv_pool_gib=76.06,
                graph_mem_gib={"target_decode": 0.66}, graph_max_bs=256, ready_avail_gib=28.14)
 P = LaunchParams(0.812, 256)
