@@ -21,6 +21,7 @@ or architecture says nothing about this one).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +35,7 @@ __all__ = [
     "ALL_PASSES",
     "CALIBRATED_MARGIN",
     "COLD_MARGIN",
+    "CalibratedEstimate",
     "Correction",
     "CostGuess",
     "KeyedObservation",
@@ -172,6 +174,8 @@ class Correction:
     draft_kv: float = 1.0
     mamba: float = 1.0
     context_gib: float = 0.0  # GiB more than guessed taken before the weights (CUDA, NCCL)
+    graph_bs: int = 0  # the largest graph bs whose capture was measured (0: none)
+    graph_measured_gib: float = 0.0  # the median of the measured totals of all passes
     observations: int = 0
     match: Match = Match.NONE
     spread: float = 0.0
@@ -194,6 +198,8 @@ class Correction:
             "activations": round(self.activations, 4),
             "draft_weights": round(self.draft_weights, 4), "draft_kv": round(self.draft_kv, 4),
             "mamba": round(self.mamba, 4), "context_gib": round(self.context_gib, 3),
+            "graph_bs": self.graph_bs,
+            "graph_measured_gib": round(self.graph_measured_gib, 3),
             "observations": self.observations,
             "match": self.match.value, "spread": round(self.spread, 4),
             "margin": round(self.margin, 4),
@@ -235,9 +241,13 @@ def _ratios(
     return out
 
 
-def _graph_ratios(rows: Sequence[KeyedObservation], name: str) -> list[float]:
+def _graph_ratios(
+    rows: Sequence[KeyedObservation], name: str, bs_seen: list[int] | None = None,
+    totals: list[float] | None = None,
+) -> list[float]:
     """observed / guessed memory of capture pass ``name`` (``ALL_PASSES``: the sum of every
-    pass, only from attempts that got past the capture), at the bs the attempt ran with."""
+    pass, only from attempts that got past the capture), at the bs the attempt ran with
+    (appended to ``bs_seen``; the observed figures to ``totals``)."""
     out = []
     for row in rows:
         o, g = row.observed, row.guess
@@ -253,6 +263,10 @@ def _graph_ratios(rows: Sequence[KeyedObservation], name: str) -> list[float]:
             seen = o.graph_mem_gib.get(name)
         if seen is not None and seen > 0:
             out.append(seen / g.graph_gib[name])
+            if bs_seen is not None:
+                bs_seen.append(g.graph_bs or o.graph_max_bs or 0)
+            if totals is not None and name == ALL_PASSES:
+                totals.append(seen)
     return out
 
 
@@ -300,8 +314,10 @@ def calibrate(
     passes = sorted({p for r in rows if r.guess is not None for p in r.guess.graph_gib})
     graph: dict[str, float] = {}
     graph_all: list[float] = []
+    bs_seen: list[int] = []
+    totals: list[float] = []
     for name in passes:
-        ratios = _graph_ratios(rows, name)
+        ratios = _graph_ratios(rows, name, bs_seen, totals)
         if ratios:
             graph[name] = _median(ratios)
             graph_all.extend(ratios)
@@ -325,6 +341,8 @@ def calibrate(
         activations=max(activations, default=1.0),
         draft_weights=_median(draft_w), draft_kv=_median(draft_kv), mamba=_median(mamba),
         context_gib=statistics.median(context) if context else 0.0,
+        graph_bs=max(bs_seen, default=0),
+        graph_measured_gib=statistics.median(totals) if totals else 0.0,
         observations=len(rows), match=match, spread=spread,
     )
 
@@ -395,10 +413,34 @@ def guess_of(e: Estimate, bs: int) -> CostGuess:
     )
 
 
+@dataclass(frozen=True)
+class CalibratedEstimate(Estimate):
+    """An estimate whose graph memory was measured: ``graphs_measured_gib`` at graph bs
+    ``graphs_measured_bs`` (of this model, or of another of its family).
+
+    Graph memory is a part that grows with the captured sizes and the model (activation
+    pools) and a part that does not (workspaces, 0.5.23's prefill-graph pool, NCCL buffers);
+    one measurement cannot split them, so the answer is the larger of the two readings: the
+    prior scaled by the measured ratio (all of it proportional), at no smaller a bs than the
+    measured one (graph memory only grows with the bs), and the measured figure itself (all
+    of it fixed). For the measured model at the measured bs both are the measurement.
+    """
+
+    graphs_measured_bs: int = 0
+    graphs_measured_gib: float = 0.0
+
+    def graphs_gib(self, bs: int) -> float:
+        scaled = super().graphs_gib(max(bs, self.graphs_measured_bs))
+        if self.shape.disable_cuda_graph:
+            return scaled
+        return max(scaled, self.graphs_measured_gib)
+
+
 def apply(e: Estimate, correction: Correction) -> Estimate:
     """``e`` with its costs replaced by the measured ones: weights, KV and state bytes, the
     CUDA context (and so the free memory before the weights) and the graph / activation
-    coefficients, each by its correction. No observations: ``e`` unchanged."""
+    coefficients, each by its correction; a ``CalibratedEstimate`` when graph memory was
+    measured. No observations: ``e`` unchanged."""
     if correction.match is Match.NONE:
         return e
     c = correction
@@ -409,8 +451,11 @@ def apply(e: Estimate, correction: Correction) -> Estimate:
         activations_scale=e.coeffs.activations_scale * c.activations,
         context_gib=e.coeffs.context_gib + c.context_gib,
     )
+    fields = {f.name: getattr(e, f.name) for f in dataclasses.fields(Estimate)}
+    fields["graphs_measured_bs"] = c.graph_bs
+    fields["graphs_measured_gib"] = c.graph_measured_gib
     return replace(
-        e,
+        CalibratedEstimate(**fields),
         coeffs=coeffs,
         weights_gib=e.weights_gib * c.weights,
         draft_weights_gib=e.draft_weights_gib * c.draft_weights,
