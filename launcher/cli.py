@@ -11,6 +11,9 @@ Exit codes (the README's table; systemd/launcher@.service relies on them):
 - 3 (EXIT_NOT_READY): `status`: some configured server is not running and ready.
 - 4 (EXIT_GAVE_UP): `up`: every server gave up, so nothing is left to supervise
   (`--until-ready`: some server gave up). systemd does not restart on it.
+- 5 (EXIT_WONT_FIT): `up`: the memory estimate says some server cannot fit its GPUs (weights
+  alone exceed them, or the KV pool would fall below the minimum); nothing was launched.
+  `up --force` launches anyway (docs/memory.md).
 """
 
 from __future__ import annotations
@@ -50,13 +53,17 @@ from launcher.errors import (
     LogFormatError,
     RemoteCommandError,
     UsageError,
+    WontFit,
 )
 from launcher.eventlog import Format, configure
+from launcher.firstattempt import Planned, estimate_servers
 from launcher.gpus import check_gpus
+from launcher.memview import bar_text, legend
 from launcher.notify import ServerInfo, SlackNotifier
 from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
+from launcher.sglang.budget import observed_bar
 from launcher.sglang.classify import diagnose_text
 from launcher.sglang.logparse import LineSplitter, LogFollower
 from launcher.sglang.outcome import Diagnosis
@@ -73,6 +80,7 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_NOT_READY = 3
 EXIT_GAVE_UP = 4
+EXIT_WONT_FIT = 5
 
 def _flags_untyped(params: list[Any]) -> list[Any]:
     """``params`` with every flag's metavar set to "": typer shows a metavar, when set, instead
@@ -124,7 +132,8 @@ class _ConventionalGroupHelp(typer.core.TyperGroup):
 _EXIT_CODES_HELP = (
     "Exit codes: 0 ok (up: stopped by a signal; status: all ready); "
     "1 unexpected error, or problems found (check, down, diagnose); "
-    "2 config or usage error; 3 status: some server not ready; 4 up: every server gave up."
+    "2 config or usage error; 3 status: some server not ready; 4 up: every server gave up; "
+    "5 up: the memory estimate says a server cannot fit (nothing launched; --force)."
 )
 
 app = typer.Typer(
@@ -199,6 +208,8 @@ def _error(console: Console, exc: LauncherError, prefix: str = "") -> None:
 
 
 def _exit_code(exc: LauncherError) -> int:
+    if isinstance(exc, WontFit):
+        return EXIT_WONT_FIT
     return EXIT_USAGE if isinstance(exc, ConfigError | UsageError | LogFormatError) else EXIT_ERROR
 
 
@@ -360,6 +371,12 @@ def diagnose(
             else:
                 data["next_params"] = None
                 data["advice"] = f"{diag.advice} Policy: {nxt}"
+    observed = observed_bar(diag.numbers, diag.phase.value) if diag.outcome.is_memory else None
+    data["memory"] = None
+    if observed is not None:
+        data["memory"] = [{**observed.bar.as_dict(), "broke": observed.broke,
+                           "deficit_gib": None if observed.deficit_gib is None
+                           else round(observed.deficit_gib, 2)}]
     if as_json:
         out.print_json(json.dumps(data))
     else:
@@ -372,6 +389,12 @@ def diagnose(
         _say(out, ("advice", "bold"), f"   {data['advice']}")
         for remark in diag.remarks:
             _say(out, ("note", "bold"), f"     {remark}")
+        if observed is not None:
+            _say(out, ("memory", "bold"), f"   as the log shows it; broke in {observed.broke}")
+            out.print(bar_text(observed.bar, label=f"GPU {observed.bar.index}",
+                               mfs=observed.mem_fraction_static,
+                               deficit_gib=observed.deficit_gib), soft_wrap=True)
+            out.print(legend(observed.bar), soft_wrap=True)
         if diag.evidence:
             _say(out, ("evidence", "bold"))
             for line in diag.evidence:
@@ -383,13 +406,18 @@ def diagnose(
 def plan(
     config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Show each server's exact command line, env (secrets masked), run dir and OOM ladder."""
+    """Show each server's exact command line, env (secrets masked), run dir, OOM ladder, and
+    its memory estimate: the first attempt's params and one bar per GPU (reads config.json,
+    the weights' index and nvidia-smi on the host; docs/memory.md)."""
     config = _guard(lambda: _open(config_path))
     rows: list[dict[str, Any]] = []
-    for s in _guard(lambda: _selected(config, server)):
+    selected = _guard(lambda: _selected(config, server))
+    planned = anyio.run(estimate_servers, config, selected)
+    for s in selected:
         host = config.host(s.host)
         version = s.sglang_version or DEFAULT_VERSION
-        params = s.launch_params()
+        first = planned[s.name]
+        params = first.params
         secrets = {k: "***" for k in s.secret_env}
         cmd = server_command(s, params, version, secrets)
         p = config.policy_for(s.name)
@@ -419,6 +447,7 @@ def plan(
                     }
                     for q in ladder
                 ],
+                **_plan_memory(first),
             }
         )
     if as_json:
@@ -435,6 +464,45 @@ def plan(
             f"{q['mem_fraction_static']}/{q['cuda_graph_max_bs']}" for q in r["oom_ladder"]
         )
         _say(out, f"  after capture OOMs (fraction/graph bs): {steps or 'gives up'}")
+        _print_plan_memory(planned[r["server"]])
+
+
+def _plan_memory(first: Planned) -> dict[str, Any]:
+    """`plan --json`'s estimate keys: the first attempt and ``memory`` (one dict per GPU)."""
+    data: dict[str, Any] = {
+        "first_attempt": {"params": first.params.as_dict(), "source": first.source,
+                          "reason": first.reason, "refused": first.refused},
+        "memory": None,
+        "no_estimate": first.no_estimate,
+    }
+    if first.choice is not None:
+        b = first.choice.budget
+        data["memory"] = [g.as_dict() for g in b.gpus]
+        data["estimate"] = {
+            "mem_fraction_static": b.mem_fraction_static,
+            "cuda_graph_max_bs": b.cuda_graph_max_bs,
+            "margin": first.choice.margin,
+            "fits": b.fits,
+            "problem": b.problem,
+            "kv_tokens": b.kv_tokens,
+            "headroom_gib": round(b.headroom_gib, 2),
+            "pre_load_free_gib": round(b.pre_load_free_gib, 2),
+        }
+    return data
+
+
+def _print_plan_memory(first: Planned) -> None:
+    """The first attempt and one stacked bar per GPU (text from hosts appended, never markup)."""
+    style = "red" if first.refused else "bold"
+    _say(out, ("  first attempt", style), f"  {first.params.describe()}  ({first.source})")
+    _say(out, f"           {first.reason}")
+    if first.choice is None:
+        return
+    b = first.choice.budget
+    for g in b.gpus:
+        out.print(bar_text(g, mfs=b.mem_fraction_static), soft_wrap=True)
+    if b.gpus:
+        out.print(legend(b.gpus[0]), soft_wrap=True)
 
 
 # --- up ---------------------------------------------------------------------------------
@@ -478,6 +546,9 @@ def up(
         str, typer.Option("--log-format", help="auto (live view on a TTY), json or console.")
     ] = "auto",
     fresh: Annotated[bool, typer.Option("--fresh", help="Ignore remembered good params.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Launch even when the memory estimate says nothing fits (exit 5 "
+        "otherwise).")] = False,
 ) -> None:
     """Launch every server and supervise it to ready; keep it up."""
     if log_format not in ("auto", "json", "console"):
@@ -511,7 +582,8 @@ def up(
     )
     configure(fmt, stream=sys.stderr if live else sys.stdout)
     view = _LiveView() if live else None
-    opts = daemon.Options(until_ready=until_ready, stop_on_exit=stop_on_exit, fresh=fresh)
+    opts = daemon.Options(until_ready=until_ready, stop_on_exit=stop_on_exit, fresh=fresh,
+                          force=force)
     try:
         result = anyio.run(daemon.run, config, servers, secrets, notifier, opts, view)
     except LauncherError as exc:

@@ -263,6 +263,13 @@ class PolicyConfig(_Model):
     # Under speculative decoding on SGLang >= 0.5.23, set SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1
     # when lowering the fraction and the graph bs cannot make a capture OOM fit.
     allow_disable_draft_extend_graph: bool = False
+    # The first attempt's params (docs/memory.md): "auto" fills an unset mem_fraction_static /
+    # cuda_graph_max_bs from the memory estimate; "estimate" lets the estimate choose both even
+    # when set; "configured" never estimates (unset means SGLang's auto value). The ledger's
+    # last good params for the same launch win over all three.
+    initial: Literal["auto", "estimate", "configured"] = "auto"
+    # The share of the estimated graph + activation memory the estimate keeps spare.
+    estimate_margin: Annotated[float, Field(ge=0.0, le=2.0)] = 0.15
     stall: StallBudgets = Field(default_factory=StallBudgets)
 
 
@@ -296,6 +303,8 @@ class PolicyOverride(_Model):
     healthy_reset: Duration | None = None
     apply_prescribed_fixes: bool | None = None
     allow_disable_draft_extend_graph: bool | None = None
+    initial: Literal["auto", "estimate", "configured"] | None = None
+    estimate_margin: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     stall: StallOverride = Field(default_factory=StallOverride)
 
     def applied_to(self, base: PolicyConfig) -> PolicyConfig:

@@ -18,6 +18,8 @@ import structlog
 
 from launcher import remote
 from launcher.config import Config, ServerConfig
+from launcher.errors import WontFit
+from launcher.firstattempt import plan_first_attempt
 from launcher.lifecycle import State
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
@@ -53,6 +55,7 @@ class Options:
     until_ready: bool = False
     stop_on_exit: bool = False
     fresh: bool = False
+    force: bool = False  # launch even when the memory estimate says nothing fits
 
 
 @dataclass(frozen=True)
@@ -129,15 +132,32 @@ async def _supervise(config: Config, servers: list[ServerConfig],
                      view: View | None) -> Result:
     log = structlog.get_logger("launcher")
     fingerprints: dict[str, str] = {}
-    plans: list[tuple[ServerConfig, str, LaunchParams]] = []
+    plans: list[tuple[ServerConfig, str, LaunchParams, str]] = []
+    refused: list[tuple[str, str]] = []
     for s in servers:
         version = await sglang_version_of(s, transports[s.host])
         fp = fingerprint(s, config.host(s.host), version)
         fingerprints[s.name] = fp
-        initial, why = initial_params(ledger, fp, s.launch_params(), opts.fresh)
+        configured = s.launch_params()
+        initial, why = initial_params(ledger, fp, configured, opts.fresh)
+        first = await plan_first_attempt(
+            config, s, transports[s.host], version, configured,
+            warm=None if initial is configured else (initial, why))
+        if first.refused:
+            if not opts.force:
+                refused.append((s.name, first.reason))
+                continue
+            log.warning("estimate.forced", server=s.name, reason=first.reason)
+        initial, why = first.params, first.reason
         log.info("params.initial", server=s.name, params=initial.describe(), reason=why,
-                 sglang_version=version)
-        plans.append((s, version, initial))
+                 source=first.source, sglang_version=version)
+        plans.append((s, version, initial, why))
+    if refused:
+        raise WontFit(
+            "the memory estimate says nothing fits; nothing was launched:\n" + "\n".join(
+                f"  {name}: {reason}" for name, reason in refused),
+            servers=[name for name, _ in refused],
+            remedy="follow the fix above, or `launcher up --force` to launch anyway")
     recorder = LedgerRecorder(ledger, fingerprints)
     hooks: list[EventHook] = [recorder, notifier]
     metrics = Metrics() if config.metrics else None
@@ -150,8 +170,8 @@ async def _supervise(config: Config, servers: list[ServerConfig],
     sups = [
         ServerSupervisor(config, s, transports[s.host], sglang_version=version,
                          secret_env=secrets[s.name], stop_on_exit=opts.stop_on_exit,
-                         initial=initial, hooks=hooks)
-        for s, version, initial in plans
+                         initial=initial, initial_reason=why, hooks=hooks)
+        for s, version, initial, why in plans
     ]
     interrupted = False
 

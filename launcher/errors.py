@@ -13,6 +13,7 @@
     ├── RemoteCommandError             a remote command exited non-zero
     │   └── CommandTimedOut            it did not finish in time (transient: retried)
     ├── PreflightError                 GPUs / port / model path not usable for a launch
+    ├── WontFit                        the memory estimate says no setting fits (exit 5)
     ├── StateError                     the attempt ledger / state dir (lock held, corrupt)
     └── IllegalTransition              the start-up state machine got an impossible event
 """
@@ -132,6 +133,16 @@ class PreflightError(LauncherError):
     def __init__(self, message: str, *, transient: bool = False, remedy: str = "") -> None:
         self.transient = transient
         super().__init__(message, remedy=remedy)
+
+
+class WontFit(LauncherError):
+    """The memory estimate says no setting of the server fits its GPUs (weights alone exceed
+    them, or the KV pool would fall below the minimum); nothing was launched. ``servers``
+    names them. `launcher up --force` launches anyway."""
+
+    def __init__(self, message: str, *, servers: list[str], remedy: str = "") -> None:
+        super().__init__(message, remedy=remedy)
+        self.servers = servers
 
 
 class StateError(LauncherError):

@@ -287,6 +287,7 @@ class ServerMachine:
     initial: LaunchParams
     limits: Limits
     restart: RestartBackoff
+    initial_reason: str = ""  # why the first attempt runs ``initial`` (estimate, ledger, config)
     state: State = State.IDLE
     attempt: int = 0  # the host's attempt number (run directories are numbered on from it)
     attempt_base: int = 0  # attempts already on the host before this supervision started
@@ -555,10 +556,10 @@ class ServerMachine:
         self.attempt_started_at = now
         self.adopted = False
         self._reset_attempt()
-        return [
-            Emit("attempt.started", {"attempt": self.attempt, "params": _pdict(self.params)}),
-            Launch(self.attempt, self.params),
-        ]
+        data: dict[str, Any] = {"attempt": self.attempt, "params": _pdict(self.params)}
+        if not self.history and self.initial_reason and self.params == self.initial:
+            data["why"] = self.initial_reason  # the first attempt: where its params came from
+        return [Emit("attempt.started", data), Launch(self.attempt, self.params)]
 
     def _ready(self, now: float) -> list[Action]:
         self.state = State.READY

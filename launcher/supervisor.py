@@ -144,6 +144,7 @@ class ServerSupervisor:
         hooks: list[EventHook] | None = None,
         clock: Callable[[], float] = time.monotonic,
         initial: LaunchParams | None = None,
+        initial_reason: str = "",
         stop_on_exit: bool = False,
         tick: float = 0.1,
         listing_tries: int = 6,
@@ -174,6 +175,7 @@ class ServerSupervisor:
         p = self.policy
         self.machine = ServerMachine(
             initial=first,
+            initial_reason=initial_reason,
             limits=Limits(
                 bounds=Bounds(
                     p.mem_fraction_floor, p.mem_fraction_ceiling, p.graph_bs_floor, p.max_attempts,

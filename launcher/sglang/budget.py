@@ -71,6 +71,7 @@ from launcher.sglang.autoargs import (
     captured_sizes,
     prefill_graph_tokens,
 )
+from launcher.sglang.outcome import Numbers
 from launcher.sglang.versions import (
     AUTO_TABLE_2_FROM,
     DEFAULT_VERSION,
@@ -93,12 +94,14 @@ __all__ = [
     "HybridFacts",
     "ModelFacts",
     "NoEstimate",
+    "Observed",
     "ServerShape",
     "SpecShape",
     "WeightFacts",
     "choose",
     "dtype_bytes",
     "estimate",
+    "observed_bar",
     "weight_bytes_from_header",
     "weight_bytes_from_index",
 ]
@@ -314,7 +317,7 @@ class ModelFacts:
             share = 1 - self.num_kv_heads / tp
             out += int(self.kv_layers * self.hidden_size * self.head_dim * 2 * 2 * share)
         if self.num_experts:
-            out += self.moe_layers * self.hidden_size * self.num_experts * 4  # router (fp32)
+            out += self.moe_layers * self.hidden_size * self.num_experts * 2  # router gate
         return out
 
 
@@ -740,8 +743,12 @@ def estimate(
             draft_gib = (share + 2 * model.vocab_size * model.hidden_size * 2) / GIB / tp
             draft_layers = n
             notes.append(f"draft: the checkpoint's {n} MTP layer(s)")
-        # pool_configurator: the draft's per-token bytes = the target cell x draft layers / layers
-        draft_kv = int(model.kv_bytes_per_token(tp, kv_b) * draft_layers / max(model.kv_layers, 1))
+        if at_least(shape.sglang_version, ONE_STATIC_BUDGET_FROM) or draft is None:
+            # pool_configurator: the draft's cell = the target's x draft layers / target layers
+            draft_kv = int(model.kv_bytes_per_token(tp, kv_b) * draft_layers
+                           / max(model.kv_layers, 1))
+        else:  # 0.5.10: the draft worker sizes its own pool from its own config
+            draft_kv = draft.kv_bytes_per_token(tp, kv_b)
     rep = model.replicated_bytes(tp)
     w = ((target_bytes - rep) / tp + rep) / GIB * coeffs.weights_scale
     state = 0
@@ -887,3 +894,53 @@ def choose(
     reason = (f"estimate: mem_fraction_static={mfs:.3f} cuda_graph_max_bs={bs}{lowered}; "
               + _summary(b, margin) + verdict)
     return Choice(params, True, reason, margin, b, changed)
+
+
+# --- a failed attempt, from its log ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One GPU's memory as a failed attempt's log shows it: the bar ``diagnose`` draws,
+    where it broke and by how much (``deficit_gib``: what was tried minus what was free)."""
+
+    bar: GpuBar
+    broke: str
+    deficit_gib: float | None
+    mem_fraction_static: float | None
+
+
+def observed_bar(n: Numbers, phase: str) -> Observed | None:
+    """The bar of the rank a log's figures describe, or None when the log shows too little
+    (no ``Load weight begin. avail mem`` and no OOM capacity). Figures: total from the OOM's
+    ``total capacity`` (else the pre-load free memory); weights from ``Load weight end ... mem
+    usage`` (+ the draft's); KV pool (and hybrid state) = post-weights - ``Memory pool end``
+    avail; graphs = ``Memory pool end`` - the last free figure seen in capture; the OOM's
+    tried-but-not-free amount is the deficit."""
+    pre = n.pre_load_avail_gib
+    total = n.total_gib if n.total_gib is not None else pre
+    if total is None:
+        return None
+    pre = total if pre is None else pre
+    weights = (n.weights_gib or 0.0) + (n.draft_weights_gib or 0.0)
+    post_w = n.post_weights_avail_gib
+    if post_w is None and n.weights_gib is not None:
+        post_w = pre - weights
+    kv = 0.0
+    if post_w is not None and n.pool_end_avail_gib is not None:
+        kv = max(0.0, post_w - n.pool_end_avail_gib)
+    graphs = 0.0
+    last_free = n.graph_last_avail_gib if n.graph_last_avail_gib is not None else n.free_gib
+    if n.pool_end_avail_gib is not None and phase == "cuda_graph" and last_free is not None:
+        graphs = max(0.0, n.pool_end_avail_gib - last_free)
+    deficit = None
+    if n.tried_gib is not None and n.free_gib is not None:
+        deficit = max(0.0, n.tried_gib - n.free_gib)
+    acts = n.tried_gib if phase == "warmup" and n.tried_gib is not None else 0.0
+    other = max(0.0, total - pre)
+    free = total - other - weights - kv - graphs - acts
+    mfs = n.mem_fraction_static
+    line = other + pre * mfs if mfs is not None else 0.0
+    where = phase + (f" ({n.graph_pass})" if n.graph_pass and phase == "cuda_graph" else "")
+    bar = GpuBar(n.gpu or 0, total, weights, kv, graphs, acts, other, 0.0, free, line)
+    return Observed(bar, where, deficit, mfs)

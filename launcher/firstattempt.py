@@ -1,0 +1,121 @@
+"""The first attempt's params: the ledger's last good params, else the memory estimate, else
+the configured ones. Used by `launcher up` (daemon) and `launcher plan` (cli).
+
+Order (docs/memory.md):
+1. the ledger's last good params for the same fingerprint (``store.initial_params``) win;
+2. else, with ``[policy] initial = "auto"`` (the default) and ``mem_fraction_static`` or
+   ``cuda_graph_max_bs`` unset, or with ``initial = "estimate"``, the estimate chooses
+   (:func:`launcher.sglang.budget.choose`, margin ``[policy] estimate_margin``);
+3. else the configured params.
+
+When the estimate says no setting fits, the result is ``refused``: `up` launches nothing
+(:class:`~launcher.errors.WontFit`, exit 5) unless ``--force``. When no estimate can be made
+(files missing, nvidia-smi unusable, host unreachable), the configured params are used and
+``no_estimate`` says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import anyio
+import structlog
+
+from launcher.config import Config, ServerConfig
+from launcher.errors import RemoteCommandError, TransportError
+from launcher.modelfacts import Facts, read_facts
+from launcher.params import LaunchParams
+from launcher.sglang.budget import Choice, Estimate, NoEstimate, choose
+from launcher.sglang.versions import DEFAULT_VERSION
+from launcher.transport import make_transport
+from launcher.transport.base import Transport
+
+__all__ = ["Planned", "estimate_servers", "plan_first_attempt", "wants_estimate"]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The first attempt's params and why. ``source``: ``ledger``, ``estimate`` or
+    ``configured``; ``refused``: the estimate says nothing fits (``reason`` has the numbers
+    and the fix)."""
+
+    params: LaunchParams
+    reason: str
+    source: str
+    estimate: Estimate | None = None
+    choice: Choice | None = None
+    no_estimate: str | None = None
+    refused: bool = False
+    facts: Facts | None = None
+
+
+def wants_estimate(mode: str, configured: LaunchParams) -> bool:
+    """Whether the estimate picks (some of) the first attempt's params."""
+    if mode == "configured":
+        return False
+    return (mode == "estimate" or configured.mem_fraction_static is None
+            or configured.cuda_graph_max_bs is None)
+
+
+async def plan_first_attempt(config: Config, server: ServerConfig, transport: Transport,
+                             version: str, configured: LaunchParams, *,
+                             warm: tuple[LaunchParams, str] | None = None,
+                             always_estimate: bool = False) -> Planned:
+    """The first attempt of ``server``. ``warm``: the ledger's last good params and their
+    reason (they win). ``always_estimate``: compute the estimate even when it chooses nothing
+    (for `plan`'s picture). Never raises for missing facts; HostUnreachable is reported as
+    ``no_estimate`` too (the supervisor deals with an unreachable host)."""
+    log = structlog.get_logger("launcher").bind(server=server.name)
+    policy = config.policy_for(server.name)
+    mode = policy.initial
+    choosing = warm is None and wants_estimate(mode, configured)
+    if not choosing and not always_estimate:
+        if warm is not None:
+            return Planned(warm[0], warm[1], "ledger")
+        return Planned(configured, "configured params", "configured")
+    facts: Facts | None = None
+    try:
+        facts = await read_facts(transport, config.host(server.host), server, version,
+                                 configured)
+        est = facts.estimate()
+    except (NoEstimate, TransportError, RemoteCommandError) as exc:
+        why = str(exc) if isinstance(exc, NoEstimate) else f"no estimate: {str(exc)[:200]}"
+        log.info("estimate.unavailable", why=why)
+        if warm is not None:
+            return Planned(warm[0], warm[1], "ledger", no_estimate=why)
+        return Planned(configured, f"configured params ({why})", "configured", no_estimate=why)
+    choice = choose(est, configured, margin=policy.estimate_margin,
+                    override=mode == "estimate")
+    if warm is not None:
+        return Planned(warm[0], warm[1], "ledger", est, choice, facts=facts)
+    if not choosing:  # [policy] initial = "configured", or both params set
+        return Planned(configured, choice.reason, "configured", est, choice, facts=facts)
+    if not choice.feasible:
+        return Planned(configured, choice.reason, "estimate", est, choice, refused=True,
+                       facts=facts)
+    return Planned(choice.params, choice.reason, "estimate", est, choice, facts=facts)
+
+
+async def estimate_servers(config: Config, servers: list[ServerConfig], *,
+                           timeout: float = 30.0) -> dict[str, Planned]:
+    """`plan`'s view: each server's first attempt with its estimate (always computed), reading
+    the facts on its host; at most ``timeout`` seconds per server. The version is the configured
+    one or the default (plan does not probe hosts for it)."""
+    transports = {s.host: make_transport(config.host(s.host)) for s in servers}
+    out: dict[str, Planned] = {}
+    try:
+        for s in servers:
+            configured = s.launch_params()
+            with anyio.move_on_after(timeout):
+                out[s.name] = await plan_first_attempt(
+                    config, s, transports[s.host], s.sglang_version or DEFAULT_VERSION,
+                    configured, always_estimate=True)
+            if s.name not in out:
+                why = f"no estimate: {s.host} did not answer within {timeout:.0f} s"
+                out[s.name] = Planned(configured, f"configured params ({why})", "configured",
+                                      no_estimate=why)
+    finally:
+        with anyio.CancelScope(shield=True):
+            for t in transports.values():
+                await t.aclose()
+    return out
