@@ -27,6 +27,7 @@ from launcher.params import LaunchParams
 from launcher.store import (
     Ledger,
     LedgerRecorder,
+    ObservationContext,
     StateLock,
     fingerprint,
     initial_params,
@@ -132,6 +133,7 @@ async def _supervise(config: Config, servers: list[ServerConfig],
                      view: View | None) -> Result:
     log = structlog.get_logger("launcher")
     fingerprints: dict[str, str] = {}
+    contexts: dict[str, ObservationContext] = {}
     plans: list[tuple[ServerConfig, str, LaunchParams, str]] = []
     refused: list[tuple[str, str]] = []
     for s in servers:
@@ -140,9 +142,14 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         fingerprints[s.name] = fp
         configured = s.launch_params()
         initial, why = initial_params(ledger, fp, configured, opts.fresh)
+        # always_estimate + ledger: even a warm start reads the facts, so that its attempts
+        # are filed under their key (architecture, GPU model, ...) for calibration.
         first = await plan_first_attempt(
             config, s, transports[s.host], version, configured,
-            warm=None if initial is configured else (initial, why))
+            warm=None if initial is configured else (initial, why),
+            always_estimate=True, ledger=ledger)
+        if first.observation is not None:
+            contexts[s.name] = first.observation
         if first.refused:
             if not opts.force:
                 refused.append((s.name, first.reason))
@@ -158,7 +165,7 @@ async def _supervise(config: Config, servers: list[ServerConfig],
                 f"  {name}: {reason}" for name, reason in refused),
             servers=[name for name, _ in refused],
             remedy="follow the fix above, or `launcher up --force` to launch anyway")
-    recorder = LedgerRecorder(ledger, fingerprints)
+    recorder = LedgerRecorder(ledger, fingerprints, contexts=contexts)
     hooks: list[EventHook] = [recorder, notifier]
     metrics = Metrics() if config.metrics else None
     metrics_server = None

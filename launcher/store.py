@@ -39,10 +39,11 @@ from typing import Any
 
 import structlog
 
-from launcher.calibration import CostGuess, KeyedObservation, ObservationKey
+from launcher.calibration import CostGuess, KeyedObservation, ObservationKey, guess_of
 from launcher.config import HostConfig, ServerConfig
 from launcher.errors import StateError
 from launcher.params import LaunchParams
+from launcher.sglang.budget import Estimate
 from launcher.sglang.observed import Observed, speculative_key
 
 __all__ = [
@@ -266,12 +267,14 @@ class LastGood:
 class ObservationContext:
     """What the recorder files a server's observations under: its key (the speculative
     settings are taken from the attempt's log when it shows them), the model and tp, and the
-    estimate its attempts start from unless an ``attempt.started`` event carries its own."""
+    server's *uncorrected* estimate: each attempt is stored with that estimate's guess at
+    the graph bs it ran with (``launcher.calibration.guess_of``), unless its
+    ``attempt.started`` event carried a guess of its own."""
 
     key: ObservationKey
     model: str = ""
     tp: int = 1
-    estimate: CostGuess | None = None
+    estimate: Estimate | None = None
 
 
 @dataclass(frozen=True)
@@ -1009,7 +1012,10 @@ class LedgerRecorder:
         context = self.contexts.get(server, ObservationContext(ObservationKey()))
         spec = speculative_key(numbers)
         key = replace(context.key, speculative=spec) if spec else context.key
-        estimate = self._estimates.pop((server, attempt), None) or context.estimate
+        estimate = self._estimates.pop((server, attempt), None)
+        if estimate is None and context.estimate is not None:
+            bs = numbers.get("cuda_graph_max_bs") or params.cuda_graph_max_bs
+            estimate = guess_of(context.estimate, int(bs or context.estimate.auto_bs()))
 
         def write(ledger: Ledger) -> None:
             ledger.record_observation(

@@ -81,30 +81,34 @@ def test_a_second_model_of_the_family_starts_from_measured_costs() -> None:
     assert Match.EXACT is correction.match
     assert correction.margin < COLD_MARGIN
     assert fixed.weights_gib == pytest.approx(big.weights_gib * TRUE_WEIGHTS, rel=0.01)
-    assert fixed.graphs_gib(128) == pytest.approx(big.graphs_gib(128) * TRUE_GRAPHS, rel=0.02)
+    # at the measured bs, the measured ratio; below it never less than there (a fixed part
+    # of graph memory does not shrink with the bs): an upper bound of the truth
+    assert fixed.graphs_gib(256) == pytest.approx(big.graphs_gib(256) * TRUE_GRAPHS, rel=0.02)
+    assert fixed.graphs_gib(128) == pytest.approx(fixed.graphs_gib(256))
+    assert fixed.graphs_gib(128) > big.graphs_gib(128) * TRUE_GRAPHS
     assert fixed.pre_load_free_gib == pytest.approx(big.pre_load_free_gib - TRUE_CONTEXT,
                                                     abs=0.02)
     assert fixed.kv_bytes_per_token == pytest.approx(big.kv_bytes_per_token, rel=0.01)
     # The corrected estimate chooses a lower fraction: the graphs need more headroom.
-    assert fixed.feasible_range(128) is not None and big.feasible_range(128) is not None
-    assert fixed.feasible_range(128)[1] < big.feasible_range(128)[1]  # type: ignore[index]
+    assert fixed.feasible_range(256) is not None and big.feasible_range(256) is not None
+    assert fixed.feasible_range(256)[1] < big.feasible_range(256)[1]  # type: ignore[index]
 
 
 def test_the_error_falls_as_observations_of_the_family_accumulate() -> None:
     rng = random.Random(7)
     big = est(QWEN3_32B, 65_524_246_528, 2)
-    truth = big.graphs_gib(128) * TRUE_GRAPHS
+    truth = big.graphs_gib(256) * TRUE_GRAPHS
     errors = []
     for n in (1, 3, 9, 27):
         trials = []
         for _ in range(30):
             history = [keyed(est(QWEN3_8B, 16_381_470_720, 1), 256, rng=rng) for _ in range(n)]
             fixed, _ = learn_estimate(history, KEY, big)
-            trials.append(abs(fixed.graphs_gib(128) - truth) / truth)
+            trials.append(abs(fixed.graphs_gib(256) - truth) / truth)
         errors.append(sum(trials) / len(trials))
     assert errors[0] > errors[-1]
     assert errors[-1] < 0.01
-    assert abs(big.graphs_gib(128) - truth) / truth > 0.4  # cold: 1.8x off
+    assert abs(big.graphs_gib(256) - truth) / truth > 0.4  # cold: 1.8x off
 
 
 def test_only_the_same_architecture_on_the_same_gpu_type_counts() -> None:

@@ -58,7 +58,9 @@ class Observed:
     mamba_slots: int | None = None
     mamba_state_gib: float | None = None
     graph_mem_gib: Mapping[str, float] = field(default_factory=dict)  # GraphPass value -> GiB
-    graph_max_bs: int | None = None  # the largest captured batch size
+    # The graph bs setting (the resolved cuda_graph_max_bs of the args dump), else the largest
+    # batch size a capture line listed: what an estimate for this attempt was made for.
+    graph_max_bs: int | None = None
     ready_avail_gib: float | None = None
     mem_fraction_static: float | None = None
     # Runtime OOM figures (a failed attempt): what torch tried to allocate and what was free.
@@ -70,7 +72,7 @@ class Observed:
         """From a ``Numbers`` or its ``as_dict()``; unknown or missing keys are ignored."""
         data = numbers.as_dict() if isinstance(numbers, Numbers) else numbers
         graphs = data.get("graph_mem_gib") or {}
-        bs = _int(data, "graph_captured_max_bs")
+        bs = _int(data, "cuda_graph_max_bs")
         return cls(
             weights_gib=_float(data, "weights_gib"),
             draft_weights_gib=_float(data, "draft_weights_gib"),
@@ -83,7 +85,7 @@ class Observed:
             mamba_slots=_int(data, "mamba_cache_size"),
             mamba_state_gib=_float(data, "mamba_state_gib"),
             graph_mem_gib={str(k): float(v) for k, v in dict(graphs).items()},
-            graph_max_bs=bs if bs is not None else _int(data, "cuda_graph_max_bs"),
+            graph_max_bs=bs if bs is not None else _int(data, "graph_captured_max_bs"),
             ready_avail_gib=_float(data, "ready_avail_gib"),
             mem_fraction_static=_float(data, "mem_fraction_static"),
             tried_gib=_float(data, "tried_gib"),
@@ -140,8 +142,8 @@ class Observed:
         return self.mamba_state_gib / self.mamba_slots
 
     def graph_gib_per_bs(self, pass_name: str) -> float | None:
-        """What one captured batch-size step of ``pass_name`` cost, averaged over the capture
-        (the pass's memory over its largest batch size)."""
+        """What one batch-size step of ``pass_name`` cost, averaged over the capture (the
+        pass's memory over ``graph_max_bs``)."""
         gib = self.graph_mem_gib.get(pass_name)
         if gib is None or not self.graph_max_bs:
             return None
