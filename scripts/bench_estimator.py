@@ -38,7 +38,8 @@ tests/data/logs):
   U(16, 64) (x U(1.5, 4) for MoE: expert workspaces); per captured graph U(2, 12) MiB; and a
   family constant of U(0.1, 2) GiB (dense) or U(0.5, 12) GiB (MoE / MLA: DeepGEMM and
   all-to-all workspaces; the seeds' DeepSeek-V4 verify pass took 17.6 GiB at bs 32), as
-  0.5.23's prefill-graph pool, or spread over the decode graphs on 0.5.10.
+  0.5.23's prefill-graph pool, or on 0.5.10 spread over the decode graphs (per graph: the
+  constant over the 36 graphs of a bs-256 capture, so it grows with the graphs captured).
 - Warmup activations: chunked-prefill tokens x hidden x family U(8, 30) bytes.
 - Other processes: nothing (p=0.6) or U(0.5, 15%) of the GPU, seen by nvidia-smi exactly.
 
@@ -92,7 +93,6 @@ from launcher.params import LaunchParams
 from launcher.policy import AttemptRecord, Bounds
 from launcher.sglang.autoargs import (
     auto_chunked_prefill_size,
-    auto_cuda_graph_max_bs,
     captured_sizes,
 )
 from launcher.sglang.budget import (
@@ -246,7 +246,7 @@ def _truth(seed: int, facts: ModelFacts, weight_bytes: int, gpu: str, total: flo
     chunk = auto_chunked_prefill_size(total, version)
     warmup = chunk * facts.hidden_size * fam.warmup_bytes_per_hidden / GIB
     new_order = version == "0.5.23"
-    n_graphs = len(captured_sizes(auto_cuda_graph_max_bs(total, tp, version)))
+    n_graphs = len(captured_sizes(256))  # 0.5.10: the fixed part spread over bs-256's graphs
     per_graph = rng.uniform(2, 12) / 1024
     return MemoryScenario(
         gpu_total_gib=total,
@@ -455,7 +455,7 @@ def bench(args: argparse.Namespace) -> list[str]:
             scores[contender].append(sc)
             if contender.startswith("estimate") and not sc.first_ready and len(misses) < args.show:
                 misses.append(f"{contender}: {s.model} on {s.gpu} tp{s.tp} SGLang {s.version}: "
-                              f"{attempts[0].params} -> {attempts[0].outcome.value}")
+                              f"{attempts[0].params.describe()} -> {attempts[0].outcome.value}")
     lines = [
         f"Estimator benchmark: {len(scenarios)} scenarios, {len(kept)} feasible "
         f"(fraction in [{bounds.mem_fraction_floor:.2f}, {bounds.mem_fraction_ceiling:.2f}]), "

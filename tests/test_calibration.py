@@ -155,3 +155,30 @@ def test_an_oom_after_ready_raises_the_activations() -> None:
     assert correction.activations == pytest.approx(4.0)
     e = est(QWEN3_8B, 16_381_470_720, 1)
     assert apply(e, correction).activations_gib() == pytest.approx(4.0 * e.activations_gib())
+
+
+def test_a_fixed_part_of_graph_memory_is_fitted_from_observations_far_apart() -> None:
+    """Truth: 1.5 GiB that does not grow (workspaces, a prefill-graph pool) plus half the
+    prior's proportional figure. Observations of two models at two graph bs separate them."""
+    def seen(e: Estimate, bs: int) -> KeyedObservation:
+        total = 1.5 + 0.5 * e.graphs_gib(bs)
+        obs = Observed(graph_mem_gib={"target_decode": round(total, 2)}, graph_max_bs=bs,
+                       ready_avail_gib=5.0)
+        return KeyedObservation(KEY, obs, guess_of(e, bs), "ready")
+
+    small, big = est(QWEN3_8B, 16_381_470_720, 1), est(QWEN3_32B, 65_524_246_528, 2)
+    history = [seen(small, 64), seen(small, 256), seen(big, 256)]
+    correction = calibrate(history)
+    assert correction.graph_fitted
+    assert correction.graph_fixed_gib == pytest.approx(1.5, abs=0.05)
+    assert correction.graph[ALL_PASSES] == pytest.approx(0.5, abs=0.01)
+    qwen3_14b = {**QWEN3_8B, "num_hidden_layers": 40, "hidden_size": 5120,
+                 "num_attention_heads": 40}
+    new = est(qwen3_14b, 29_536_614_400, 1)
+    fixed, _ = learn_estimate(history, KEY, new)
+    truth = 1.5 + 0.5 * new.graphs_gib(512)
+    assert fixed.graphs_gib(512) == pytest.approx(truth, rel=0.03)
+    # below the measured figures the fit is not trusted alone (it extrapolates in the prior's
+    # terms): the median measurement bounds it, an upper bound of the truth
+    assert 1.5 + 0.5 * new.graphs_gib(64) < fixed.graphs_gib(64) == pytest.approx(
+        correction.graph_measured_gib)
