@@ -116,6 +116,15 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
         return learnt(Planned(configured, choice.reason, "configured", est, choice,
                               facts=facts))
     if not choice.feasible:
+        if any(g.other_used_gib > 0 for g in facts.gpus):
+            # Refuse only what no wait can fix: with the GPUs empty, does a setting fit? If so,
+            # the preflight waits for the other processes as it always did.
+            empty = replace(facts, gpus=[replace(g, other_used_gib=0.0) for g in facts.gpus])
+            if choose(empty.estimate(), configured, margin=policy.estimate_margin,
+                      override=mode == "estimate").feasible:
+                why = ("configured params (the estimate fits only once other processes free "
+                       f"their GPU memory: {choice.reason})")
+                return learnt(Planned(configured, why, "configured", est, choice, facts=facts))
         return learnt(Planned(configured, choice.reason, "estimate", est, choice,
                               refused=True, facts=facts))
     return learnt(Planned(choice.params, choice.reason, "estimate", est, choice, facts=facts))

@@ -6,8 +6,10 @@ it returns renderables and prints nothing.
 
     weights | KV pool | CUDA graphs | activations/warmup | other processes | free
 
-The static budget's end (``--mem-fraction-static`` x the free memory before loading, above
-what others and the CUDA context hold) is marked with ``┃`` on the bar and labelled below.
+Each part has its own glyph as well as its colour, so the picture reads without colour too.
+
+The static budget's end (``--mem-fraction-static`` x the free memory before loading, counted
+from the bar's left end where the weights start) is marked with ``┃`` and labelled below.
 """
 
 from __future__ import annotations
@@ -23,18 +25,20 @@ BAR_WIDTH = 60
 # (field, label, glyph, style): the bar's parts in drawing order.
 PARTS: tuple[tuple[str, str, str, str], ...] = (
     ("weights_gib", "weights", "█", "blue"),
-    ("kv_gib", "KV pool", "█", "green"),
-    ("graphs_gib", "graphs", "█", "magenta"),
-    ("activations_gib", "activations", "█", "yellow"),
-    ("other_gib", "other", "█", "red"),
-    ("context_gib", "context", "▒", "bright_black"),
-    ("free_gib", "free", "░", "bright_black"),
+    ("kv_gib", "KV pool", "▓", "green"),
+    ("graphs_gib", "graphs", "▒", "magenta"),
+    ("activations_gib", "activations", "░", "yellow"),
+    ("other_gib", "other", "#", "red"),
+    ("context_gib", "context", ":", "bright_black"),
+    ("free_gib", "free", "·", "bright_black"),
 )
 
 
 def _cells(bar: GpuBar, width: int) -> list[tuple[str, str]]:
     """(glyph, style) per cell; parts rounded so the cells add up to ``width``."""
-    total = max(bar.total_gib, 1e-9)
+    # a deficit (parts above the total) widens the scale so that no part is cut off
+    parts = sum(max(0.0, float(getattr(bar, name))) for name, _, _, _ in PARTS)
+    total = max(bar.total_gib, parts, 1e-9)
     cells: list[tuple[str, str]] = []
     acc = 0.0
     for name, _, glyph, style in PARTS:
@@ -42,7 +46,7 @@ def _cells(bar: GpuBar, width: int) -> list[tuple[str, str]]:
         acc += gib
         upto = min(width, round(acc / total * width))
         cells += [(glyph, style)] * max(0, upto - len(cells))
-    cells += [("░", "bright_black")] * (width - len(cells))
+    cells += [("·", "bright_black")] * (width - len(cells))
     return cells[:width]
 
 
@@ -52,7 +56,9 @@ def bar_text(bar: GpuBar, *, label: str = "", mfs: float | None = None,
     cells = _cells(bar, width)
     line_col: int | None = None
     if mfs is not None and bar.line_gib > 0:
-        line_col = min(width - 1, max(0, round(bar.line_gib / max(bar.total_gib, 1e-9) * width)))
+        parts = sum(max(0.0, float(getattr(bar, name))) for name, _, _, _ in PARTS)
+        scale = max(bar.total_gib, parts, 1e-9)
+        line_col = min(width - 1, max(0, round(bar.line_gib / scale * width) - 1))
         cells[line_col] = ("┃", "bold white")
     head = label or f"GPU {bar.index}"
     t = Text()
@@ -64,7 +70,8 @@ def bar_text(bar: GpuBar, *, label: str = "", mfs: float | None = None,
         t.append(f"  short by {-bar.free_gib:.2f} GiB", style="bold red")
     if line_col is not None and mfs is not None:
         t.append("\n" + " " * (9 + line_col))
-        t.append(f"└ mem_fraction_static {mfs:.3f}: static budget ends at {bar.line_gib:.1f} GiB")
+        t.append(f"└ mem_fraction_static {mfs:.3f}: static budget (weights + KV) "
+                 f"{bar.line_gib:.1f} GiB")
     if deficit_gib is not None:
         t.append("\n" + " " * 9)
         t.append(f"deficit: {deficit_gib:.2f} GiB more than was free", style="bold red")

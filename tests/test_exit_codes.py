@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from launcher.cli import EXIT_ERROR, EXIT_GAVE_UP, EXIT_NOT_READY, EXIT_OK, EXIT_USAGE
+from launcher.cli import (
+    EXIT_ERROR,
+    EXIT_GAVE_UP,
+    EXIT_NOT_READY,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_WONT_FIT,
+)
 from tests.simhost import free_port
 from tests.supervise import SERVER, SimSetup, cli_argv, cli_env, json_lines, run_cli
 
@@ -132,7 +139,7 @@ def test_status_exits_0_only_when_every_server_runs_and_is_ready(sim: SimSetup) 
 
 
 def test_the_unit_does_not_restart_on_usage_errors_or_when_every_server_gave_up() -> None:
-    """RestartPreventExitStatus= lists exactly the codes a restart cannot fix (2 and 4);
+    """RestartPreventExitStatus= lists exactly the codes a restart cannot fix (2, 4 and 5);
     unexpected errors (1) are restarted by Restart=on-failure."""
     settings: dict[str, str] = {}
     for line in UNIT.read_text().splitlines():
@@ -141,5 +148,5 @@ def test_the_unit_does_not_restart_on_usage_errors_or_when_every_server_gave_up(
             settings[key.strip()] = value.strip()
     assert "on-failure" == settings["Restart"]
     prevented = {int(code) for code in settings["RestartPreventExitStatus"].split()}
-    assert {EXIT_USAGE, EXIT_GAVE_UP} == prevented
+    assert {EXIT_USAGE, EXIT_GAVE_UP, EXIT_WONT_FIT} == prevented
     assert EXIT_ERROR not in prevented

@@ -464,7 +464,8 @@ class GpuBar:
     ``memory`` in their JSON. ``kv_gib`` includes the hybrid state and the draft's pool;
     ``activations_gib`` the warmup activations; ``context_gib`` (CUDA context, NCCL) is drawn
     with ``other``'s colour but kept apart. The parts sum to ``total_gib`` (free may be < 0:
-    a deficit). ``line_gib``: where ``--mem-fraction-static`` ends the static budget."""
+    a deficit). ``line_gib``: the static budget, ``--mem-fraction-static`` x the free memory
+    before loading, measured from the bar's left end (weights, then KV pool, end there)."""
 
     index: int
     total_gib: float
@@ -616,22 +617,47 @@ class Estimate:
         return (c.warmup_gib_per_token_hidden * max(chunk, 2048) * self.model.hidden_size
                 * c.activations_scale)
 
+    def mamba_slots_per_req(self) -> int:
+        """0.5.23's state slots per request (``_calculate_mamba_ratio``): 3, plus 2 for
+        ``extra_buffer`` with the overlap schedule, 1 without it or with ``extra_buffer_lazy``;
+        ``auto`` resolves to ``extra_buffer`` when overlap is on, else ``no_buffer``."""
+        s = self.shape
+        strategy = s.mamba_strategy
+        if strategy == "auto":
+            strategy = "extra_buffer" if s.overlap else "no_buffer"
+        if not strategy.startswith("extra_buffer"):
+            return 3
+        return 3 + (1 if strategy == "extra_buffer_lazy" or not s.overlap else 2)
+
     def _state_gib(self, rest: float) -> float:
-        """The hybrid state cache carved out of ``rest`` (GiB), 0.5.23's auto sizing
-        (``_handle_max_mamba_cache``; 0.5.10 ``handle_max_mamba_cache``): the budget is
-        ``rest x r/(1+r)``, whole slots, plus speculative intermediate state."""
+        """The hybrid state cache carved out of ``rest`` (GiB) with the auto sizing: the budget
+        is ``rest x r/(1+r)``. 0.5.23 ``KVCacheConfigurator._handle_max_mamba_cache``: slots
+        ``K = (budget - per_req (1+D)) // (per_req (1 + D/ratio))`` with speculative decoding
+        (else ``(budget - per_req) // per_req``), ``K + 1`` allocated, plus intermediate state
+        ``per_req x (min(reqs, K // ratio) + 1) x D``. 0.5.10 ``handle_max_mamba_cache``: the
+        intermediate ``per_req x max_running_requests x D`` comes off first, then ``K =
+        budget // per_req``."""
         per_req = self.state_bytes_per_req / GIB
         if per_req <= 0 or rest <= 0:
             return 0.0
         r = self.shape.mamba_full_memory_ratio
-        budget = rest * r / (1 + r)
-        slots = int(budget // per_req)
-        state = per_req * max(slots, 0)
         spec = self.shape.spec
+        d = spec.num_draft_tokens if spec is not None else 0
+        reqs = self.request_cap() or SPEC_DEFAULT_MAX_RUNNING_REQUESTS
+        if not self.one_budget:
+            inter = per_req * reqs * d if spec is not None else 0.0
+            budget = (rest - inter) * r / (1 + r)
+            slots = max(int(budget // per_req), 0)
+            return min(inter + per_req * (slots + 1), rest)
+        budget = rest * r / (1 + r)
+        ratio = self.mamba_slots_per_req()
         if spec is not None:
-            reqs = self.request_cap() or SPEC_DEFAULT_MAX_RUNNING_REQUESTS
-            state += per_req * (reqs + 1) * spec.num_draft_tokens
-        return min(state, rest)
+            slots = int((budget - per_req * (1 + d)) // (per_req * (1 + d / ratio)))
+            inter = per_req * (min(reqs, max(slots, 0) // ratio) + 1) * d
+        else:
+            slots = int((budget - per_req) // per_req)
+            inter = 0.0
+        return min(per_req * (max(slots, 0) + 1) + inter, rest)
 
     def at(self, mem_fraction_static: float, cuda_graph_max_bs: int) -> Budget:
         """The budget at (mfs, bs). ``problem`` names the first pass that would fail."""
@@ -668,7 +694,7 @@ class Estimate:
         for g in self.gpus:
             other = g.other_used_gib
             ctx = self.context_gib
-            line = other + ctx + pre * mfs
+            line = pre * mfs  # weights + KV pool (+ state) end here, from the bar's left
             free = g.total_gib - other - ctx - weights - kv - state - graphs - act
             bars.append(GpuBar(g.index, g.total_gib, weights, kv + state, graphs, act, other, ctx,
                                free, line))
@@ -940,7 +966,7 @@ def observed_bar(n: Numbers, phase: str) -> Observed | None:
     other = max(0.0, total - pre)
     free = total - other - weights - kv - graphs - acts
     mfs = n.mem_fraction_static
-    line = other + pre * mfs if mfs is not None else 0.0
+    line = pre * mfs if mfs is not None else 0.0
     where = phase + (f" ({n.graph_pass})" if n.graph_pass and phase == "cuda_graph" else "")
     bar = GpuBar(n.gpu or 0, total, weights, kv, graphs, acts, other, 0.0, free, line)
     return Observed(bar, where, deficit, mfs)

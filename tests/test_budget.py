@@ -1,0 +1,351 @@
+"""The memory estimator (launcher/sglang/budget.py) against figures computed by hand from
+SGLang's formulas. Each test names the SGLang function the figure comes from (paths under
+``sglang/srt/`` of 0.5.23 unless said otherwise). Pure: no I/O but reading the shipped sim
+model configs, which are real-format config.json files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.params import LaunchParams
+from launcher.sglang.autoargs import auto_cuda_graph_max_bs, prefill_graph_tokens
+from launcher.sglang.budget import (
+    GIB,
+    MIN_MARGIN_GIB,
+    Coefficients,
+    GpuFacts,
+    ModelFacts,
+    NoEstimate,
+    ServerShape,
+    SpecShape,
+    WeightFacts,
+    choose,
+    estimate,
+    observed_bar,
+    weight_bytes_from_header,
+    weight_bytes_from_index,
+)
+from launcher.sglang.outcome import Numbers
+
+MODELS = Path(__file__).resolve().parents[1] / "configs" / "sim" / "models"
+
+
+def config(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((MODELS / name / "config.json").read_text())
+    return data
+
+
+def facts(name: str) -> ModelFacts:
+    return ModelFacts.from_config(config(name))
+
+
+def weights(name: str) -> WeightFacts:
+    index = json.loads((MODELS / name / "model.safetensors.index.json").read_text())
+    return WeightFacts(weight_bytes_from_index(index))
+
+
+def h100s(n: int, other: float = 0.0) -> list[GpuFacts]:
+    return [GpuFacts(i, 79.19, other) for i in range(n)]
+
+
+# --- KV bytes per token: pool_configurator.DefaultPoolConfigurator._compute_cell_size --------
+
+
+def test_gqa_kv_bytes_per_token_shard_kv_heads_by_tp() -> None:
+    """Llama-2-70B: 8 KV heads; get_num_kv_heads = max(1, 8 // tp); cell = heads x (head_dim +
+    v_head_dim) x layers x 2 bytes (bf16)."""
+    m = facts("llama-70b-sim")
+    assert 4 * (128 + 128) * 80 * 2 == m.kv_bytes_per_token(2) == 163840
+    assert 8 * 256 * 80 * 2 == m.kv_bytes_per_token(1)
+    assert 1 * 256 * 80 * 2 == m.kv_bytes_per_token(16)  # fewer heads than ranks: one each
+    assert 4 * 256 * 80 * 1 == m.kv_bytes_per_token(2, kv_dtype_bytes=1)  # --kv-cache-dtype fp8
+
+
+def test_mla_kv_bytes_per_token_are_not_sharded_by_tp() -> None:
+    """Kimi-K2 (DeepSeek-V3 MLA): kv_cache_configurator.calculate_mla_kv_cache_dim =
+    kv_lora_rank + qk_rope_head_dim, x layers x 2 bytes, the same on every rank."""
+    m = facts("kimi-k2.5-sim")
+    assert m.mla
+    assert (512 + 64) * 61 * 2 == m.kv_bytes_per_token(1) == m.kv_bytes_per_token(8) == 70272
+
+
+def test_hybrid_counts_only_full_attention_layers_for_kv() -> None:
+    """Qwen3.5-style hybrid: full_attention_interval 4 over 64 layers = 16 KV layers
+    (DefaultPoolConfigurator: mambaish.full_attention_layer_ids)."""
+    m = facts("qwen3.6-27b-sim")
+    assert m.kv_layers == 16
+    assert 4 * (256 + 256) * 16 * 2 == m.kv_bytes_per_token(1) == 65536
+
+
+def test_hybrid_state_per_request_follows_mamba2_state_shape() -> None:
+    """configs/mamba_utils.Mamba2StateShape.create + mamba_cache_per_req for Gated DeltaNet
+    (configs/qwen3_next.mamba2_cache_params): conv_dim = v_heads x v_dim + 2 x k_heads x k_dim,
+    conv state (conv_dim/tp, kernel - 1) bf16, SSM state (v_heads/tp, v_dim, k_dim) fp32, per
+    linear layer (48 of 64)."""
+    m = facts("qwen3.6-27b-sim")
+    assert m.hybrid is not None
+    conv_dim = 48 * 128 + 2 * 16 * 128
+    assert (conv_dim * 3 * 2 * 48, 48 * 128 * 128 * 4 * 48) == m.hybrid.per_req_bytes(1)
+    assert (conv_dim // 2 * 3 * 2 * 48, 24 * 128 * 128 * 4 * 48) == m.hybrid.per_req_bytes(2)
+
+
+def test_groups_not_divisible_by_tp_are_extended_like_sglang() -> None:
+    """extra_groups_for_head_shards: n_groups % tp != 0 adds tp - n_groups groups."""
+    cfg = {
+        "architectures": ["NemotronHForCausalLM"], "num_hidden_layers": 4, "hidden_size": 1024,
+        "num_attention_heads": 8, "num_key_value_heads": 8, "hybrid_override_pattern": "M*M-",
+        "mamba_num_heads": 8, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 1,
+        "conv_kernel": 4,
+    }
+    m = ModelFacts.from_config(cfg)
+    assert m.hybrid is not None and m.kv_layers == 1 and m.hybrid.linear_layers == 2
+    conv_dim = 8 * 64 + 2 * 2 * 128  # n_groups 1 -> 2 at tp 2
+    assert (conv_dim // 2 * 3 * 2 * 2, 4 * 64 * 128 * 4 * 2) == m.hybrid.per_req_bytes(2)
+
+
+# --- weights per rank ---------------------------------------------------------------------
+
+
+def test_dense_weights_split_evenly_over_tp() -> None:
+    e = estimate(facts("llama-70b-sim"), weights("llama-70b-sim"), h100s(2), ServerShape(tp=2))
+    assert e.weights_gib == pytest.approx(128.4 / 2, abs=1e-6)
+
+
+def test_mla_low_rank_projections_and_router_are_replicated() -> None:
+    """DeepseekV2AttentionMLA's fused_qkv_a_proj_with_mqa and the MoE gate are replicated:
+    each rank holds (total - rep)/tp + rep."""
+    m = facts("kimi-k2.5-sim")
+    rep = 61 * 7168 * (1536 + 512 + 64) * 2 + 60 * 7168 * 384 * 2
+    assert rep == m.replicated_bytes(8)
+    w = weights("kimi-k2.5-sim")
+    e = estimate(m, w, [GpuFacts(i, 94.97) for i in range(8)], ServerShape(tp=8))
+    assert e.weights_gib == pytest.approx(((w.total_bytes - rep) / 8 + rep) / GIB)
+
+
+def test_mtp_draft_comes_out_of_the_checkpoint_with_its_own_embedding_and_head() -> None:
+    """NEXTN on DeepSeek: the index's total_size includes the MTP layer; the target gets
+    layers/(layers + n) of it; the draft the rest plus its own embed_tokens and lm_head
+    (freed only after KV sizing, PR #35996)."""
+    m = facts("deepseek-v4-flash-sim")
+    w = weights("deepseek-v4-flash-sim")
+    shape = ServerShape(tp=4, spec=SpecShape("EAGLE", 1, 1, 2))
+    e = estimate(m, w, [GpuFacts(i, 94.97) for i in range(4)], shape)
+    target = w.total_bytes * 43 / 44
+    rep = m.replicated_bytes(4)
+    assert e.weights_gib == pytest.approx(((target - rep) / 4 + rep) / GIB)
+    embed_head = 2 * 129280 * 4096 * 2
+    assert e.draft_weights_gib == pytest.approx((w.total_bytes / 44 + embed_head) / GIB / 4)
+    # the sim's checkpoint index agrees with its simulated target weights
+    assert target / GIB == pytest.approx(177.36, abs=1e-6)
+
+
+def test_eagle3_draft_cell_joins_the_target_cell_on_0523_only() -> None:
+    """0.5.23 pool_configurator: draft_kv = int(cell x draft_layers / layers), added to the
+    cell; up to 0.5.15 the draft sizes its own pool from its own config."""
+    draft = facts("kimi-k2.5-eagle3-sim")
+    shape = ServerShape(tp=8, spec=SpecShape("EAGLE3", 3, 1, 4))
+    gpus = [GpuFacts(i, 94.97) for i in range(8)]
+    new = estimate(facts("kimi-k2.5-sim"), weights("kimi-k2.5-sim"), gpus, shape, draft=draft,
+                   draft_weights=weights("kimi-k2.5-eagle3-sim"))
+    assert new.draft_kv_bytes_per_token == 70272 // 61
+    assert new.cell_bytes == 70272 + 70272 // 61
+    assert new.draft_weights_gib == pytest.approx(2.8 / 8, abs=1e-6)
+    old = estimate(facts("kimi-k2.5-sim"), weights("kimi-k2.5-sim"), gpus,
+                   ServerShape(tp=8, sglang_version="0.5.10", spec=shape.spec), draft=draft,
+                   draft_weights=weights("kimi-k2.5-eagle3-sim"))
+    assert old.draft_kv_bytes_per_token == 1 * 256 * 1 * 2  # 8 heads // 8 x (128+128) x 1 layer
+    assert old.cell_bytes == 70272
+
+
+# --- the start-up arithmetic: profile_max_num_token / _profile_available_bytes ---------------
+
+
+def test_kv_pool_is_free_after_weights_minus_pre_times_one_minus_fraction() -> None:
+    e = estimate(facts("llama-70b-sim"), weights("llama-70b-sim"), h100s(2), ServerShape(tp=2))
+    b = e.at(0.9, 64)
+    pre = 79.19 - e.context_gib
+    assert b.pre_load_free_gib == pytest.approx(pre)
+    assert b.headroom_gib == pytest.approx(pre * 0.1)
+    assert b.kv_pool_gib == pytest.approx(pre - 64.2 - pre * 0.1, abs=1e-6)
+    assert b.kv_tokens == int(b.kv_pool_gib * GIB // 163840)
+    for g in b.gpus:  # the parts add up to the GPU
+        parts = (g.weights_gib + g.kv_gib + g.graphs_gib + g.activations_gib + g.other_gib
+                 + g.context_gib + g.free_gib)
+        assert parts == pytest.approx(79.19)
+
+
+def test_other_processes_lower_every_rank_by_the_fullest_gpu() -> None:
+    """SGLang takes the minimum free memory over ranks (get_available_gpu_memory distributed)."""
+    gpus = [GpuFacts(0, 79.19, 0.0), GpuFacts(1, 79.19, 3.0)]
+    e = estimate(facts("llama-70b-sim"), weights("llama-70b-sim"), gpus, ServerShape(tp=2))
+    assert e.pre_load_free_gib == pytest.approx(79.19 - 3.0 - e.context_gib)
+    b = e.at(0.9, 64)
+    assert [g.other_gib for g in b.gpus] == [0.0, 3.0]
+    assert b.gpus[0].free_gib - b.gpus[1].free_gib == pytest.approx(3.0)
+
+
+def test_prefill_graph_reserve_is_memory_hooks_8_mib_per_shape_or_1_5_gib_for_mla() -> None:
+    """0.5.23 memory_hook.reserve_for_graph_mb; 0.5.10 has no prefill graphs."""
+    m = facts("llama-70b-sim")
+    w = weights("llama-70b-sim")
+    new = estimate(m, w, h100s(2), ServerShape(tp=2, sglang_version="0.5.23")).graphs_gib(64)
+    old = estimate(m, w, h100s(2), ServerShape(tp=2, sglang_version="0.5.10")).graphs_gib(64)
+    assert new - old == pytest.approx(8 / 1024 * len(prefill_graph_tokens(8192)))
+    k = facts("kimi-k2.5-sim")
+    kw = weights("kimi-k2.5-sim")
+    gpus = [GpuFacts(i, 94.97) for i in range(8)]
+    new = estimate(k, kw, gpus, ServerShape(tp=8, sglang_version="0.5.23")).graphs_gib(64)
+    old = estimate(k, kw, gpus, ServerShape(tp=8, sglang_version="0.5.10")).graphs_gib(64)
+    assert new - old == pytest.approx(1.5)
+
+
+def test_graph_memory_grows_with_draft_tokens_and_is_capped_by_running_requests() -> None:
+    """Verify graphs capture bs x num_draft_tokens tokens; with speculative decoding the
+    captured bs stop at max_running_requests (48 unless set)."""
+    m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
+    c = Coefficients(graph_overhead_gib_per_layer_hidden=0.0, draft_graph_gib_per_token_hidden=0.0,
+                     draft_graph_overhead_gib=0.0, prefill_graph_gib_per_shape=0.0)
+    plain = estimate(m, w, h100s(2), ServerShape(tp=2), coeffs=c)
+    spec = estimate(m, w, h100s(2), ServerShape(tp=2, spec=SpecShape("EAGLE", 3, 1, 4)),
+                    draft=facts("llama-70b-sim"), draft_weights=WeightFacts(GIB), coeffs=c)
+    per_token = c.graph_gib_per_token_hidden * 8192
+    assert plain.graphs_gib(256) == pytest.approx(per_token * 256)
+    assert spec.graphs_gib(256) == pytest.approx(per_token * 48 * 4)
+
+
+def test_auto_values_are_sglangs() -> None:
+    """Unset params resolve to autoargs' values (server_args / memory_hook): H100 tp1 on
+    0.5.23 is 0.830 (docs/sglang.md's table)."""
+    e = estimate(facts("tiny-1b-sim"), weights("tiny-1b-sim"), h100s(1), ServerShape(tp=1))
+    assert e.auto_bs() == auto_cuda_graph_max_bs(79.19, 1, "0.5.23") == 256
+    gpus = [GpuFacts(0, 81559 / 1024)]
+    e = estimate(facts("tiny-1b-sim"), weights("tiny-1b-sim"), gpus, ServerShape(tp=1))
+    assert e.resolve(LaunchParams()) == (0.830, 256)
+
+
+# --- the first attempt ---------------------------------------------------------------------
+
+
+def test_choice_keeps_the_stated_margin_and_is_the_highest_fraction_that_does() -> None:
+    e = estimate(facts("llama-70b-sim"), weights("llama-70b-sim"), h100s(2), ServerShape(tp=2))
+    c = choose(e, LaunchParams(), margin=0.15)
+    assert c.feasible and c.changed == ("mem_fraction_static", "cuda_graph_max_bs")
+    b = c.budget
+    need = b.graphs_gib + b.activations_gib
+    assert b.spare_gib >= max(0.15 * need, MIN_MARGIN_GIB) - 1e-9
+    higher = e.at(b.mem_fraction_static + 0.001, b.cuda_graph_max_bs)
+    assert higher.spare_gib < max(0.15 * need, MIN_MARGIN_GIB)
+    assert c.params.mem_fraction_static == b.mem_fraction_static
+    assert "margin 15%" in c.reason and "KV pool" in c.reason
+    # the KV pool gets at least half of what the weights leave (the graph bs was lowered)
+    assert b.kv_pool_gib >= 0.5 * (e.pre_load_free_gib - e.weights_gib)
+    assert b.cuda_graph_max_bs < 256 and "lowered from 256" in c.reason
+
+
+def test_configured_fields_are_kept_unless_the_policy_says_estimate() -> None:
+    e = estimate(facts("llama-70b-sim"), weights("llama-70b-sim"), h100s(2), ServerShape(tp=2))
+    kept = choose(e, LaunchParams(0.88, 256))
+    assert kept.params == LaunchParams(0.88, 256) and kept.feasible
+    assert "expected to fail: cuda_graph" in kept.reason
+    only_bs = choose(e, LaunchParams(None, 32))
+    assert only_bs.params.cuda_graph_max_bs == 32 and only_bs.changed == ("mem_fraction_static",)
+    assert only_bs.budget.fits
+    override = choose(e, LaunchParams(0.88, 256), override=True)
+    assert override.params != LaunchParams(0.88, 256) and override.budget.fits
+
+
+def test_weights_that_cannot_fit_are_refused_with_the_fix() -> None:
+    e = estimate(facts("llama-70b-sim"), weights("llama-70b-sim"), h100s(1), ServerShape(tp=1))
+    c = choose(e, LaunchParams())
+    assert not c.feasible and c.params == LaunchParams()
+    assert "weights alone need 128.40 GiB per GPU" in c.reason
+    assert "more GPUs (tp 2" in c.reason and "quantized" in c.reason
+
+
+def test_a_kv_pool_below_the_minimum_at_every_graph_bs_is_refused() -> None:
+    """Weights fit 2 x 67 GiB, but graphs at bs 1 + activations + 4096 KV tokens do not."""
+    gpus = [GpuFacts(i, 67.0) for i in range(2)]
+    e = estimate(facts("llama-70b-sim"), weights("llama-70b-sim"), gpus, ServerShape(tp=2))
+    assert e.weights_gib < e.pre_load_free_gib
+    c = choose(e, LaunchParams())
+    assert not c.feasible
+    assert "no setting fits" in c.reason and "minimum KV pool" in c.reason
+    assert e.feasible_range(1) is None
+
+
+# --- facts parsing -------------------------------------------------------------------------
+
+
+def test_config_errors_name_the_missing_key() -> None:
+    with pytest.raises(NoEstimate, match=r"no estimate: config\.json has no num_hidden_layers"):
+        ModelFacts.from_config({"hidden_size": 4096})
+    with pytest.raises(NoEstimate, match="not a JSON object"):
+        ModelFacts.from_config([])  # type: ignore[arg-type]
+
+
+def test_weight_bytes_from_index_and_headers() -> None:
+    assert weight_bytes_from_index({"metadata": {"total_size": 123}}) == 123
+    with pytest.raises(NoEstimate, match=r"metadata\.total_size"):
+        weight_bytes_from_index({"weight_map": {}})
+    header = {"__metadata__": {"format": "pt"},
+              "a": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
+              "b": {"dtype": "F32", "shape": [4], "data_offsets": [12, 28]}}
+    assert weight_bytes_from_header(header) == 28
+    with pytest.raises(NoEstimate, match="data_offsets"):
+        weight_bytes_from_header({"a": {"dtype": "BF16"}})
+
+
+def test_every_sim_model_index_agrees_with_its_simulated_weights() -> None:
+    """total_size = sim.weights_gib (+ the MTP layer's share where the checkpoint ships one)."""
+    for d in sorted(MODELS.iterdir()):
+        cfg = config(d.name)
+        m = ModelFacts.from_config(cfg)
+        total = weights(d.name).total_bytes / GIB
+        layers, n = m.num_layers, m.nextn_layers
+        assert total * layers / (layers + n) == pytest.approx(cfg["sim"]["weights_gib"]), d.name
+
+
+# --- a failed attempt's picture ----------------------------------------------------------------
+
+
+def test_observed_bar_splits_the_log_figures_and_states_the_deficit() -> None:
+    n = Numbers(tried_gib=2.0, free_gib=0.5, total_gib=80.0, gpu=1, pre_load_avail_gib=79.0,
+                post_weights_avail_gib=15.0, weights_gib=64.0, pool_end_avail_gib=9.0,
+                graph_pass="target_decode", graph_last_avail_gib=0.5, mem_fraction_static=0.88)
+    o = observed_bar(n, "cuda_graph")
+    assert o is not None
+    b = o.bar
+    assert (b.index, b.weights_gib, b.kv_gib, b.graphs_gib, b.other_gib) == (1, 64.0, 6.0, 8.5,
+                                                                             1.0)
+    assert b.free_gib == pytest.approx(0.5)
+    assert o.deficit_gib == pytest.approx(1.5)
+    assert o.broke == "cuda_graph (target_decode)"
+    assert b.line_gib == pytest.approx(79.0 * 0.88)
+    assert observed_bar(Numbers(), "cuda_graph") is None
+
+
+def test_hybrid_state_cache_follows_0523_slot_sizing_with_speculative_decoding() -> None:
+    """KVCacheConfigurator._handle_max_mamba_cache (0.5.23): budget = rest x 0.9/1.9; with
+    EAGLE (D = 4 draft tokens) K = (budget - s(1+D)) // (s(1 + D/ratio)), ratio 5 (extra_buffer
+    with the overlap schedule: 3 + 2), K + 1 slots plus s x (min(48, K // 5) + 1) x D of
+    intermediate state; the KV pool gets the rest."""
+    m = facts("qwen3.6-27b-sim")
+    shape = ServerShape(tp=1, spec=SpecShape("EAGLE", 3, 1, 4))
+    e = estimate(m, weights("qwen3.6-27b-sim"), [GpuFacts(0, 94.97)], shape)
+    assert e.mamba_slots_per_req() == 5
+    s = sum(m.hybrid.per_req_bytes(1)) / GIB if m.hybrid else 0.0
+    b = e.at(0.9, 48)
+    pre = e.pre_load_free_gib
+    rest = pre - e.weights_gib - e.draft_weights_gib - pre * 0.1
+    budget = rest * 0.9 / 1.9
+    k = int((budget - s * 5) // (s * (1 + 4 / 5)))
+    state = s * (k + 1) + s * (min(48, k // 5) + 1) * 4
+    assert b.state_gib == pytest.approx(state)
+    assert b.kv_pool_gib == pytest.approx(rest - state)
+    no_overlap = estimate(m, weights("qwen3.6-27b-sim"), [GpuFacts(0, 94.97)],
+                          ServerShape(tp=1, overlap=False))
+    assert no_overlap.mamba_slots_per_req() == 3  # auto without overlap: no_buffer

@@ -1,0 +1,216 @@
+"""The memory estimate on a host: the facts reader (launcher/modelfacts.py) over the local
+transport and the simulated nvidia-smi, and the first attempt it chooses, end to end with the
+real CLI against simulated servers (docs/memory.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from launcher.cli import EXIT_GAVE_UP, EXIT_OK, EXIT_WONT_FIT
+from launcher.modelfacts import MAX_CONFIG, read_gpus, read_model
+from launcher.params import LaunchParams
+from launcher.sglang.budget import GIB, NoEstimate
+from launcher.sim.memory import simulate
+from launcher.sim.server import scenario_from_argv
+from launcher.transport.local import LocalTransport
+from tests.simhost import make_sim_host, model_dir
+from tests.supervise import SimSetup, json_lines, run_cli
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _local() -> LocalTransport:
+    return LocalTransport("local")
+
+
+# --- the facts reader ----------------------------------------------------------------------
+
+
+def test_reads_config_and_index_of_a_sim_model() -> None:
+    model, weights = anyio.run(read_model, _local(), str(model_dir("llama-70b-sim")))
+    assert (model.arch, model.num_layers, model.num_kv_heads) == ("LlamaForCausalLM", 80, 8)
+    assert (weights.source, weights.total_gib) == ("index", pytest.approx(128.4))
+
+
+def test_without_an_index_the_safetensors_file_sizes_count(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(
+        (model_dir("tiny-1b-sim") / "config.json").read_text())
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"x" * 1000)
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"x" * 24)
+    _, weights = anyio.run(read_model, _local(), str(tmp_path))
+    assert (weights.source, weights.total_bytes) == ("files", 1024)
+
+
+@pytest.mark.parametrize(
+    ("files", "why"),
+    [
+        ({}, "config.json does not exist on local"),
+        ({"config.json": "{not json"}, "config.json is not valid JSON"),
+        ({"config.json": '{"hidden_size": 8}'}, "config.json has no num_hidden_layers"),
+        ({"config.json": json.dumps({"num_hidden_layers": 2, "hidden_size": 64})},
+         "has neither model.safetensors.index.json nor *.safetensors files"),
+        ({"config.json": json.dumps({"num_hidden_layers": 2, "hidden_size": 64}),
+          "model.safetensors.index.json": '{"metadata": {}}'}, "metadata.total_size"),
+        ({"config.json": " " * (MAX_CONFIG + 1)}, "larger than 1 MiB"),
+    ],
+)
+def test_bad_or_missing_files_give_no_estimate_with_the_reason(
+    tmp_path: Path, files: dict[str, str], why: str
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(NoEstimate, match="no estimate: .*" + why.replace("*", r"\*")
+                       .replace(".", r"\.")):
+        anyio.run(read_model, _local(), str(tmp_path))
+
+
+def test_reads_gpu_totals_and_what_others_hold_from_nvidia_smi(tmp_path: Path) -> None:
+    host = make_sim_host(tmp_path, gpu_count=2, gpu_total_gib=94.97,
+                         foreign_used_gib={1: 3.5})
+    t = LocalTransport("sim", host.env)
+    smi = [sys.executable, "-m", "launcher.sim.nvidia_smi"]
+    gpus = anyio.run(read_gpus, t, smi, [0, 1])
+    assert [g.index for g in gpus] == [0, 1]
+    assert gpus[0].total_gib == pytest.approx(94.97, abs=0.01)
+    assert gpus[1].other_used_gib == pytest.approx(3.5, abs=0.01)
+    with pytest.raises(NoEstimate, match="does not show GPU 5"):
+        anyio.run(read_gpus, t, smi, [5])
+
+
+# --- end to end: launcher up / plan on the simulator ---------------------------------------
+
+
+def _llama(sim: SimSetup, **kw: object) -> dict[str, object]:
+    return sim.data(model="llama-70b-sim", tp=2, **kw)  # type: ignore[arg-type]
+
+
+def test_configured_params_would_oom_but_the_estimate_is_ready_on_attempt_1(
+    sim: SimSetup,
+) -> None:
+    """llama-70b at tp2 on two H100s: 0.88 / bs 256 OOMs in capture (the demo). With
+    ``[policy] initial = "estimate"`` the first attempt is the estimate's and reaches ready;
+    attempt.started says why."""
+    scenario, _ = scenario_from_argv(
+        "0.5.23", ["--model-path", str(model_dir("llama-70b-sim")), "--tp-size", "2"], 79.19)
+    assert not simulate(scenario, LaunchParams(0.88, 256)).ok
+
+    data = _llama(sim, mem_fraction_static=0.88, cuda_graph_max_bs=256,
+                  policy={"initial": "estimate"})
+    config = sim.write_toml(data)
+    up = run_cli("up", str(config), "--until-ready", "--log-format", "json", timeout=90)
+
+    assert EXIT_OK == up.returncode, up.stderr + up.stdout[-3000:]
+    assert sim.attempts() == [1]
+    events = json_lines(up.stdout)
+    started = [e for e in events if e.get("event") == "attempt.started"]
+    assert started and started[0]["attempt"] == 1
+    assert started[0]["why"].startswith("estimate: mem_fraction_static=")
+    params = started[0]["params"]
+    assert (params["mem_fraction_static"], params["cuda_graph_max_bs"]) != (0.88, 256)
+    assert f"--mem-fraction-static {params['mem_fraction_static']}" in sim.cmd(1)
+    assert simulate(scenario, LaunchParams(params["mem_fraction_static"],
+                                           params["cuda_graph_max_bs"])).ok
+
+
+def test_the_ledgers_last_good_params_win_over_the_estimate(sim: SimSetup) -> None:
+    """A second `up` with the same launch starts from what was ready last time, as before."""
+    config = sim.write_toml(_llama(sim, mem_fraction_static=0.85, cuda_graph_max_bs=64,
+                                   policy={"initial": "estimate"}))
+    first = run_cli("up", str(config), "--until-ready", "--stop-on-exit", "--log-format", "json",
+                    timeout=90)
+    assert EXIT_OK == first.returncode, first.stderr
+    good = next(e for e in json_lines(first.stdout) if e.get("event") == "attempt.started")
+    second = run_cli("up", str(config), "--until-ready", "--stop-on-exit", "--log-format",
+                     "json", timeout=90)
+    assert EXIT_OK == second.returncode, second.stderr
+    initial = next(e for e in json_lines(second.stdout) if e.get("event") == "params.initial")
+    assert initial["source"] == "ledger" and initial["reason"].startswith("warm start")
+    p = dict(good["params"])
+    last_good = LaunchParams.from_extras(p.pop("mem_fraction_static"),
+                                         p.pop("cuda_graph_max_bs"), p)
+    assert initial["params"] == last_good.describe()
+
+
+def test_nothing_fits_refuses_to_launch_unless_forced(sim: SimSetup) -> None:
+    """llama-70b's 128 GiB on one 79 GiB GPU: `up` says so with the numbers and the fix,
+    launches nothing and exits 5; `--force` launches (and the weights OOM gives up: 4)."""
+    config = sim.write_toml(sim.data(model="llama-70b-sim", tp=1))
+    up = run_cli("up", str(config), "--log-format", "json")
+    assert EXIT_WONT_FIT == up.returncode, up.stderr
+    assert "weights alone need 128.40 GiB per GPU" in up.stderr
+    assert "more GPUs (tp 2" in up.stderr and "--force" in up.stderr
+    assert sim.attempts() == []
+
+    forced = run_cli("up", str(config), "--log-format", "json", "--force", timeout=90)
+    assert EXIT_GAVE_UP == forced.returncode, forced.stderr
+    assert sim.attempts() and "estimate.forced" in forced.stdout
+
+
+def test_plan_draws_a_bar_per_gpu_and_carries_memory_in_json(sim: SimSetup) -> None:
+    config = sim.write_toml(_llama(sim))
+    js = run_cli("plan", str(config), "--json")
+    assert js.returncode == 0, js.stderr
+    row = json.loads(js.stdout)[0]
+    assert row["first_attempt"]["source"] == "estimate"
+    mem = row["memory"]
+    assert [g["gpu"] for g in mem] == [0, 1]
+    keys = {"total_gib", "weights_gib", "kv_gib", "graphs_gib", "activations_gib", "other_gib",
+            "free_gib"}
+    assert keys <= set(mem[0])
+    g = mem[0]
+    assert g["total_gib"] == pytest.approx(79.19, abs=0.01)
+    assert g["weights_gib"] == pytest.approx(64.2, abs=0.01)
+    parts = sum(g[k] for k in keys - {"total_gib"}) + g["context_gib"]
+    assert parts == pytest.approx(g["total_gib"], abs=0.05)
+    mfs = row["first_attempt"]["params"]["mem_fraction_static"]
+    assert row["estimate"]["mem_fraction_static"] == mfs and row["estimate"]["fits"]
+
+    text = run_cli("plan", str(config))
+    assert text.returncode == 0, text.stderr
+    assert "GPU 0" in text.stdout and "GPU 1" in text.stdout
+    assert f"mem_fraction_static {mfs:.3f}: static budget (weights + KV)" in text.stdout
+    assert "weights 64.20" in text.stdout
+
+
+def test_plan_without_facts_says_why(sim: SimSetup, tmp_path: Path) -> None:
+    empty = tmp_path / "no-model"
+    empty.mkdir()
+    config = sim.write_toml(sim.data(server={"model_path": str(empty)}))
+    js = run_cli("plan", str(config), "--json")
+    assert js.returncode == 0, js.stderr
+    row = json.loads(js.stdout)[0]
+    assert row["memory"] is None
+    assert row["no_estimate"].startswith("no estimate: ") and "config.json" in row["no_estimate"]
+
+
+def test_diagnose_draws_the_failed_attempt_with_the_pass_and_the_deficit(tmp_path: Path) -> None:
+    host = make_sim_host(tmp_path, gpu_count=2)
+    code, log = host.run("--model-path", str(model_dir("llama-70b-sim")), "--tp-size", "2",
+                         "--mem-fraction-static", "0.88", "--cuda-graph-max-bs-decode", "256",
+                         "--port", "0", timeout=60)
+    assert code != 0
+    path = tmp_path / "oom.log"
+    path.write_text(log)
+    js = run_cli("diagnose", str(path), "--json")
+    data = json.loads(js.stdout)
+    mem = data["memory"][0]
+    assert mem["broke"] == "cuda_graph (target_decode)"
+    assert mem["weights_gib"] == pytest.approx(64.2, abs=0.01)
+    assert mem["total_gib"] == pytest.approx(79.19, abs=0.01)
+    assert mem["deficit_gib"] > 0 and mem["graphs_gib"] > 0
+    text = run_cli("diagnose", str(path))
+    assert "broke in cuda_graph (target_decode)" in text.stdout
+    assert "deficit:" in text.stdout and "static budget (weights + KV)" in text.stdout
+
+
+def test_weights_per_rank_in_the_estimate_match_the_simulated_log() -> None:
+    """The estimator reads the same files: its target weights per rank are the sim's."""
+    scenario, _ = scenario_from_argv(
+        "0.5.23", ["--model-path", str(model_dir("llama-70b-sim")), "--tp-size", "2"], 79.19)
+    _, weights = anyio.run(read_model, _local(), str(model_dir("llama-70b-sim")))
+    assert weights.total_bytes / GIB / 2 == pytest.approx(scenario.weights_per_rank_gib)
