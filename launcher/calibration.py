@@ -3,8 +3,12 @@
 Pure (no I/O). The estimator (``launcher.sglang.budget``) guesses each memory component of a
 server per GPU from the model's files (``CostGuess``); the ledger keeps, per attempt, what the
 log showed those components cost (``launcher.sglang.observed.Observed``) beside the guess the
-attempt started from. ``calibrate`` turns observations into multiplicative corrections per
-component (``Correction``): the median of observed / guessed over the observations of one key.
+attempt started from. ``calibrate`` turns observations into corrections per component
+(``Correction``): the median of observed / guessed over the observations of one key (weights,
+KV and state bytes, each capture pass or all of them), the CUDA context as a difference, the
+activations only ever raised (by OOMs after ready). Graph memory has a part that does not grow
+with the model or the bs; ``apply`` keeps the measured figure as a bound and, once
+observations lie far enough apart, fits that part (``CalibratedEstimate``).
 Ratios, not absolute figures, are what carries over: a second model of the same architecture
 on the same GPU type (Qwen3-32B after Qwen3-8B) has other sizes, but the estimator errs on it
 the same way (the same kernels' workspaces, the same graph buffers per batch size, the same
@@ -471,6 +475,7 @@ class CalibratedEstimate(Estimate):
     # Fitted (several observations far enough apart): fixed part + the scaled prior.
     graphs_fitted: bool = False
     graphs_fixed_gib: float = 0.0
+    graphs_prior_scale: float = 1.0  # the uncorrected estimate's coeffs.graphs_scale
 
     def graphs_gib(self, bs: int) -> float:
         if self.shape.disable_cuda_graph:
@@ -481,7 +486,17 @@ class CalibratedEstimate(Estimate):
             # vocab x bs, and errs low for a model unlike the measured ones. (A bound from
             # only the measurements of no bigger settings was tried: 2-5 points fewer first
             # attempts ready in scripts/bench_estimator.py for 0.001 less fraction error.)
-            return max(self.graphs_fixed_gib + super().graphs_gib(bs), self.graphs_measured_gib)
+            # Above the largest measured bs the fit knows nothing of the growth with bs (all
+            # its points may share one bs): the measured figure grows as the prior does.
+            out = max(self.graphs_fixed_gib + super().graphs_gib(bs), self.graphs_measured_gib)
+            if self.graphs_measured_bs and bs > self.graphs_measured_bs:
+                prior = replace(self, coeffs=replace(self.coeffs,
+                                                     graphs_scale=self.graphs_prior_scale))
+                at = Estimate.graphs_gib(prior, self.graphs_measured_bs)
+                if at > 0:
+                    grown = Estimate.graphs_gib(prior, bs) / at
+                    out = max(out, self.graphs_measured_gib * grown)
+            return out
         scaled = super().graphs_gib(max(bs, self.graphs_measured_bs))
         return max(scaled, self.graphs_measured_gib)
 
@@ -489,16 +504,20 @@ class CalibratedEstimate(Estimate):
 def apply(e: Estimate, correction: Correction) -> Estimate:
     """``e`` with its costs replaced by the measured ones: weights, KV and state bytes, the
     CUDA context (and so the free memory before the weights) and the graph / activation
-    coefficients, each by its correction; a ``CalibratedEstimate`` when graph memory was
-    measured. No observations: ``e`` unchanged."""
+    coefficients, each by its correction (activations never measured are raised by the margin
+    the calibrated choice gives up: ``1 + COLD_MARGIN - margin``); a ``CalibratedEstimate``
+    when graph memory was measured. No observations: ``e`` unchanged."""
     if correction.match is Match.NONE:
         return e
     c = correction
     graphs = c.graph.get(ALL_PASSES, c.graph_default)  # with a fit: its proportional factor
+    # Activations are measured only by an OOM after ready; until then they keep the cold
+    # margin the calibrated one gives up (the margin is a share of graphs + activations).
+    activations = c.activations if c.activations != 1.0 else 1.0 + COLD_MARGIN - c.margin
     coeffs = replace(
         e.coeffs,
         graphs_scale=e.coeffs.graphs_scale * graphs,
-        activations_scale=e.coeffs.activations_scale * c.activations,
+        activations_scale=e.coeffs.activations_scale * activations,
         context_gib=e.coeffs.context_gib + c.context_gib,
     )
     fields = {f.name: getattr(e, f.name) for f in dataclasses.fields(Estimate)}
@@ -506,6 +525,7 @@ def apply(e: Estimate, correction: Correction) -> Estimate:
     fields["graphs_measured_gib"] = c.graph_measured_gib
     fields["graphs_fitted"] = c.graph_fitted
     fields["graphs_fixed_gib"] = c.graph_fixed_gib
+    fields["graphs_prior_scale"] = e.coeffs.graphs_scale
     return replace(
         CalibratedEstimate(**fields),
         coeffs=coeffs,
