@@ -142,12 +142,11 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         fingerprints[s.name] = fp
         configured = s.launch_params()
         initial, why = initial_params(ledger, fp, configured, opts.fresh)
-        # always_estimate + ledger: even a warm start reads the facts, so that its attempts
-        # are filed under their key (architecture, GPU model, ...) for calibration.
+        # With the ledger even a warm start reads the facts, so that its attempts are filed
+        # under their key (architecture, GPU model, ...) for calibration.
         first = await plan_first_attempt(
             config, s, transports[s.host], version, configured,
-            warm=None if initial is configured else (initial, why),
-            always_estimate=True, ledger=ledger)
+            warm=None if initial is configured else (initial, why), ledger=ledger)
         if first.observation is not None:
             contexts[s.name] = first.observation
         if first.refused:

@@ -14,7 +14,7 @@ from launcher.fleet import parse_names
 from launcher.store import Ledger, ledger_path
 from tests.supervise import SimSetup, json_lines, run_cli
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(180)  # two `up`s and two `down`s
 
 
 def events(stdout: str) -> list[dict[str, Any]]:
