@@ -18,8 +18,9 @@ import structlog
 
 from launcher import remote
 from launcher.config import Config, ServerConfig
-from launcher.errors import WontFit
+from launcher.errors import LauncherError, WontFit
 from launcher.firstattempt import plan_first_attempt
+from launcher.fleet import context_of
 from launcher.lifecycle import State
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
@@ -134,6 +135,7 @@ async def _supervise(config: Config, servers: list[ServerConfig],
     log = structlog.get_logger("launcher")
     fingerprints: dict[str, str] = {}
     contexts: dict[str, ObservationContext] = {}
+    unkeyed: list[tuple[ServerConfig, str]] = []
     plans: list[tuple[ServerConfig, str, LaunchParams, str]] = []
     refused: list[tuple[str, str]] = []
     for s in servers:
@@ -142,13 +144,13 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         fingerprints[s.name] = fp
         configured = s.launch_params()
         initial, why = initial_params(ledger, fp, configured, opts.fresh)
-        # With the ledger even a warm start reads the facts, so that its attempts are filed
-        # under their key (architecture, GPU model, ...) for calibration.
         first = await plan_first_attempt(
             config, s, transports[s.host], version, configured,
             warm=None if initial is configured else (initial, why), ledger=ledger)
         if first.observation is not None:
             contexts[s.name] = first.observation
+        else:  # its key is read beside the supervision (launch not delayed)
+            unkeyed.append((s, version))
         if first.refused:
             if not opts.force:
                 refused.append((s.name, first.reason))
@@ -199,9 +201,21 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         if metrics is not None:
             metrics.update_states(snapshots())
 
+    async def file_keys() -> None:
+        """The observation key of servers the first attempt's choice read no facts for."""
+        for s, version in unkeyed:
+            try:
+                context = await context_of(transports[s.host], config.host(s.host), s, version)
+            except LauncherError as exc:  # HostKeyError: the supervisor reports it
+                log.info("fleet.key_unknown", server=s.name, error=str(exc)[:200])
+                continue
+            if context is not None:
+                recorder.set_context(s.name, context)
+
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_signals)
+            tg.start_soon(file_keys)
             if sd is not None:
                 # READY=1 means "supervising", not "every server is ready" (that can take an
                 # hour); the watchdog pings from this loop so a wedged loop gets restarted.

@@ -80,10 +80,7 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
     policy = config.policy_for(server.name)
     mode = policy.initial
     choosing = warm is None and wants_estimate(mode, configured)
-    # With a ledger the facts are read even when the estimate chooses nothing: the attempts
-    # are then filed under their key (``observation``); the answer stays the same.
-    only_key = not choosing and not always_estimate
-    if only_key and ledger is None:
+    if not choosing and not always_estimate:
         if warm is not None:
             return Planned(warm[0], warm[1], "ledger")
         return Planned(configured, "configured params", "configured")
@@ -97,8 +94,6 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
         log.info("estimate.unavailable", why=why)
         if warm is not None:
             return Planned(warm[0], warm[1], "ledger", no_estimate=why)
-        if only_key:
-            return Planned(configured, "configured params", "configured", no_estimate=why)
         return Planned(configured, f"configured params ({why})", "configured", no_estimate=why)
     margin, correction, observation = policy.estimate_margin, None, None
     if ledger is not None:
@@ -117,9 +112,6 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
 
     if warm is not None:
         return learnt(Planned(warm[0], warm[1], "ledger", est, choice, facts=facts))
-    if only_key:
-        return learnt(Planned(configured, "configured params", "configured", est, choice,
-                              facts=facts))
     if not choosing:  # [policy] initial = "configured", or both params set
         return learnt(Planned(configured, choice.reason, "configured", est, choice,
                               facts=facts))

@@ -17,14 +17,17 @@ from collections.abc import Sequence
 import structlog
 
 from launcher.calibration import Correction, ObservationKey, learn_estimate
+from launcher.config import HostConfig, ServerConfig
 from launcher.errors import HostKeyError, LauncherError
-from launcher.modelfacts import Facts
-from launcher.sglang.budget import Estimate
+from launcher.modelfacts import Facts, read_facts
+from launcher.sglang.budget import Estimate, NoEstimate
 from launcher.sglang.observed import speculative_key
 from launcher.store import Ledger, ObservationContext
 from launcher.transport.base import Transport
 
-__all__ = ["NAME_QUERY", "gpu_model", "learned", "observation_key", "parse_names"]
+__all__ = [
+    "NAME_QUERY", "context_of", "gpu_model", "learned", "observation_key", "parse_names",
+]
 
 NAME_QUERY = ["--query-gpu=index,name", "--format=csv,noheader"]
 
@@ -83,3 +86,22 @@ def learned(
     corrected, correction = learn_estimate([r.keyed for r in rows], key, raw)
     context = ObservationContext(key, model=model_path, tp=facts.shape.tp, estimate=raw)
     return corrected, correction, context
+
+
+async def context_of(
+    transport: Transport, host: HostConfig, server: ServerConfig, version: str
+) -> ObservationContext | None:
+    """What ``server``'s attempts are filed under when the first attempt's choice did not read
+    its facts (a warm start, or both params configured): read them now. None when they
+    cannot be read (logged ``fleet.key_unknown``); HostKeyError propagates."""
+    try:
+        facts = await read_facts(transport, host, server, version)
+        raw = facts.estimate()
+    except HostKeyError:
+        raise
+    except (NoEstimate, LauncherError) as exc:
+        log.info("fleet.key_unknown", server=server.name, error=str(exc)[:200])
+        return None
+    gpu = await gpu_model(transport, host.nvidia_smi, facts.gpus[0].index)
+    return ObservationContext(observation_key(facts, gpu, version), model=server.model_path,
+                              tp=facts.shape.tp, estimate=raw)
