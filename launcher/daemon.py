@@ -10,7 +10,7 @@ view, if any, is a :class:`View` the CLI supplies.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import anyio
@@ -103,6 +103,16 @@ async def sglang_version_of(server: ServerConfig, transport: Transport) -> str:
     return await remote.detect_sglang_version(transport, server.command)
 
 
+async def _already_running(config: Config, server: ServerConfig, transport: Transport) -> bool:
+    """Whether an attempt of ``server`` runs on its host (to be adopted); False when the
+    listing fails (the refusal stands)."""
+    run_dir = server.run_dir or config.host(server.host).run_dir
+    try:
+        return await remote.find_running(transport, run_dir, server.name) is not None
+    except LauncherError:
+        return False
+
+
 async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, dict[str, str]],
               notifier: SlackNotifier, opts: Options, view: View | None = None) -> Result:
     """Supervise ``servers`` under the state directory's lock until supervision ends.
@@ -114,11 +124,19 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
     transports = transports_for(config, servers)
     try:
         with StateLock(config.state_dir), Ledger(ledger_path(config.state_dir)) as ledger:
+            # before any task group: WontFit reaches the CLI as itself, and nothing started
+            try:
+                plans, fingerprints, keys = await _first_attempts(config, servers,
+                                                                  transports, ledger, opts)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await notifier.aclose(10.0)
+                raise
             async with anyio.create_task_group() as tg:
                 await tg.start(notifier.run)
                 try:
-                    result = await _supervise(config, servers, secrets, transports, ledger,
-                                              notifier, opts, view)
+                    result = await _supervise(config, plans, fingerprints, keys, secrets,
+                                              transports, ledger, notifier, opts, view)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await notifier.aclose(10.0)
@@ -128,15 +146,27 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
         await close_transports(transports)
 
 
-async def _supervise(config: Config, servers: list[ServerConfig],
-                     secrets: dict[str, dict[str, str]], transports: dict[str, Transport],
-                     ledger: Ledger, notifier: SlackNotifier, opts: Options,
-                     view: View | None) -> Result:
+_Plan = tuple[ServerConfig, str, LaunchParams, str]
+
+
+@dataclass
+class _Keys:
+    """What each server's observations are filed under (``launcher.fleet``): the contexts the
+    first attempts' estimates gave, and the servers whose key is still to be read."""
+
+    contexts: dict[str, ObservationContext] = field(default_factory=dict)
+    unkeyed: list[tuple[ServerConfig, str]] = field(default_factory=list)
+
+
+async def _first_attempts(config: Config, servers: list[ServerConfig],
+                          transports: dict[str, Transport], ledger: Ledger, opts: Options,
+                          ) -> tuple[list[_Plan], dict[str, str], _Keys]:
+    """Per server: (server, version, first params, why) and its fingerprint. Raises WontFit
+    for the servers the estimate refuses (unless ``opts.force`` or already running)."""
     log = structlog.get_logger("launcher")
     fingerprints: dict[str, str] = {}
-    contexts: dict[str, ObservationContext] = {}
-    unkeyed: list[tuple[ServerConfig, str]] = []
-    plans: list[tuple[ServerConfig, str, LaunchParams, str]] = []
+    keys = _Keys()
+    plans: list[_Plan] = []
     refused: list[tuple[str, str]] = []
     for s in servers:
         version = await sglang_version_of(s, transports[s.host])
@@ -146,16 +176,22 @@ async def _supervise(config: Config, servers: list[ServerConfig],
         initial, why = initial_params(ledger, fp, configured, opts.fresh)
         first = await plan_first_attempt(
             config, s, transports[s.host], version, configured,
-            warm=None if initial is configured else (initial, why), ledger=ledger)
+            warm=None if initial is configured else (initial, why), configured_reason=why,
+            ledger=ledger)
         if first.observation is not None:
-            contexts[s.name] = first.observation
+            keys.contexts[s.name] = first.observation
         else:  # its key is read beside the supervision (launch not delayed)
-            unkeyed.append((s, version))
+            keys.unkeyed.append((s, version))
         if first.refused:
-            if not opts.force:
+            if await _already_running(config, s, transports[s.host]):
+                # a running server (launched with --force, or before this estimate) is
+                # adopted, not refused; a relaunch would be refused again
+                log.warning("estimate.refused_but_running", server=s.name, reason=first.reason)
+            elif not opts.force:
                 refused.append((s.name, first.reason))
                 continue
-            log.warning("estimate.forced", server=s.name, reason=first.reason)
+            else:
+                log.warning("estimate.forced", server=s.name, reason=first.reason)
         initial, why = first.params, first.reason
         log.info("params.initial", server=s.name, params=initial.describe(), reason=why,
                  source=first.source, sglang_version=version)
@@ -166,7 +202,15 @@ async def _supervise(config: Config, servers: list[ServerConfig],
                 f"  {name}: {reason}" for name, reason in refused),
             servers=[name for name, _ in refused],
             remedy="follow the fix above, or `launcher up --force` to launch anyway")
-    recorder = LedgerRecorder(ledger, fingerprints, contexts=contexts)
+    return plans, fingerprints, keys
+
+
+async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str, str],
+                     keys: _Keys, secrets: dict[str, dict[str, str]],
+                     transports: dict[str, Transport], ledger: Ledger,
+                     notifier: SlackNotifier, opts: Options, view: View | None) -> Result:
+    log = structlog.get_logger("launcher")
+    recorder = LedgerRecorder(ledger, fingerprints, contexts=keys.contexts)
     hooks: list[EventHook] = [recorder, notifier]
     metrics = Metrics() if config.metrics else None
     metrics_server = None
@@ -203,7 +247,7 @@ async def _supervise(config: Config, servers: list[ServerConfig],
 
     async def file_keys() -> None:
         """The observation key of servers the first attempt's choice read no facts for."""
-        for s, version in unkeyed:
+        for s, version in keys.unkeyed:
             try:
                 context = await context_of(transports[s.host], config.host(s.host), s, version)
             except LauncherError as exc:  # HostKeyError: the supervisor reports it

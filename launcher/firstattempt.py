@@ -27,13 +27,22 @@ from launcher.errors import RemoteCommandError, TransportError
 from launcher.fleet import gpu_model, learned
 from launcher.modelfacts import Facts, read_facts
 from launcher.params import LaunchParams
-from launcher.sglang.budget import Choice, Estimate, NoEstimate, choose
+from launcher.sglang.budget import (
+    DEFAULT_COEFFICIENTS,
+    Choice,
+    Coefficients,
+    Estimate,
+    NoEstimate,
+    choose,
+)
 from launcher.sglang.versions import DEFAULT_VERSION
 from launcher.store import Ledger, ObservationContext
 from launcher.transport import make_transport
 from launcher.transport.base import Transport
 
 __all__ = ["Planned", "estimate_servers", "plan_first_attempt", "wants_estimate"]
+
+_CONFIGURED = "configured params"
 
 
 @dataclass(frozen=True)
@@ -67,15 +76,19 @@ def wants_estimate(mode: str, configured: LaunchParams) -> bool:
 async def plan_first_attempt(config: Config, server: ServerConfig, transport: Transport,
                              version: str, configured: LaunchParams, *,
                              warm: tuple[LaunchParams, str] | None = None,
+                             configured_reason: str = _CONFIGURED,
                              always_estimate: bool = False,
+                             coeffs: Coefficients = DEFAULT_COEFFICIENTS,
                              ledger: Ledger | None = None) -> Planned:
     """The first attempt of ``server``. ``warm``: the ledger's last good params and their
     reason (they win). ``always_estimate``: compute the estimate even when it chooses nothing
-    (for `plan`'s picture). ``ledger``: correct the estimate by its observations of the same
-    architecture on the same GPU type (``launcher.fleet``; the margin is then the smaller of
-    the configured one and what the observations warrant). Never raises for missing facts;
-    HostUnreachable is reported as ``no_estimate`` too (the supervisor deals with an
-    unreachable host)."""
+    (for `plan`'s picture). ``configured_reason``: why the configured params apply when the
+    estimate does not choose (``store.initial_params``'s reason). Never raises for missing
+    facts; an unreachable host is reported as ``no_estimate`` too (the supervisor deals with
+    it). ``coeffs``: the costs to assume (the cold prior, or what the ledger taught).
+    ``ledger``: correct the estimate by its observations of the same architecture on the same
+    GPU type (``launcher.fleet``; the margin is then the smaller of the configured one and
+    what the observations warrant)."""
     log = structlog.get_logger("launcher").bind(server=server.name)
     policy = config.policy_for(server.name)
     mode = policy.initial
@@ -83,18 +96,19 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
     if not choosing and not always_estimate:
         if warm is not None:
             return Planned(warm[0], warm[1], "ledger")
-        return Planned(configured, "configured params", "configured")
+        return Planned(configured, configured_reason, "configured")
     facts: Facts | None = None
     try:
         facts = await read_facts(transport, config.host(server.host), server, version,
                                  configured)
-        est = facts.estimate()
+        est = facts.estimate(coeffs)
     except (NoEstimate, TransportError, RemoteCommandError) as exc:
         why = str(exc) if isinstance(exc, NoEstimate) else f"no estimate: {str(exc)[:200]}"
         log.info("estimate.unavailable", why=why)
         if warm is not None:
             return Planned(warm[0], warm[1], "ledger", no_estimate=why)
-        return Planned(configured, f"configured params ({why})", "configured", no_estimate=why)
+        return Planned(configured, f"{configured_reason} ({why})", "configured",
+                       no_estimate=why)
     margin, correction, observation = policy.estimate_margin, None, None
     if ledger is not None:
         gpu = await gpu_model(transport, config.host(server.host).nvidia_smi,
@@ -113,14 +127,16 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
     if warm is not None:
         return learnt(Planned(warm[0], warm[1], "ledger", est, choice, facts=facts))
     if not choosing:  # [policy] initial = "configured", or both params set
-        return learnt(Planned(configured, choice.reason, "configured", est, choice,
-                              facts=facts))
+        why = choice.reason  # it starts "configured ... kept"
+        if configured_reason != _CONFIGURED:
+            why = f"{configured_reason}; {why}"
+        return learnt(Planned(configured, why, "configured", est, choice, facts=facts))
     if not choice.feasible:
         if any(g.other_used_gib > 0 for g in facts.gpus):
             # Refuse only what no wait can fix: with the GPUs empty, does a setting fit? If so,
             # the preflight waits for the other processes as it always did.
             empty = replace(facts, gpus=[replace(g, other_used_gib=0.0) for g in facts.gpus])
-            if choose(empty.estimate(), configured, margin=policy.estimate_margin,
+            if choose(empty.estimate(coeffs), configured, margin=policy.estimate_margin,
                       override=mode == "estimate").feasible:
                 why = ("configured params (the estimate fits only once other processes free "
                        f"their GPU memory: {choice.reason})")

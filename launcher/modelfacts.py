@@ -222,5 +222,5 @@ async def read_facts(transport: Transport, host: HostConfig, server: ServerConfi
     draft = draft_weights = None
     if draft_path is not None:
         draft, draft_weights = await read_model(transport, draft_path)
-    gpus = await read_gpus(transport, host.nvidia_smi, server.gpus[: max(1, server.tp)])
+    gpus = await read_gpus(transport, host.nvidia_smi, server.gpus)  # every replica's GPUs
     return Facts(model, weights, gpus, shape, draft, draft_weights)

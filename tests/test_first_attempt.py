@@ -5,21 +5,26 @@ real CLI against simulated servers (docs/memory.md)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
 import pytest
 
 from launcher.cli import EXIT_GAVE_UP, EXIT_OK, EXIT_WONT_FIT
-from launcher.modelfacts import MAX_CONFIG, read_gpus, read_model
+from launcher.config import config_from_dict
+from launcher.modelfacts import MAX_CONFIG, Facts, read_gpus, read_model, server_shape
 from launcher.params import LaunchParams
-from launcher.sglang.budget import GIB, NoEstimate
+from launcher.sglang.budget import GIB, GpuFacts, NoEstimate, choose
 from launcher.sim.memory import simulate
 from launcher.sim.server import scenario_from_argv
 from launcher.transport.local import LocalTransport
 from tests.simhost import make_sim_host, model_dir
-from tests.supervise import SimSetup, json_lines, run_cli
+from tests.supervise import SimSetup, cli_argv, cli_env, json_lines, run_cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -214,3 +219,85 @@ def test_weights_per_rank_in_the_estimate_match_the_simulated_log() -> None:
         "0.5.23", ["--model-path", str(model_dir("llama-70b-sim")), "--tp-size", "2"], 79.19)
     _, weights = anyio.run(read_model, _local(), str(model_dir("llama-70b-sim")))
     assert weights.total_bytes / GIB / 2 == pytest.approx(scenario.weights_per_rank_gib)
+
+
+def test_a_running_server_is_adopted_not_refused(sim: SimSetup) -> None:
+    """A server that was launched with --force still runs (here: hung in weight loading); a
+    new `up` without --force adopts it instead of refusing (exit 5) and logs why."""
+    data = sim.data(model="llama-70b-sim", tp=1,
+                    faults=[{"kind": "hang", "phase": "weights", "after_s": 0.0}])
+    config = sim.write_toml(data)
+    forced = subprocess.Popen(cli_argv("up", str(config), "--log-format", "json", "--force"),
+                              env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (sim.attempts() and (sim.attempt_dir(1) / "pid").exists()):
+            assert time.monotonic() < deadline, "the forced attempt never started"
+            time.sleep(0.1)
+    finally:
+        os.killpg(forced.pid, signal.SIGKILL)
+        forced.wait()
+    assert sim.alive(1)
+
+    second = subprocess.Popen(cli_argv("up", str(config), "--log-format", "json"),
+                              env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        assert second.stdout is not None
+        seen = []
+        for line in second.stdout:
+            seen.append(line)
+            if "server.adopted" in line:
+                break
+        text = "".join(seen)
+        assert "estimate.refused_but_running" in text, text[-2000:]
+        assert "server.adopted" in text
+    finally:
+        os.killpg(second.pid, signal.SIGTERM)
+        second.communicate(timeout=30)
+    assert second.returncode == EXIT_OK
+
+
+_E3 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+       str(model_dir("kimi-k2.5-eagle3-sim")), "--speculative-num-steps", "3",
+       "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "gib", "version", "extra"),
+    [
+        ("llama-70b-sim", 2, 79.19, "0.5.23", []),
+        ("llama-70b-sim", 2, 79.19, "0.5.10", []),
+        ("tiny-1b-sim", 1, 24.0, "0.5.23", []),
+        ("qwen3.6-27b-sim", 1, 94.97, "0.5.23", ["--speculative-algorithm", "NEXTN"]),
+        ("kimi-k2.5-sim", 8, 94.97, "0.5.23", _E3),
+        ("kimi-k2.5-sim", 8, 94.97, "0.5.10", _E3),
+    ],
+)
+def test_the_cold_estimate_starts_the_sim_models_on_attempt_1(
+    tmp_path: Path, model: str, tp: int, gib: float, version: str, extra: list[str]
+) -> None:
+    """The facts read from the sim model's files (and the config's extra_args, as `up` reads
+    them) give a first attempt that the simulator's start-up arithmetic brings to ready. (The
+    DeepSeek-V4 seed's graph costs are beyond the cold prior: docs/memory.md.)"""
+    cfg = config_from_dict({
+        "state_dir": str(tmp_path),
+        "hosts": [{"name": "h", "transport": "local"}],
+        "servers": [{"name": "s", "host": "h", "model_path": str(model_dir(model)), "tp": tp,
+                     "gpus": list(range(tp)), "port": 30000, "sglang_version": version,
+                     "extra_args": extra}],
+    }, environ={})
+    server = cfg.servers[0]
+    m, w = anyio.run(read_model, _local(), server.model_path)
+    shape, draft_path = server_shape(server, version, LaunchParams(), m)
+    d = dw = None
+    if draft_path is not None:
+        d, dw = anyio.run(read_model, _local(), draft_path)
+    facts = Facts(m, w, [GpuFacts(i, gib) for i in range(tp)], shape, d, dw)
+    choice = choose(facts.estimate(), LaunchParams())
+    assert choice.feasible, choice.reason
+    scenario, _ = scenario_from_argv(
+        version, ["--model-path", server.model_path, "--tp-size", str(tp), *extra], gib)
+    trace = simulate(scenario, choice.params)
+    assert trace.ok, (choice.reason, trace.failure)

@@ -21,6 +21,12 @@ Public API (stable; ``fleetlearn`` builds on it)::
     choice:    choose(estimate, configured: LaunchParams, margin=DEFAULT_MARGIN) -> Choice
     pictures:  Budget.gpus -> list[GpuBar]; GpuBar.as_dict() gives the ``memory`` JSON keys
                (total_gib, weights_gib, kv_gib, graphs_gib, activations_gib, other_gib, free_gib)
+               observed_bar(numbers: Numbers, phase: str) -> Observed | None   (a failed log)
+    shared:    mamba_slot_ratio(strategy, overlap), mamba_cache_slots(budget, per_req, D, ratio)
+               (0.5.23's state-slot rules; the simulator uses them too)
+
+Host side: ``launcher.modelfacts.read_facts`` reads the facts over a Transport;
+``launcher.firstattempt.plan_first_attempt(..., coeffs=...)`` applies the ledger-first rule.
 
 All sizes are GiB (SGLang's "GB" in its logs is GiB) unless a name says bytes; all per-rank
 figures are for one GPU of the server. The formulas and where each comes from in SGLang's source
@@ -101,6 +107,8 @@ __all__ = [
     "choose",
     "dtype_bytes",
     "estimate",
+    "mamba_cache_slots",
+    "mamba_slot_ratio",
     "observed_bar",
     "weight_bytes_from_header",
     "weight_bytes_from_index",
@@ -455,6 +463,32 @@ class Coefficients:
 DEFAULT_COEFFICIENTS = Coefficients()
 
 
+# --- rules the simulator shares ------------------------------------------------------------
+
+
+def mamba_slot_ratio(strategy: str, overlap: bool, *, disable_radix_cache: bool = False) -> int:
+    """0.5.23's state slots per request (``KVCacheConfigurator._calculate_mamba_ratio``): 1
+    without the radix cache; else 3, plus 2 for ``extra_buffer`` with the overlap schedule and
+    1 for it without overlap or for ``extra_buffer_lazy``. ``strategy`` is resolved (not
+    ``auto``)."""
+    if disable_radix_cache:
+        return 1
+    if not strategy.startswith("extra_buffer"):
+        return 3
+    return 3 + (1 if strategy == "extra_buffer_lazy" or not overlap else 2)
+
+
+def mamba_cache_slots(budget: float, per_req: float, draft_tokens: int, ratio: int) -> int:
+    """0.5.23's auto ``max_mamba_cache_size`` for a state budget (any unit, the same for both
+    sizes): ``(budget - per_req) // per_req``, or with speculative decoding (``draft_tokens``
+    D > 0) ``(budget - per_req (1+D)) // (per_req (1 + D/ratio))``
+    (``KVCacheConfigurator._handle_max_mamba_cache``)."""
+    d = draft_tokens
+    if d > 0:
+        return int((budget - per_req * (1 + d)) // (per_req * (1 + d / ratio)))
+    return int((budget - per_req) // per_req)
+
+
 # --- the estimate ----------------------------------------------------------------------------
 
 
@@ -625,9 +659,7 @@ class Estimate:
         strategy = s.mamba_strategy
         if strategy == "auto":
             strategy = "extra_buffer" if s.overlap else "no_buffer"
-        if not strategy.startswith("extra_buffer"):
-            return 3
-        return 3 + (1 if strategy == "extra_buffer_lazy" or not s.overlap else 2)
+        return mamba_slot_ratio(strategy, s.overlap)
 
     def _state_gib(self, rest: float) -> float:
         """The hybrid state cache carved out of ``rest`` (GiB) with the auto sizing: the budget
@@ -651,12 +683,8 @@ class Estimate:
             return min(inter + per_req * (slots + 1), rest)
         budget = rest * r / (1 + r)
         ratio = self.mamba_slots_per_req()
-        if spec is not None:
-            slots = int((budget - per_req * (1 + d)) // (per_req * (1 + d / ratio)))
-            inter = per_req * (min(reqs, max(slots, 0) // ratio) + 1) * d
-        else:
-            slots = int((budget - per_req) // per_req)
-            inter = 0.0
+        slots = mamba_cache_slots(budget, per_req, d, ratio)
+        inter = per_req * (min(reqs, max(slots, 0) // ratio) + 1) * d if spec is not None else 0.0
         return min(per_req * (max(slots, 0) + 1) + inter, rest)
 
     def at(self, mem_fraction_static: float, cuda_graph_max_bs: int) -> Budget:

@@ -53,6 +53,7 @@ from launcher.sglang.autoargs import (
     captured_sizes,
     prefill_graph_tokens,
 )
+from launcher.sglang.budget import mamba_cache_slots, mamba_slot_ratio
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
 from launcher.sglang.versions import DEFAULT_VERSION, ONE_STATIC_BUDGET_FROM, at_least
@@ -91,13 +92,9 @@ class HybridScenario:
         return self.conv_gib_per_req + self.ssm_gib_per_req
 
     def ratio(self) -> int:
-        """0.5.23's state slots per request (``_calculate_mamba_ratio``)."""
-        if self.disable_radix_cache:
-            return 1
-        extra = 0
-        if self.strategy.startswith("extra_buffer"):
-            extra = 1 if (self.strategy == "extra_buffer_lazy" or not self.overlap) else 2
-        return 3 + extra
+        """0.5.23's state slots per request (``sglang.budget.mamba_slot_ratio``)."""
+        return mamba_slot_ratio(self.strategy, self.overlap,
+                                disable_radix_cache=self.disable_radix_cache)
 
 
 @dataclass(frozen=True)
@@ -491,12 +488,10 @@ def _mamba_sizing(
             rest -= per_req * (k + 1) * d
     else:
         budget = rest * h.mamba_full_memory_ratio / (1 + h.mamba_full_memory_ratio)
+        k = mamba_cache_slots(budget, per_req, d, ratio)
         if spec is not None:
-            k = int((budget - per_req * (1 + d)) // (per_req * (1 + d / ratio)))
             capped = min(reqs or SPEC_DEFAULT_MAX_RUNNING_REQUESTS, k // ratio)
             rest -= per_req * (capped + 1) * d
-        else:
-            k = int((budget - per_req) // per_req)
     if k <= 0:
         detail = {"max_mamba_cache_size": float(k), "total_rest_gib": rest, "per_req_gib": per_req}
         fail = Failure(
