@@ -10,7 +10,7 @@ view, if any, is a :class:`View` the CLI supplies.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import anyio
@@ -21,6 +21,7 @@ from launcher.config import Config, ServerConfig
 from launcher.errors import LauncherError, WontFit
 from launcher.facts import ServerFacts
 from launcher.firstattempt import plan_first_attempt
+from launcher.fleet import context_of
 from launcher.lifecycle import State
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
@@ -30,6 +31,7 @@ from launcher.router import routers_for, wire
 from launcher.store import (
     Ledger,
     LedgerRecorder,
+    ObservationContext,
     StateLock,
     fingerprint,
     initial_params,
@@ -133,8 +135,8 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
             notifier.bind_store(ledger)  # dedupe and firing alerts survive a restart
             # before any task group: WontFit reaches the CLI as itself, and nothing started
             try:
-                plans, fingerprints = await _first_attempts(config, servers, transports,
-                                                            ledger, opts)
+                plans, fingerprints, keys = await _first_attempts(config, servers,
+                                                                  transports, ledger, opts)
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await notifier.aclose(10.0)
@@ -142,8 +144,8 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
             async with anyio.create_task_group() as tg:
                 await tg.start(notifier.run)
                 try:
-                    result = await _supervise(config, plans, fingerprints, secrets, transports,
-                                              ledger, notifier, opts, view)
+                    result = await _supervise(config, plans, fingerprints, keys, secrets,
+                                              transports, ledger, notifier, opts, view)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await notifier.aclose(10.0)
@@ -156,13 +158,23 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
 _Plan = tuple[ServerConfig, str, LaunchParams, str]
 
 
+@dataclass
+class _Keys:
+    """What each server's observations are filed under (``launcher.fleet``): the contexts the
+    first attempts' estimates gave, and the servers whose key is still to be read."""
+
+    contexts: dict[str, ObservationContext] = field(default_factory=dict)
+    unkeyed: list[tuple[ServerConfig, str]] = field(default_factory=list)
+
+
 async def _first_attempts(config: Config, servers: list[ServerConfig],
                           transports: dict[str, Transport], ledger: Ledger, opts: Options,
-                          ) -> tuple[list[_Plan], dict[str, str]]:
+                          ) -> tuple[list[_Plan], dict[str, str], _Keys]:
     """Per server: (server, version, first params, why) and its fingerprint. Raises WontFit
     for the servers the estimate refuses (unless ``opts.force`` or already running)."""
     log = structlog.get_logger("launcher")
     fingerprints: dict[str, str] = {}
+    keys = _Keys()
     plans: list[_Plan] = []
     refused: list[tuple[str, str]] = []
     for s in servers:
@@ -173,7 +185,12 @@ async def _first_attempts(config: Config, servers: list[ServerConfig],
         initial, why = initial_params(ledger, fp, configured, opts.fresh)
         first = await plan_first_attempt(
             config, s, transports[s.host], version, configured,
-            warm=None if initial is configured else (initial, why), configured_reason=why)
+            warm=None if initial is configured else (initial, why), configured_reason=why,
+            ledger=ledger)
+        if first.observation is not None:
+            keys.contexts[s.name] = first.observation
+        else:  # its key is read beside the supervision (launch not delayed)
+            keys.unkeyed.append((s, version))
         if first.refused:
             if await _already_running(config, s, transports[s.host]):
                 # a running server (launched with --force, or before this estimate) is
@@ -194,20 +211,20 @@ async def _first_attempts(config: Config, servers: list[ServerConfig],
                 f"  {name}: {reason}" for name, reason in refused),
             servers=[name for name, _ in refused],
             remedy="follow the fix above, or `launcher up --force` to launch anyway")
-    return plans, fingerprints
+    return plans, fingerprints, keys
 
 
 async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str, str],
-                     secrets: dict[str, dict[str, str]], transports: dict[str, Transport],
-                     ledger: Ledger, notifier: SlackNotifier, opts: Options,
-                     view: View | None) -> Result:
+                     keys: _Keys, secrets: dict[str, dict[str, str]],
+                     transports: dict[str, Transport], ledger: Ledger,
+                     notifier: SlackNotifier, opts: Options, view: View | None) -> Result:
     log = structlog.get_logger("launcher")
     servers = [s for s, _, _, _ in plans]
     facts: dict[str, ServerFacts] = {}
     for s, version, _, _ in plans:
         facts[s.name] = ServerFacts.of(s, config.host(s.host), version)
         notifier.describe(s.name, facts[s.name])
-    recorder = LedgerRecorder(ledger, fingerprints)
+    recorder = LedgerRecorder(ledger, fingerprints, contexts=keys.contexts)
     hooks: list[EventHook] = [recorder, notifier]
     metrics = Metrics(facts=facts) if config.metrics else None
     metrics_server = None
@@ -253,11 +270,23 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
         if metrics is not None:
             metrics.update_states(snapshots())
 
+    async def file_keys() -> None:
+        """The observation key of servers the first attempt's choice read no facts for."""
+        for s, version in keys.unkeyed:
+            try:
+                context = await context_of(transports[s.host], config.host(s.host), s, version)
+            except LauncherError as exc:  # HostKeyError: the supervisor reports it
+                log.info("fleet.key_unknown", server=s.name, error=str(exc)[:200])
+                continue
+            if context is not None:
+                recorder.set_context(s.name, context)
+
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_signals)
             for rsup in routing.supervisors:
                 tg.start_soon(rsup.run)
+            tg.start_soon(file_keys)
             if sd is not None:
                 # READY=1 means "supervising", not "every server is ready" (that can take an
                 # hour); the watchdog pings from this loop so a wedged loop gets restarted.

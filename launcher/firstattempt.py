@@ -21,8 +21,10 @@ from dataclasses import dataclass, replace
 import anyio
 import structlog
 
+from launcher.calibration import Correction, Match, describe
 from launcher.config import Config, ServerConfig
 from launcher.errors import RemoteCommandError, TransportError
+from launcher.fleet import gpu_model, learned
 from launcher.modelfacts import Facts, read_facts
 from launcher.params import LaunchParams
 from launcher.sglang.budget import (
@@ -34,6 +36,7 @@ from launcher.sglang.budget import (
     choose,
 )
 from launcher.sglang.versions import DEFAULT_VERSION
+from launcher.store import Ledger, ObservationContext
 from launcher.transport import make_transport
 from launcher.transport.base import Transport
 
@@ -56,6 +59,10 @@ class Planned:
     no_estimate: str | None = None
     refused: bool = False
     facts: Facts | None = None
+    # Learning from the fleet (launcher.fleet): the correction the ledger's observations made
+    # to the estimate, and what this server's own attempts are filed under.
+    correction: Correction | None = None
+    observation: ObservationContext | None = None
 
 
 def wants_estimate(mode: str, configured: LaunchParams) -> bool:
@@ -71,13 +78,17 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
                              warm: tuple[LaunchParams, str] | None = None,
                              configured_reason: str = _CONFIGURED,
                              always_estimate: bool = False,
-                             coeffs: Coefficients = DEFAULT_COEFFICIENTS) -> Planned:
+                             coeffs: Coefficients = DEFAULT_COEFFICIENTS,
+                             ledger: Ledger | None = None) -> Planned:
     """The first attempt of ``server``. ``warm``: the ledger's last good params and their
     reason (they win). ``always_estimate``: compute the estimate even when it chooses nothing
     (for `plan`'s picture). ``configured_reason``: why the configured params apply when the
     estimate does not choose (``store.initial_params``'s reason). Never raises for missing
     facts; an unreachable host is reported as ``no_estimate`` too (the supervisor deals with
-    it). ``coeffs``: the costs to assume (the cold prior, or what the ledger taught)."""
+    it). ``coeffs``: the costs to assume (the cold prior, or what the ledger taught).
+    ``ledger``: correct the estimate by its observations of the same architecture on the same
+    GPU type (``launcher.fleet``; the margin is then the smaller of the configured one and
+    what the observations warrant)."""
     log = structlog.get_logger("launcher").bind(server=server.name)
     policy = config.policy_for(server.name)
     mode = policy.initial
@@ -98,15 +109,28 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
             return Planned(warm[0], warm[1], "ledger", no_estimate=why)
         return Planned(configured, f"{configured_reason} ({why})", "configured",
                        no_estimate=why)
-    choice = choose(est, configured, margin=policy.estimate_margin,
-                    override=mode == "estimate")
+    margin, correction, observation = policy.estimate_margin, None, None
+    if ledger is not None:
+        gpu = await gpu_model(transport, config.host(server.host).nvidia_smi,
+                              facts.gpus[0].index)
+        est, correction, observation = learned(ledger, facts, est, gpu, version,
+                                               server.model_path)
+        if correction.match is not Match.NONE:
+            margin = min(margin, correction.margin)
+    choice = choose(est, configured, margin=margin, override=mode == "estimate")
+    if correction is not None and correction.match is not Match.NONE:
+        choice = replace(choice, reason=f"{choice.reason}; {describe(correction)}")
+
+    def learnt(planned: Planned) -> Planned:
+        return replace(planned, correction=correction, observation=observation)
+
     if warm is not None:
-        return Planned(warm[0], warm[1], "ledger", est, choice, facts=facts)
+        return learnt(Planned(warm[0], warm[1], "ledger", est, choice, facts=facts))
     if not choosing:  # [policy] initial = "configured", or both params set
         why = choice.reason  # it starts "configured ... kept"
         if configured_reason != _CONFIGURED:
             why = f"{configured_reason}; {why}"
-        return Planned(configured, why, "configured", est, choice, facts=facts)
+        return learnt(Planned(configured, why, "configured", est, choice, facts=facts))
     if not choice.feasible:
         if any(g.other_used_gib > 0 for g in facts.gpus):
             # Refuse only what no wait can fix: with the GPUs empty, does a setting fit? If so,
@@ -116,10 +140,10 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
                       override=mode == "estimate").feasible:
                 why = ("configured params (the estimate fits only once other processes free "
                        f"their GPU memory: {choice.reason})")
-                return Planned(configured, why, "configured", est, choice, facts=facts)
-        return Planned(configured, choice.reason, "estimate", est, choice, refused=True,
-                       facts=facts)
-    return Planned(choice.params, choice.reason, "estimate", est, choice, facts=facts)
+                return learnt(Planned(configured, why, "configured", est, choice, facts=facts))
+        return learnt(Planned(configured, choice.reason, "estimate", est, choice,
+                              refused=True, facts=facts))
+    return learnt(Planned(choice.params, choice.reason, "estimate", est, choice, facts=facts))
 
 
 async def estimate_servers(config: Config, servers: list[ServerConfig], *,

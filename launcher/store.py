@@ -8,6 +8,9 @@
   kind of message was last sent, what was suppressed, which alerts fire) across restarts.
 - ``LedgerRecorder`` is a supervisor event hook that writes those events to the ledger from its
   own thread; ``initial_params`` picks the params of the first attempt (warm start).
+- Per attempt, the observed cost figures (``launcher.sglang.observed``) under their key
+  (architecture, GPU model, SGLang version, speculative settings) and the estimate the attempt
+  started from, in table ``observations``: what ``launcher.calibration`` learns from.
 
 Resource handling: ``StateLock`` holds one open file (the flock) between enter and exit;
 ``Ledger`` holds one SQLite connection until ``close()``, shared by threads under a lock;
@@ -31,16 +34,19 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import structlog
 
+from launcher.calibration import CostGuess, KeyedObservation, ObservationKey, guess_of
 from launcher.config import HostConfig, ServerConfig
 from launcher.errors import StateError
 from launcher.params import LaunchParams
+from launcher.sglang.budget import Estimate
+from launcher.sglang.observed import Observed, speculative_key
 
 __all__ = [
     "LEDGER_FILENAME",
@@ -52,6 +58,8 @@ __all__ = [
     "Ledger",
     "LedgerRecorder",
     "NotifyState",
+    "ObservationContext",
+    "ObservationRow",
     "StateLock",
     "fingerprint",
     "initial_params",
@@ -277,6 +285,45 @@ class NotifyState:
     payload: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ObservationContext:
+    """What the recorder files a server's observations under: its key (the speculative
+    settings are taken from the attempt's log when it shows them), the model and tp, and the
+    server's *uncorrected* estimate: each attempt is stored with that estimate's guess at
+    the graph bs it ran with (``launcher.calibration.guess_of``), unless its
+    ``attempt.started`` event carried a guess of its own."""
+
+    key: ObservationKey
+    model: str = ""
+    tp: int = 1
+    estimate: Estimate | None = None
+
+
+@dataclass(frozen=True)
+class ObservationRow:
+    """One attempt's observed costs as stored (table ``observations``), keyed to its row of
+    ``attempts`` by ``attempt_id``. ``estimate`` is the estimator's guess the attempt started
+    from (None when it was recorded without one)."""
+
+    attempt_id: int
+    server: str
+    attempt: int
+    key: ObservationKey
+    model: str
+    tp: int
+    outcome: str | None
+    params: LaunchParams
+    observed: Observed
+    estimate: CostGuess | None
+    recorded_at: float
+
+    @property
+    def keyed(self) -> KeyedObservation:
+        """The row as ``launcher.calibration`` takes it."""
+        return KeyedObservation(self.key, self.observed, self.estimate, self.outcome,
+                                self.recorded_at)
+
+
 # --- the ledger --------------------------------------------------------------------------
 
 # Step i takes a database from user_version i to i + 1, in one transaction. Never edit a
@@ -329,6 +376,31 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             payload TEXT NOT NULL DEFAULT '{}',
             PRIMARY KEY (server, kind)
         )""",
+    ),
+    (
+        # Observed cost figures per attempt (launcher.sglang.observed.Observed as JSON) under
+        # the key calibration groups them by; ``estimate`` is a CostGuess as JSON ('{}': none).
+        # Empty strings mean "not known" so that the key columns compare with '='.
+        """CREATE TABLE observations (
+            attempt_id INTEGER PRIMARY KEY REFERENCES attempts (id),
+            server TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            architecture TEXT NOT NULL DEFAULT '',
+            gpu_model TEXT NOT NULL DEFAULT '',
+            sglang_version TEXT NOT NULL DEFAULT '',
+            speculative TEXT NOT NULL DEFAULT '',
+            model TEXT NOT NULL DEFAULT '',
+            tp INTEGER NOT NULL DEFAULT 1,
+            outcome TEXT,
+            mem_fraction_static REAL,
+            cuda_graph_max_bs INTEGER,
+            params_extra TEXT NOT NULL DEFAULT '{}',
+            figures TEXT NOT NULL DEFAULT '{}',
+            estimate TEXT NOT NULL DEFAULT '{}',
+            recorded_at REAL NOT NULL
+        )""",
+        """CREATE INDEX observations_by_key ON observations
+            (architecture, gpu_model, sglang_version, speculative, recorded_at)""",
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -441,6 +513,12 @@ class Ledger:
                        evidence = '[]', log_tail = '', seconds_to_ready = NULL""",
                 (server, fingerprint, attempt, params.mem_fraction_static,
                  params.cuda_graph_max_bs, started_at, _to_json(params.extras())),
+            )
+            # The row starts afresh: so does what it observed.
+            conn.execute(
+                """DELETE FROM observations WHERE attempt_id =
+                       (SELECT id FROM attempts WHERE server = ? AND attempt = ?)""",
+                (server, attempt),
             )
 
     def attempt_adopted(
@@ -560,6 +638,57 @@ class Ledger:
                  state.firing_since, int(state.announced), _to_json(state.payload)),
             )
 
+    def record_observation(
+        self,
+        server: str,
+        attempt: int,
+        key: ObservationKey,
+        observed: Observed,
+        *,
+        outcome: str | None,
+        params: LaunchParams,
+        estimate: CostGuess | None = None,
+        model: str = "",
+        tp: int = 1,
+        at: float,
+    ) -> bool:
+        """Record (or replace) what ``attempt`` of ``server`` observed, under ``key``.
+
+        The attempt's row must exist (``attempt_started`` / ``attempt_finished`` first): the
+        observation is keyed to it and goes with it. Returns False, recording nothing, when
+        there is no such row.
+        """
+        with self._writing("record_observation") as conn:
+            row = conn.execute(
+                "SELECT id FROM attempts WHERE server = ? AND attempt = ?", (server, attempt)
+            ).fetchone()
+            if row is None:
+                return False
+            conn.execute(
+                """INSERT INTO observations (attempt_id, server, attempt, architecture,
+                       gpu_model, sglang_version, speculative, model, tp, outcome,
+                       mem_fraction_static, cuda_graph_max_bs, params_extra, figures,
+                       estimate, recorded_at)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (attempt_id) DO UPDATE SET
+                       architecture = excluded.architecture, gpu_model = excluded.gpu_model,
+                       sglang_version = excluded.sglang_version,
+                       speculative = excluded.speculative, model = excluded.model,
+                       tp = excluded.tp, outcome = excluded.outcome,
+                       mem_fraction_static = excluded.mem_fraction_static,
+                       cuda_graph_max_bs = excluded.cuda_graph_max_bs,
+                       params_extra = excluded.params_extra, figures = excluded.figures,
+                       estimate = CASE WHEN excluded.estimate = '{}'
+                           THEN observations.estimate ELSE excluded.estimate END,
+                       recorded_at = excluded.recorded_at""",
+                (row[0], server, attempt, key.architecture, key.gpu_model, key.sglang_version,
+                 key.speculative, model, tp, outcome, params.mem_fraction_static,
+                 params.cuda_graph_max_bs, _to_json(params.extras()),
+                 _to_json(observed.as_dict()),
+                 _to_json(estimate.as_dict() if estimate is not None else {}), at),
+            )
+            return True
+
     # -- reads --------------------------------------------------------------------------
 
     def notify_states(self) -> list[NotifyState]:
@@ -578,6 +707,45 @@ class Ledger:
             out.append(NotifyState(row[0], row[1], row[2], int(row[3]), row[4], bool(row[5]),
                                    payload if isinstance(payload, dict) else {}))
         return out
+
+
+    def observations(
+        self,
+        *,
+        architecture: str | None = None,
+        gpu_model: str | None = None,
+        limit: int = 500,
+    ) -> list[ObservationRow]:
+        """Up to ``limit`` observations, newest first; only those of ``architecture`` and
+        ``gpu_model`` when given (``launcher.calibration.select`` narrows further)."""
+        where, args = [], []
+        if architecture is not None:
+            where.append("architecture = ?")
+            args.append(architecture)
+        if gpu_model is not None:
+            where.append("gpu_model = ?")
+            args.append(gpu_model)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        with self._reading() as conn:
+            rows = conn.execute(
+                "SELECT attempt_id, server, attempt, architecture, gpu_model, sglang_version, "
+                "speculative, model, tp, outcome, mem_fraction_static, cuda_graph_max_bs, "
+                f"params_extra, figures, estimate, recorded_at FROM observations {clause}"
+                "ORDER BY recorded_at DESC, attempt_id DESC LIMIT ?",
+                (*args, max(0, limit)),
+            ).fetchall()
+        return [
+            ObservationRow(
+                attempt_id=r[0], server=r[1], attempt=r[2],
+                key=ObservationKey(r[3], r[4], r[5], r[6]), model=r[7], tp=r[8], outcome=r[9],
+                params=LaunchParams.from_extras(r[10], r[11], json.loads(r[12])),
+                observed=Observed.from_dict(json.loads(r[13])),
+                estimate=CostGuess.from_dict(json.loads(r[14])), recorded_at=r[15],
+            )
+            for r in rows
+        ]
+
+    # -- reads of attempts ---------------------------------------------------------------
 
     def last_good(self, fingerprint: str) -> LaunchParams | None:
         """The last params that reached ready for ``fingerprint``, or None."""
@@ -747,6 +915,11 @@ class LedgerRecorder:
     ``server.ready`` → ``server_ready`` (its ``attempt``, its ``attempt_seconds``). Other
     events are ignored. Timestamps the events do not carry come from ``clock`` at the call.
 
+    Observations: an ``attempt.ended`` whose ``numbers`` show any cost figure also records
+    them (``record_observation``) under the server's ``ObservationContext`` (``contexts``
+    or ``set_context``; a server without one is filed under an empty key, which calibration
+    ignores), with the ``estimate`` (a ``CostGuess`` dict) its ``attempt.started`` carried.
+
     Resource handling: the call only translates the event and queues the write; one writer
     thread, started here, applies them in order. ``flush()`` waits for the queue, ``close()``
     drains it and stops the thread; the ledger stays open (the caller owns it).
@@ -763,10 +936,13 @@ class LedgerRecorder:
         clock: Callable[[], float] = time.time,
         *,
         max_queued: int = 10_000,
+        contexts: Mapping[str, ObservationContext] | None = None,
     ) -> None:
         self.ledger = ledger
         self.fingerprints = dict(fingerprints)
         self.clock = clock
+        self.contexts: dict[str, ObservationContext] = dict(contexts or {})
+        self._estimates: dict[tuple[str, int], CostGuess] = {}
         self._queue: queue.Queue[tuple[str, str, _Write] | threading.Event | None] = (
             queue.Queue(max_queued)
         )
@@ -787,6 +963,10 @@ class LedgerRecorder:
             log.error("ledger.write_failed", server=server, hook_event=event, error="queue full")
         except Exception as exc:  # a hook must not break the supervisor
             log.error("ledger.write_failed", server=server, hook_event=event, error=repr(exc))
+
+    def set_context(self, server: str, context: ObservationContext) -> None:
+        """File ``server``'s next observations under ``context``."""
+        self.contexts[server] = context
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every write queued so far is applied; False on timeout or if closed."""
@@ -839,6 +1019,10 @@ class LedgerRecorder:
         params = _params(data.get("params"))
         if event == "attempt.started":
             attempt = int(data["attempt"])
+            estimate = data.get("estimate")
+            guess = CostGuess.from_dict(estimate) if isinstance(estimate, Mapping) else None
+            if guess is not None:
+                self._estimates[(server, attempt)] = guess
             return lambda ledger: ledger.attempt_started(server, fp, attempt, params, now)
         if event == "server.adopted":
             attempt = int(data["attempt"])
@@ -869,11 +1053,45 @@ class LedgerRecorder:
         ended_at = float(data.get("ended_at") or now)
         started = data.get("started_at")
         started_at = None if started is None else float(started)
-        return lambda ledger: ledger.attempt_finished(
-            server, attempt, outcome=outcome, phase=None if phase is None else str(phase),
-            numbers=numbers, evidence=evidence, log_tail=log_tail, ended_at=ended_at,
-            fingerprint=fp, params=params, started_at=started_at,
-        )
+        observe = self._observation(server, attempt, event, outcome, params, numbers, now)
+
+        def write(ledger: Ledger) -> None:
+            ledger.attempt_finished(
+                server, attempt, outcome=outcome, phase=None if phase is None else str(phase),
+                numbers=numbers, evidence=evidence, log_tail=log_tail, ended_at=ended_at,
+                fingerprint=fp, params=params, started_at=started_at,
+            )
+            if observe is not None:
+                observe(ledger)
+
+        return write
+
+    def _observation(
+        self, server: str, attempt: int, event: str, outcome: str, params: LaunchParams,
+        numbers: Mapping[str, Any], now: float,
+    ) -> _Write | None:
+        """The observation write of an ``attempt.ended``; None when there is nothing to
+        record (another event, or a log that showed no cost figure)."""
+        if event != "attempt.ended":
+            return None
+        observed = Observed.from_numbers(numbers)
+        if observed.empty:
+            return None
+        context = self.contexts.get(server, ObservationContext(ObservationKey()))
+        spec = speculative_key(numbers)
+        key = replace(context.key, speculative=spec) if spec else context.key
+        estimate = self._estimates.pop((server, attempt), None)
+        if estimate is None and context.estimate is not None:
+            bs = numbers.get("cuda_graph_max_bs") or params.cuda_graph_max_bs
+            estimate = guess_of(context.estimate, int(bs or context.estimate.auto_bs()))
+
+        def write(ledger: Ledger) -> None:
+            ledger.record_observation(
+                server, attempt, key, observed, outcome=outcome, params=params,
+                estimate=estimate, model=context.model, tp=context.tp, at=now,
+            )
+
+        return write
 
 
 def _params(data: object) -> LaunchParams:

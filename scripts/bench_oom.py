@@ -5,6 +5,7 @@ Usage::
 
     .venv/bin/python scripts/bench_oom.py [--n 500] [--seed 1] [--max-attempts 8] [--show 3]
     .venv/bin/python scripts/bench_oom.py --families [--n 200] [--floors 0.5]  # issue 9
+    .venv/bin/python scripts/bench_oom.py --estimator [--n 400] [--curve 100]  # issue 14
 
 No processes, no GPU: every attempt is the simulator's memory model (``simulate``), read the way
 the log classifier reads SGLang's log (``observed``), and handed to a strategy that picks the
@@ -844,7 +845,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--family", default=None, help=f"with --families: a comma list of {', '.join(FAMILIES)}"
     )
+    parser.add_argument(
+        "--estimator", action="store_true",
+        help="issue 14: the estimator (cold / with the ledger) as a contender "
+        "(scripts/bench_estimator.py)",
+    )
+    import bench_estimator  # beside this script; imports it back (no cycle at load time)
+
+    bench_estimator.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.estimator:
+        return bench_estimator.main_estimator(args)
     if args.families:
         return main_families(args)
 

@@ -65,7 +65,7 @@ def test_new_ledger_is_migrated_to_the_current_schema(tmp_path: Path) -> None:
     assert steps == [(e["from_version"], e["to_version"]) for e in migrated]
     conn = _raw(path)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"attempts", "last_good", "notify_state"} == tables
+    assert {"attempts", "last_good", "notify_state", "observations"} == tables
     assert SCHEMA_VERSION == conn.execute("PRAGMA user_version").fetchone()[0]
     assert "wal" == conn.execute("PRAGMA journal_mode").fetchone()[0]
 

@@ -716,6 +716,9 @@ _KV_ALLOC = re.compile(
     r"KV Cache (?:is allocated|VA upper bound)\.(?: dtype: \S+,)? #tokens: (\d+), "
     r"(?:K size: " + _F + r", V size: " + _F + r"|KV size: " + _F + r")"
 )
+# "Capture cuda graph bs [1, 2, 4]" (0.5.10), "Capture target decode CUDA graph end. bs=[1, 2]"
+# (0.5.23); not "num_tokens=[...]" (prefill graphs are sized by tokens, not batch size).
+_CAPTURE_BS_LIST = re.compile(r"\bbs[= ]?\[([\d, ]*)\]")
 _POOL_END = re.compile(r"^Memory pool end\. avail mem=" + _F)
 _GRAPH_BEGIN = re.compile(r"(?i)^capture .*?(?:graph|single-CG draft extend) begin\b")
 _AVAIL = re.compile(r"avail mem=" + _F)
@@ -813,6 +816,11 @@ class LogFollower:
         self._rank_ends: dict[str, int] = {}  # rank -> "Capture ... end" lines seen
         self._rank_kv_lines: dict[str, int] = {}  # rank -> "KV Cache is allocated" lines seen
         self._draft_kv: dict[str, float] = {}
+        self._rank_pass_name: dict[str, GraphPass] = {}  # rank -> the pass it captures now
+        self._pass_usage: dict[tuple[str, GraphPass], float] = {}  # (rank, pass) -> GiB
+        self._kv_labels: dict[str, set[str]] = {}  # rank -> pool labels seen ("" unlabelled)
+        self._kv_target: dict[str, float] = {}  # rank -> target pool GiB
+        self._kv_draft: dict[str, float] = {}  # rank -> draft pool GiB
         self._draft_weights: dict[str, float] = {}
         self._tb: _OpenTraceback | None = None
         self._failures: list[Traceback | FailureSignature] = []
@@ -1041,6 +1049,7 @@ class LogFollower:
                     # (model_runner_kv_cache_mixin.py 0.5.10; kv_cache_configurator.py 0.5.23).
                     self._draft_kv[key] = sum(float(v) for v in m.groups()[1:] if v is not None)
                     self.numbers.draft_kv_gib = round(max(self._draft_kv.values()), 2)
+                self._kv_pool(msg[: m.start()].strip(), m, rank)
                 sizes = zip(
                     (Figure.KV_K_SIZE, Figure.KV_V_SIZE, Figure.KV_SIZE),
                     m.groups()[1:],
@@ -1066,10 +1075,17 @@ class LogFollower:
             self.numbers.graph_passes_ended = max(self._rank_ends.values())
             figure(Figure.GRAPH_END_USAGE, m.group(1))
             figure(Figure.GRAPH_END_AVAIL, m.group(2))
+            self._end_pass(msg, rank, float(m.group(1)))
         elif m := _SUMMARY.match(msg):
             enter(Phase.WARMUP)
             self.numbers.max_total_num_tokens = int(m.group(1))
+            self.numbers.ready_avail_gib = float(m.group(2))
             figure(Figure.SUMMARY_AVAIL, m.group(2))
+        if msg.startswith("Capture ") and (m := _CAPTURE_BS_LIST.search(msg)):
+            largest = max((int(b) for b in m.group(1).split(",") if b.strip()), default=None)
+            if largest is not None:
+                n = self.numbers
+                n.graph_captured_max_bs = max(largest, n.graph_captured_max_bs or 0)
         return events
 
     def _bars(self, msg: str) -> list[LogEvent]:
@@ -1123,6 +1139,7 @@ class LogFollower:
         key = rank or ""
         count = self._rank_pass.get(key, (0, None))[0] + 1
         self._rank_pass[key] = (count, avail)
+        self._rank_pass_name[key] = graph_pass_of(msg, speculative=self.numbers.speculative)
         n = self.numbers
         if count > (n.graph_passes_begun or 0):
             n.graph_pass = graph_pass_of(msg, speculative=n.speculative).value
@@ -1143,6 +1160,42 @@ class LogFollower:
                 return
             begins.append((name, min(known)))
         n.graph_begins = begins
+
+    def _end_pass(self, msg: str, rank: str | None, usage: float) -> None:
+        """A ``Capture ... graph end. ... mem usage=X`` line: what the rank's current pass
+        took. Each (rank, pass)'s first figure counts; a pass's figure is the largest over
+        ranks (the budget must hold on every GPU)."""
+        key = rank or ""
+        name = self._rank_pass_name.get(key)
+        if name is None:  # the begin line was lost: the end line names the pass as well
+            name = graph_pass_of(msg.replace(" end.", " begin."),
+                                 speculative=self.numbers.speculative)
+        self._pass_usage.setdefault((key, name), usage)
+        by_pass: dict[str, float] = {}
+        for (_, pass_name), gib in self._pass_usage.items():
+            by_pass[pass_name.value] = max(gib, by_pass.get(pass_name.value, 0.0))
+        self.numbers.graph_mem_gib = by_pass
+
+    def _kv_pool(self, label: str, m: re.Match[str], rank: str | None) -> None:
+        """A ``[label ]KV Cache is allocated`` line: the target's pool, or the draft's.
+
+        A rank's first pool of a label (none, or 0.5.23's "Full"/"SWA") is the target's; a
+        second pool of a label it has already shown is the draft model's (speculative
+        decoding allocates the draft's pool after the target's, in both 0.5.10 and 0.5.23).
+        """
+        key = rank or ""
+        gib = sum(float(v) for v in m.groups()[1:] if v is not None)
+        labels = self._kv_labels.setdefault(key, set())
+        n = self.numbers
+        if label not in labels:
+            labels.add(label)
+            self._kv_target[key] = self._kv_target.get(key, 0.0) + gib
+            n.kv_pool_gib = round(max(self._kv_target.values()), 2)
+            return
+        self._kv_draft[key] = self._kv_draft.get(key, 0.0) + gib
+        n.draft_kv_pool_gib = round(max(self._kv_draft.values()), 2)
+        if n.draft_kv_tokens is None:
+            n.draft_kv_tokens = int(m.group(1))
 
     def _args_dump(self, msg: str) -> None:
         n = self.numbers

@@ -82,6 +82,18 @@ class Numbers:
     graph_steps_done: int | None = None  # k of the last "Capturing batches ... k/n"
     graph_steps_total: int | None = None  # n of the last "Capturing batches ... k/n"
     kv_tokens: int | None = None  # "KV Cache is allocated. #tokens: N"
+    # Observed costs (the ledger's observations, launcher.sglang.observed): the target's KV
+    # pool per GPU (K + V, or MLA's KV; 0.5.23's labelled pools such as "Full"/"SWA" summed),
+    # the draft model's pool (speculative decoding: a rank's second unlabelled pool), the
+    # memory each capture pass took ("Capture ... graph end. ... mem usage=X", by GraphPass
+    # value, largest over ranks), the largest batch size a capture line listed, and what
+    # was free at ready (the summary line's available_gpu_mem).
+    kv_pool_gib: float | None = None
+    draft_kv_tokens: int | None = None
+    draft_kv_pool_gib: float | None = None
+    graph_mem_gib: dict[str, float] | None = None
+    graph_captured_max_bs: int | None = None
+    ready_avail_gib: float | None = None
     min_mem_fraction: float | None = None  # stated by SGLang ("minimum viable = X")
     mem_fraction_static: float | None = None  # resolved value from the server_args dump / error
     cuda_graph_max_bs: int | None = None  # resolved value from the server_args dump
@@ -115,7 +127,11 @@ class Numbers:
         return bool(algo) and algo not in ("NONE", "NGRAM")
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        return {
+            k: dict(v) if isinstance(v, dict) else v
+            for k, v in self.__dict__.items()
+            if v is not None
+        }
 
 
 @dataclass

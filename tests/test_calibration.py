@@ -1,0 +1,184 @@
+"""Calibration (launcher.calibration): observed costs correct the estimator's guesses.
+
+The hidden truth here is the estimator's own formula with other coefficients (the graph memory
+of this architecture on this GPU type x1.8, weights x1.03, 0.7 GiB more CUDA context):
+observations are what a log would show under that truth, rounded like SGLang prints them.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from launcher.calibration import (
+    ALL_PASSES,
+    COLD_MARGIN,
+    CostGuess,
+    KeyedObservation,
+    Match,
+    ObservationKey,
+    apply,
+    calibrate,
+    guess_of,
+    learn_estimate,
+    select,
+)
+from launcher.sglang.budget import (
+    GIB,
+    Estimate,
+    GpuFacts,
+    ModelFacts,
+    ServerShape,
+    WeightFacts,
+    estimate,
+)
+from launcher.sglang.observed import Observed
+
+# config.json dimensions of Qwen3-8B and Qwen3-32B (huggingface.co/Qwen/Qwen3-8B, -32B)
+QWEN3_8B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+            "num_hidden_layers": 36, "hidden_size": 4096, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+            "torch_dtype": "bfloat16", "max_position_embeddings": 40960}
+QWEN3_32B = {**QWEN3_8B, "num_hidden_layers": 64, "hidden_size": 5120,
+             "num_attention_heads": 64}
+H100 = [GpuFacts(0, 79.19), GpuFacts(1, 79.19)]
+KEY = ObservationKey("Qwen3ForCausalLM", "NVIDIA H100 80GB HBM3", "0.5.23", "")
+TRUE_GRAPHS, TRUE_WEIGHTS, TRUE_CONTEXT = 1.8, 1.03, 0.7
+
+
+def est(config: dict[str, object], size: int, tp: int) -> Estimate:
+    return estimate(ModelFacts.from_config(config), WeightFacts(size), H100[:tp],
+                    ServerShape(tp=tp, sglang_version="0.5.23"))
+
+
+def observe(e: Estimate, bs: int, rng: random.Random | None = None) -> Observed:
+    """What a ready attempt's log shows under the hidden truth (noise: run to run)."""
+    def noise() -> float:
+        return 1.0 if rng is None else rng.uniform(0.97, 1.03)
+
+    pre = e.pre_load_free_gib - TRUE_CONTEXT
+    weights = e.weights_gib * TRUE_WEIGHTS * noise()
+    graphs = e.graphs_gib(bs) * TRUE_GRAPHS * noise()
+    tokens = 500_000
+    return Observed(
+        pre_load_avail_gib=round(pre, 2), weights_gib=round(weights, 2), kv_tokens=tokens,
+        kv_pool_gib=round(tokens * e.kv_bytes_per_token / GIB, 2),
+        graph_mem_gib={"target_prefill": round(graphs * 0.1, 2),
+                       "target_decode": round(graphs * 0.9, 2)},
+        graph_max_bs=bs, ready_avail_gib=5.0,
+    )
+
+
+def keyed(e: Estimate, bs: int, key: ObservationKey = KEY,
+          rng: random.Random | None = None) -> KeyedObservation:
+    return KeyedObservation(key, observe(e, bs, rng), guess_of(e, bs), "ready")
+
+
+def test_a_second_model_of_the_family_starts_from_measured_costs() -> None:
+    small, big = est(QWEN3_8B, 16_381_470_720, 1), est(QWEN3_32B, 65_524_246_528, 2)
+    fixed, correction = learn_estimate([keyed(small, 256)], KEY, big)
+    assert Match.EXACT is correction.match
+    assert correction.margin < COLD_MARGIN
+    assert fixed.weights_gib == pytest.approx(big.weights_gib * TRUE_WEIGHTS, rel=0.01)
+    # at the measured bs, the measured ratio; below it never less than there (a fixed part
+    # of graph memory does not shrink with the bs): an upper bound of the truth
+    assert fixed.graphs_gib(256) == pytest.approx(big.graphs_gib(256) * TRUE_GRAPHS, rel=0.02)
+    assert fixed.graphs_gib(128) == pytest.approx(fixed.graphs_gib(256))
+    assert fixed.graphs_gib(128) > big.graphs_gib(128) * TRUE_GRAPHS
+    assert fixed.pre_load_free_gib == pytest.approx(big.pre_load_free_gib - TRUE_CONTEXT,
+                                                    abs=0.02)
+    assert fixed.kv_bytes_per_token == pytest.approx(big.kv_bytes_per_token, rel=0.01)
+    # The corrected estimate chooses a lower fraction: the graphs need more headroom.
+    assert fixed.feasible_range(256) is not None and big.feasible_range(256) is not None
+    assert fixed.feasible_range(256)[1] < big.feasible_range(256)[1]  # type: ignore[index]
+
+
+def test_the_error_falls_as_observations_of_the_family_accumulate() -> None:
+    rng = random.Random(7)
+    big = est(QWEN3_32B, 65_524_246_528, 2)
+    truth = big.graphs_gib(256) * TRUE_GRAPHS
+    errors = []
+    for n in (1, 3, 9, 27):
+        trials = []
+        for _ in range(30):
+            history = [keyed(est(QWEN3_8B, 16_381_470_720, 1), 256, rng=rng) for _ in range(n)]
+            fixed, _ = learn_estimate(history, KEY, big)
+            trials.append(abs(fixed.graphs_gib(256) - truth) / truth)
+        errors.append(sum(trials) / len(trials))
+    assert errors[0] > errors[-1]
+    assert errors[-1] < 0.01
+    assert abs(big.graphs_gib(256) - truth) / truth > 0.4  # cold: 1.8x off
+
+
+def test_only_the_same_architecture_on_the_same_gpu_type_counts() -> None:
+    small = est(QWEN3_8B, 16_381_470_720, 1)
+    other_gpu = ObservationKey(KEY.architecture, "NVIDIA A100-SXM4-80GB", "0.5.23", "")
+    other_arch = ObservationKey("LlamaForCausalLM", KEY.gpu_model, "0.5.23", "")
+    other_version = ObservationKey(KEY.architecture, KEY.gpu_model, "0.5.10", "")
+    history = [keyed(small, 256, other_gpu), keyed(small, 256, other_arch)]
+    assert (Match.NONE, []) == select(history, KEY)
+    match, rows = select([*history, keyed(small, 256, other_version)], KEY)
+    assert (Match.FAMILY, 1) == (match, len(rows))
+    match, rows = select([*history, keyed(small, 256, other_version), keyed(small, 256)], KEY)
+    assert (Match.EXACT, 1) == (match, len(rows))
+    # without a guess an observation cannot be compared; an unknown key matches nothing
+    bare = KeyedObservation(KEY, observe(small, 256), None)
+    assert Match.NONE is select([bare], KEY)[0]
+    assert Match.NONE is select([keyed(small, 256)], ObservationKey())[0]
+
+
+def test_no_observations_leave_the_estimate_as_it_is() -> None:
+    big = est(QWEN3_32B, 65_524_246_528, 2)
+    fixed, correction = learn_estimate([], KEY, big)
+    assert fixed is big
+    assert (Match.NONE, COLD_MARGIN) == (correction.match, correction.margin)
+
+
+def test_graph_ratios_compare_like_settings_and_complete_captures_only() -> None:
+    guess = CostGuess(weights_gib=10.0, kv_bytes_per_token=1.0,
+                      graph_gib={ALL_PASSES: 2.0}, graph_bs=128)
+    ready = Observed(graph_mem_gib={"target_decode": 3.0}, graph_max_bs=128,
+                     ready_avail_gib=4.0)
+    failed_mid_capture = Observed(graph_mem_gib={"target_decode": 0.5}, graph_max_bs=128)
+    other_bs = Observed(graph_mem_gib={"target_decode": 9.0}, graph_max_bs=64,
+                        ready_avail_gib=4.0)
+    rows = [KeyedObservation(KEY, o, guess) for o in (ready, failed_mid_capture, other_bs)]
+    assert calibrate(rows).graph == {ALL_PASSES: 1.5}
+
+
+def test_an_oom_after_ready_raises_the_activations() -> None:
+    guess = CostGuess(weights_gib=10.0, kv_bytes_per_token=1.0, activations_gib=1.0)
+    oom = Observed(weights_gib=10.0, ready_avail_gib=3.0, tried_gib=1.5, free_gib=0.5)
+    correction = calibrate([KeyedObservation(KEY, oom, guess, "oom_runtime")])
+    # needed: 3.0 free at ready - 0.5 left + 1.5 asked = 4.0 GiB, four times the guess
+    assert correction.activations == pytest.approx(4.0)
+    e = est(QWEN3_8B, 16_381_470_720, 1)
+    assert apply(e, correction).activations_gib() == pytest.approx(4.0 * e.activations_gib())
+
+
+def test_a_fixed_part_of_graph_memory_is_fitted_from_observations_far_apart() -> None:
+    """Truth: 1.5 GiB that does not grow (workspaces, a prefill-graph pool) plus half the
+    prior's proportional figure. Observations of two models at two graph bs separate them."""
+    def seen(e: Estimate, bs: int) -> KeyedObservation:
+        total = 1.5 + 0.5 * e.graphs_gib(bs)
+        obs = Observed(graph_mem_gib={"target_decode": round(total, 2)}, graph_max_bs=bs,
+                       ready_avail_gib=5.0)
+        return KeyedObservation(KEY, obs, guess_of(e, bs), "ready")
+
+    small, big = est(QWEN3_8B, 16_381_470_720, 1), est(QWEN3_32B, 65_524_246_528, 2)
+    history = [seen(small, 64), seen(small, 256), seen(big, 256)]
+    correction = calibrate(history)
+    assert correction.graph_fitted
+    assert correction.graph_fixed_gib == pytest.approx(1.5, abs=0.05)
+    assert correction.graph[ALL_PASSES] == pytest.approx(0.5, abs=0.01)
+    qwen3_14b = {**QWEN3_8B, "num_hidden_layers": 40, "hidden_size": 5120,
+                 "num_attention_heads": 40}
+    new = est(qwen3_14b, 29_536_614_400, 1)
+    fixed, _ = learn_estimate(history, KEY, new)
+    truth = 1.5 + 0.5 * new.graphs_gib(512)
+    assert fixed.graphs_gib(512) == pytest.approx(truth, rel=0.03)
+    # below the measured figures the fit is not trusted alone (it extrapolates in the prior's
+    # terms): the median measurement bounds it, an upper bound of the truth
+    assert 1.5 + 0.5 * new.graphs_gib(64) < fixed.graphs_gib(64) == pytest.approx(
+        correction.graph_measured_gib)
