@@ -15,12 +15,14 @@ Exit codes (the README's table; systemd/launcher@.service relies on them):
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,12 +31,13 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import anyio
 import typer
 import typer.core
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from launcher import __version__, daemon, health, remote
+from launcher import __version__, daemon, inspection, remote
 from launcher.command import server_command
 from launcher.config import (
     Config,
@@ -58,7 +61,6 @@ from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
 from launcher.sglang.classify import diagnose_text
-from launcher.sglang.logparse import LineSplitter, LogFollower
 from launcher.sglang.outcome import Diagnosis
 from launcher.sglang.versions import DEFAULT_VERSION
 from launcher.store import (
@@ -137,9 +139,6 @@ app = typer.Typer(
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
-_STATUS_HEAD = 2 << 20  # bytes of a log's start `status` reads (start-up, args, ready)
-_STATUS_TAIL = 512 << 10  # and of its end (the latest phase or failure)
-_HEALTH_DEADLINE_S = 25.0  # the whole /health request of `status`, body included
 
 CONFIG_ENV = "LAUNCHER_CONFIG"
 # Optional on the command line: LAUNCHER_CONFIG stands in for it, like KUBECONFIG; _open
@@ -624,7 +623,7 @@ def history(
 
 
 def _run_dir(config: Config, s: ServerConfig) -> str:
-    return s.run_dir or config.host(s.host).run_dir
+    return inspection.run_dir(config, s)
 
 
 async def _per_server(config: Config, servers: list[ServerConfig],
@@ -684,107 +683,173 @@ def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     raise typer.Exit(code)
 
 
-async def _server_status(config: Config, s: ServerConfig, t: Transport) -> dict[str, Any]:
-    run_dir = _run_dir(config, s)
-    handle = await remote.find_running(t, run_dir, s.name)
-    running = handle is not None
-    if handle is None:
-        handle = await remote.latest_handle(t, run_dir, s.name)
-    row: dict[str, Any] = {"server": s.name, "host": s.host, "running": running,
-                           "pid": None, "attempt": None, "params": None, "phase": None,
-                           "ready": False, "healthy": None, "uptime_s": None,
-                           "exit_status": None}
-    if handle is None:
-        return row
-    row["attempt"] = handle.attempt
-    st = await remote.probe(t, handle)
-    row["exit_status"] = st.exit_status
-    row["pid"] = handle.pid if running else None
-    follower = LogFollower()
-    for part in await _log_ends(t, handle, st.log_size):
-        splitter = LineSplitter()
-        for line in [*splitter.feed(part), *splitter.flush()]:
-            follower.feed_line(line)
-    row["phase"] = follower.phase.value if follower.phase else None
-    row["ready"] = follower.ready_line is not None
-    rp = follower.resolved_params
-    row["params"] = {"mem_fraction_static": rp.mem_fraction_static,
-                     "cuda_graph_max_bs": rp.cuda_graph_max_bs}
-    started = await t.run(["cat", f"{handle.dir}/started_at"], timeout=10)
-    if started.ok and running:
-        try:
-            since = datetime.fromisoformat(started.stdout.decode().strip())
-            row["uptime_s"] = round((datetime.now(UTC) - since).total_seconds(), 1)
-        except (ValueError, TypeError):  # not a time, or one without a zone: a forged file
-            pass
-    if running and row["ready"]:
-        row["healthy"] = await _healthy(t, s.port)
-    return row
+def _dur(seconds: float | None) -> str:
+    """``42s``, ``12m05s``, ``3h04m``, ``2d03h``: a duration in two units at most."""
+    if seconds is None:
+        return ""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-async def _log_ends(t: Transport, handle: remote.RunHandle, size: int) -> list[bytes]:
-    """The log's start-up (its first _STATUS_HEAD bytes) and its last _STATUS_TAIL bytes
-    (their first, partial line dropped): what `status` reads, whatever the log's size."""
-    head = await remote.read_log(t, handle, 0, _STATUS_HEAD)
-    if size <= len(head):
-        return [head]
-    start = max(len(head), size - _STATUS_TAIL)
-    tail = await remote.read_log(t, handle, start, _STATUS_TAIL)
-    if start == len(head):
-        return [head + tail]
-    return [head, tail.partition(b"\n")[2]]
+def _short_params(params: dict[str, Any] | None) -> str:
+    """``mfs=0.80 bs=8`` (``auto`` where SGLang chose); empty before the log shows them."""
+    if not params:
+        return ""
+    mfs, bs = params.get("mem_fraction_static"), params.get("cuda_graph_max_bs")
+    return (f"mfs={'auto' if mfs is None else f'{mfs:.2f}'} "
+            f"bs={'auto' if bs is None else bs}")
 
 
-async def _healthy(t: Transport, port: int) -> bool:
+_STATE_STYLE = {"ready": "green", "starting": "yellow", "unhealthy": "red", "gave up": "red",
+                "unreachable": "red", "unknown": "red"}
+
+
+def _print_table(console: Console, table: Table) -> None:
+    """Print ``table``; off a terminal at its natural width, so that nothing is cut to 80
+    columns for a pipe or a file (the terminal's width otherwise)."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    wide = console.options.update_width(1 << 16)
+    width = console.width  # print(width=) is capped at the console's width: widen it
+    console.width = max(width, Measurement.get(console, wide, table).maximum)
     try:
-        async with health.client_for(t, port, _HEALTH_DEADLINE_S) as (client, url):
-            ok, _ = await health.check(client, url, _HEALTH_DEADLINE_S)
-            return ok
-    except LauncherError:
-        return False
+        console.print(table)
+    finally:
+        console.width = width
+
+
+def _status_table(rows: list[inspection.ServerStatus], config: Config, wide: bool) -> Table:
+    table = Table(box=None, pad_edge=False)
+    cols = ["NAME", "HOST", "STATE", "ENDPOINT", "ATTEMPT", "RESTARTS", "PARAMS", "AGE"]
+    if wide:
+        cols += ["PID", "PHASE", "HEALTH", "MODEL", "RUN DIR"]
+    for col in cols:
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        cells: list[str | Text] = [
+            r.server, r.host, Text(_plain(r.state), style=_STATE_STYLE.get(r.state, "")),
+            r.endpoint, "" if r.attempt is None else str(r.attempt),
+            "" if r.restarts is None else str(r.restarts),
+            _short_params(r.params) if not wide or not r.params
+            else " ".join(f"{k}={'auto' if v is None else v}" for k, v in r.params.items()),
+            _dur(r.age_s)]
+        if wide:
+            model = config.server(r.server).model_path.rstrip("/").rsplit("/", 1)[-1]
+            health = {None: "", True: "ok", False: "failing"}[r.healthy]
+            cells += [str(r.pid or ""), r.phase or "", health, model, r.run_dir or ""]
+        _row(table, *cells)
+    return table
+
+
+def _status_rows(config: Config, servers: list[ServerConfig]) -> list[inspection.ServerStatus]:
+    now = datetime.now(UTC).timestamp()
+    results = anyio.run(_per_server, config, servers,
+                        lambda s, t: inspection.server_status(config, s, t, now=now))
+    return [inspection.unreachable_status(config, s, r) if isinstance(r, LauncherError) else r
+            for s, r in zip(servers, results, strict=True)]
+
+
+def _status_code(rows: list[inspection.ServerStatus]) -> int:
+    # Like `systemctl status`: 0 only when everything asked about is up (running, ready and
+    # not failing its health check), 3 otherwise, a host that cannot be asked included.
+    up = all(r.error is None and r.running and r.ready and r.healthy is not False for r in rows)
+    return EXIT_OK if up else EXIT_NOT_READY
+
+
+def _status_errors(console: Console, rows: list[inspection.ServerStatus]) -> None:
+    for r in rows:
+        if r.error is not None:
+            _say(console, (f"{r.server}", "bold"), f" on {r.host}: ", (r.state, "red"),
+                 f": {r.error}")
+        elif r.gave_up is not None:
+            _say(console, (f"{r.server}", "bold"), f" gave up at attempt {r.attempt}: "
+                 f"{r.gave_up}")
 
 
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def status(
-    config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False
+    config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False,
+    output: Annotated[str | None, typer.Option(
+        "--output", "-o", metavar="FORMAT",
+        help="wide (more columns: pid, phase, health, model, run dir) or json.")] = None,
+    watch: Annotated[bool, typer.Option(
+        "--watch", "-w", help="Keep watching: redraw (a terminal) or print each change.")
+    ] = False,
+    interval: Annotated[float, typer.Option(
+        "--interval", min=0.1, metavar="SECONDS", help="--watch's refresh interval.")] = 2.0,
 ) -> None:
-    """Per server: running, pid, attempt, params, phase, ready, healthy, uptime.
+    """Per server: state, endpoint, attempt, restarts, params and age (like `kubectl get`).
+
+    STATE is starting, ready, unhealthy, exited (N), gave up, not started or unreachable; an
+    unreachable host's error is printed under the table. RESTARTS counts the failed attempts
+    before the newest one (from the attempt ledger).
 
     Exits 0 only when every server is running and ready, else 3."""
+    if output not in (None, "wide", "json"):
+        _fail(UsageError(f"--output {output!r}", remedy="use -o wide or -o json"))
+    as_json = as_json or output == "json"
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
-    results = anyio.run(_per_server, config, servers,
-                        lambda s, t: _server_status(config, s, t))
-    rows = []
-    for s, r in zip(servers, results, strict=True):
-        if isinstance(r, LauncherError):
-            r = {"server": s.name, "host": s.host, "error": str(r)}
-        rows.append(r)
+    if watch:
+        _watch_status(config, servers, output == "wide", as_json, interval)
+    rows = _status_rows(config, servers)
     if as_json:
-        out.print_json(json.dumps(rows))
+        out.print_json(json.dumps([r.as_dict() for r in rows]))
     else:
-        table = Table(box=None, pad_edge=False)
-        for col in ("server", "host", "running", "pid", "attempt", "params", "phase", "ready",
-                    "healthy", "uptime"):
-            table.add_column(col)
-        for r in rows:
-            if "error" in r:
-                _row(table, r["server"], r["host"], Text(_plain(r["error"]), style="red"))
-                continue
-            p = r["params"] or {}
-            params = (f"{p.get('mem_fraction_static')}/{p.get('cuda_graph_max_bs')}"
-                      if p else "")
-            up_s = "" if r["uptime_s"] is None else f"{r['uptime_s']:.0f}s"
-            _row(table, r["server"], r["host"], "yes" if r["running"] else "no",
-                 str(r["pid"] or ""), str(r["attempt"] or ""), params,
-                 r["phase"] or "", "yes" if r["ready"] else "no",
-                 {None: "", True: "yes", False: "no"}[r["healthy"]], up_s)
-        out.print(table)
-    # Like `systemctl status`: 0 only when everything asked about is up (running, ready and
-    # not failing its health check), 3 otherwise, a host that cannot be asked included.
-    up_and_ready = all("error" not in r and r["running"] and r["ready"] and r["healthy"]
-                       is not False for r in rows)
-    raise typer.Exit(EXIT_OK if up_and_ready else EXIT_NOT_READY)
+        _print_table(out, _status_table(rows, config, output == "wide"))
+        _status_errors(err, rows)
+    raise typer.Exit(_status_code(rows))
+
+
+def _watch_status(config: Config, servers: list[ServerConfig], wide: bool, as_json: bool,
+                  interval: float) -> NoReturn:
+    """`status --watch`: on a terminal a table redrawn in place; else (or with --json) the
+    table (one JSON array per line) printed again whenever it changed. Ctrl-C ends it with
+    the exit code of the last look."""
+    code = EXIT_NOT_READY
+    last = ""
+    live = Live(Text(""), console=out, auto_refresh=False) if out.is_terminal else None
+    try:
+        if live is not None and not as_json:
+            live.start()
+        while True:
+            rows = _status_rows(config, servers)
+            code = _status_code(rows)
+            if as_json:
+                text = json.dumps([r.as_dict() | {"age_s": None} for r in rows])
+                if text != last:
+                    sys.stdout.write(json.dumps([r.as_dict() for r in rows]) + "\n")
+                    sys.stdout.flush()
+            else:
+                table = _status_table(rows, config, wide)
+                buffer = io.StringIO()
+                _status_errors(Console(file=buffer, width=out.width), rows)
+                shown = Group(table, Text(buffer.getvalue().rstrip("\n")))
+                if live is not None:
+                    live.update(shown, refresh=True)
+                    text = ""
+                else:
+                    text = "|".join(f"{r.server} {r.state} {r.attempt} {r.error}" for r in rows)
+                    if text != last:
+                        _print_table(out, table)
+                        _status_errors(out, rows)
+                        out.print()
+                        sys.stdout.flush()
+            last = text
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if live is not None and live.is_started:
+            live.stop()
+    raise typer.Exit(code)
 
 
 def _config_and_server(config_path: Path | None, server_name: str | None
