@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TextIO, TypeVar, cast
 
 import anyio
 import typer
@@ -52,6 +52,7 @@ from launcher.errors import (
     LauncherError,
     LogFormatError,
     RemoteCommandError,
+    StateError,
     UsageError,
 )
 from launcher.eventlog import Format, configure
@@ -439,25 +440,131 @@ def plan(
 # --- up ---------------------------------------------------------------------------------
 
 
+def _progress_text(s: Snapshot) -> str:
+    """Progress as numbers: ``shards 12/40``, ``graphs 28/36 at bs 32 (draft extend)``; a
+    capture pass that has not drawn its bar yet shows its name only, never the last pass's
+    100%."""
+    if s.phase == "cuda_graph":
+        where = f" ({s.graph_pass.replace('_', ' ')})" if s.graph_pass else ""
+        if s.steps is None:
+            return f"capture starting{where}" if where else ""
+        at = f" at bs {s.graph_bs}" if s.graph_bs is not None else ""
+        return f"graphs {s.steps[0]}/{s.steps[1]}{at}{where}"
+    if s.steps is not None:
+        return f"{'shards' if s.phase == 'weights' else 'steps'} {s.steps[0]}/{s.steps[1]}"
+    return "" if s.progress is None else f"{s.progress * 100:.0f}%"
+
+
 def _view(snaps: list[Snapshot]) -> Table:
+    """`up`'s live table: per server its state and time in it, progress in numbers, the stall
+    budget left, the attempt, params, the server's own elapsed time, and a note (the last
+    failure; why it gave up; how long its host has been unreachable)."""
     table = Table(box=None, pad_edge=False)
-    for col in ("server", "host", "state", "progress", "attempt", "params", "elapsed", "note"):
-        table.add_column(col)
+    for col in ("SERVER", "HOST", "STATE", "PROGRESS", "STALL LEFT", "ATTEMPT", "PARAMS",
+                "ELAPSED"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("NOTE", overflow="fold")
     for s in snaps:
-        pct = "" if s.progress is None else f"{s.progress * 100:.0f}%"
         color = {"ready": "green", "gave_up": "red"}.get(s.state, "yellow")
-        _row(
-            table,
-            s.server,
-            s.host,
-            Text(s.state, style=color),
-            pct,
-            str(s.attempt),
-            s.params,
-            f"{s.elapsed_s:.0f}s",
-            s.reason,
-        )
+        state = s.state.replace("_", " ")
+        if s.phase_s is not None and s.state not in ("gave_up", "stopped"):
+            state += f" {_dur(s.phase_s)}"
+        note = "; ".join(n for n in (s.last_failure, s.reason) if n)
+        _row(table, s.server, s.host, Text(_plain(state), style=color), _progress_text(s),
+             _dur(s.stall_left_s), str(s.attempt), s.params, _dur(s.elapsed_s), note)
     return table
+
+
+class _LiveView:
+    """`up`'s terminal table, redrawn four times a second (a daemon.View), with the events
+    as one line each above it; every event in full (JSON lines) goes to ``log_path``, named
+    under the table."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self._live = Live(Text(""), console=out, refresh_per_second=4,
+                          redirect_stdout=False, redirect_stderr=False)
+        self._snaps: list[Snapshot] = []
+
+    def start(self) -> None:
+        self._live.start()
+
+    def update(self, snapshots: list[Snapshot]) -> None:
+        self._snaps = snapshots
+        self._live.update(self._render())
+
+    def stop(self) -> None:
+        self._live.update(self._render())
+        self._live.stop()
+
+    def _render(self) -> Group:
+        foot = Text(_plain(f"events in full: {self.log_path}  ·  Ctrl-C stops supervising "
+                           "(servers keep running)"), style="dim")
+        return Group(_view(self._snaps), foot)
+
+
+_EVENT_KEYS = ("attempt", "outcome", "phase", "params", "reason", "error", "delay_s",
+               "silent_s", "unreachable_s", "url")
+_QUIET_EVENTS = frozenset({"probe.result"})
+
+
+def _event_line(event: dict[str, Any]) -> Text | None:
+    """One JSON event as one short line: time, server, event, a few fields; None for
+    events too frequent to show (probe results)."""
+    name = str(event.get("event", ""))
+    if name in _QUIET_EVENTS:
+        return None
+    parts = []
+    for key in _EVENT_KEYS:
+        value = event.get(key)
+        if value is None or value == "":
+            continue
+        if key == "params" and isinstance(value, dict):
+            value = _short_params(value)
+        parts.append(f"{key}={value}")
+    stamp = str(event.get("timestamp", ""))[11:19]
+    level = str(event.get("level", "info"))
+    style = {"warning": "yellow", "error": "red", "critical": "red"}.get(level, "")
+    server = str(event.get("server", "launcher"))
+    text = Text.assemble((_plain(stamp), "dim"), " ", (_plain(server), "bold"), " ",
+                         (_plain(name), style), " ", _plain(" ".join(parts)))
+    text.no_wrap = True
+    text.overflow = "ellipsis"
+    return text
+
+
+class _LiveLog(io.TextIOBase):
+    """structlog's stream while the live view runs: each JSON line goes whole to ``file``
+    and, shortened to one line (see _event_line), to ``console`` above the live table."""
+
+    def __init__(self, console: Console, file: TextIO) -> None:
+        self._console = console
+        self._file = file
+        self._pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        self._file.write(text)
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                event = {"event": line}
+            shown = _event_line(event) if isinstance(event, dict) else None
+            if shown is not None:  # one line: cut, never wrapped under the table
+                self._console.print(shown, soft_wrap=False, no_wrap=True, crop=True,
+                                    overflow="ellipsis")
+        return len(text)
+
+    def flush(self) -> None:
+        self._file.flush()
 
 
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
@@ -508,8 +615,14 @@ def up(
     fmt: Format = (
         "json" if log_format == "json" or (log_format == "auto" and not live) else "console"
     )
-    configure(fmt, stream=sys.stderr if live else sys.stdout)
-    view = _LiveView() if live else None
+    view = None
+    if live:
+        log_path = config.state_dir / "up.log"
+        log_file = _guard(lambda: _open_log(log_path))
+        configure("json", stream=cast(TextIO, _LiveLog(out, log_file)))
+        view = _LiveView(log_path)
+    else:
+        configure(fmt, stream=sys.stdout)
     opts = daemon.Options(until_ready=until_ready, stop_on_exit=stop_on_exit, fresh=fresh)
     try:
         result = anyio.run(daemon.run, config, servers, secrets, notifier, opts, view)
@@ -528,20 +641,15 @@ def up(
                                    ready=result.ready))
 
 
-class _LiveView:
-    """`up`'s terminal table, redrawn four times a second (a daemon.View)."""
-
-    def __init__(self) -> None:
-        self._live = Live(Table(), console=out, refresh_per_second=4)
-
-    def start(self) -> None:
-        self._live.start()
-
-    def update(self, snapshots: list[Snapshot]) -> None:
-        self._live.update(_view(snapshots))
-
-    def stop(self) -> None:
-        self._live.stop()
+def _open_log(path: Path) -> TextIO:
+    """``path`` opened for appending (state_dir made private if new)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise StateError(f"cannot open {path}: {exc.strerror or exc}",
+                         remedy="fix the state directory's permissions") from exc
+    return io.TextIOWrapper(io.FileIO(fd, "a"), encoding="utf-8", line_buffering=True)
 
 
 def _up_exit_code(*, interrupted: bool, until_ready: bool, gave_up: list[bool],
