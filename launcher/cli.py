@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TextIO, TypeVar, cast
 
@@ -49,6 +50,7 @@ from launcher.config import (
 )
 from launcher.errors import (
     ConfigError,
+    HostUnreachable,
     LauncherError,
     LogFormatError,
     RemoteCommandError,
@@ -69,6 +71,7 @@ from launcher.store import (
     ledger_path,
 )
 from launcher.supervisor import Snapshot
+from launcher.transport import make_transport
 from launcher.transport.base import Transport
 
 EXIT_OK = 0
@@ -196,6 +199,11 @@ def _row(table: Table, *cells: str | Text) -> None:
 
 def _error(console: Console, exc: LauncherError, prefix: str = "") -> None:
     _say(console, prefix, (type(exc).__name__, "bold red"), f": {exc}")
+
+
+def _one_line(exc: LauncherError) -> str:
+    """``exc``'s message without its remedy, on one line."""
+    return " ".join(str(exc.args[0] if exc.args else exc).split())
 
 
 def _exit_code(exc: LauncherError) -> int:
@@ -735,9 +743,13 @@ def _run_dir(config: Config, s: ServerConfig) -> str:
 
 
 async def _per_server(config: Config, servers: list[ServerConfig],
-                      fn: Callable[[ServerConfig, Transport], Any]) -> list[Any]:
-    """Run ``fn(server, transport)`` for every server concurrently, transports shared per host."""
-    transports = daemon.transports_for(config, servers)
+                      fn: Callable[[ServerConfig, Transport], Any], *,
+                      one_try: bool = False) -> list[Any]:
+    """Run ``fn(server, transport)`` for every server concurrently, transports shared per host.
+    ``one_try``: an SSH host that does not answer the first connection is unreachable at once
+    (a look such as `status` or `check` reports it rather than retrying for a minute)."""
+    transports = ({s.host: make_transport(config.host(s.host), connect_attempts=1)
+                   for s in servers} if one_try else daemon.transports_for(config, servers))
     results: list[Any] = [None] * len(servers)
     try:
         async with anyio.create_task_group() as tg:
@@ -858,7 +870,7 @@ def _status_table(rows: list[inspection.ServerStatus], config: Config, wide: boo
 
 def _status_rows(config: Config, servers: list[ServerConfig]) -> list[inspection.ServerStatus]:
     now = datetime.now(UTC).timestamp()
-    results = anyio.run(_per_server, config, servers,
+    results = anyio.run(partial(_per_server, one_try=True), config, servers,
                         lambda s, t: inspection.server_status(config, s, t, now=now))
     return [inspection.unreachable_status(config, s, r) if isinstance(r, LauncherError) else r
             for s, r in zip(servers, results, strict=True)]
@@ -960,8 +972,92 @@ def _watch_status(config: Config, servers: list[ServerConfig], wide: bool, as_js
     raise typer.Exit(code)
 
 
-def _config_and_server(config_path: Path | None, server_name: str | None
-                       ) -> tuple[Path | None, str]:
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
+def describe(
+    config_path: ConfigArg = None,
+    server_name: Annotated[str | None, typer.Argument(
+        metavar="SERVER", show_default=False,
+        help=f"The server (`describe SERVER` alone reads CONFIG from ${CONFIG_ENV}).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One server in detail (like `kubectl describe`): config, command line, run directory,
+    current state, the last attempts with outcomes and evidence, recent events, the memory
+    figures and the time to ready."""
+    config_path, name = _config_and_server(config_path, server_name, "describe")
+    config = _guard(lambda: _open(config_path))
+    s = _guard(lambda: config.server(name))
+    now = datetime.now(UTC).timestamp()
+    path = config_path or Path()
+    results = anyio.run(partial(_per_server, one_try=True), config, [s],
+                        lambda s, t: inspection.describe(config, path, s, t, now=now))
+    d = results[0]
+    if isinstance(d, LauncherError):
+        st = inspection.unreachable_status(config, s, d)
+        rows = inspection.ledger_rows(config, s.name) or []
+        d = inspection.Description(str(path), s, st, None, {}, None, rows[:5],
+                                   inspection.events_of(rows, 12))
+    if as_json:
+        out.print_json(json.dumps(d.as_dict()))
+    else:
+        _print_description(d)
+    raise typer.Exit(_status_code([d.status]))
+
+
+def _print_description(d: inspection.Description) -> None:
+    st, s = d.status, d.server
+
+    def field(label: str, value: object, style: str = "") -> None:
+        if value is None or value == "":
+            return
+        _say(out, (f"{label + ':':<15}", "bold"), (str(value), style) if style else str(value))
+
+    field("Name", s.name)
+    field("Config", d.config_path)
+    field("Host", s.host)
+    field("Endpoint", st.endpoint)
+    field("Model", s.model_path)
+    field("GPUs", ",".join(str(g) for g in s.gpus) + f"  (tp {s.tp}, dp {s.dp})")
+    field("State", st.state, _STATE_STYLE.get(st.state, ""))
+    if st.error is not None:
+        field("Error", st.error.splitlines()[0], "red")
+    field("Gave up", st.gave_up, "red")
+    field("Attempt", st.attempt)
+    field("Restarts", st.restarts)
+    field("PID", st.pid)
+    field("Phase", st.phase)
+    field("Started", inspection.iso(st.started_at))
+    field("Age", _dur(st.age_s))
+    field("Ready after", None if d.ready_s is None else _dur(d.ready_s))
+    field("Params", _short_params(st.params))
+    field("Run dir", st.run_dir)
+    field("Command", d.command)
+    if d.numbers:
+        _say(out, ("Memory (from the newest attempt's log):", "bold"))
+        for k, v in d.numbers.items():
+            _say(out, f"  {k.removesuffix('_gib'):<26} {v}{' GiB' if k.endswith('_gib') else ''}")
+    if d.attempts:
+        _say(out, ("Attempts:", "bold"))
+        table = Table(box=None, pad_edge=False)
+        for col in ("  ATTEMPT", "STARTED", "PARAMS", "OUTCOME", "PHASE", "TO READY"):
+            table.add_column(col, no_wrap=True)
+        for r in d.attempts:
+            _row(table, f"  {r.attempt}", inspection.iso(r.started_at) or "",
+                 _short_params(r.params.as_dict()), r.outcome or "running", r.phase or "",
+                 "" if r.seconds_to_ready is None else _dur(r.seconds_to_ready))
+        _print_table(out, table)
+        failed = next((r for r in d.attempts if r.evidence), None)
+        if failed is not None:
+            _say(out, (f"Evidence (attempt {failed.attempt}, {failed.outcome}):", "bold"))
+            for line in failed.evidence[:8]:
+                _say(out, f"  {line}")
+    if d.events:
+        _say(out, ("Events:", "bold"))
+        for at, text in d.events:
+            _say(out, f"  {inspection.iso(at)}  {text}")
+
+
+def _config_and_server(config_path: Path | None, server_name: str | None,
+                       command: str = "logs") -> tuple[Path | None, str]:
     """CONFIG and SERVER of `logs CONFIG SERVER`, or of `logs SERVER` with the config in
     $LAUNCHER_CONFIG (click gives the lone argument to CONFIG: it comes first)."""
     if server_name is not None or config_path is None:  # _open reports a missing config
@@ -970,8 +1066,8 @@ def _config_and_server(config_path: Path | None, server_name: str | None
     if from_env and config_path is not None and str(config_path) != from_env:
         return Path(from_env), str(config_path)
     _fail(UsageError("no SERVER given",
-                     remedy=f"`launcher logs CONFIG SERVER`, or `launcher logs SERVER` with "
-                     f"{CONFIG_ENV} set"))
+                     remedy=f"`launcher {command} CONFIG SERVER`, or `launcher {command} "
+                     f"SERVER` with {CONFIG_ENV} set"))
 
 
 async def _attempt_handle(t: Transport, run_dir: str, s: ServerConfig,
@@ -1023,8 +1119,15 @@ def logs(
     attempt: Annotated[int | None, typer.Option(
         "--attempt", min=1, metavar="N",
         help="This attempt's log (default: the newest), a failed one included.")] = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", metavar="WHEN",
+        help="Only lines stamped since WHEN: a duration back (90s, 10m, 2h, 1d) or the host's "
+        "local time as the log writes it (2026-12-01 17:02:03).")] = None,
 ) -> None:
-    """Print the log of a server's current (or last) attempt, or of attempt N."""
+    """Print the log of a server's current (or last) attempt, or of attempt N.
+
+    Reads a chunk at a time, whatever the log's size; --tail and --since read it backwards
+    from its end only as far as they need."""
     config_path, name = _config_and_server(config_path, server_name)
     config = _guard(lambda: _open(config_path))
     s = _guard(lambda: config.server(name))
@@ -1032,6 +1135,15 @@ def logs(
     async def show(s: ServerConfig, t: Transport) -> None:
         handle = await _attempt_handle(t, _run_dir(config, s), s, attempt)
         offset = 0 if tail is None else await _tail_offset(t, handle, tail)
+        if since is not None:
+            now = await inspection.host_now(t)
+            try:
+                cutoff = inspection.since_cutoff(since, now)
+            except ValueError as exc:
+                raise UsageError(f"--since {since!r}: {exc}", remedy="e.g. --since 10m or "
+                                 "--since '2026-12-01 17:02:03' (the host's local time)"
+                                 ) from None
+            offset = max(offset, await inspection.since_offset(t, handle, cutoff))
         if not follow:
             while data := await remote.read_log(t, handle, offset, remote.READ_CHUNK):
                 sys.stdout.buffer.write(data)
@@ -1074,11 +1186,12 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         note = f" (running, pid {running.pid})" if running else ""
         return [f"SGLang {version}{note}", *problems]
 
-    results = anyio.run(_per_server, config, servers, one)
+    results = anyio.run(partial(_per_server, one_try=True), config, servers, one)
     code = 0
     for s, r in zip(servers, results, strict=True):
         if isinstance(r, LauncherError):
-            _error(err, r, f"{s.name}: ")
+            _say(err, f"{s.name} on {s.host}: ", ("unreachable", "red") if isinstance(
+                r, HostUnreachable) else (type(r).__name__, "red"), f": {_one_line(r)}")
             code = 1
             continue
         head, *problems = r

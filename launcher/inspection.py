@@ -258,7 +258,7 @@ MEMORY_KEYS = (
 )
 
 
-def _events(rows: list[AttemptRow], limit: int) -> list[tuple[float, str]]:
+def events_of(rows: list[AttemptRow], limit: int) -> list[tuple[float, str]]:
     """The ledger's rows as events, oldest first: the ``limit`` most recent."""
     out: list[tuple[float, str]] = []
     for r in rows:
@@ -290,7 +290,7 @@ async def describe(config: Config, config_path: Path, s: ServerConfig, t: Transp
     memory = {k: numbers[k] for k in MEMORY_KEYS if numbers.get(k) is not None}
     ready_s = newest.seconds_to_ready if newest is not None else None
     return Description(str(config_path), s, st, look.files.get("cmd"), memory, ready_s,
-                       rows[:attempts], _events(rows, events))
+                       rows[:attempts], events_of(rows, events))
 
 
 async def host_now(t: Transport) -> datetime:

@@ -13,6 +13,13 @@ import pexpect
 import pyte
 import pytest
 
+from launcher import cli
+from launcher.params import LaunchParams
+from launcher.policy import AttemptRecord
+from launcher.sglang.logparse import LogFollower
+from launcher.sglang.outcome import Numbers, Outcome
+from launcher.sglang.phases import Phase
+from launcher.supervisor import Snapshot, failure_note
 from tests.simhost import model_dir
 from tests.supervise import REPO, SERVER, SimSetup, cli_argv, cli_env
 
@@ -124,3 +131,60 @@ def test_give_up_reason_shows_policy_brackets(sim: SimSetup) -> None:
     assert "[policy] max_attempts" in text, text
     assert b"raise  max_attempts" not in screen.raw
     assert f"{SERVER} gave up: " in text
+
+
+# -- the pieces, without a terminal -----------------------------------------------------------
+
+
+def test_a_new_capture_pass_starts_without_the_last_ones_full_bar() -> None:
+    """A finished bar (36/36) of one pass is not the next pass's progress: between a
+    ``Capture ... begin`` line and its own first bar there is none (no 100% flash); the next
+    bar's numbers are its own. Line shapes of SGLang 0.5.23 (cuda_graph_setup.py)."""
+    follower = LogFollower()
+    for line in [
+        "[2026-01-01 00:00:00 TP0] Capture target decode CUDA graph begin. backend=full, "
+        "num_tokens_per_req=1, avail mem=20.00 GB",
+        "Capturing batches (bs=32 avail_mem=19.80 GB): 100%|██████████| 36/36 [00:09<00:00]",
+    ]:
+        follower.feed_line(line)
+    assert ((36, 36), 1.0) == (follower.steps, follower.progress)
+
+    follower.feed_line("[2026-01-01 00:00:10 TP0] Capture draft extend CUDA graph begin. "
+                       "backend=full, num_tokens_per_req=4, bs=[1, 2], avail mem=9.00 GB")
+    assert (None, None) == (follower.steps, follower.progress)
+
+    follower.feed_line("Capturing batches (bs=2 avail_mem=8.80 GB):  25%|██▌ | 1/4 [00:01<00:03]")
+    assert ((1, 4), 0.25) == (follower.steps, follower.progress)
+
+
+def snapshot(**fields: Any) -> Snapshot:
+    base: dict[str, Any] = dict(server="s", host="h", state="cuda_graph", phase="cuda_graph",
+                                progress=None, attempt=2, params="", elapsed_s=10.0, pid=1)
+    return Snapshot(**(base | fields))
+
+
+@pytest.mark.parametrize(("fields", "text"), [
+    ({"steps": (28, 36), "graph_bs": 32, "graph_pass": "target_decode"},
+     "graphs 28/36 at bs 32 (target decode)"),
+    ({"steps": None, "graph_pass": "draft_extend", "progress": None},
+     "capture starting (draft extend)"),
+    ({"phase": "weights", "state": "weights", "steps": (12, 40)}, "shards 12/40"),
+    ({"phase": "init", "state": "init"}, ""),
+])
+def test_progress_reads_as_numbers(fields: dict[str, Any], text: str) -> None:
+    assert text == cli._progress_text(snapshot(**fields))
+
+
+def test_the_last_failure_in_a_few_words() -> None:
+    """The note of a failed attempt: where it ran out of memory, at which bs, and the
+    fraction (and bs) the next attempt uses."""
+    numbers = Numbers(graph_pass="draft_extend", graph_last_bs=32)
+    oom = AttemptRecord(LaunchParams(0.7, 32), Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH,
+                        numbers)
+    assert "#2 OOM in draft extend capture, bs 32 → 0.644" == failure_note(
+        2, oom, LaunchParams(0.644, 32))
+    assert "#2 OOM in draft extend capture, bs 32 → 0.644, bs 16" == failure_note(
+        2, oom, LaunchParams(0.644, 16))
+    assert "#2 OOM in draft extend capture, bs 32" == failure_note(2, oom, None)
+    hang = AttemptRecord(LaunchParams(0.7, 32), Outcome.HANG, Phase.WEIGHTS, Numbers())
+    assert "#1 hang in weights" == failure_note(1, hang, LaunchParams(0.7, 32))
