@@ -19,6 +19,7 @@ import io
 import json
 import logging
 import os
+import posixpath
 import re
 import shlex
 import sys
@@ -65,9 +66,10 @@ from launcher.placeholders import expand_placeholders
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
 from launcher.sglang.classify import diagnose_text
 from launcher.sglang.outcome import Diagnosis
-from launcher.sglang.versions import DEFAULT_VERSION
+from launcher.sglang.versions import DEFAULT_VERSION, SUPPORTED_VERSIONS
 from launcher.store import (
     Ledger,
+    fingerprint,
     ledger_path,
 )
 from launcher.supervisor import Snapshot
@@ -227,7 +229,11 @@ def _open(path: Path | None) -> Config:
     if path is None:
         raise UsageError("no config given", remedy=f"pass CONFIG (the path of a config.toml) "
                          f"or set {CONFIG_ENV}=/path/to/config.toml")
-    return expand_placeholders(load_config(path), path)
+    config = expand_placeholders(load_config(path), path)
+    if not config.servers:  # every command needs one: none is an error, never a silent 0
+        raise ConfigError(["servers: no servers configured; add a [[servers]] table"],
+                          source=str(path))
+    return config
 
 
 def _selected(config: Config, names: list[str] | None) -> list[ServerConfig]:
@@ -387,6 +393,24 @@ def diagnose(
     raise typer.Exit(0 if diag.outcome.value == "ready" else 1)
 
 
+def _next_params(config: Config, s: ServerConfig) -> tuple[LaunchParams, str]:
+    """The params the next `up` starts ``s`` with, and why: the ledger's last good params for
+    this launch (daemon.run's warm start) or the configured ones. Without a configured SGLang
+    version, the launch is looked up under each supported version (`up` detects it)."""
+    configured = s.launch_params()
+    path = ledger_path(config.state_dir)
+    if not path.exists():
+        return configured, "configured (no attempt ledger yet)"
+    versions = [s.sglang_version] if s.sglang_version else list(SUPPORTED_VERSIONS)
+    with Ledger(path) as ledger:
+        found = [e for v in versions
+                 if (e := ledger.last_good_entry(fingerprint(s, config.host(s.host), v)))]
+    if not found:
+        return configured, "configured (no last good params for this launch)"
+    entry = max(found, key=lambda e: e.updated_at)
+    return entry.params, f"last good, {inspection.iso(entry.updated_at)}; `up --fresh` ignores them"
+
+
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def plan(
     config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False
@@ -397,7 +421,7 @@ def plan(
     for s in _guard(lambda: _selected(config, server)):
         host = config.host(s.host)
         version = s.sglang_version or DEFAULT_VERSION
-        params = s.launch_params()
+        params, params_source = _guard(partial(_next_params, config, s))
         secrets = {k: "***" for k in s.secret_env}
         cmd = server_command(s, params, version, secrets)
         p = config.policy_for(s.name)
@@ -419,7 +443,10 @@ def plan(
                 "argv": cmd.argv,
                 "command": shlex.join(cmd.argv),
                 "env": cmd.masked_env(),
-                "run_dir": f"{s.run_dir or host.run_dir}/{s.name}/<attempt>",
+                "params": params.as_dict(),
+                "params_source": params_source,
+                "run_dir": posixpath.normpath(f"{s.run_dir or host.run_dir}/{s.name}")
+                + "/<attempt>",
                 "oom_ladder": [
                     {
                         "mem_fraction_static": q.mem_fraction_static,
@@ -435,9 +462,10 @@ def plan(
     for r in rows:
         _say(out, (r["server"], "bold"), f" on {r['host']}  (SGLang {r['sglang_version']}, "
              f"{r['version_source']})")
+        _say(out, f"  params   {_short_params(r['params'])}  ({r['params_source']})")
         _say(out, f"  command  {r['command']}")
         for k, v in r["env"].items():
-            _say(out, f"  env      {k}={v}")
+            _say(out, f"  env      {k}={shlex.quote(v)}")
         _say(out, f"  run dir  {r['run_dir']}")
         steps = " → ".join(
             f"{q['mem_fraction_static']}/{q['cuda_graph_max_bs']}" for q in r["oom_ladder"]
@@ -818,11 +846,11 @@ def _dur(seconds: float | None) -> str:
 
 
 def _short_params(params: dict[str, Any] | None) -> str:
-    """``mfs=0.80 bs=8`` (``auto`` where SGLang chose); empty before the log shows them."""
+    """``mfs=0.8 bs=8`` (``auto`` where SGLang chose); empty before the log shows them."""
     if not params:
         return ""
     mfs, bs = params.get("mem_fraction_static"), params.get("cuda_graph_max_bs")
-    return (f"mfs={'auto' if mfs is None else f'{mfs:.2f}'} "
+    return (f"mfs={'auto' if mfs is None else f'{mfs:g}'} "
             f"bs={'auto' if bs is None else bs}")
 
 
