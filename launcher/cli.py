@@ -748,19 +748,20 @@ def history(
                          remedy="run `launcher up` first, or pass CONFIG or --state-dir"))
     with Ledger(path) as ledger:
         rows = ledger.history(server_name, limit=limit)
-    if as_json:
-        out.print_json(json.dumps([r.as_dict() for r in rows]))
+    if as_json:  # times as ISO 8601 in UTC, like the event log's
+        out.print_json(json.dumps([r.as_dict() | {"started_at": inspection.iso(r.started_at),
+                                                  "ended_at": inspection.iso(r.ended_at)}
+                                   for r in rows]))
         return
     table = Table(box=None, pad_edge=False)
     for col in ("started", "server", "attempt", "params", "outcome", "phase", "to ready"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=True)
     for r in rows:
-        started = datetime.fromtimestamp(r.started_at, UTC).strftime("%Y-%m-%d %H:%M:%S") \
-            if r.started_at else ""
+        started = inspection.iso(r.started_at) or ""
         ttr = "" if r.seconds_to_ready is None else f"{r.seconds_to_ready:.0f}s"
         _row(table, started, r.server, str(r.attempt), r.params.describe(),
              r.outcome or "running", r.phase or "", ttr)
-    out.print(table)
+    _print_table(out, table)
 
 
 # --- down / status / logs / check ----------------------------------------------------
