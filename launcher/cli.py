@@ -505,10 +505,18 @@ def _view(snaps: list[Snapshot]) -> Table:
         state = s.state.replace("_", " ")
         if s.phase_s is not None and s.state not in ("gave_up", "stopped"):
             state += f" {_dur(s.phase_s)}"
+        if s.state == "stopped" and s.pid is not None:
+            state += " (left running)"  # supervision stopped; the server did not
         note = "; ".join(n for n in (s.last_failure, s.reason) if n)
         _row(table, s.server, s.host, Text(_plain(state), style=color), _progress_text(s),
-             _dur(s.stall_left_s), str(s.attempt), s.params, _dur(s.elapsed_s), note)
+             _dur(s.stall_left_s), str(s.attempt), _labelled(s.params), _dur(s.elapsed_s),
+             note)
     return table
+
+
+def _labelled(params: str) -> str:
+    """LaunchParams.describe() with the short labels of PARAMS columns (mfs=, bs=)."""
+    return params.replace("mem_fraction_static=", "mfs=").replace("cuda_graph_max_bs=", "bs=")
 
 
 class _LiveView:
@@ -541,7 +549,9 @@ class _LiveView:
 
 _EVENT_KEYS = ("attempt", "outcome", "phase", "params", "reason", "error", "delay_s",
                "silent_s", "unreachable_s", "url")
-_QUIET_EVENTS = frozenset({"probe.result"})
+# Shown in the log file only: probes come every second; a message to Slack (or, without a
+# webhook, to the log) repeats what the event lines above it already say.
+_QUIET_EVENTS = frozenset({"probe.result", "notify.message"})
 
 
 def _event_line(event: dict[str, Any]) -> Text | None:
@@ -555,8 +565,8 @@ def _event_line(event: dict[str, Any]) -> Text | None:
         value = event.get(key)
         if value is None or value == "":
             continue
-        if key == "params" and isinstance(value, dict):
-            value = _short_params(value)
+        if key == "params":
+            value = _short_params(value) if isinstance(value, dict) else _labelled(str(value))
         parts.append(f"{key}={value}")
     stamp = str(event.get("timestamp", ""))[11:19]
     level = str(event.get("level", "info"))
@@ -653,7 +663,7 @@ def up(
     )
     view = None
     if live:
-        log_path = config.state_dir / "up.log"
+        log_path = Path(os.path.normpath(config.state_dir / "up.log"))
         log_file = _guard(lambda: _open_log(log_path))
         configure("json", stream=cast(TextIO, _LiveLog(out, log_file)))
         view = _LiveView(log_path)

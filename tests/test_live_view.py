@@ -106,6 +106,7 @@ def test_live_view_keeps_one_table_with_events_above_it(sim: SimSetup) -> None:
                for line in lines[:header])
     row = next(line for line in lines[header + 1:] if line.startswith(f"{SERVER} "))
     assert "#1 OOM in target decode capture, bs 96" in row, row
+    assert " stopped (left running) " in row, row  # --until-ready: supervision ended, not it
     # While attempt 2 ran, its row said what changed and how far it got.
     rows = [line for line in screen.seen if line.startswith(f"{SERVER} ")]
     assert any(" ready " in r for r in rows), rows
