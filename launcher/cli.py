@@ -5,7 +5,8 @@ Exit codes (the README's table; systemd/launcher@.service relies on them):
 - 0 (EXIT_OK): done. `up`: stopped by SIGTERM/SIGINT, whether or not some server gave up,
   or `--until-ready` with every server ready. `status`: every server running and ready.
 - 1 (EXIT_ERROR): an unexpected error (a bug, an unusable state directory, another `up` on
-  the same state directory). `check`, `down` and `diagnose` also use it for "problems found".
+  the same state directory). `check`, `down` and `diagnose` also use it for "problems found",
+  `describe` for a host that could not be asked.
 - 2 (EXIT_USAGE): a config or command-line error found before anything started (bad values,
   no servers configured, a malformed Slack webhook URL, an unreadable log for `diagnose`).
 - 3 (EXIT_NOT_READY): `status`: some configured server is not running and ready.
@@ -1021,7 +1022,10 @@ def describe(
 ) -> None:
     """One server in detail (like `kubectl describe`): config, command line, run directory,
     current state, the last attempts with outcomes and evidence, recent events, the memory
-    figures and the time to ready."""
+    figures and the time to ready.
+
+    Exits 0 once described (whatever its state), 1 when its host could not be asked (what
+    the ledger knows is still shown)."""
     config_path, name = _config_and_server(config_path, server_name, "describe")
     config = _guard(lambda: _open(config_path))
     s = _guard(lambda: config.server(name))
@@ -1039,7 +1043,7 @@ def describe(
         out.print_json(json.dumps(d.as_dict()))
     else:
         _print_description(d)
-    raise typer.Exit(_status_code([d.status]))
+    raise typer.Exit(EXIT_OK if d.status.error is None else EXIT_ERROR)
 
 
 def _print_description(d: inspection.Description) -> None:

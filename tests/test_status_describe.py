@@ -327,3 +327,16 @@ def test_status_describe_logs_over_ssh(tmp_path: Path, site: Site) -> None:
     assert after.endswith(since.stdout) and since.stdout.startswith("[20")
     assert not after.startswith("[20")  # the unstamped start (a warning) is left out
     assert 0 == run_cli("down", str(config)).returncode
+
+
+def test_describe_of_a_server_whose_host_is_unreachable(sim: SimSetup) -> None:
+    """describe still shows the config side; the state is "unreachable" with the error;
+    exit 1 (the host could not be asked)."""
+    config = sim.write_toml(with_dead_host(sim, quick(sim)))
+
+    result = run_cli("describe", str(config), "far0")
+
+    assert 1 == result.returncode, result.stderr
+    assert "State:         unreachable" in result.stdout
+    assert "Error:         cannot reach host deadhost" in result.stdout
+    assert "Endpoint:      127.0.0.1:" in result.stdout
