@@ -296,6 +296,7 @@ def site(tmp_path: Path, sshd_host: Sshd) -> Iterator[Site]:
 
 
 @pytest.mark.ssh
+@pytest.mark.timeout(240)  # eight CLI runs, each connecting over SSH afresh
 def test_status_describe_logs_over_ssh(tmp_path: Path, site: Site) -> None:
     """Over a real sshd: up to ready, then status (endpoint on the host's address), describe
     (command line and run directory on the host) and logs --since/--tail; then down."""
@@ -324,6 +325,7 @@ def test_status_describe_logs_over_ssh(tmp_path: Path, site: Site) -> None:
     since = run_cli("logs", str(config), "llm", "--since", "1h")
     assert "fired up and ready to roll" in since.stdout
     after = site.log_bytes("llm", 1).decode()  # /health lines may have come since
+    after = after.replace("\r\n", "\n").replace("\r", "\n")  # run_cli reads text mode
     assert after.endswith(since.stdout) and since.stdout.startswith("[20")
     assert not after.startswith("[20")  # the unstamped start (a warning) is left out
     assert 0 == run_cli("down", str(config)).returncode
