@@ -5,6 +5,7 @@ the give-up reason read as written."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ class Screen:
         self.stream = pyte.ByteStream(self.screen)
         self.raw = b""
         self.seen: set[str] = set()  # every line the screen showed at some point
+        self.rows: list[dict[str, str]] = []  # every table row shown, as {column: cell}
 
     def pump(self, seconds: float) -> bool:
         """Read for up to ``seconds``; False once the child has ended."""
@@ -51,6 +53,7 @@ class Screen:
             self.raw += data
             self.stream.feed(data)
             self.seen.update(self.lines())
+            self.rows += table_rows(self.lines())
         return True
 
     def run_to_end(self, timeout: float) -> int:
@@ -63,6 +66,22 @@ class Screen:
 
     def lines(self) -> list[str]:
         return [line.rstrip() for line in self.screen.display if line.strip()]
+
+
+def table_rows(lines: list[str]) -> list[dict[str, str]]:
+    """The live table's rows on a screen, cut at the header's column starts."""
+    header = next((line for line in lines if line.startswith("SERVER ")), None)
+    if header is None:
+        return []
+    starts = [m.start() for m in re.finditer(r"(?<!\S)\S+(?: \S+)?", header)]
+    names = [header[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    rows = []
+    for line in lines[lines.index(header) + 1:]:
+        if not line.startswith(f"{SERVER} "):
+            continue
+        cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+        rows.append(dict(zip(names, cells, strict=True)))
+    return rows
 
 
 def spawn_up(config: Path, *args: str) -> Screen:
@@ -109,9 +128,18 @@ def test_live_view_keeps_one_table_with_events_above_it(sim: SimSetup) -> None:
     assert " stopped (left running) " in row, row  # --until-ready: supervision ended, not it
     # While attempt 2 ran, its row said what changed and how far it got.
     rows = [line for line in screen.seen if line.startswith(f"{SERVER} ")]
-    assert any(" ready " in r for r in rows), rows
+    assert any(f"{SERVER} server.ready attempt=2 " in line for line in screen.seen)
     assert any("#1 OOM in target decode capture, bs 96 → 0.844" in r for r in rows), rows
     assert "Traceback" not in text and "torch.OutOfMemoryError" not in text
+    # Progress in numbers, the stall budget left (30s in this config) and the server's time.
+    weights = [r for r in screen.rows if r["STATE"].startswith("weights ")]
+    assert any(re.fullmatch(r"shards \d+/\d+", r["PROGRESS"]) for r in weights), weights
+    graphs = [r for r in screen.rows if r["STATE"].startswith("cuda graph ")]
+    assert any(re.fullmatch(r"graphs \d+/\d+ at bs \d+ \(target decode\)", r["PROGRESS"])
+               for r in graphs), graphs
+    for r in weights + graphs:
+        assert re.fullmatch(r"(\d+)s", r["STALL LEFT"]) and int(r["STALL LEFT"][:-1]) <= 30, r
+        assert re.fullmatch(r"\d+s", r["ELAPSED"]), r
     log_path = sim.state_dir / "up.log"
     assert f"events in full: {log_path}" in text
     events = [json.loads(line) for line in log_path.read_text().splitlines()]
