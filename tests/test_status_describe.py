@@ -342,3 +342,21 @@ def test_describe_of_a_server_whose_host_is_unreachable(sim: SimSetup) -> None:
     assert "State:         unreachable" in result.stdout
     assert "Error:         cannot reach host deadhost" in result.stdout
     assert "Endpoint:      127.0.0.1:" in result.stdout
+
+
+def test_status_of_a_ready_server_failing_health_is_unhealthy(sim: SimSetup) -> None:
+    """A server that printed its ready line but now answers /health with 503 (the sim's
+    hang_after_ready): "unhealthy", exit 3."""
+    config = sim.write_toml(quick(sim, faults=[{"kind": "hang_after_ready", "after_s": 1}]))
+    assert 0 == run_cli("up", str(config), "--until-ready", "--log-format", "json").returncode
+    deadline = time.monotonic() + 30  # the fault fires 1 s (wall clock) after ready
+    while True:
+        result = run_cli("status", str(config), "--json")
+        [row] = json.loads(result.stdout)
+        if row["state"] != "ready" or time.monotonic() > deadline:
+            break
+
+    assert 3 == result.returncode, result.stderr
+    assert ("unhealthy", True, True, False) == (
+        row["state"], row["running"], row["ready"], row["healthy"])
+    run_cli("down", str(config))
