@@ -117,7 +117,7 @@ class Snapshot:
     pid: int | None
     reason: str = ""
     unreachable_s: float | None = None  # how long the host has been unreachable, if it is
-    phase_s: float | None = None  # time in ``phase`` so far (since launcher saw it begin)
+    phase_s: float | None = None  # time in ``state`` (a start-up phase, a wait) so far
     stall_left_s: float | None = None  # the phase's silence budget left; None: none applies
     steps: tuple[int, int] | None = None  # the phase's progress bar: (done, total)
     graph_pass: str | None = None  # the capture pass under way (a GraphPass value)
@@ -250,8 +250,7 @@ class ServerSupervisor:
         self._attempt: _Attempt | None = None
         self._launching = anyio.Lock()  # held while a launch runs
         self._tg: TaskGroup | None = None
-        self._started = clock()
-        self._phase_since: float | None = None  # when the machine entered its current phase
+        self._state_since: float | None = None  # when the machine entered its current state
         self._unreachable_since: float | None = None
         self._outages = 0  # outages begun or ended so far: a probe spanning one never counts
         self._back: anyio.Event | None = None  # set when the current outage ends
@@ -292,8 +291,7 @@ class ServerSupervisor:
             pid=m.pid,
             reason=self.redact.text(reason),
             unreachable_s=unreachable_s,
-            phase_s=None if self._phase_since is None or m.phase is None
-            else now - self._phase_since,
+            phase_s=None if self._state_since is None else now - self._state_since,
             stall_left_s=stall_left,
             steps=att.follower.steps if live and att else None,
             graph_pass=numbers.graph_pass if graphs and numbers else None,
@@ -387,10 +385,10 @@ class ServerSupervisor:
             await self._post(event)
 
     async def _dispatch(self, event: Event) -> None:
-        phase = self.machine.phase
+        state = self.machine.state
         actions = self.machine.handle(event, self.clock())
-        if self.machine.phase is not phase:
-            self._phase_since = self.clock()
+        if self.machine.state is not state:
+            self._state_since = self.clock()
         for action in actions:
             await self._execute(action)
 
