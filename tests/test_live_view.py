@@ -107,7 +107,11 @@ def test_live_view_keeps_one_table_with_events_above_it(sim: SimSetup) -> None:
     """Up to ready after a capture OOM: the screen holds the table's header once, every event
     as one whole line above it (none glued onto a row), the failed attempt as a short note,
     and the file where every event is in full."""
-    config = sim.write_toml(capture_oom(sim))
+    data = capture_oom(sim)
+    # Slower weights and capture, so that the screen (redrawn 4 times a second) shows them.
+    slow = [{"kind": "slow", "phase": p, "factor": 4} for p in ("weights", "cuda_graph")]
+    data["servers"][0]["env"]["SGLANG_SIM_FAULTS"] = str(sim.host.write_faults(slow))
+    config = sim.write_toml(data)
 
     screen = spawn_up(config, "--until-ready")
     code = screen.run_to_end(90)
@@ -135,8 +139,10 @@ def test_live_view_keeps_one_table_with_events_above_it(sim: SimSetup) -> None:
     weights = [r for r in screen.rows if r["STATE"].startswith("weights ")]
     assert any(re.fullmatch(r"shards \d+/\d+", r["PROGRESS"]) for r in weights), weights
     graphs = [r for r in screen.rows if r["STATE"].startswith("cuda graph ")]
-    assert any(re.fullmatch(r"graphs \d+/\d+ at bs \d+ \(target decode\)", r["PROGRESS"])
-               for r in graphs), graphs
+    # Which frames the screen catches depends on the machine's speed: any capture pass will
+    # do (`at bs N` shows for the passes whose bar names a bs: test_progress_reads_as_numbers).
+    assert any(re.fullmatch(r"graphs \d+/\d+( at bs \d+)? \(target (prefill|decode)\)",
+                            r["PROGRESS"]) for r in graphs), graphs
     for r in weights + graphs:
         assert re.fullmatch(r"(\d+)s", r["STALL LEFT"]) and int(r["STALL LEFT"][:-1]) <= 30, r
         assert re.fullmatch(r"\d+s", r["ELAPSED"]), r
