@@ -5,7 +5,8 @@ Exit codes (the README's table; systemd/launcher@.service relies on them):
 - 0 (EXIT_OK): done. `up`: stopped by SIGTERM/SIGINT, whether or not some server gave up,
   or `--until-ready` with every server ready. `status`: every server running and ready.
 - 1 (EXIT_ERROR): an unexpected error (a bug, an unusable state directory, another `up` on
-  the same state directory). `check`, `down` and `diagnose` also use it for "problems found".
+  the same state directory). `check`, `down` and `diagnose` also use it for "problems found",
+  `describe` for a host that could not be asked.
 - 2 (EXIT_USAGE): a config or command-line error found before anything started (bad values,
   no servers configured, a malformed Slack webhook URL, an unreadable log for `diagnose`).
 - 3 (EXIT_NOT_READY): `status`: some configured server is not running and ready.
@@ -18,26 +19,31 @@ Exit codes (the README's table; systemd/launcher@.service relies on them):
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import posixpath
 import re
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TextIO, TypeVar, cast
 
 import anyio
 import typer
 import typer.core
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from launcher import __version__, daemon, health, remote
+from launcher import __version__, daemon, inspection, remote
 from launcher.config import (
     Config,
     ServerConfig,
@@ -48,9 +54,11 @@ from launcher.config import (
 )
 from launcher.errors import (
     ConfigError,
+    HostUnreachable,
     LauncherError,
     LogFormatError,
     RemoteCommandError,
+    StateError,
     UsageError,
     WontFit,
 )
@@ -68,11 +76,11 @@ from launcher.router import plan_rows as router_plan_rows
 from launcher.router import router_status, stop_router
 from launcher.sglang.budget import observed_bar
 from launcher.sglang.classify import diagnose_text
-from launcher.sglang.logparse import LineSplitter, LogFollower
 from launcher.sglang.outcome import Diagnosis
-from launcher.sglang.versions import DEFAULT_VERSION
+from launcher.sglang.versions import DEFAULT_VERSION, SUPPORTED_VERSIONS
 from launcher.store import (
     Ledger,
+    fingerprint,
     ledger_path,
 )
 from launcher.supervisor import Snapshot
@@ -150,9 +158,6 @@ app = typer.Typer(
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
-_STATUS_HEAD = 2 << 20  # bytes of a log's start `status` reads (start-up, args, ready)
-_STATUS_TAIL = 512 << 10  # and of its end (the latest phase or failure)
-_HEALTH_DEADLINE_S = 25.0  # the whole /health request of `status`, body included
 
 CONFIG_ENV = "LAUNCHER_CONFIG"
 # Optional on the command line: LAUNCHER_CONFIG stands in for it, like KUBECONFIG; _open
@@ -211,6 +216,11 @@ def _error(console: Console, exc: LauncherError, prefix: str = "") -> None:
     _say(console, prefix, (type(exc).__name__, "bold red"), f": {exc}")
 
 
+def _one_line(exc: LauncherError) -> str:
+    """``exc``'s message without its remedy, on one line."""
+    return " ".join(str(exc.args[0] if exc.args else exc).split())
+
+
 def _exit_code(exc: LauncherError) -> int:
     if isinstance(exc, WontFit):
         return EXIT_WONT_FIT
@@ -234,7 +244,11 @@ def _open(path: Path | None) -> Config:
     if path is None:
         raise UsageError("no config given", remedy=f"pass CONFIG (the path of a config.toml) "
                          f"or set {CONFIG_ENV}=/path/to/config.toml")
-    return expand_placeholders(load_config(path), path)
+    config = expand_placeholders(load_config(path), path)
+    if not config.servers:  # every command needs one: none is an error, never a silent 0
+        raise ConfigError(["servers: no servers configured; add a [[servers]] table"],
+                          source=str(path))
+    return config
 
 
 def _selected(config: Config, names: list[str] | None) -> list[ServerConfig]:
@@ -406,6 +420,24 @@ def diagnose(
     raise typer.Exit(0 if diag.outcome.value == "ready" else 1)
 
 
+def _next_params(config: Config, s: ServerConfig) -> tuple[LaunchParams, str]:
+    """The params the next `up` starts ``s`` with, and why: the ledger's last good params for
+    this launch (daemon.run's warm start) or the configured ones. Without a configured SGLang
+    version, the launch is looked up under each supported version (`up` detects it)."""
+    configured = s.launch_params()
+    path = ledger_path(config.state_dir)
+    if not path.exists():
+        return configured, "configured (no attempt ledger yet)"
+    versions = [s.sglang_version] if s.sglang_version else list(SUPPORTED_VERSIONS)
+    with Ledger(path) as ledger:
+        found = [e for v in versions
+                 if (e := ledger.last_good_entry(fingerprint(s, config.host(s.host), v)))]
+    if not found:
+        return configured, "configured (no last good params for this launch)"
+    entry = max(found, key=lambda e: e.updated_at)
+    return entry.params, f"last good, {inspection.iso(entry.updated_at)}; `up --fresh` ignores them"
+
+
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def plan(
     config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False
@@ -422,7 +454,9 @@ def plan(
         host = config.host(s.host)
         version = s.sglang_version or DEFAULT_VERSION
         first = planned[s.name]
-        params = first.params
+        params, params_source = _guard(partial(_next_params, config, s))
+        if not params_source.startswith("last good"):  # else the estimate's (or configured)
+            params, params_source = first.params, f"{first.source}: see the estimate below"
         secrets = {k: "***" for k in s.secret_env}
         ranks = _plan_ranks(config, s, params, version, secrets)
         cmd = rank_commands(config, s, params, version, secrets)[0][1]  # node 0's
@@ -445,7 +479,10 @@ def plan(
                 "argv": cmd.argv,
                 "command": shlex.join(cmd.argv),
                 "env": cmd.masked_env(),
-                "run_dir": f"{s.run_dir or host.run_dir}/{s.name}/<attempt>",
+                "params": params.as_dict(),
+                "params_source": params_source,
+                "run_dir": posixpath.normpath(f"{s.run_dir or host.run_dir}/{s.name}")
+                + "/<attempt>",
                 "ranks": ranks,
                 "oom_ladder": [
                     {
@@ -472,9 +509,10 @@ def plan(
             continue
         _say(out, (r["server"], "bold"), f" on {r['host']}  (SGLang {r['sglang_version']}, "
              f"{r['version_source']})")
+        _say(out, f"  params   {_short_params(r['params'])}  ({r['params_source']})")
         _say(out, f"  command  {r['command']}")
         for k, v in r["env"].items():
-            _say(out, f"  env      {k}={v}")
+            _say(out, f"  env      {k}={shlex.quote(v)}")
         _say(out, f"  run dir  {r['run_dir']}")
         for rank in r["ranks"][1:]:  # node 0's is the command above
             _say(out, f"  rank {rank['rank']}   on {rank['host']}: {rank['command']}")
@@ -537,25 +575,141 @@ def _plan_ranks(config: Config, s: ServerConfig, params: LaunchParams, version: 
 # --- up ---------------------------------------------------------------------------------
 
 
+def _progress_text(s: Snapshot) -> str:
+    """Progress as numbers: ``shards 12/40``, ``graphs 28/36 at bs 32 (draft extend)``; a
+    capture pass that has not drawn its bar yet shows its name only, never the last pass's
+    100%."""
+    if s.phase == "cuda_graph":
+        where = f" ({s.graph_pass.replace('_', ' ')})" if s.graph_pass else ""
+        if s.steps is None:
+            return f"capture starting{where}" if where else ""
+        at = f" at bs {s.graph_bs}" if s.graph_bs is not None else ""
+        return f"graphs {s.steps[0]}/{s.steps[1]}{at}{where}"
+    if s.steps is not None:
+        return f"{'shards' if s.phase == 'weights' else 'steps'} {s.steps[0]}/{s.steps[1]}"
+    return "" if s.progress is None else f"{s.progress * 100:.0f}%"
+
+
 def _view(snaps: list[Snapshot]) -> Table:
+    """`up`'s live table: per server its state and time in it, progress in numbers, the stall
+    budget left, the attempt, params, the server's own elapsed time, and a note (the last
+    failure; why it gave up; how long its host has been unreachable)."""
     table = Table(box=None, pad_edge=False)
-    for col in ("server", "host", "state", "progress", "attempt", "params", "elapsed", "note"):
-        table.add_column(col)
+    for col in ("SERVER", "HOST", "STATE", "PROGRESS", "STALL LEFT", "ATTEMPT", "PARAMS",
+                "ELAPSED"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("NOTE", overflow="fold")
     for s in snaps:
-        pct = "" if s.progress is None else f"{s.progress * 100:.0f}%"
         color = {"ready": "green", "gave_up": "red"}.get(s.state, "yellow")
-        _row(
-            table,
-            s.server,
-            s.host,
-            Text(s.state, style=color),
-            pct,
-            str(s.attempt),
-            s.params,
-            f"{s.elapsed_s:.0f}s",
-            s.reason,
-        )
+        state = s.state.replace("_", " ")
+        if s.phase_s is not None and s.state not in ("gave_up", "stopped"):
+            state += f" {_dur(s.phase_s)}"
+        if s.state == "stopped" and s.pid is not None:
+            state += " (left running)"  # supervision stopped; the server did not
+        note = "; ".join(n for n in (s.last_failure, s.reason) if n)
+        _row(table, s.server, s.host, Text(_plain(state), style=color), _progress_text(s),
+             _dur(s.stall_left_s), str(s.attempt), _labelled(s.params), _dur(s.elapsed_s),
+             note)
     return table
+
+
+def _labelled(params: str) -> str:
+    """LaunchParams.describe() with the short labels of PARAMS columns (mfs=, bs=)."""
+    return params.replace("mem_fraction_static=", "mfs=").replace("cuda_graph_max_bs=", "bs=")
+
+
+class _LiveView:
+    """`up`'s terminal table, redrawn four times a second (a daemon.View), with the events
+    as one line each above it; every event in full (JSON lines) goes to ``log_path``, named
+    under the table."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self._live = Live(Text(""), console=out, refresh_per_second=4,
+                          redirect_stdout=False, redirect_stderr=False)
+        self._snaps: list[Snapshot] = []
+
+    def start(self) -> None:
+        self._live.start()
+
+    def update(self, snapshots: list[Snapshot]) -> None:
+        self._snaps = snapshots
+        self._live.update(self._render())
+
+    def stop(self) -> None:
+        self._live.update(self._render())
+        self._live.stop()
+
+    def _render(self) -> Group:
+        foot = Text(_plain(f"events in full: {self.log_path}  ·  Ctrl-C stops supervising "
+                           "(servers keep running)"), style="dim")
+        return Group(_view(self._snaps), foot)
+
+
+_EVENT_KEYS = ("attempt", "outcome", "phase", "params", "reason", "error", "delay_s",
+               "silent_s", "unreachable_s", "url")
+# Shown in the log file only: probes come every second; a message to Slack (or, without a
+# webhook, to the log) repeats what the event lines above it already say.
+_QUIET_EVENTS = frozenset({"probe.result", "notify.message"})
+
+
+def _event_line(event: dict[str, Any]) -> Text | None:
+    """One JSON event as one short line: time, server, event, a few fields; None for
+    events too frequent to show (probe results)."""
+    name = str(event.get("event", ""))
+    if name in _QUIET_EVENTS:
+        return None
+    parts = []
+    for key in _EVENT_KEYS:
+        value = event.get(key)
+        if value is None or value == "":
+            continue
+        if key == "params":
+            value = _short_params(value) if isinstance(value, dict) else _labelled(str(value))
+        parts.append(f"{key}={value}")
+    stamp = str(event.get("timestamp", ""))[11:19]
+    level = str(event.get("level", "info"))
+    style = {"warning": "yellow", "error": "red", "critical": "red"}.get(level, "")
+    server = str(event.get("server", "launcher"))
+    text = Text.assemble((_plain(stamp), "dim"), " ", (_plain(server), "bold"), " ",
+                         (_plain(name), style), " ", _plain(" ".join(parts)))
+    text.no_wrap = True
+    text.overflow = "ellipsis"
+    return text
+
+
+class _LiveLog(io.TextIOBase):
+    """structlog's stream while the live view runs: each JSON line goes whole to ``file``
+    and, shortened to one line (see _event_line), to ``console`` above the live table."""
+
+    def __init__(self, console: Console, file: TextIO) -> None:
+        self._console = console
+        self._file = file
+        self._pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        self._file.write(text)
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                event = {"event": line}
+            shown = _event_line(event) if isinstance(event, dict) else None
+            if shown is not None:  # one line: cut, never wrapped under the table
+                self._console.print(shown, soft_wrap=False, no_wrap=True, crop=True,
+                                    overflow="ellipsis")
+        return len(text)
+
+    def flush(self) -> None:
+        self._file.flush()
 
 
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
@@ -608,8 +762,14 @@ def up(
     fmt: Format = (
         "json" if log_format == "json" or (log_format == "auto" and not live) else "console"
     )
-    configure(fmt, stream=sys.stderr if live else sys.stdout)
-    view = _LiveView() if live else None
+    view = None
+    if live:
+        log_path = Path(os.path.normpath(config.state_dir / "up.log"))
+        log_file = _guard(lambda: _open_log(log_path))
+        configure("json", stream=cast(TextIO, _LiveLog(out, log_file)))
+        view = _LiveView(log_path)
+    else:
+        configure(fmt, stream=sys.stdout)
     opts = daemon.Options(until_ready=until_ready, stop_on_exit=stop_on_exit, fresh=fresh,
                           force=force)
     try:
@@ -629,20 +789,15 @@ def up(
                                    ready=result.ready))
 
 
-class _LiveView:
-    """`up`'s terminal table, redrawn four times a second (a daemon.View)."""
-
-    def __init__(self) -> None:
-        self._live = Live(Table(), console=out, refresh_per_second=4)
-
-    def start(self) -> None:
-        self._live.start()
-
-    def update(self, snapshots: list[Snapshot]) -> None:
-        self._live.update(_view(snapshots))
-
-    def stop(self) -> None:
-        self._live.stop()
+def _open_log(path: Path) -> TextIO:
+    """``path`` opened for appending (state_dir made private if new)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise StateError(f"cannot open {path}: {exc.strerror or exc}",
+                         remedy="fix the state directory's permissions") from exc
+    return io.TextIOWrapper(io.FileIO(fd, "a"), encoding="utf-8", line_buffering=True)
 
 
 def _up_exit_code(*, interrupted: bool, until_ready: bool, gave_up: list[bool],
@@ -705,32 +860,37 @@ def history(
                          remedy="run `launcher up` first, or pass CONFIG or --state-dir"))
     with Ledger(path) as ledger:
         rows = ledger.history(server_name, limit=limit)
-    if as_json:
-        out.print_json(json.dumps([r.as_dict() for r in rows]))
+    if as_json:  # times as ISO 8601 in UTC, like the event log's
+        out.print_json(json.dumps([r.as_dict() | {"started_at": inspection.iso(r.started_at),
+                                                  "ended_at": inspection.iso(r.ended_at)}
+                                   for r in rows]))
         return
     table = Table(box=None, pad_edge=False)
     for col in ("started", "server", "attempt", "params", "outcome", "phase", "to ready"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=True)
     for r in rows:
-        started = datetime.fromtimestamp(r.started_at, UTC).strftime("%Y-%m-%d %H:%M:%S") \
-            if r.started_at else ""
+        started = inspection.iso(r.started_at) or ""
         ttr = "" if r.seconds_to_ready is None else f"{r.seconds_to_ready:.0f}s"
         _row(table, started, r.server, str(r.attempt), r.params.describe(),
              r.outcome or "running", r.phase or "", ttr)
-    out.print(table)
+    _print_table(out, table)
 
 
 # --- down / status / logs / check ----------------------------------------------------
 
 
 def _run_dir(config: Config, s: ServerConfig) -> str:
-    return s.run_dir or config.host(s.host).run_dir
+    return inspection.run_dir(config, s)
 
 
 async def _per_server(config: Config, servers: list[ServerConfig],
-                      fn: Callable[[ServerConfig, Transport], Any]) -> list[Any]:
-    """Run ``fn(server, transport)`` for every server concurrently, transports shared per host."""
-    transports = daemon.transports_for(config, servers)
+                      fn: Callable[[ServerConfig, Transport], Any], *,
+                      one_try: bool = False) -> list[Any]:
+    """Run ``fn(server, transport)`` for every server concurrently, transports shared per host.
+    ``one_try``: an SSH host that does not answer the first connection is unreachable at once
+    (a look such as `status` or `check` reports it rather than retrying for a minute)."""
+    transports = ({s.host: make_transport(config.host(s.host), connect_attempts=1)
+                   for s in servers} if one_try else daemon.transports_for(config, servers))
     results: list[Any] = [None] * len(servers)
     try:
         async with anyio.create_task_group() as tg:
@@ -815,110 +975,263 @@ def _stop_routers(config: Config) -> list[tuple[str, str | LauncherError]]:
     return anyio.run(stop_all) if config.routers else []
 
 
-async def _server_status(config: Config, s: ServerConfig, t: Transport) -> dict[str, Any]:
-    run_dir = _run_dir(config, s)
-    handle = await remote.find_running(t, run_dir, s.name)
-    running = handle is not None
-    if handle is None:
-        handle = await remote.latest_handle(t, run_dir, s.name)
-    row: dict[str, Any] = {"server": s.name, "host": s.host, "running": running,
-                           "pid": None, "attempt": None, "params": None, "phase": None,
-                           "ready": False, "healthy": None, "uptime_s": None,
-                           "exit_status": None}
-    if handle is None:
-        return row
-    row["attempt"] = handle.attempt
-    st = await remote.probe(t, handle)
-    row["exit_status"] = st.exit_status
-    row["pid"] = handle.pid if running else None
-    follower = LogFollower()
-    for part in await _log_ends(t, handle, st.log_size):
-        splitter = LineSplitter()
-        for line in [*splitter.feed(part), *splitter.flush()]:
-            follower.feed_line(line)
-    row["phase"] = follower.phase.value if follower.phase else None
-    row["ready"] = follower.ready_line is not None
-    rp = follower.resolved_params
-    row["params"] = {"mem_fraction_static": rp.mem_fraction_static,
-                     "cuda_graph_max_bs": rp.cuda_graph_max_bs}
-    started = await t.run(["cat", f"{handle.dir}/started_at"], timeout=10)
-    if started.ok and running:
-        try:
-            since = datetime.fromisoformat(started.stdout.decode().strip())
-            row["uptime_s"] = round((datetime.now(UTC) - since).total_seconds(), 1)
-        except (ValueError, TypeError):  # not a time, or one without a zone: a forged file
-            pass
-    if running and row["ready"]:
-        row["healthy"] = await _healthy(t, s.port)
-    return row
+def _dur(seconds: float | None) -> str:
+    """``42s``, ``12m05s``, ``3h04m``, ``2d03h``: a duration in two units at most."""
+    if seconds is None:
+        return ""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-async def _log_ends(t: Transport, handle: remote.RunHandle, size: int) -> list[bytes]:
-    """The log's start-up (its first _STATUS_HEAD bytes) and its last _STATUS_TAIL bytes
-    (their first, partial line dropped): what `status` reads, whatever the log's size."""
-    head = await remote.read_log(t, handle, 0, _STATUS_HEAD)
-    if size <= len(head):
-        return [head]
-    start = max(len(head), size - _STATUS_TAIL)
-    tail = await remote.read_log(t, handle, start, _STATUS_TAIL)
-    if start == len(head):
-        return [head + tail]
-    return [head, tail.partition(b"\n")[2]]
+def _short_params(params: dict[str, Any] | None) -> str:
+    """``mfs=0.8 bs=8`` (``auto`` where SGLang chose); empty before the log shows them."""
+    if not params:
+        return ""
+    mfs, bs = params.get("mem_fraction_static"), params.get("cuda_graph_max_bs")
+    return (f"mfs={'auto' if mfs is None else f'{mfs:g}'} "
+            f"bs={'auto' if bs is None else bs}")
 
 
-async def _healthy(t: Transport, port: int) -> bool:
+_STATE_STYLE = {"ready": "green", "starting": "yellow", "unhealthy": "red", "gave up": "red",
+                "unreachable": "red", "unknown": "red"}
+
+
+def _print_table(console: Console, table: Table) -> None:
+    """Print ``table``; off a terminal at its natural width, so that nothing is cut to 80
+    columns for a pipe or a file (the terminal's width otherwise)."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    wide = console.options.update_width(1 << 16)
+    width = console.width  # print(width=) is capped at the console's width: widen it
+    console.width = max(width, Measurement.get(console, wide, table).maximum)
     try:
-        async with health.client_for(t, port, _HEALTH_DEADLINE_S) as (client, url):
-            ok, _ = await health.check(client, url, _HEALTH_DEADLINE_S)
-            return ok
-    except LauncherError:
-        return False
+        console.print(table)
+    finally:
+        console.width = width
+
+
+def _status_table(rows: list[inspection.ServerStatus], config: Config, wide: bool) -> Table:
+    table = Table(box=None, pad_edge=False)
+    cols = ["NAME", "HOST", "STATE", "ENDPOINT", "ATTEMPT", "RESTARTS", "PARAMS", "AGE"]
+    if wide:
+        cols += ["PID", "PHASE", "HEALTH", "MODEL", "RUN DIR"]
+    for col in cols:
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        cells: list[str | Text] = [
+            r.server, r.host, Text(_plain(r.state), style=_STATE_STYLE.get(r.state, "")),
+            r.endpoint, "" if r.attempt is None else str(r.attempt),
+            "" if r.restarts is None else str(r.restarts),
+            _short_params(r.params) if not wide or not r.params
+            else " ".join(f"{k}={'auto' if v is None else v}" for k, v in r.params.items()),
+            _dur(r.age_s)]
+        if wide:
+            model = config.server(r.server).model_path.rstrip("/").rsplit("/", 1)[-1]
+            health = {None: "", True: "ok", False: "failing"}[r.healthy]
+            cells += [str(r.pid or ""), r.phase or "", health, model, r.run_dir or ""]
+        _row(table, *cells)
+    return table
+
+
+def _status_rows(config: Config, servers: list[ServerConfig]) -> list[inspection.ServerStatus]:
+    now = datetime.now(UTC).timestamp()
+    results = anyio.run(partial(_per_server, one_try=True), config, servers,
+                        lambda s, t: inspection.server_status(config, s, t, now=now))
+    return [inspection.unreachable_status(config, s, r) if isinstance(r, LauncherError) else r
+            for s, r in zip(servers, results, strict=True)]
+
+
+def _status_code(rows: list[inspection.ServerStatus]) -> int:
+    # Like `systemctl status`: 0 only when everything asked about is up (running, ready and
+    # not failing its health check), 3 otherwise, a host that cannot be asked included.
+    up = all(r.error is None and r.running and r.ready and r.healthy is not False for r in rows)
+    return EXIT_OK if up else EXIT_NOT_READY
+
+
+def _status_errors(console: Console, rows: list[inspection.ServerStatus]) -> None:
+    for r in rows:
+        if r.error is not None:
+            _say(console, (f"{r.server}", "bold"), f" on {r.host}: ", (r.state, "red"),
+                 f": {r.error}")
+        elif r.gave_up is not None:
+            _say(console, (f"{r.server}", "bold"), f" gave up at attempt {r.attempt}: "
+                 f"{r.gave_up}")
 
 
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def status(
-    config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False
+    config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False,
+    output: Annotated[str | None, typer.Option(
+        "--output", "-o", metavar="FORMAT",
+        help="wide (more columns: pid, phase, health, model, run dir) or json.")] = None,
+    watch: Annotated[bool, typer.Option(
+        "--watch", "-w", help="Keep watching: redraw (a terminal) or print each change.")
+    ] = False,
+    interval: Annotated[float, typer.Option(
+        "--interval", min=0.1, metavar="SECONDS", help="--watch's refresh interval.")] = 2.0,
 ) -> None:
-    """Per server: running, pid, attempt, params, phase, ready, healthy, uptime.
+    """Per server: state, endpoint, attempt, restarts, params and age (like `kubectl get`).
+
+    STATE is starting, ready, unhealthy, exited (N), gave up, not started or unreachable; an
+    unreachable host's error is printed under the table. RESTARTS counts the failed attempts
+    before the newest one (from the attempt ledger).
 
     Exits 0 only when every server is running and ready, else 3."""
+    if output not in (None, "wide", "json"):
+        _fail(UsageError(f"--output {output!r}", remedy="use -o wide or -o json"))
+    as_json = as_json or output == "json"
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
-    results = anyio.run(_per_server, config, servers,
-                        lambda s, t: _server_status(config, s, t))
-    rows = []
-    for s, r in zip(servers, results, strict=True):
-        if isinstance(r, LauncherError):
-            r = {"server": s.name, "host": s.host, "error": str(r)}
-        rows.append(r)
+    if watch:
+        _watch_status(config, servers, output == "wide", as_json, interval)
+    rows = _status_rows(config, servers)
     router_rows = _guard(lambda: _router_rows(config, server))
     if as_json:
-        out.print_json(json.dumps(rows + router_rows))
+        out.print_json(json.dumps([r.as_dict() for r in rows] + router_rows))
     else:
-        table = Table(box=None, pad_edge=False)
-        for col in ("server", "host", "running", "pid", "attempt", "params", "phase", "ready",
-                    "healthy", "uptime"):
-            table.add_column(col)
-        for r in rows:
-            if "error" in r:
-                _row(table, r["server"], r["host"], Text(_plain(r["error"]), style="red"))
-                continue
-            p = r["params"] or {}
-            params = (f"{p.get('mem_fraction_static')}/{p.get('cuda_graph_max_bs')}"
-                      if p else "")
-            up_s = "" if r["uptime_s"] is None else f"{r['uptime_s']:.0f}s"
-            _row(table, r["server"], r["host"], "yes" if r["running"] else "no",
-                 str(r["pid"] or ""), str(r["attempt"] or ""), params,
-                 r["phase"] or "", "yes" if r["ready"] else "no",
-                 {None: "", True: "yes", False: "no"}[r["healthy"]], up_s)
-        out.print(table)
+        _print_table(out, _status_table(rows, config, output == "wide"))
+        _status_errors(err, rows)
         if router_rows:
-            out.print(_router_table(router_rows))
-    # Like `systemctl status`: 0 only when everything asked about is up (running, ready and
-    # not failing its health check), 3 otherwise, a host that cannot be asked included.
-    up_and_ready = all("error" not in r and r["running"] and r["ready"] and r["healthy"]
-                       is not False for r in rows)
-    raise typer.Exit(EXIT_OK if up_and_ready else EXIT_NOT_READY)
+            _print_table(out, _router_table(router_rows))
+    raise typer.Exit(_status_code(rows))
+
+
+def _watch_status(config: Config, servers: list[ServerConfig], wide: bool, as_json: bool,
+                  interval: float) -> NoReturn:
+    """`status --watch`: on a terminal a table redrawn in place; else (or with --json) the
+    table (one JSON array per line) printed again whenever it changed. Ctrl-C ends it with
+    the exit code of the last look."""
+    code = EXIT_NOT_READY
+    last = ""
+    live = Live(Text(""), console=out, auto_refresh=False) if out.is_terminal else None
+    try:
+        if live is not None and not as_json:
+            live.start()
+        while True:
+            rows = _status_rows(config, servers)
+            code = _status_code(rows)
+            if as_json:
+                text = json.dumps([r.as_dict() | {"age_s": None} for r in rows])
+                if text != last:
+                    sys.stdout.write(json.dumps([r.as_dict() for r in rows]) + "\n")
+                    sys.stdout.flush()
+            else:
+                table = _status_table(rows, config, wide)
+                buffer = io.StringIO()
+                _status_errors(Console(file=buffer, width=out.width), rows)
+                shown = Group(table, Text(buffer.getvalue().rstrip("\n")))
+                if live is not None:
+                    live.update(shown, refresh=True)
+                    text = ""
+                else:
+                    text = "|".join(f"{r.server} {r.state} {r.attempt} {r.error}" for r in rows)
+                    if text != last:
+                        _print_table(out, table)
+                        _status_errors(out, rows)
+                        out.print()
+                        sys.stdout.flush()
+            last = text
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if live is not None and live.is_started:
+            live.stop()
+    raise typer.Exit(code)
+
+
+@app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
+def describe(
+    config_path: ConfigArg = None,
+    server_name: Annotated[str | None, typer.Argument(
+        metavar="SERVER", show_default=False,
+        help=f"The server (`describe SERVER` alone reads CONFIG from ${CONFIG_ENV}).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One server in detail (like `kubectl describe`): config, command line, run directory,
+    current state, the last attempts with outcomes and evidence, recent events, the memory
+    figures and the time to ready.
+
+    Exits 0 once described (whatever its state), 1 when its host could not be asked (what
+    the ledger knows is still shown)."""
+    config_path, name = _config_and_server(config_path, server_name, "describe")
+    config = _guard(lambda: _open(config_path))
+    s = _guard(lambda: config.server(name))
+    now = datetime.now(UTC).timestamp()
+    path = config_path or Path()
+    results = anyio.run(partial(_per_server, one_try=True), config, [s],
+                        lambda s, t: inspection.describe(config, path, s, t, now=now))
+    d = results[0]
+    if isinstance(d, LauncherError):
+        st = inspection.unreachable_status(config, s, d)
+        rows = inspection.ledger_rows(config, s.name) or []
+        d = inspection.Description(str(path), s, st, None, {}, None, rows[:5],
+                                   inspection.events_of(rows, 12))
+    if as_json:
+        out.print_json(json.dumps(d.as_dict()))
+    else:
+        _print_description(d)
+    raise typer.Exit(EXIT_OK if d.status.error is None else EXIT_ERROR)
+
+
+def _print_description(d: inspection.Description) -> None:
+    st, s = d.status, d.server
+
+    def field(label: str, value: object, style: str = "") -> None:
+        if value is None or value == "":
+            return
+        _say(out, (f"{label + ':':<15}", "bold"), (str(value), style) if style else str(value))
+
+    field("Name", s.name)
+    field("Config", d.config_path)
+    field("Host", s.host)
+    field("Endpoint", st.endpoint)
+    field("Model", s.model_path)
+    field("GPUs", ",".join(str(g) for g in s.gpus) + f"  (tp {s.tp}, dp {s.dp})")
+    field("State", st.state, _STATE_STYLE.get(st.state, ""))
+    if st.error is not None:
+        field("Error", st.error.splitlines()[0], "red")
+    field("Gave up", st.gave_up, "red")
+    field("Attempt", st.attempt)
+    field("Restarts", st.restarts)
+    field("PID", st.pid)
+    field("Phase", st.phase)
+    field("Started", inspection.iso(st.started_at))
+    field("Age", _dur(st.age_s))
+    field("Ready after", None if d.ready_s is None else _dur(d.ready_s))
+    field("Params", _short_params(st.params))
+    field("Run dir", st.run_dir)
+    field("Command", d.command)
+    if d.numbers:
+        _say(out, ("Memory (from the newest attempt's log):", "bold"))
+        for k, v in d.numbers.items():
+            _say(out, f"  {k.removesuffix('_gib'):<26} {v}{' GiB' if k.endswith('_gib') else ''}")
+    if d.attempts:
+        _say(out, ("Attempts:", "bold"))
+        table = Table(box=None, pad_edge=False)
+        for col in ("  ATTEMPT", "STARTED", "PARAMS", "OUTCOME", "PHASE", "TO READY"):
+            table.add_column(col, no_wrap=True)
+        for r in d.attempts:
+            _row(table, f"  {r.attempt}", inspection.iso(r.started_at) or "",
+                 _short_params(r.params.as_dict()), r.outcome or "running", r.phase or "",
+                 "" if r.seconds_to_ready is None else _dur(r.seconds_to_ready))
+        _print_table(out, table)
+        failed = next((r for r in d.attempts if r.evidence), None)
+        if failed is not None:
+            _say(out, (f"Evidence (attempt {failed.attempt}, {failed.outcome}):", "bold"))
+            for line in failed.evidence[:8]:
+                _say(out, f"  {line}")
+    if d.events:
+        _say(out, ("Events:", "bold"))
+        for at, text in d.events:
+            _say(out, f"  {inspection.iso(at)}  {text}")
 
 
 def _router_rows(config: Config, server: list[str] | None) -> list[dict[str, Any]]:
@@ -958,8 +1271,8 @@ def _router_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def _config_and_server(config_path: Path | None, server_name: str | None
-                       ) -> tuple[Path | None, str]:
+def _config_and_server(config_path: Path | None, server_name: str | None,
+                       command: str = "logs") -> tuple[Path | None, str]:
     """CONFIG and SERVER of `logs CONFIG SERVER`, or of `logs SERVER` with the config in
     $LAUNCHER_CONFIG (click gives the lone argument to CONFIG: it comes first)."""
     if server_name is not None or config_path is None:  # _open reports a missing config
@@ -968,8 +1281,8 @@ def _config_and_server(config_path: Path | None, server_name: str | None
     if from_env and config_path is not None and str(config_path) != from_env:
         return Path(from_env), str(config_path)
     _fail(UsageError("no SERVER given",
-                     remedy=f"`launcher logs CONFIG SERVER`, or `launcher logs SERVER` with "
-                     f"{CONFIG_ENV} set"))
+                     remedy=f"`launcher {command} CONFIG SERVER`, or `launcher {command} "
+                     f"SERVER` with {CONFIG_ENV} set"))
 
 
 async def _attempt_handle(t: Transport, run_dir: str, s: ServerConfig,
@@ -1021,8 +1334,15 @@ def logs(
     attempt: Annotated[int | None, typer.Option(
         "--attempt", min=1, metavar="N",
         help="This attempt's log (default: the newest), a failed one included.")] = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", metavar="WHEN",
+        help="Only lines stamped since WHEN: a duration back (90s, 10m, 2h, 1d) or the host's "
+        "local time as the log writes it (2026-12-01 17:02:03).")] = None,
 ) -> None:
-    """Print the log of a server's current (or last) attempt, or of attempt N."""
+    """Print the log of a server's current (or last) attempt, or of attempt N.
+
+    Reads a chunk at a time, whatever the log's size; --tail and --since read it backwards
+    from its end only as far as they need."""
     config_path, name = _config_and_server(config_path, server_name)
     config = _guard(lambda: _open(config_path))
     s = _guard(lambda: config.server(name))
@@ -1030,6 +1350,15 @@ def logs(
     async def show(s: ServerConfig, t: Transport) -> None:
         handle = await _attempt_handle(t, _run_dir(config, s), s, attempt)
         offset = 0 if tail is None else await _tail_offset(t, handle, tail)
+        if since is not None:
+            now = await inspection.host_now(t)
+            try:
+                cutoff = inspection.since_cutoff(since, now)
+            except ValueError as exc:
+                raise UsageError(f"--since {since!r}: {exc}", remedy="e.g. --since 10m or "
+                                 "--since '2026-12-01 17:02:03' (the host's local time)"
+                                 ) from None
+            offset = max(offset, await inspection.since_offset(t, handle, cutoff))
         if not follow:
             while data := await remote.read_log(t, handle, offset, remote.READ_CHUNK):
                 sys.stdout.buffer.write(data)
@@ -1072,11 +1401,12 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         note = f" (running, pid {running.pid})" if running else ""
         return [f"SGLang {version}{note}", *problems]
 
-    results = anyio.run(_per_server, config, servers, one)
+    results = anyio.run(partial(_per_server, one_try=True), config, servers, one)
     code = 0
     for s, r in zip(servers, results, strict=True):
         if isinstance(r, LauncherError):
-            _error(err, r, f"{s.name}: ")
+            _say(err, f"{s.name} on {s.host}: ", ("unreachable", "red") if isinstance(
+                r, HostUnreachable) else (type(r).__name__, "red"), f": {_one_line(r)}")
             code = 1
             continue
         head, *problems = r

@@ -865,6 +865,45 @@ async def survey(
     return Survey(running, max((a for a, _, _ in attempts), default=0))
 
 
+# $1 dir, $2 the reason. Written once supervision of the attempt's server gave up.
+_MARK_GAVE_UP = r"""
+printf '%s\n' "$2" > "$1/gave_up.tmp" && mv -f "$1/gave_up.tmp" "$1/gave_up"
+"""
+GAVE_UP_LIMIT = 4096  # bytes of a give-up reason kept in the attempt's ``gave_up`` file
+_ATTEMPT_FILES = ("cmd", "started_at", "exit_status", "gave_up")
+# $1 dir, $2 bytes per file. Prints "name\0content\0" for each small file of the attempt
+# that exists (at most $2 bytes of it).
+_READ_FILES = r"""
+d=$1; n=$2; shift 2
+for f in "$@"; do
+  [ -f "$d/$f" ] || continue
+  printf '%s\000' "$f"; head -c "$n" "$d/$f"; printf '\000'
+done
+exit 0
+"""
+
+
+async def mark_gave_up(transport: Transport, handle: RunHandle, reason: str) -> None:
+    """Leave ``reason`` in the attempt's ``gave_up`` file: `launcher status`, from any box,
+    then shows the attempt as given up rather than as merely exited."""
+    text = reason.encode("utf-8", "replace")[:GAVE_UP_LIMIT].decode("utf-8", "ignore")
+    result = await transport.run(_sh(_MARK_GAVE_UP, handle.dir, text), timeout=30.0)
+    _fail(transport, "marking the attempt as given up", result)
+
+
+async def attempt_files(transport: Transport, handle: RunHandle,
+                        limit: int = GAVE_UP_LIMIT) -> dict[str, str]:
+    """The attempt's small files that exist (``cmd``, ``started_at``, ``exit_status``,
+    ``gave_up``), at most ``limit`` bytes of each, whitespace-stripped; one command."""
+    result = await transport.run(_sh(_READ_FILES, handle.dir, str(limit), *_ATTEMPT_FILES),
+                                 timeout=30.0)
+    _fail(transport, "reading the attempt's files", result)
+    parts = result.stdout.split(b"\0")
+    return {parts[i].decode("utf-8", "replace"): parts[i + 1].decode("utf-8", "replace").strip()
+            for i in range(0, len(parts) - 1, 2)
+            if parts[i].decode("utf-8", "replace") in _ATTEMPT_FILES}
+
+
 async def port_in_use(transport: Transport, port: int) -> bool:
     """Whether something on the host holds TCP ``port`` (on 127.0.0.1 or 0.0.0.0)."""
     result = await transport.run(_sh(_PORT, str(port), _PORT_PY))

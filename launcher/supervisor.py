@@ -89,9 +89,10 @@ from launcher.lifecycle import (
 )
 from launcher.notify import Redactor
 from launcher.params import LaunchParams
-from launcher.policy import Bounds
+from launcher.policy import AttemptRecord, Bounds
 from launcher.sglang.classify import classify, diagnose
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
+from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
 from launcher.transport.base import Transport
 
@@ -116,10 +117,57 @@ class Snapshot:
     progress: float | None
     attempt: int
     params: str
-    elapsed_s: float
+    elapsed_s: float | None  # the server's own time: since its current attempt was launched
     pid: int | None
     reason: str = ""
     unreachable_s: float | None = None  # how long the host has been unreachable, if it is
+    phase_s: float | None = None  # time in ``state`` (a start-up phase, a wait) so far
+    stall_left_s: float | None = None  # the phase's silence budget left; None: none applies
+    steps: tuple[int, int] | None = None  # the phase's progress bar: (done, total)
+    graph_pass: str | None = None  # the capture pass under way (a GraphPass value)
+    graph_bs: int | None = None  # the batch size the capture bar last showed
+    last_failure: str = ""  # the last failed attempt in a few words (see failure_note)
+
+
+_OUTCOME_WORDS = {
+    Outcome.OOM_WEIGHTS: "OOM loading weights",
+    Outcome.OOM_KV_CACHE: "OOM allocating the KV cache",
+    Outcome.OOM_RUNTIME: "OOM at warmup",
+    Outcome.KV_TOO_SMALL: "KV cache too small",
+    Outcome.HYBRID_STATE_TOO_SMALL: "hybrid state cache too small",
+    Outcome.PORT_IN_USE: "port in use",
+    Outcome.BAD_ARGUMENT: "bad argument",
+    Outcome.MODEL_NOT_FOUND: "model not found",
+    Outcome.NCCL_ERROR: "NCCL error",
+    Outcome.HANG: "hang",
+    Outcome.KILLED: "killed",
+    Outcome.CUDA_ERROR_OTHER: "CUDA error",
+    Outcome.INCOMPLETE: "log ended early",
+}
+
+
+def failure_note(attempt: int, record: AttemptRecord, next_params: LaunchParams | None) -> str:
+    """Attempt ``attempt``'s failure in a few words, and what the next attempt changed:
+    ``#2 OOM in draft extend capture, bs 32 → 0.644`` (fraction), ``→ 0.82, bs 16``."""
+    n = record.numbers
+    if record.outcome is Outcome.OOM_GRAPH_CAPTURE:
+        where = (n.graph_pass or "").replace("_", " ")
+        text = f"OOM in {where} capture" if where else "OOM in graph capture"
+        if n.graph_last_bs is not None:
+            text += f", bs {n.graph_last_bs}"
+    else:
+        text = _OUTCOME_WORDS.get(record.outcome, record.outcome.value.replace("_", " "))
+        if record.outcome in (Outcome.HANG, Outcome.KILLED):
+            text += f" in {record.phase.value}"
+    changes = []
+    if next_params is not None:
+        old, new = record.params, next_params
+        if new.mem_fraction_static is not None and (
+                new.mem_fraction_static != old.mem_fraction_static):
+            changes.append(f"{new.mem_fraction_static:g}")
+        if new.cuda_graph_max_bs is not None and new.cuda_graph_max_bs != old.cuda_graph_max_bs:
+            changes.append(f"bs {new.cuda_graph_max_bs}")
+    return f"#{attempt} {text}" + (f" → {', '.join(changes)}" if changes else "")
 
 
 @dataclass
@@ -210,7 +258,7 @@ class ServerSupervisor:
         self._attempt: _Attempt | None = None
         self._launching = anyio.Lock()  # held while a launch runs
         self._tg: TaskGroup | None = None
-        self._started = clock()
+        self._state_since: float | None = None  # when the machine entered its current state
         self._unreachable_since: float | None = None
         self._outages = 0  # outages begun or ended so far: a probe spanning one never counts
         self._back: anyio.Event | None = None  # set when the current outage ends
@@ -225,24 +273,48 @@ class ServerSupervisor:
     def snapshot(self) -> Snapshot:
         m = self.machine
         att = self._attempt
+        now = self.clock()
         reason, unreachable_s = m.reason, None
         if self._unreachable_since is not None:
             unreachable_s = self.clock() - self._unreachable_since
             note = f"host unreachable for {unreachable_s:.0f}s"
             reason = f"{reason}; {note}" if reason else note
+        live = att is not None and m.state.running
+        numbers = att.follower.numbers if att is not None else None
+        graphs = numbers is not None and live and m.phase is Phase.CUDA_GRAPH
+        stall_left = None
+        if att is not None and live and m.phase is not None and m.phase is not Phase.READY:
+            budget = self.policy.stall.for_phase(m.phase)
+            if math.isfinite(budget):
+                stall_left = max(0.0, budget - (now - att.last_advance))
         return Snapshot(
             server=self.server.name,
             host=self.server.host,
             state=m.state.value,
             phase=m.phase.value if m.phase else None,
-            progress=att.follower.progress if att and m.state.running else None,
+            progress=att.follower.progress if live and att else None,
             attempt=m.attempt,
             params=(m.params or m.initial).describe(),
-            elapsed_s=self.clock() - self._started,
+            elapsed_s=max(0.0, time.time() - att.started_wall) if live and att else None,
             pid=m.pid,
             reason=self.redact.text(reason),
             unreachable_s=unreachable_s,
+            phase_s=None if self._state_since is None else now - self._state_since,
+            stall_left_s=stall_left,
+            steps=att.follower.steps if live and att else None,
+            graph_pass=numbers.graph_pass if graphs and numbers else None,
+            graph_bs=numbers.graph_last_bs if graphs and numbers else None,
+            last_failure=self.redact.text(self._failure_note()),
         )
+
+    def _failure_note(self) -> str:
+        m = self.machine
+        for record, attempt in zip(reversed(m.history), reversed(m.history_attempts),
+                                   strict=True):
+            if record.outcome is not Outcome.READY:
+                nxt = m.params if m.state.running and m.params != record.params else None
+                return failure_note(attempt, record, nxt)
+        return ""
 
     async def run(
         self,
@@ -321,7 +393,10 @@ class ServerSupervisor:
             await self._post(event)
 
     async def _dispatch(self, event: Event) -> None:
+        state = self.machine.state
         actions = self.machine.handle(event, self.clock())
+        if self.machine.state is not state:
+            self._state_since = self.clock()
         for action in actions:
             await self._execute(action)
 
@@ -335,6 +410,8 @@ class ServerSupervisor:
             self._emit(action.name, data)
             if action.name == "server.ready" and self._attempt is not None:
                 self._ready_attempt_ended(self._attempt)
+            elif action.name == "server.gave_up" and self._attempt is not None:
+                await self._mark_gave_up(self._attempt.handle, self.machine.reason)
         elif isinstance(action, RunPreflight):
             self._tg.start_soon(self._preflight)
         elif isinstance(action, Launch):
@@ -822,6 +899,15 @@ class ServerSupervisor:
                     return
             await self._outage_wait(delay)
             delay = min(delay * 2, _OUTAGE_RETRY_MAX_S)
+
+    async def _mark_gave_up(self, handle: remote.RunHandle, reason: str) -> None:
+        """Leave the give-up on the host (see remote.mark_gave_up); best effort, bounded: a
+        host that cannot be reached now only loses `status`'s "gave up" wording."""
+        with anyio.move_on_after(30.0, shield=True):
+            try:
+                await remote.mark_gave_up(self.transport, handle, self.redact.text(reason))
+            except LauncherError as exc:
+                self.log.warning("gave_up.unrecorded", error=str(exc))
 
     def _attempt_ended(self, att: _Attempt, tail: str) -> None:
         """Keep the tail locally and tell the hooks how the attempt ended."""

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +276,8 @@ def test_history_warm_start_and_state_lock(sim: SimSetup) -> None:
     [row] = json.loads(hist.stdout)
     assert (SERVER, 1, "ready") == (row["server"], row["attempt"], row["outcome"])
     assert {"mem_fraction_static": 0.8, "cuda_graph_max_bs": 8} == row["params"]
+    for key in ("started_at", "ended_at"):  # ISO 8601 in UTC, like the event log's times
+        assert row[key].endswith("Z") and datetime.fromisoformat(row[key]).tzinfo, row[key]
 
     with start_up(config) as holder:
         try:

@@ -57,6 +57,8 @@ def test_help_lists_the_exit_codes() -> None:
 @pytest.mark.parametrize(("command", "usage"), [
     ("up", "up [OPTIONS] [CONFIG]"),
     ("logs", "logs [OPTIONS] [CONFIG] SERVER"),
+    ("describe", "describe [OPTIONS] [CONFIG] SERVER"),
+    ("status", "status [OPTIONS] [CONFIG]"),
     ("history", "history [OPTIONS] [CONFIG] [SERVER]"),
     ("diagnose", "diagnose [OPTIONS] LOGFILE"),
 ])

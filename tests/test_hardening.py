@@ -19,7 +19,7 @@ import httpx
 import pytest
 from rich.console import Console
 
-from launcher import cli, health, remote
+from launcher import cli, health, inspection, remote
 from launcher.cli import EXIT_GAVE_UP, EXIT_NOT_READY
 from launcher.config import SlackConfig, config_from_dict
 from launcher.errors import ConfigError, HostKeyError, RemoteCommandError, StateError
@@ -231,11 +231,11 @@ async def test_status_reads_the_start_and_end_of_a_long_log_only(sim: SimSetup) 
     config = sim.config()
     transport = CountingTransport(HOST)
 
-    row = await cli._server_status(config, config.servers[0], transport)
+    row = await inspection.server_status(config, config.servers[0], transport, now=0.0)
 
-    assert (1, False, True, 1) == (row["attempt"], row["running"], row["ready"],
-                                   row["exit_status"])
-    assert {"mem_fraction_static": 0.77, "cuda_graph_max_bs": 16} == row["params"]
+    assert (1, False, True, 1, "exited (1)") == (row.attempt, row.running, row.ready,
+                                                 row.exit_status, row.state)
+    assert {"mem_fraction_static": 0.77, "cuda_graph_max_bs": 16} == row.params
     assert transport.received < 3 << 20, transport.received
 
 

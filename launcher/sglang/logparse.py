@@ -787,7 +787,9 @@ class LogFollower:
 
     - ``phase``: the furthest phase any line has shown, None before the first start-up line;
       it only moves forward (a draft model's ``Load weight begin`` does not move it back).
-    - ``progress``: fraction 0..1 of the current phase's progress bar, None if none shown.
+    - ``progress``: fraction 0..1 of the current phase's progress bar, None if none shown
+      (nor since the current capture pass began: a new pass starts without a bar).
+    - ``steps``: that bar's (done, total), e.g. (12, 40) shards or (28, 36) graphs.
     - ``numbers``: figures and resolved settings read so far (``launcher.sglang.outcome.Numbers``).
     - ``last_lines``: the most recent ``tail`` lines, verbatim, for a tail in reports.
     - ``line_count``: records read; a log line glued to an unfinished progress bar counts as
@@ -807,7 +809,7 @@ class LogFollower:
         self.ready_line: str | None = None
         self.line_count = 0
         self._rank_phase: dict[str, Phase] = {}
-        self._progress: tuple[Phase, float] | None = None
+        self._progress: tuple[Phase, int, int] | None = None  # phase, done, total
         self._firsts: dict[Figure, dict[str, float]] = {f: {} for f in _FIGURE_FIELDS}
         # rank -> (capture passes it began, avail mem at its latest begin)
         self._rank_pass: dict[str, tuple[int, float | None]] = {}
@@ -828,9 +830,14 @@ class LogFollower:
 
     @property
     def progress(self) -> float | None:
+        steps = self.steps
+        return None if steps is None else min(steps[0] / steps[1], 1.0)
+
+    @property
+    def steps(self) -> tuple[int, int] | None:
         if self._progress is None or self._progress[0] is not self.phase:
             return None
-        return self._progress[1]
+        return self._progress[1], self._progress[2]
 
     @property
     def resolved_params(self) -> LaunchParams:
@@ -1105,7 +1112,7 @@ class LogFollower:
             return events
         events[:0] = self._enter(phase, None)  # a bar implies its phase, even if a line was lost
         if total > 0:
-            self._progress = (phase, min(done / total, 1.0))
+            self._progress = (phase, done, total)
         events.append(Progress(phase, done, total))
         return events
 
@@ -1146,6 +1153,7 @@ class LogFollower:
             n.graph_passes_begun = count
             n.graph_last_avail_gib = n.graph_last_bs = None
             n.graph_steps_done = n.graph_steps_total = None
+            self._progress = None  # the previous pass's finished bar is not this one's
         at_pass = [a for c, a in self._rank_pass.values() if c == n.graph_passes_begun]
         figures = [a for a in at_pass if a is not None]
         n.graph_begin_avail_gib = min(figures) if figures else None
