@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from launcher.params import LaunchParams
+from launcher.sglang import logparse
 from launcher.sglang.logparse import (
     MAX_FAILURES,
     FailureSignature,
@@ -656,3 +657,27 @@ def test_strategy_named_by_using_is_not_a_prescription() -> None:
     fill_error_figures(n, "AssertionError: extra_buffer is not supported for NemotronHForCausalLM; "
                        "use no_buffer.", overwrite=True)
     assert ("no_buffer", None) == (n.prescribed_mamba_strategy, n.prescribed_env)
+
+
+def _corpus_lines() -> list[str]:
+    """Every line of the verbatim real logs and the simulator-made logs under tests/."""
+    root = Path(__file__).resolve().parent
+    lines: list[str] = []
+    for path in sorted([*root.glob("fixtures/real_logs/*.log"), *root.glob("data/logs/*.log")]):
+        lines += split_records(path.read_text("utf-8", errors="replace"))
+    return lines
+
+
+def test_the_word_prefilter_never_hides_a_signature() -> None:
+    """match_signatures skips the 19 searches on lines without any of its words; on every
+    line of the corpus (and with its prefix kept, as bare lines are searched) the answer is
+    that of the unfiltered searches, and lines with signatures are among them."""
+    lines = _corpus_lines()
+    found = 0
+    for line in lines:
+        for text in (line, parse_line(line).message):
+            expected = logparse.match_signatures_unfiltered(text)
+            assert expected == logparse.match_signatures(text), text
+            found += bool(expected)
+    assert len(lines) > 5000
+    assert found > 100
