@@ -745,37 +745,36 @@ class ServerSupervisor:
 
     async def _probe_forever(self, att: _Attempt) -> None:
         p = self.policy
-        async with health.client_for(self.transport, self.server.port,
-                                     p.probe_timeout) as (client, url):
-            while True:
-                started = self.clock()
-                outages = self._outages if self._unreachable_since is None else -1
-                ok, detail = await health.check(client, url, p.probe_timeout)
-                latency = self.clock() - started
-                ready = self.machine.state is State.READY
-                # A server that crashed also fails its probes, often before the follower
-                # reports its exit; counting those would call the crash a hang and lose
-                # the log's diagnosis. Only a live server's failures count, and only when
-                # the host can be reached (an SSH outage is not the server's fault).
-                running = True if ok or not ready else await self._still_running(att)
-                if not ok and outages != self._outages:
-                    running = None  # the host was unreachable during this probe
-                counts = running is True
-                if ok:
-                    self._host_reachable()
-                elif running is False:
-                    detail += " (the server has exited)"
-                elif running is None:
-                    detail += " (host unreachable)"
-                for hook in self.hooks:
-                    hook(
-                        self.server.name,
-                        "probe.result",
-                        {"ok": ok, "latency_s": latency, "detail": detail},
-                    )
-                if counts:
-                    await self._post(ProbeResult(ok=ok, detail=detail))
-                await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
+        connect = health.prober_for(self.transport, self.server.port)
+        while True:
+            started = self.clock()
+            outages = self._outages if self._unreachable_since is None else -1
+            ok, detail = await health.probe_health(connect, p.probe_timeout)
+            latency = self.clock() - started
+            ready = self.machine.state is State.READY
+            # A server that crashed also fails its probes, often before the follower
+            # reports its exit; counting those would call the crash a hang and lose
+            # the log's diagnosis. Only a live server's failures count, and only when
+            # the host can be reached (an SSH outage is not the server's fault).
+            running = True if ok or not ready else await self._still_running(att)
+            if not ok and outages != self._outages:
+                running = None  # the host was unreachable during this probe
+            counts = running is True
+            if ok:
+                self._host_reachable()
+            elif running is False:
+                detail += " (the server has exited)"
+            elif running is None:
+                detail += " (host unreachable)"
+            for hook in self.hooks:
+                hook(
+                    self.server.name,
+                    "probe.result",
+                    {"ok": ok, "latency_s": latency, "detail": detail},
+                )
+            if counts:
+                await self._post(ProbeResult(ok=ok, detail=detail))
+            await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
 
     async def _status_of(self, att: _Attempt) -> remote.RunStatus | None:
         """A look at the attempt's process; None when the host cannot tell. HostKeyError

@@ -933,6 +933,17 @@ class SSHTransport:
             accepted.discard(conn)
             conn.close()
 
+    async def connect_port(self, remote_port: int) -> anyio.abc.ByteStream:
+        """A byte stream to 127.0.0.1:``remote_port`` on the host over a direct-tcpip channel
+        of the pool's connection (no local socket). HostUnreachable when the host cannot be
+        reached; OSError or asyncssh.ChannelOpenError (as TransportError) when it refuses."""
+        try:
+            reader, writer = await self._open_tunnel(remote_port)
+        except asyncssh.ChannelOpenError as exc:
+            raise TransportError(f"{self.name} refused a channel to port {remote_port}: "
+                                 f"{exc.reason}", host=self.name) from exc
+        return _ChannelStream(reader, writer)
+
     async def _open_tunnel(
         self, remote_port: int
     ) -> tuple[asyncssh.SSHReader[bytes], asyncssh.SSHWriter[bytes]]:
@@ -996,6 +1007,38 @@ async def _channel_to_socket(reader: asyncssh.SSHReader[bytes], conn: socket.soc
         conn.shutdown(socket.SHUT_WR)
     except (OSError, asyncssh.Error):
         pass  # the client or the channel is gone: the relay closes both
+
+
+class _ChannelStream(anyio.abc.ByteStream):
+    """A direct-tcpip channel as an anyio byte stream."""
+
+    def __init__(self, reader: asyncssh.SSHReader[bytes],
+                 writer: asyncssh.SSHWriter[bytes]) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        try:
+            data = await self._reader.read(max_bytes)
+        except asyncssh.Error as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+        if not data:
+            raise anyio.EndOfStream
+        return _bytes(data)
+
+    async def send(self, item: bytes) -> None:
+        try:
+            self._writer.write(item)
+            await self._writer.drain()
+        except asyncssh.Error as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+
+    async def send_eof(self) -> None:
+        if self._writer.can_write_eof():
+            self._writer.write_eof()
+
+    async def aclose(self) -> None:
+        self._writer.close()
 
 
 class _SSHDuplex:
