@@ -8,9 +8,11 @@ purpose (``setsid``, as launcher.remote does for servers) leave that group and s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 
@@ -28,6 +30,32 @@ INHERITED_ENV = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
     "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
 })
+
+
+def install_pidfd_child_watcher() -> bool:
+    """Have asyncio watch this loop's child processes with pidfds (one fd in the event loop
+    per child) instead of Python 3.11's default of one thread blocked in waitpid() per child.
+
+    Call it from inside the one event loop of a process (``launcher up``'s composition
+    root): the watcher is global and bound to that loop. Python 3.12+ picks pidfds by
+    itself, and a kernel without pidfd_open keeps the default; returns whether it installed
+    one. Whatever the old watcher watches keeps being watched by it (it is not closed).
+    """
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio (trio): it has its own
+        return False
+    policy = asyncio.get_event_loop_policy()
+    current = getattr(policy, "_watcher", None)
+    if isinstance(current, asyncio.PidfdChildWatcher) and getattr(current, "_loop", None) is loop:
+        return True
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(loop)
+    # Not set_child_watcher: it would close the old watcher, cutting off its children.
+    policy._watcher = watcher  # type: ignore[attr-defined]
+    return True
 
 
 def _status(returncode: int) -> int:
