@@ -779,6 +779,22 @@ _FIGURE_FIELDS: dict[Figure, tuple[str, bool]] = {
 }
 
 
+# SGLang's batch statistics: numbers only, the bulk of a serving server's log.
+_BATCH_STATS = ("Decode batch", "Prefill batch")
+# uvicorn's access line: the client's request line follows, which a client writes.
+_ACCESS_LINE = re.compile(r'\d{1,3}(?:\.\d{1,3}){3}:\d+ - "')
+
+
+def _cannot_matter(p: ParsedLine) -> bool:
+    """Lines that no classification reads, skipped without a search for failure texts or
+    start-up marks: SGLang's batch statistics, and uvicorn's access lines (a client must not
+    be able to forge a failure by requesting a path that reads like one). Only ever asked
+    outside a traceback."""
+    if p.source is Source.SGLANG:
+        return p.message.startswith(_BATCH_STATS)
+    return p.source is Source.UVICORN and _ACCESS_LINE.match(p.message) is not None
+
+
 def graph_pass_of(message: str, *, speculative: bool) -> GraphPass:
     """The capture pass a ``Capture ... begin`` message opens (see ``GraphPass``).
 
@@ -888,6 +904,8 @@ class LogFollower:
         line_no = self.line_count
         self.line_count += 1
         parsed = parse_line(line)
+        if self._tb is None and _cannot_matter(parsed):
+            return []
         events: list[LogEvent] = []
         role = _Role.OUTSIDE
         if self._tb is not None:
