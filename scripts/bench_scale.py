@@ -1185,6 +1185,71 @@ def reader_bench(steady_lines: int, rounds: int = 3) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------
+# The scaling plot
+
+
+def scaling_svg(results: list[dict[str, Any]]) -> str:
+    """Three panels (launcher CPU %, RSS MiB, sessions held on the busiest host) against N on
+    a log axis, one line per transport; plain SVG, no plotting library."""
+    panels = [("launcher CPU, % of one core", lambda r: r["steady"]["cpu_pct"]),
+              ("launcher RSS, MiB", lambda r: r["steady"]["rss_mib_end"]),
+              ("sessions on the busiest host", lambda r: r["steady"].get("sessions_max_host",
+                                                                        math.nan))]
+    colors = {"local": "#1f77b4", "ssh": "#d62728"}
+    w, h, pad_l, pad_b, gap = 300, 220, 50, 40, 30
+    width = len(panels) * (w + pad_l + gap) + 20
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h + pad_b + 60}" '
+           'font-family="sans-serif" font-size="11">',
+           f'<rect width="{width}" height="{h + pad_b + 60}" fill="white"/>']
+    ns = [r["n"] for r in results]
+    lo, hi = math.log10(min(ns)), math.log10(max(max(ns), 2))
+    for k, (title, value) in enumerate(panels):
+        x0, y0 = 10 + k * (w + pad_l + gap) + pad_l, 30
+        vals = [value(r) for r in results if not math.isnan(value(r))]
+        top = max(vals, default=1.0) * 1.15 or 1.0
+
+        def px(n: float, x0: float = x0) -> float:
+            return x0 + (math.log10(n) - lo) / max(hi - lo, 1e-9) * w
+
+        def py(v: float, y0: float = y0, top: float = top) -> float:
+            return y0 + h - v / top * h
+
+        out.append(f'<text x="{x0 + w / 2}" y="18" text-anchor="middle" '
+                   f'font-weight="bold">{title}</text>')
+        out.append(f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="none" '
+                   'stroke="#888"/>')
+        for i in range(5):
+            v = top * i / 4
+            out.append(f'<text x="{x0 - 4}" y="{py(v) + 4:.1f}" text-anchor="end">'
+                       f'{v:.3g}</text>')
+            out.append(f'<line x1="{x0}" x2="{x0 + w}" y1="{py(v):.1f}" y2="{py(v):.1f}" '
+                       'stroke="#eee"/>')
+        for n in sorted(set(ns)):
+            out.append(f'<text x="{px(n):.1f}" y="{y0 + h + 14}" text-anchor="middle">{n}'
+                       '</text>')
+        out.append(f'<text x="{x0 + w / 2}" y="{y0 + h + 30}" text-anchor="middle">'
+                   'servers supervised (N, log scale)</text>')
+        for t, color in colors.items():
+            pts = sorted((r["n"], value(r)) for r in results if r["transport"] == t)
+            pts = [(n, v) for n, v in pts if not math.isnan(v)]
+            if not pts:
+                continue
+            path = " ".join(f"{px(n):.1f},{py(v):.1f}" for n, v in pts)
+            out.append(f'<polyline points="{path}" fill="none" stroke="{color}" '
+                       'stroke-width="2"/>')
+            for n, v in pts:
+                out.append(f'<circle cx="{px(n):.1f}" cy="{py(v):.1f}" r="3" fill="{color}"/>')
+    for i, (t, color) in enumerate(colors.items()):
+        label = ("local transport" if t == "local"
+                 else "SSH (stock sshd, MaxSessions 10; hosts as in the run)")
+        out.append(f'<rect x="{60 + i * 260}" y="{h + pad_b + 38}" width="12" height="4" '
+                   f'fill="{color}"/><text x="{78 + i * 260}" y="{h + pad_b + 44}">{label}'
+                   '</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
 # Roles: writer and driver
 
 
@@ -1324,9 +1389,16 @@ def driver_main(args: argparse.Namespace) -> int:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--servers", default="50,100,200", help="comma-separated N values")
-    p.add_argument("--transport", choices=("local", "ssh"), default="local")
+    p.add_argument("--transport", choices=("local", "ssh", "both"), default="both")
+    p.add_argument("--local-servers", default=None,
+                   help="N values for the local transport with --transport both "
+                   "(default: --servers)")
+    p.add_argument("--reader-lines", type=int, default=100_000,
+                   help="steady-state lines for the log reader comparison (0: skip)")
+    p.add_argument("--plot", type=Path, default=REPO / "docs" / "bench_scale.svg",
+                   help="write the scaling plot (SVG) here")
     p.add_argument("--hosts", type=int, default=2, help="sshd hosts for --transport ssh")
-    p.add_argument("--max-sessions", type=int, default=0,
+    p.add_argument("--max-sessions", type=int, default=0,  # 0: stock sshd (MaxSessions 10)
                    help="sshd MaxSessions (default: servers per host + 64; OpenSSH's own is 10)")
     p.add_argument("--ssh-home", choices=("clean", "user"), default="clean",
                    help="clean: sessions get an empty HOME (no ~/.bashrc); user: the real one")
@@ -1387,20 +1459,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return writer_main(args)
     if args.role == "driver":
         return driver_main(args)
-    ns = sorted({int(x) for x in args.servers.split(",") if x.strip()})
-    if not args.no_baseline and 1 not in ns:
-        ns = [1, *ns]
-    if args.log_rate_at == "max":
-        rate_at = {max(ns)}
-    elif args.log_rate_at == "all":
-        rate_at = set(ns)
-    elif args.log_rate_at == "none":
-        rate_at = set()
-    else:
-        rate_at = {int(x) for x in args.log_rate_at.split(",")}
+    def sizes(text: str) -> list[int]:
+        ns = sorted({int(x) for x in text.split(",") if x.strip()})
+        return ns if args.no_baseline or 1 in ns else [1, *ns]
+
+    plan: list[tuple[str, list[int]]] = []
+    if args.transport in ("local", "both"):
+        plan.append(("local", sizes(args.local_servers or args.servers)))
+    if args.transport in ("ssh", "both"):
+        plan.append(("ssh", sizes(args.servers)))
     deadline = time.monotonic() + args.budget_minutes * 60
     rng = random.Random(args.seed)
     results: list[dict[str, Any]] = []
+    reader: dict[str, float] | None = None
     per_server_mib = 60.0  # until measured (three Python processes, a shell, a tail)
     with terminated_as_exit(), contextlib.ExitStack() as stack:
         if args.workdir is None:
@@ -1408,31 +1479,61 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             work = args.workdir
             work.mkdir(parents=True, exist_ok=True)
-        print(f"bench_scale: transport={args.transport} N={ns} work={work} "
-              f"MemAvailable={mem_available_gib():.1f} GiB cores={os.cpu_count()}", flush=True)
-        for n in ns:
-            if time.monotonic() + 60 > deadline:
-                print(f"N={n}: skipped, time budget spent", flush=True)
-                results.append({"n": n, "transport": args.transport, "skipped": "time budget"})
-                continue
-            if not fits(n, per_server_mib):
-                print(f"N={n}: skipped, {n} × {per_server_mib:.0f} MiB does not fit in 80 % "
-                      f"of {mem_available_gib():.1f} GiB available", flush=True)
-                results.append({"n": n, "transport": args.transport, "skipped": "memory"})
-                continue
-            print(f"N={n} ({args.transport}) ...", flush=True)
-            result = run_one(n, args, work, rng, deadline, n in rate_at)
-            results.append(result)
-            measured = result.get("sim", {}).get("rss_mib_per_server", math.nan)
-            if not math.isnan(measured):
-                per_server_mib = measured + 6  # + wrapper shell and follower tail
+        print(f"bench_scale: plan={plan} work={work} "
+              f"MemAvailable={mem_available_gib():.1f} GiB cores={os.cpu_count()} "
+              f"load={os.getloadavg()[0]:.1f}", flush=True)
+        if args.reader_lines:
+            reader = reader_bench(args.reader_lines)
+            print(f"log reader: {reader['new_lines_s']:.0f} lines/s, before issue 16 "
+                  f"{reader['old_lines_s']:.0f} lines/s (x{reader['ratio']:.1f})", flush=True)
+        for transport, ns in plan:
+            args.transport = transport
+            if args.log_rate_at == "max":
+                rate_at = {max(ns)} if transport == "local" else set()
+            elif args.log_rate_at == "all":
+                rate_at = set(ns)
+            elif args.log_rate_at == "none":
+                rate_at = set()
+            else:
+                rate_at = {int(x) for x in args.log_rate_at.split(",")}
+            for n in ns:
+                if time.monotonic() + 60 > deadline:
+                    print(f"N={n}: skipped, time budget spent", flush=True)
+                    results.append({"n": n, "transport": transport, "skipped": "time budget"})
+                    continue
+                if not fits(n, per_server_mib):
+                    print(f"N={n}: skipped, {n} × {per_server_mib:.0f} MiB does not fit in "
+                          f"80 % of {mem_available_gib():.1f} GiB available", flush=True)
+                    results.append({"n": n, "transport": transport, "skipped": "memory"})
+                    continue
+                print(f"N={n} ({transport}) ...", flush=True)
+                result = run_one(n, args, work, rng, deadline, n in rate_at)
+                results.append(result)
+                # PSS: the sims share their interpreter's pages (RSS counts them N times).
+                measured = result.get("sim", {}).get("pss_mib_per_server", math.nan)
+                if not math.isnan(measured):
+                    per_server_mib = measured + 6  # + wrapper shell
+    args.transport = "both"
     text = report([r for r in results if "skipped" not in r], args)
+    if reader is not None:
+        text += (f"\n\n### Log reader (one core, {reader['lines']:.0f} lines: a real start-up, "
+                 "then decode / prefill statistics and access lines)\n\n"
+                 f"- today's reader: {reader['new_lines_s']:.0f} lines/s; before issue 16: "
+                 f"{reader['old_lines_s']:.0f} lines/s; ratio x{reader['ratio']:.2f}; same "
+                 f"events: {'yes' if reader['same_events'] else 'NO'}\n"
+                 f"- target >= {TARGET_READER_LINES_S} lines/s: "
+                 f"{'met' if reader['new_lines_s'] >= TARGET_READER_LINES_S else 'MISSED'}")
+    measured = [r for r in results if "steady" in r]
+    if args.plot is not None and measured:
+        args.plot.write_text(scaling_svg(measured))
+        text += f"\n\nPlot: {args.plot}"
     skipped = [r for r in results if "skipped" in r]
     if skipped:
         text += "\n" + "\n".join(f"- N={r['n']} skipped: {r['skipped']}" for r in skipped)
     print("\n" + text)
     if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1, default=str))
+        args.json.write_text(json.dumps({"results": results, "reader": reader}, indent=1,
+                                        default=str))
     return 0
 
 
