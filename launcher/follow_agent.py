@@ -45,7 +45,7 @@ from typing import Callable, Dict, Optional
 VERSION = 1
 MAGIC = 0xA5
 HEADER = struct.Struct(">BBIQI")
-CHUNK = 64 * 1024  # log bytes per D frame (and per log per round)
+CHUNK = 256 * 1024  # log bytes per D frame (and per log per round)
 MAX_PAYLOAD = 1 << 20  # the largest payload a frame may announce (the reader's sanity check)
 POLL_S = 0.1  # how often logs are looked at while nothing arrives on stdin
 PID_CHECK_S = 0.5  # how often a live server's pid is checked (exit_status is checked each poll)
@@ -205,8 +205,19 @@ class Agent(object):
         return busy
 
 
+def _widen_pipe(fd: int) -> None:
+    """Ask for a 1 MiB pipe on ``fd`` (Linux F_SETPIPE_SZ) when it is one: a 64 KiB pipe
+    makes a flooding log a ping-pong of context switches with the reader."""
+    try:
+        import fcntl
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except (ImportError, OSError):
+        pass
+
+
 def main() -> int:
     out = sys.stdout.buffer
+    _widen_pipe(sys.stdout.fileno())
 
     def write(data: bytes) -> None:
         out.write(data)

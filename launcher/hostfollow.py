@@ -51,7 +51,7 @@ log = structlog.get_logger(__name__)
 
 HELLO_TIMEOUT_S = 60.0  # python3's start on a loaded host, plus the session's login shell
 HEARTBEAT_TIMEOUT_S = 20.0  # silence (not even a heartbeat) after which the channel is lost
-SUB_FRAMES = 4  # frames queued per followed server before the reader waits for it
+SUB_FRAMES = 2  # frames queued per followed server before the reader waits for it
 SUB_WAIT_S = 5.0  # how long the reader waits for one slow follower before cutting it off
 _DEL_WAIT_S = 2.0
 

@@ -310,7 +310,7 @@ class _LocalDuplex:
     async def receive(self) -> bytes:
         assert self._process.stdout is not None
         try:
-            return await self._process.stdout.receive(65536)
+            return await self._process.stdout.receive(1 << 20)
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             return b""
 
