@@ -11,6 +11,9 @@ Protocol. The agent reads JSON commands, one per line, on stdin:
   directory D (see launcher.remote) from log byte O; its server's pid is P. K is a number the
   launcher never reuses in one agent's life.
 - ``{"op": "del", "key": K}``: stop following K (unknown keys are ignored).
+- ``{"op": "probe", "key": K, "port": P, "timeout": T}``: ``GET /health`` on 127.0.0.1:P
+  (one plain HTTP/1.1 request, only the status line read), in a thread of its own, answered
+  by one ``P`` frame for K within about T seconds.
 
 and writes frames on stdout, each ``MAGIC kind key offset length`` (``>BBIQI``, 18 bytes)
 followed by ``length`` payload bytes:
@@ -22,6 +25,8 @@ followed by ``length`` payload bytes:
   one. Nothing more comes for K.
 - ``E`` (error): K cannot be followed (the payload says why, UTF-8); nothing more comes for K.
 - ``H`` (heartbeat, key 0): sent every HEARTBEAT_S; ``offset`` is the host's clock in ms.
+- ``P`` (probe answer): the HTTP status code (digits), ``timeout``, or the error's type
+  and message.
 
 A server is gone when its ``exit_status`` file exists, or its pid no longer runs our process
 (the start time recorded in ``pid_start`` no longer matches), exactly as the shell helpers of
@@ -37,8 +42,10 @@ server still serves the others every round.
 import json
 import os
 import select
+import socket
 import struct
 import sys
+import threading
 import time
 from typing import Callable, Dict, Optional
 
@@ -51,7 +58,9 @@ POLL_S = 0.1  # how often logs are looked at while nothing arrives on stdin
 PID_CHECK_S = 0.5  # how often a live server's pid is checked (exit_status is checked each poll)
 SETTLE_S = 2.0  # how long a gone server's exit_status is waited for
 HEARTBEAT_S = 2.0
-KINDS = b"RDXEH"
+KINDS = b"RDXEHP"
+PROBE_REQUEST = (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: launcher\r\n"
+                 b"Accept: */*\r\nConnection: close\r\n\r\n")
 
 
 def encode_frame(kind: bytes, key: int, offset: int, payload: bytes) -> bytes:
@@ -70,6 +79,37 @@ def _ident(pid: int, boot_id: str) -> Optional[str]:
     if len(fields) < 20:
         return None
     return "%s %s" % (boot_id, fields[19])
+
+
+def probe(port: int, timeout: float) -> bytes:
+    """GET /health on 127.0.0.1:``port``: the status code, ``timeout``, or the error."""
+    deadline = time.monotonic() + timeout
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        try:
+            sock.sendall(PROBE_REQUEST)
+            head = b""
+            while b"\r\n" not in head and len(head) < 4096:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return b"timeout"
+                sock.settimeout(left)
+                data = sock.recv(4096)
+                if not data:
+                    break
+                head += data
+        finally:
+            sock.close()
+    except socket.timeout:
+        return b"timeout"
+    except OSError as exc:
+        return ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace")
+    fields = head.split(b"\r\n", 1)[0].split()
+    if len(fields) >= 2 and fields[0].startswith(b"HTTP/") and fields[1].isdigit():
+        return fields[1]
+    if not head:
+        return b"RemoteProtocolError: Server disconnected without sending a response."
+    return ("RemoteProtocolError: not an HTTP answer: %r" % head[:60]).encode("utf-8")
 
 
 def _read_text(path: str) -> Optional[str]:
@@ -122,6 +162,16 @@ class Agent(object):
         old = self.followed.pop(key, None)
         if old is not None:
             old.close()
+        if op == "probe":
+            try:
+                port, timeout = int(cmd["port"]), float(cmd["timeout"])
+            except (ValueError, KeyError, TypeError):
+                self.write(encode_frame(b"P", key, 0, b"malformed probe command"))
+                return
+            thread = threading.Thread(target=self._probe, args=(key, port, timeout))
+            thread.daemon = True
+            thread.start()
+            return
         if op == "add":
             try:
                 self.followed[key] = Followed(key, str(cmd["dir"]), int(cmd["offset"]),
@@ -136,6 +186,9 @@ class Agent(object):
             line, self.pending = self.pending.split(b"\n", 1)
             if line.strip():
                 self.command(line)
+
+    def _probe(self, key: int, port: int, timeout: float) -> None:
+        self.write(encode_frame(b"P", key, 0, probe(port, timeout)))
 
     def _alive(self, f: Followed, now: float) -> bool:
         """Whether f's server still runs (see the module docstring)."""
@@ -218,9 +271,12 @@ def _widen_pipe(fd: int) -> None:
 def main() -> int:
     out = sys.stdout.buffer
     _widen_pipe(sys.stdout.fileno())
+    lock = threading.Lock()  # probe threads write too: one frame at a time
 
     def write(data: bytes) -> None:
-        out.write(data)
+        with lock:
+            out.write(data)
+            out.flush()
 
     agent = Agent(write)
     write(encode_frame(b"R", 0, 0, str(VERSION).encode("ascii")))
@@ -240,7 +296,6 @@ def main() -> int:
         if now >= next_beat:
             write(encode_frame(b"H", 0, int(time.time() * 1000), b""))
             next_beat = now + HEARTBEAT_S
-        out.flush()
 
 
 if __name__ == "__main__":

@@ -54,9 +54,10 @@ HEARTBEAT_TIMEOUT_S = 20.0  # silence (not even a heartbeat) after which the cha
 SUB_FRAMES = 2  # frames queued per followed server before the reader waits for it
 SUB_WAIT_S = 5.0  # how long the reader waits for one slow follower before cutting it off
 _DEL_WAIT_S = 2.0
+_PROBE_SLACK_S = 2.0  # the frame's round trip on top of the probe's own deadline
 
 # Starts the agent, or exits 127 when the host has no python3 (then follow falls back).
-_START = 'command -v python3 > /dev/null 2>&1 || exit 127; exec python3 -u -c "$1"'
+_START = 'command -v python3 > /dev/null 2>&1 || exit 127; exec python3 -c "$1"'
 
 
 class FrameError(LogFormatError):
@@ -143,12 +144,20 @@ class _Sub:
     resync: bool = False
 
 
+@dataclass(eq=False)
+class _Probe:
+    done: anyio.Event
+    answer: bytes | None = None
+    error: LauncherError | None = None
+
+
 class _Channel:
-    """One running agent: its duplex and the keys followed on it."""
+    """One running agent: its duplex, the keys followed on it and the probes in flight."""
 
     def __init__(self, duplex: Duplex) -> None:
         self.duplex = duplex
         self.subs: dict[int, _Sub] = {}
+        self.probes: dict[int, _Probe] = {}
         self.lock = anyio.Lock()  # one writer at a time on the agent's stdin
         self.closed = False
 
@@ -297,6 +306,12 @@ class HostFollower:
         for frame in frames:
             if frame.kind in "HR":
                 continue
+            if frame.kind == "P":
+                waiter = channel.probes.pop(frame.key, None)
+                if waiter is not None:
+                    waiter.answer = frame.payload
+                    waiter.done.set()
+                continue
             sub = channel.subs.get(frame.key)
             if sub is None:
                 continue  # a follower that left; its del is on its way
@@ -328,6 +343,10 @@ class HostFollower:
             sub.error = error
             sub.send.close()
         channel.subs.clear()
+        for waiter in channel.probes.values():
+            waiter.error = error
+            waiter.done.set()
+        channel.probes.clear()
 
     # -- following ----------------------------------------------------------------------
 
@@ -390,6 +409,38 @@ class HostFollower:
             if sub.error is not None:
                 raise sub.error
             # Cut off for reading too slowly (sub.resync): take it on again from here.
+
+
+    async def probe(self, port: int, deadline_s: float) -> tuple[bool, str] | None:
+        """``GET /health`` on the host's 127.0.0.1:``port``, made by the agent: (whether it
+        answered 200, a detail as launcher.health.probe_health gives it). No channel and no
+        socket per probe: one small frame each way on the agent's session. None when the
+        host has no agent (probe some other way). HostUnreachable (or the error that ended
+        the channel) propagates; HostKeyError too."""
+        if self.unsupported:
+            return None
+        try:
+            channel = await self._current()
+        except AgentUnavailable:
+            self.unsupported = True
+            return None
+        key = next(self._keys)
+        waiter = _Probe(anyio.Event())
+        channel.probes[key] = waiter
+        try:
+            await channel.command(op="probe", key=key, port=port, timeout=deadline_s)
+            with anyio.move_on_after(deadline_s + _PROBE_SLACK_S):
+                await waiter.done.wait()
+        finally:
+            channel.probes.pop(key, None)
+        if waiter.error is not None:
+            raise waiter.error
+        answer = waiter.answer
+        if answer is None or answer == b"timeout":
+            return False, f"no complete answer within {deadline_s:g}s"
+        if answer.isdigit():
+            return int(answer) == 200, f"HTTP {int(answer)}"
+        return False, answer.decode("utf-8", "replace")
 
 
 def followers_for(transports: list[Transport]) -> dict[int, HostFollower]:

@@ -749,7 +749,7 @@ class ServerSupervisor:
         while True:
             started = self.clock()
             outages = self._outages if self._unreachable_since is None else -1
-            ok, detail = await health.probe_health(connect, p.probe_timeout)
+            ok, detail = await self._probe_once(connect, p.probe_timeout)
             latency = self.clock() - started
             ready = self.machine.state is State.READY
             # A server that crashed also fails its probes, often before the follower
@@ -775,6 +775,22 @@ class ServerSupervisor:
             if counts:
                 await self._post(ProbeResult(ok=ok, detail=detail))
             await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
+
+    async def _probe_once(self, connect: health.Connect, deadline_s: float,
+                          ) -> tuple[bool, str]:
+        """One /health probe: made by the host's agent when there is one (no channel or
+        socket per probe), else one plain GET through the transport."""
+        hf = self.host_follower
+        if hf is not None:
+            try:
+                answer = await hf.probe(self.server.port, deadline_s)
+            except HostKeyError:
+                raise
+            except LauncherError as exc:
+                return False, f"{type(exc).__name__}: {exc}"
+            if answer is not None:
+                return answer
+        return await health.probe_health(connect, deadline_s)
 
     async def _status_of(self, att: _Attempt) -> remote.RunStatus | None:
         """A look at the attempt's process; None when the host cannot tell. HostKeyError

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
@@ -23,6 +24,7 @@ from launcher.supervisor import ServerSupervisor, supervise_all
 from launcher.transport.base import Duplex, DuplexTransport
 from launcher.transport.local import LocalTransport
 from launcher.transport.ssh import SSHTransport
+from tests.hostile_http import HostileHttp
 from tests.simhost import free_port
 from tests.sshd import Sshd
 from tests.sshsim import SIM_VERSION, EventRecorder, Site, kill_leftovers, server_entry, ssh_config
@@ -316,3 +318,25 @@ async def test_more_servers_than_max_sessions_all_come_up_on_a_stock_sshd(
     assert 1 == len(followers)
     assert sups[0].host_follower is not None
     assert 1 == sups[0].host_follower.channels_opened
+
+
+async def test_the_agent_probes_health_on_the_host() -> None:
+    """Probes made by the agent answer like launcher.health.probe_health: the status code,
+    a timeout at the deadline, the connection error; no socket of ours per probe."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = int(s.getsockname()[1])
+    try:
+        async with running(LocalTransport("local")) as follower:
+            with HostileHttp("huge", body_len=800 << 20) as srv:
+                healthy = await follower.probe(srv.port, 5.0)
+            quiet = await follower.probe(int(silent.getsockname()[1]), 0.3)
+            refused = await follower.probe(closed, 5.0)
+            assert 1 == follower.channels_opened
+    finally:
+        silent.close()
+    assert (True, "HTTP 200") == healthy
+    assert (False, "no complete answer within 0.3s") == quiet
+    assert refused is not None
+    assert (False, "ConnectionRefusedError: [Errno 111] Connection refused") == refused
