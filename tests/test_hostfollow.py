@@ -226,15 +226,24 @@ async def test_a_cut_connection_is_resumed_at_the_byte_offset(
     """The connection is cut (sshd's per-connection processes SIGKILLed) while three servers
     write: every follow raises HostUnreachable, a second agent takes all three on at their
     offsets, and each log arrives whole, exactly once."""
-    writer = WRITER.replace("0.004", "0.01")
+    stop = tmp_path / "stop"
+    # Writes numbered lines until the test says stop: the cut lands mid-log whatever the load.
+    writer = ("import os, sys, time\n"
+              "i = 0\n"
+              "while not os.path.exists(sys.argv[1]):\n"
+              "    sys.stdout.write(f'{i:05d}:' + 'x' * (i % 37) + '\\n')\n"
+              "    sys.stdout.flush()\n"
+              "    i += 1\n"
+              "    time.sleep(0.01)\n")
     local = LocalTransport("here")
     transport = SSHTransport("gpu1", **sshd_host.transport_kwargs())  # type: ignore[arg-type]
-    handles = [await launch(local, tmp_path / "run", f"s{i}", [sys.executable, "-c", writer])
-               for i in range(3)]
+    handles = [await launch(local, tmp_path / "run", f"s{i}",
+                            [sys.executable, "-c", writer, str(stop)]) for i in range(3)]
     got: dict[int, bytes] = {i: b"" for i in range(3)}
     statuses: dict[int, int | None] = {}
     cuts: list[int] = []
     enough = anyio.Event()
+    resumed = anyio.Event()
     try:
         async with running(transport) as follower:
 
@@ -249,6 +258,8 @@ async def test_a_cut_connection_is_resumed_at_the_byte_offset(
                                 got[i] += item.data
                                 if all(len(b) > 500 for b in got.values()):
                                     enough.set()
+                                if len(set(cuts)) == 3 and all(len(b) > 1500 for b in got.values()):
+                                    resumed.set()
                     except HostUnreachable:
                         cuts.append(i)
                         await anyio.sleep(0.1)
@@ -256,6 +267,8 @@ async def test_a_cut_connection_is_resumed_at_the_byte_offset(
             async def cut() -> None:
                 await enough.wait()
                 await anyio.to_thread.run_sync(sshd_host.kill_connections)
+                await resumed.wait()  # the second agent delivers; now let the writers end
+                stop.touch()
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(cut)
@@ -266,7 +279,7 @@ async def test_a_cut_connection_is_resumed_at_the_byte_offset(
         await transport.aclose()
         for handle in handles:
             await remote.stop(local, handle, grace=0.1)
-    assert [0, 1, 2] == sorted(cuts)
+    assert [0, 1, 2] == sorted(set(cuts))
     assert 2 == opened
     for i, handle in enumerate(handles):
         assert (await anyio.Path(handle.log_path).read_bytes(), 0) == (got[i], statuses[i])
