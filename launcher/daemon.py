@@ -41,6 +41,7 @@ from launcher.supervisor import EventHook, ServerSupervisor, Snapshot, supervise
 from launcher.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
 from launcher.transport import make_transport
 from launcher.transport.base import Transport
+from launcher.transport.local import install_pidfd_child_watcher
 
 __all__ = [
     "Options",
@@ -129,6 +130,7 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
     the caller (a malformed webhook is a config error before anything starts) and is drained,
     bounded, on the way out whatever happens.
     """
+    install_pidfd_child_watcher()  # no thread per child process (local transport)
     transports = transports_for(config, servers)
     try:
         with StateLock(config.state_dir), Ledger(ledger_path(config.state_dir)) as ledger:

@@ -1,4 +1,10 @@
-"""One bounded HTTP health check: the whole request has a deadline and the body a size cap.
+"""Bounded HTTP health checks: the whole request has a deadline and the body a size cap.
+
+Two ways. :func:`check` / :func:`client_for` use httpx (the CLI's one-off checks).
+:func:`probe_health` / :func:`prober_for` (the supervisor's probes, one every few seconds per
+server) send one plain ``GET /health HTTP/1.1`` with ``Connection: close`` and read only the
+status line: no client object, TLS context or connection pool per server, and over SSH no
+local socket at all (a direct-tcpip channel on the transport's connection).
 
 httpx's ``timeout`` applies to each read, so a server that trickles its body one byte at a
 time would hold a plain ``client.get`` for ever, and ``get`` reads a body of any size into
@@ -8,12 +14,13 @@ gzip body cannot expand), and gives up at the deadline whatever the server is do
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import anyio
 import httpx
 
+from launcher.errors import HostKeyError, LauncherError
 from launcher.transport.base import Transport
 
 MAX_BODY = 4096  # bytes of a /health body read; the rest is dropped with the connection
@@ -61,3 +68,57 @@ async def client_for(
         timeout=timeout_s, trust_env=False,
     ) as client:
         yield client, f"http://127.0.0.1:{port}/health"
+
+
+_REQUEST = (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: launcher\r\n"
+            b"Accept: */*\r\nConnection: close\r\n\r\n")
+
+Connect = Callable[[], Awaitable[anyio.abc.ByteStream]]
+
+
+async def probe_health(connect: Connect, deadline_s: float) -> tuple[bool, str]:
+    """GET /health on a fresh stream from ``connect``: (whether it answered 200, a detail:
+    ``HTTP 503``, ``no complete answer within 5s``, or the error's type and message).
+
+    Only the status line is read (at most MAX_BODY bytes): the verdict is the status code.
+    Never raises for the server's sake; HostKeyError propagates (that host must not be
+    asked anything).
+    """
+    try:
+        with anyio.fail_after(deadline_s):
+            stream = await connect()
+            try:
+                await stream.send(_REQUEST)
+                head = b""
+                while b"\r\n" not in head and len(head) < MAX_BODY:
+                    try:
+                        head += await stream.receive(MAX_BODY)
+                    except anyio.EndOfStream:
+                        break
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+    except TimeoutError:
+        return False, f"no complete answer within {deadline_s:g}s"
+    except HostKeyError:
+        raise
+    except (OSError, LauncherError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    line = head.partition(b"\r\n")[0].split()
+    if len(line) < 2 or not line[0].startswith(b"HTTP/") or not line[1].isdigit():
+        if not head:
+            return False, "RemoteProtocolError: Server disconnected without sending a response."
+        return False, f"RemoteProtocolError: not an HTTP answer: {head[:60]!r}"
+    code = int(line[1])
+    return code == 200, f"HTTP {code}"
+
+
+def prober_for(transport: Transport, remote_port: int) -> Connect:
+    """How to reach ``remote_port`` on the host's loopback for one probe: a direct channel
+    on the transport's connection when it has them (SSH ``connect_port``), else TCP to
+    127.0.0.1 (the local transport)."""
+    connect_port = getattr(transport, "connect_port", None)
+    if connect_port is not None:
+        port_connect: Callable[[int], Awaitable[anyio.abc.ByteStream]] = connect_port
+        return lambda: port_connect(remote_port)
+    return lambda: anyio.connect_tcp("127.0.0.1", remote_port)

@@ -54,6 +54,7 @@ from launcher.errors import (
 )
 from launcher.eventlog import level_of
 from launcher.gpus import check_gpus
+from launcher.hostfollow import HostFollower, followers_for
 from launcher.lifecycle import (
     Action,
     Adopted,
@@ -204,6 +205,7 @@ class ServerSupervisor:
         preflight_tries: int = 6,
         inbox_size: int = 1000,
         before_stop: BeforeStop | None = None,
+        host_follower: HostFollower | None = None,
     ) -> None:
         self.config = config
         self.before_stop = before_stop
@@ -263,6 +265,14 @@ class ServerSupervisor:
         self._outages = 0  # outages begun or ended so far: a probe spanning one never counts
         self._back: anyio.Event | None = None  # set when the current outage ends
         self.tail_path: Path | None = None  # local copy of the last failed attempt's log tail
+        # Follows the log through the host's one agent (supervise_all sets it); None: one
+        # remote.follow stream per attempt.
+        self.host_follower = host_follower
+        # Set (and replaced) whenever the state, phase, start-up or reachability changes: the
+        # watches sleep on it instead of polling. ``on_change`` is told too (supervise_all).
+        self._wake = anyio.Event()
+        self._seen: tuple[object, ...] = ()
+        self.on_change: Callable[[], None] | None = None
 
     # -- public ----------------------------------------------------------------------
 
@@ -399,6 +409,18 @@ class ServerSupervisor:
             self._state_since = self.clock()
         for action in actions:
             await self._execute(action)
+        m = self.machine
+        seen = (m.state, m.phase, m.started_at, m.was_ready)
+        if seen != self._seen:
+            self._seen = seen
+            self._changed()
+
+    def _changed(self) -> None:
+        """Wake the watches (and supervise_all): something they decide on has changed."""
+        self._wake.set()
+        self._wake = anyio.Event()
+        if self.on_change is not None:
+            self.on_change()
 
     async def _execute(self, action: Action) -> None:
         assert self._tg is not None
@@ -440,6 +462,7 @@ class ServerSupervisor:
             self._unreachable_since = now
             self._outages += 1
             self._back = anyio.Event()
+            self._changed()
         data: dict[str, Any] = {
             "error": str(exc), "unreachable_s": round(now - self._unreachable_since, 3),
         }
@@ -454,6 +477,7 @@ class ServerSupervisor:
             self._outages += 1
             if self._back is not None:
                 self._back.set()
+            self._changed()
             self._emit("host.reachable", {"unreachable_s": round(self.clock() - since, 3)})
 
     # -- actions -----------------------------------------------------------------------
@@ -673,9 +697,11 @@ class ServerSupervisor:
     async def _follow(self, att: _Attempt) -> None:
         splitter = LineSplitter()
         delay = 0.5
+        hf = self.host_follower
         while True:
-            if self._unreachable_since is not None:
-                # Say when the host is back even if the log stays silent after the outage.
+            if self._unreachable_since is not None and hf is None:
+                # Say when the host is back even if the log stays silent after the outage
+                # (the host follower says so itself, once its agent takes the server on).
                 try:
                     await remote.log_age(self.transport, att.handle)
                 except HostUnreachable as exc:
@@ -687,7 +713,10 @@ class ServerSupervisor:
                     pass  # the host answered; the follow below reports what is wrong
                 self._host_reachable()
             try:
-                async for item in remote.follow(self.transport, att.handle, att.offset):
+                source = (hf.follow(att.handle, att.offset, on_attached=self._host_reachable)
+                          if hf is not None
+                          else remote.follow(self.transport, att.handle, att.offset))
+                async for item in source:
                     if isinstance(item, remote.LogChunk):
                         att.offset = item.end_offset
                         att.last_advance = self.clock()
@@ -747,27 +776,37 @@ class ServerSupervisor:
             )
 
     async def _stall_watch(self, att: _Attempt) -> None:
+        """Post Stalled once the log has been silent past its phase's budget (confirmed by
+        the log's age on the host). Event-driven: it sleeps until the budget can run out at
+        the earliest (progress meanwhile re-arms it: the silence is measured again on
+        waking) or until the phase or the host's reachability changes; no budget (before
+        the first phase, when ready, unreachable, an infinite budget) means no timer."""
         budgets = self.policy.stall
         while True:
-            await anyio.sleep(self.tick)
+            wake = self._wake
             phase = self.machine.phase
             if phase is None or phase is Phase.READY:
                 att.last_advance = self.clock()
+                await wake.wait()
                 continue
-            if self._unreachable_since is not None:
-                continue  # silence is only counted while connected (and confirmed below)
             budget = budgets.for_phase(phase)
+            if self._unreachable_since is not None or math.isinf(budget):
+                await wake.wait()  # silence is only counted while connected (and confirmed)
+                continue
             silent = self.clock() - att.last_advance
-            if silent > budget and not math.isinf(budget):
-                # Confirm with the host: only the log's own age there says it is silent.
-                age = await self._remote_silence(att)
-                if age is None or self.machine.phase is not phase:
-                    continue
-                if age <= budget:
-                    att.last_advance = self.clock() - age  # it wrote; our follower lags
-                    continue
-                await self._post(Stalled(silent_s=age))
-                return
+            if silent <= budget:
+                with anyio.move_on_after(budget - silent + self.tick):
+                    await wake.wait()
+                continue
+            # Confirm with the host: only the log's own age there says it is silent.
+            age = await self._remote_silence(att)
+            if age is None or self.machine.phase is not phase:
+                continue
+            if age <= budget:
+                att.last_advance = self.clock() - age  # it wrote; our follower lags
+                continue
+            await self._post(Stalled(silent_s=age))
+            return
 
     async def _remote_silence(self, att: _Attempt) -> float | None:
         """Seconds since the attempt's log changed, by the host's clock; None when the host
@@ -795,37 +834,52 @@ class ServerSupervisor:
 
     async def _probe_forever(self, att: _Attempt) -> None:
         p = self.policy
-        async with health.client_for(self.transport, self.server.port,
-                                     p.probe_timeout) as (client, url):
-            while True:
-                started = self.clock()
-                outages = self._outages if self._unreachable_since is None else -1
-                ok, detail = await health.check(client, url, p.probe_timeout)
-                latency = self.clock() - started
-                ready = self.machine.state is State.READY
-                # A server that crashed also fails its probes, often before the follower
-                # reports its exit; counting those would call the crash a hang and lose
-                # the log's diagnosis. Only a live server's failures count, and only when
-                # the host can be reached (an SSH outage is not the server's fault).
-                running = True if ok or not ready else await self._still_running(att)
-                if not ok and outages != self._outages:
-                    running = None  # the host was unreachable during this probe
-                counts = running is True
-                if ok:
-                    self._host_reachable()
-                elif running is False:
-                    detail += " (the server has exited)"
-                elif running is None:
-                    detail += " (host unreachable)"
-                for hook in self.hooks:
-                    hook(
-                        self.server.name,
-                        "probe.result",
-                        {"ok": ok, "latency_s": latency, "detail": detail},
-                    )
-                if counts:
-                    await self._post(ProbeResult(ok=ok, detail=detail))
-                await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
+        connect = health.prober_for(self.transport, self.server.port)
+        while True:
+            started = self.clock()
+            outages = self._outages if self._unreachable_since is None else -1
+            ok, detail = await self._probe_once(connect, p.probe_timeout)
+            latency = self.clock() - started
+            ready = self.machine.state is State.READY
+            # A server that crashed also fails its probes, often before the follower
+            # reports its exit; counting those would call the crash a hang and lose
+            # the log's diagnosis. Only a live server's failures count, and only when
+            # the host can be reached (an SSH outage is not the server's fault).
+            running = True if ok or not ready else await self._still_running(att)
+            if not ok and outages != self._outages:
+                running = None  # the host was unreachable during this probe
+            counts = running is True
+            if ok:
+                self._host_reachable()
+            elif running is False:
+                detail += " (the server has exited)"
+            elif running is None:
+                detail += " (host unreachable)"
+            for hook in self.hooks:
+                hook(
+                    self.server.name,
+                    "probe.result",
+                    {"ok": ok, "latency_s": latency, "detail": detail},
+                )
+            if counts:
+                await self._post(ProbeResult(ok=ok, detail=detail))
+            await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
+
+    async def _probe_once(self, connect: health.Connect, deadline_s: float,
+                          ) -> tuple[bool, str]:
+        """One /health probe: made by the host's agent when there is one (no channel or
+        socket per probe), else one plain GET through the transport."""
+        hf = self.host_follower
+        if hf is not None:
+            try:
+                answer = await hf.probe(self.server.port, deadline_s)
+            except HostKeyError:
+                raise
+            except LauncherError as exc:
+                return False, f"{type(exc).__name__}: {exc}"
+            if answer is not None:
+                return answer
+        return await health.probe_health(connect, deadline_s)
 
     async def _status_of(self, att: _Attempt) -> remote.RunStatus | None:
         """A look at the attempt's process; None when the host cannot tell. HostKeyError
@@ -975,11 +1029,12 @@ class ServerSupervisor:
         """Post DeadlineExceeded once per start-up sequence that outlasts the deadline.
 
         It keeps watching afterwards: a restart after ready is a new sequence with its own
-        deadline. Failures while serving are not start-ups (``was_ready``).
+        deadline. Failures while serving are not start-ups (``was_ready``). The deadline is
+        a cancel scope around waiting for a change, re-made whenever the state changes.
         """
         fired_for: float | None = None
         while True:
-            await anyio.sleep(1.0)
+            wake = self._wake
             m = self.machine
             if (
                 m.started_at is None
@@ -989,10 +1044,15 @@ class ServerSupervisor:
                 or m.state.terminal
                 or self._unreachable_since is not None  # decided once the host answers again
             ):
+                await wake.wait()
                 continue
-            if self.clock() - m.started_at > self.policy.start_deadline:
-                fired_for = m.started_at
-                await self._post(DeadlineExceeded())
+            left = m.started_at + self.policy.start_deadline - self.clock()
+            if left >= 0:
+                with anyio.move_on_after(left + 0.001):
+                    await wake.wait()
+                continue
+            fired_for = m.started_at
+            await self._post(DeadlineExceeded())
 
     async def _shutdown(self) -> None:
         att = self._attempt
@@ -1012,25 +1072,49 @@ async def supervise_all(
     running on their hosts).
     """
     results: dict[str, State] = {}
-    async with anyio.create_task_group() as tg:
+    changed = anyio.Event()
 
-        async def one(sup: ServerSupervisor) -> None:
-            results[sup.server.name] = await sup.run()
+    def on_change() -> None:
+        changed.set()
 
+    followers = followers_for([s.transport for s in supervisors])
+    async with anyio.create_task_group() as outer:
+        for follower in followers.values():
+            await outer.start(follower.run)
         for sup in supervisors:
-            tg.start_soon(one, sup)
-        while True:
-            await anyio.sleep(0.2)
+            if sup.host_follower is None:
+                sup.host_follower = followers.get(id(sup.transport))
+            sup.on_change = on_change
+        async with anyio.create_task_group() as tg:
+
+            async def one(sup: ServerSupervisor) -> None:
+                results[sup.server.name] = await sup.run()
+                on_change()
+
+            async def ticks(tick: Callable[[], Awaitable[None]]) -> None:
+                while True:  # the live view's refresh, not a check of the servers
+                    await anyio.sleep(0.2)
+                    await tick()
+
+            for sup in supervisors:
+                tg.start_soon(one, sup)
             if on_tick is not None:
-                await on_tick()
-            states = [s.state for s in supervisors]
-            if all(st.terminal for st in states):
-                break
-            if until_ready and all(
-                st in (State.READY, State.GAVE_UP) or st.terminal for st in states
-            ):
-                for s in supervisors:
-                    s.request_stop(kill=False)
+                tg.start_soon(ticks, on_tick)
+            stop_asked = False
+            while True:
+                changed = anyio.Event()
+                states = [s.state for s in supervisors]
+                if all(st.terminal for st in states):
+                    break
+                if until_ready and not stop_asked and all(
+                    st in (State.READY, State.GAVE_UP) or st.terminal for st in states
+                ):
+                    stop_asked = True
+                    for s in supervisors:
+                        s.request_stop(kill=False)
+                await changed.wait()
+            tg.cancel_scope.cancel()
+        outer.cancel_scope.cancel()
     for sup in supervisors:
         results.setdefault(sup.server.name, sup.state)
     return results

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from launcher.config import Config, config_from_dict
 from launcher.transport.ssh import SSHTransport
 from tests.simhost import SimHost, make_sim_host, model_dir
@@ -165,7 +167,7 @@ def ssh_config(
 
 class RecordingSSHTransport(SSHTransport):
     """The real SSH transport; also records every port forward as (remote port, local port
-    or Unix socket path)."""
+    or Unix socket path, or "channel" for a direct channel without a local end)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -182,6 +184,11 @@ class RecordingSSHTransport(SSHTransport):
         async with super().forward_unix(remote_port) as path:
             self.forwards.append((remote_port, path))
             yield path
+
+    async def connect_port(self, remote_port: int) -> anyio.abc.ByteStream:
+        stream = await super().connect_port(remote_port)
+        self.forwards.append((remote_port, "channel"))
+        return stream
 
 
 def transport_for(config: Config, host: str, **overrides: Any) -> RecordingSSHTransport:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
+import threading
 from contextlib import aclosing
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 
 from launcher.errors import RemoteCommandError
 from launcher.transport.base import Transport
-from launcher.transport.local import LocalTransport
+from launcher.transport.local import LocalTransport, install_pidfd_child_watcher
 
 DUMP = "import json, os, sys; print(json.dumps([sys.argv[1:], dict(os.environ)]))"
 
@@ -158,3 +160,40 @@ async def test_forward_port_yields_the_same_port() -> None:
     """On the local host a remote port is already local."""
     async with LocalTransport("here").forward_port(30000) as port:
         assert 30000 == port
+
+
+async def test_with_the_pidfd_watcher_children_cost_no_threads() -> None:
+    """install_pidfd_child_watcher: twenty commands running at once add no thread (Python
+    3.11's default watcher parks one thread per child), and every one is still reaped."""
+    policy = asyncio.get_event_loop_policy()
+    before = getattr(policy, "_watcher", None)
+    try:
+        installed = install_pidfd_child_watcher()
+        transport = LocalTransport("local")
+        threads = threading.active_count()
+        most = 0
+        results: list[int] = []
+
+        async def one() -> None:
+            nonlocal most
+            result = await transport.run(["sh", "-c", "sleep 0.3; exit 3"])
+            results.append(result.exit_status)
+
+        async def count() -> None:
+            nonlocal most
+            while True:
+                most = max(most, threading.active_count())
+                await anyio.sleep(0.02)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(count)
+            async with anyio.create_task_group() as runs:
+                for _ in range(20):
+                    runs.start_soon(one)
+            tg.cancel_scope.cancel()
+    finally:
+        policy._watcher = before  # type: ignore[attr-defined]
+    assert installed == (sys.version_info < (3, 12))
+    assert [3] * 20 == results
+    if installed:
+        assert threads == most

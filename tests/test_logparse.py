@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from launcher.params import LaunchParams
+from launcher.sglang import logparse
 from launcher.sglang.logparse import (
     MAX_FAILURES,
     FailureSignature,
@@ -689,3 +690,51 @@ def test_strategy_named_by_using_is_not_a_prescription() -> None:
     fill_error_figures(n, "AssertionError: extra_buffer is not supported for NemotronHForCausalLM; "
                        "use no_buffer.", overwrite=True)
     assert ("no_buffer", None) == (n.prescribed_mamba_strategy, n.prescribed_env)
+
+
+def _corpus_lines() -> list[str]:
+    """Every line of the verbatim real logs and the simulator-made logs under tests/."""
+    root = Path(__file__).resolve().parent
+    lines: list[str] = []
+    for path in sorted([*root.glob("fixtures/real_logs/*.log"), *root.glob("data/logs/*.log")]):
+        lines += split_records(path.read_text("utf-8", errors="replace"))
+    return lines
+
+
+def test_the_word_prefilter_never_hides_a_signature() -> None:
+    """match_signatures skips the 19 searches on lines without any of its words; on every
+    line of the corpus (and with its prefix kept, as bare lines are searched) the answer is
+    that of the unfiltered searches, and lines with signatures are among them."""
+    lines = _corpus_lines()
+    found = 0
+    for line in lines:
+        for text in (line, parse_line(line).message):
+            expected = logparse.match_signatures_unfiltered(text)
+            assert expected == logparse.match_signatures(text), text
+            found += bool(expected)
+    assert len(lines) > 5000
+    assert found > 100
+
+
+def test_batch_statistics_and_access_lines_are_skipped_but_failures_still_count() -> None:
+    """Lines that cannot matter (batch statistics, access lines) give no events, even an
+    access line whose request path a client wrote to read like a failure; the failure
+    lines around them are still seen, as is the tail."""
+    follower = LogFollower()
+    follower.feed_line("[2026-12-01 18:00:00] The server is fired up and ready to roll!")
+    quiet = [
+        "[2026-12-01 18:00:01 TP0] Decode batch, #running-req: 3, #token: 4096, token usage: "
+        "0.05, cuda graph: True, gen throughput (token/s): 1234.56, #queue-req: 0,",
+        "[2026-12-01 18:00:01 TP0] Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: "
+        "0, token usage: 0.05, #running-req: 1, #queue-req: 0,",
+        '[2026-12-01 18:00:02] INFO:     127.0.0.1:40001 - "GET /CUDA%20out%20of%20memory '
+        'HTTP/1.1" 404 Not Found',
+        '[2026-12-01 18:00:02] INFO:     10.0.0.7:5123 - "GET /RuntimeError: CUDA error: '
+        'an illegal memory access HTTP/1.1" 404 Not Found',
+    ]
+    assert [[], [], [], []] == [follower.feed_line(line) for line in quiet]
+    oom = ("[2026-12-01 18:00:03 TP0] torch.OutOfMemoryError: CUDA out of memory. "
+           "Tried to allocate 2.00 GiB")
+    kinds = [e.kind for e in follower.feed_line(oom) if isinstance(e, FailureSignature)]
+    assert [Signature.CUDA_OOM] == kinds
+    assert [*quiet, oom] == list(follower.last_lines)[-5:]

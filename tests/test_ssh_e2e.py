@@ -178,7 +178,7 @@ async def test_capture_oom_backs_off_to_ready_over_ssh(
     assert ready is not None
     assert 2 == ready.data["attempts"]
     assert started[1] == ready.data["params"]
-    # The probe went through a local forward to the port the server listens on on the host.
+    # The probe went through a forward (a direct channel) to the port the server listens on.
     forwarded = transports["gpu1"].forwards
     assert [port] == sorted({remote for remote, _ in forwarded})
     assert all(local != port for _, local in forwarded)

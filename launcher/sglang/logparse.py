@@ -350,13 +350,41 @@ _SIGNATURES: tuple[tuple[Signature, re.Pattern[str]], ...] = tuple(
 )
 
 
+# A necessary condition for every pattern above: each of their alternatives contains one of
+# these words once lowercased (tests/test_logparse.py checks it on every line of the corpus).
+# One search of this on the lowercased line costs a tenth of the 19 searches, and almost no
+# line of a serving server (decode / prefill stats, access lines) contains any of them.
+_SIGNATURE_WORDS = re.compile("|".join(re.escape(word) for word in (
+    "out of memory", "outofmemory", "cuda error", "cudaerror", "cublas_status", "calloc",
+    "not enough", "leave no gpu memory", "too small", "is zero", "graph failed",
+    "fail when using", "already in use", "eaddrinuse", "is not available in", "error: ",
+    "user-specified", "compatible with", "no_buffer", "extra_buffer", "repo id",
+    "couldn't connect", "local folder", "unrecognized model", "file named", "no such file",
+    "repositorynotfound", "nccl", "distbackenderror", "watchdog", "gloo", "no kernel image",
+    "illegal memory access", "device-side assert", "cuda driver version", "no accelerator",
+    "cuda-capable", "nvidia driver", "device ordinal", "launch failure", "[errno 12]",
+    "memoryerror", "bad_alloc", "defaultcpuallocator", "unbalanced", "health check failed",
+    "initialization failed", "sigquit", "scheduler is dead", "scheduler died", "exit code",
+    "kill_process_tree", "killed",
+)))
+
+
 def match_signatures(message: str) -> list[Signature]:
     """Every known failure text in one line's message (the part after any prefix).
 
     "Decode out of memory happened" (a scheduler retracting requests) matches nothing: it is
     normal operation, not a failure. Only the first MAX_KEPT_CHARS are searched: failure
     texts start their line, and a runaway 1 MiB line must not cost the event loop a second.
+    A line without any of the _SIGNATURE_WORDS cannot match and costs one search.
     """
+    head = message[:MAX_KEPT_CHARS]
+    if _SIGNATURE_WORDS.search(head.lower()) is None:
+        return []
+    return [sig for sig, pattern in _SIGNATURES if pattern.search(head)]
+
+
+def match_signatures_unfiltered(message: str) -> list[Signature]:
+    """match_signatures without the word prefilter (the reference it must agree with)."""
     head = message[:MAX_KEPT_CHARS]
     return [sig for sig, pattern in _SIGNATURES if pattern.search(head)]
 
@@ -754,6 +782,22 @@ _FIGURE_FIELDS: dict[Figure, tuple[str, bool]] = {
 }
 
 
+# SGLang's batch statistics: numbers only, the bulk of a serving server's log.
+_BATCH_STATS = ("Decode batch", "Prefill batch")
+# uvicorn's access line: the client's request line follows, which a client writes.
+_ACCESS_LINE = re.compile(r'\d{1,3}(?:\.\d{1,3}){3}:\d+ - "')
+
+
+def _cannot_matter(p: ParsedLine) -> bool:
+    """Lines that no classification reads, skipped without a search for failure texts or
+    start-up marks: SGLang's batch statistics, and uvicorn's access lines (a client must not
+    be able to forge a failure by requesting a path that reads like one). Only ever asked
+    outside a traceback."""
+    if p.source is Source.SGLANG:
+        return p.message.startswith(_BATCH_STATS)
+    return p.source is Source.UVICORN and _ACCESS_LINE.match(p.message) is not None
+
+
 def graph_pass_of(message: str, *, speculative: bool) -> GraphPass:
     """The capture pass a ``Capture ... begin`` message opens (see ``GraphPass``).
 
@@ -880,6 +924,8 @@ class LogFollower:
         line_no = self.line_count
         self.line_count += 1
         parsed = parse_line(line)
+        if self._tb is None and _cannot_matter(parsed):
+            return []
         events: list[LogEvent] = []
         role = _Role.OUTSIDE
         if self._tb is not None:
@@ -1026,10 +1072,10 @@ class LogFollower:
                 figure(Figure.DIST_INIT_USAGE, m.group(1))
         elif m := _BASELINE.match(msg):
             figure(Figure.BASELINE_USAGE, m.group(1))
-        elif m := _WEIGHT_BEGIN.search(msg):
+        elif "Load weight begin" in msg and (m := _WEIGHT_BEGIN.search(msg)):
             enter(Phase.WEIGHTS)
             figure(Figure.WEIGHT_BEGIN_AVAIL, m.group(1))
-        elif m := _WEIGHT_END.search(msg):
+        elif "Load weight end" in msg and (m := _WEIGHT_END.search(msg)):
             kind = _WEIGHT_TYPE.search(msg)
             if kind is not None and _DRAFT_TYPE.search(kind.group(1)):
                 # The draft model (speculative decoding): not a second target.
@@ -1039,7 +1085,9 @@ class LogFollower:
                 enter(Phase.KV_CACHE)
                 figure(Figure.WEIGHT_END_AVAIL, m.group(1))
                 figure(Figure.WEIGHT_END_USAGE, m.group(2))
-        elif _KV_MARK.search(msg):
+        elif (" Cache is allocated" in msg or msg.startswith("Memory pool end")) and (
+            _KV_MARK.search(msg)
+        ):
             enter(Phase.KV_CACHE)
             if (m := _MAMBA_ALLOC.search(msg)) and self.numbers.mamba_cache_size is None:
                 self.numbers.mamba_cache_size = int(m.group(1))

@@ -89,3 +89,33 @@ class Transport(Protocol):
     async def aclose(self) -> None:
         """Close the connection. Never kills anything on the host."""
         ...
+
+
+class Duplex(Protocol):
+    """A running command's stdin and stdout, both open for the life of the command."""
+
+    async def send(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin (waits while the pipe or window is full).
+        Raises HostUnreachable when the connection is lost, RemoteCommandError when the
+        command no longer reads (it exited)."""
+        ...
+
+    async def receive(self) -> bytes:
+        """The next piece of the command's stdout; ``b""`` once it has ended (the command
+        exited or closed it). Raises HostUnreachable when the connection is lost."""
+        ...
+
+
+class DuplexTransport(Transport, Protocol):
+    """A transport that can also keep a two-way command open (the host follow agent)."""
+
+    def duplex(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+    ) -> AbstractAsyncContextManager[Duplex]:
+        """Start ``argv`` with its stdin and stdout open to us; stderr is discarded.
+
+        Resource handling: leaving the ``async with`` closes both ends (the command sees EOF
+        on stdin) and, on the local transport, kills the command's process group. The
+        command holds one session of the connection while it runs (SSH).
+        """
+        ...

@@ -8,9 +8,11 @@ purpose (``setsid``, as launcher.remote does for servers) leave that group and s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 
@@ -18,7 +20,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, Process
 
 from launcher.errors import CommandTimedOut, RemoteCommandError
-from launcher.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult
+from launcher.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult, Duplex
 
 _STDERR_TAIL = 2000
 # What a command inherits from launcher's own environment: what a login shell would have (as
@@ -28,6 +30,32 @@ INHERITED_ENV = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
     "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
 })
+
+
+def install_pidfd_child_watcher() -> bool:
+    """Have asyncio watch this loop's child processes with pidfds (one fd in the event loop
+    per child) instead of Python 3.11's default of one thread blocked in waitpid() per child.
+
+    Call it from inside the one event loop of a process (``launcher up``'s composition
+    root): the watcher is global and bound to that loop. Python 3.12+ picks pidfds by
+    itself, and a kernel without pidfd_open keeps the default; returns whether it installed
+    one. Whatever the old watcher watches keeps being watched by it (it is not closed).
+    """
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio (trio): it has its own
+        return False
+    policy = asyncio.get_event_loop_policy()
+    current = getattr(policy, "_watcher", None)
+    if isinstance(current, asyncio.PidfdChildWatcher) and getattr(current, "_loop", None) is loop:
+        return True
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(loop)
+    # Not set_child_watcher: it would close the old watcher, cutting off its children.
+    policy._watcher = watcher  # type: ignore[attr-defined]
+    return True
 
 
 def _status(returncode: int) -> int:
@@ -226,12 +254,75 @@ class LocalTransport:
                 await process.wait()
                 await process.aclose()
 
+    @asynccontextmanager
+    async def duplex(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[Duplex]:
+        """Start ``argv`` with stdin and stdout piped to us; see DuplexTransport.duplex.
+
+        A program that cannot be started yields a duplex that has already ended (as a
+        failing remote command would: its stdout is empty)."""
+        try:
+            with anyio.CancelScope(shield=True):  # see run(): never orphan a spawned child
+                process = await anyio.open_process(
+                    list(argv),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    env=self._environment(env),
+                    start_new_session=True,
+                )
+        except OSError:
+            yield _Ended()
+            return
+        try:
+            yield _LocalDuplex(self._name, process)
+        finally:
+            with anyio.CancelScope(shield=True):
+                if process.returncode is None:
+                    _kill_group(process)
+                await process.wait()
+                await process.aclose()
+
     def forward_port(self, remote_port: int) -> AbstractAsyncContextManager[int]:
         """The host *is* this machine: the port is reachable as it is."""
         return _same_port(remote_port)
 
     async def aclose(self) -> None:
         """Nothing to close; never touches running commands."""
+
+
+class _LocalDuplex:
+    """A local command's stdin and stdout (see Duplex)."""
+
+    def __init__(self, host: str, process: Process) -> None:
+        self._host = host
+        self._process = process
+
+    async def send(self, data: bytes) -> None:
+        assert self._process.stdin is not None
+        try:
+            await self._process.stdin.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            raise RemoteCommandError(f"command on {self._host} stopped reading its input",
+                                     host=self._host, command="duplex") from exc
+
+    async def receive(self) -> bytes:
+        assert self._process.stdout is not None
+        try:
+            return await self._process.stdout.receive(1 << 20)
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            return b""
+
+
+class _Ended:
+    """The duplex of a command that never started: nothing to read, nobody to write to."""
+
+    async def send(self, data: bytes) -> None:
+        raise RemoteCommandError("the command did not start", command="duplex")
+
+    async def receive(self) -> bytes:
+        return b""
 
 
 @asynccontextmanager

@@ -61,7 +61,7 @@ from launcher.errors import (
     RemoteCommandError,
     TransportError,
 )
-from launcher.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult
+from launcher.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult, Duplex
 
 log = structlog.get_logger(__name__)
 
@@ -820,6 +820,24 @@ class SSHTransport:
             self._release(current)
 
     @asynccontextmanager
+    async def duplex(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[Duplex]:
+        """Run ``argv`` with its stdin and stdout open to us (see DuplexTransport.duplex).
+
+        It holds one session slot of a pool connection until the ``async with`` ends, which
+        closes the channel (the command sees EOF on stdin). A connection lost meanwhile
+        raises HostUnreachable from ``send`` or ``receive``.
+        """
+        command = shell_command(argv, self._merged_env(env))
+        current, process = await self._open_process(command, stderr=asyncssh.DEVNULL)
+        try:
+            yield _SSHDuplex(self, current, process, command)
+        finally:
+            process.close()
+            self._release(current)
+
+    @asynccontextmanager
     async def forward_port(self, remote_port: int) -> AsyncIterator[int]:
         """Forward 127.0.0.1:<local> here to 127.0.0.1:``remote_port`` on the host; yield local.
 
@@ -915,6 +933,17 @@ class SSHTransport:
             accepted.discard(conn)
             conn.close()
 
+    async def connect_port(self, remote_port: int) -> anyio.abc.ByteStream:
+        """A byte stream to 127.0.0.1:``remote_port`` on the host over a direct-tcpip channel
+        of the pool's connection (no local socket). HostUnreachable when the host cannot be
+        reached; OSError or asyncssh.ChannelOpenError (as TransportError) when it refuses."""
+        try:
+            reader, writer = await self._open_tunnel(remote_port)
+        except asyncssh.ChannelOpenError as exc:
+            raise TransportError(f"{self.name} refused a channel to port {remote_port}: "
+                                 f"{exc.reason}", host=self.name) from exc
+        return _ChannelStream(reader, writer)
+
     async def _open_tunnel(
         self, remote_port: int
     ) -> tuple[asyncssh.SSHReader[bytes], asyncssh.SSHWriter[bytes]]:
@@ -978,6 +1007,78 @@ async def _channel_to_socket(reader: asyncssh.SSHReader[bytes], conn: socket.soc
         conn.shutdown(socket.SHUT_WR)
     except (OSError, asyncssh.Error):
         pass  # the client or the channel is gone: the relay closes both
+
+
+class _ChannelStream(anyio.abc.ByteStream):
+    """A direct-tcpip channel as an anyio byte stream."""
+
+    def __init__(self, reader: asyncssh.SSHReader[bytes],
+                 writer: asyncssh.SSHWriter[bytes]) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        try:
+            data = await self._reader.read(max_bytes)
+        except asyncssh.Error as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+        if not data:
+            raise anyio.EndOfStream
+        return _bytes(data)
+
+    async def send(self, item: bytes) -> None:
+        try:
+            self._writer.write(item)
+            await self._writer.drain()
+        except asyncssh.Error as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+
+    async def send_eof(self) -> None:
+        if self._writer.can_write_eof():
+            self._writer.write_eof()
+
+    async def aclose(self) -> None:
+        self._writer.close()
+
+
+class _SSHDuplex:
+    """One channel's stdin and stdout (see Duplex)."""
+
+    def __init__(self, transport: SSHTransport, current: _Connection,
+                 process: asyncssh.SSHClientProcess[bytes], command: str) -> None:
+        self._transport = transport
+        self._current = current
+        self._process = process
+        self._command = command
+
+    def _lost(self, exc: BaseException) -> HostUnreachable:
+        self._transport._discard(self._current)
+        return self._transport._lost(exc, f"while running {self._command[:80]}")
+
+    async def send(self, data: bytes) -> None:
+        try:
+            self._process.stdin.write(data)
+            await self._process.stdin.drain()
+        except asyncssh.DisconnectError as exc:
+            raise self._lost(exc) from exc
+        except (OSError, asyncssh.Error) as exc:
+            if self._current.closed:
+                raise self._lost(exc) from exc
+            raise RemoteCommandError(
+                f"{self._transport.name}: command stopped reading its input: {exc}",
+                host=self._transport.name, command=self._command) from exc
+
+    async def receive(self) -> bytes:
+        try:
+            chunk = await self._process.stdout.read(STREAM_CHUNK)
+        except (OSError, asyncssh.DisconnectError) as exc:
+            raise self._lost(exc) from exc
+        if chunk:
+            return _bytes(chunk)
+        await self._process.wait_closed()
+        if self._process.returncode is None and self._current.closed:
+            raise self._lost(ConnectionError("channel ended without an exit status"))
+        return b""
 
 
 class _TooMuchOutput(Exception):

@@ -1,0 +1,355 @@
+"""One session per host (launcher.hostfollow + launcher.follow_agent): the frame format as
+pure unit tests, then the agent following real processes on the local transport and over a
+real sshd (a cut connection, more servers than MaxSessions)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+
+from launcher import follow_agent, remote
+from launcher.errors import HostUnreachable
+from launcher.hostfollow import Frame, FrameDecoder, FrameError, HostFollower
+from launcher.lifecycle import State
+from launcher.remote import AttemptSpec, LogChunk, RunExited, RunHandle
+from launcher.supervisor import ServerSupervisor, supervise_all
+from launcher.transport.base import Duplex, DuplexTransport
+from launcher.transport.local import LocalTransport
+from launcher.transport.ssh import SSHTransport
+from tests.hostile_http import HostileHttp
+from tests.simhost import free_port
+from tests.sshd import Sshd
+from tests.sshsim import SIM_VERSION, EventRecorder, Site, kill_leftovers, server_entry, ssh_config
+
+# Writes 300 numbered lines of varying length in small pieces (chunk borders fall anywhere).
+WRITER = (
+    "import sys, time\n"
+    "for i in range(300):\n"
+    "    sys.stdout.write(f'{i:04d}:' + 'x' * (i % 37) + '\\n')\n"
+    "    sys.stdout.flush()\n"
+    "    time.sleep(0.004)\n"
+)
+
+
+def frame(kind: str, key: int, offset: int, payload: bytes) -> bytes:
+    return follow_agent.encode_frame(kind.encode(), key, offset, payload)
+
+
+# -- framing (pure) --------------------------------------------------------------------------
+
+
+def test_frames_fed_byte_by_byte_come_out_whole_and_in_order() -> None:
+    stream = (frame("R", 0, 0, b"1") + frame("D", 7, 0, b"hello\n")
+              + frame("D", 7, 6, b"") + frame("X", 7, 6, b"137"))
+    decoder = FrameDecoder()
+    got: list[Frame] = []
+    for i in range(len(stream)):
+        got += decoder.feed(stream[i:i + 1])
+    assert [Frame("R", 0, 0, b"1"), Frame("D", 7, 0, b"hello\n"), Frame("D", 7, 6, b""),
+            Frame("X", 7, 6, b"137")] == got
+    assert 0 == decoder.pending
+
+
+def test_a_partial_frame_waits_for_the_rest() -> None:
+    whole = frame("D", 3, 100, b"x" * 1000)
+    decoder = FrameDecoder()
+    assert [] == decoder.feed(whole[:10])  # inside the header
+    assert [] == decoder.feed(whole[10:500])  # inside the payload
+    assert 500 == decoder.pending
+    assert [Frame("D", 3, 100, b"x" * 1000)] == decoder.feed(whole[500:])
+
+
+def test_interleaved_servers_keep_their_own_order() -> None:
+    stream = b"".join([
+        frame("D", 1, 0, b"a1"), frame("D", 2, 0, b"b1"), frame("H", 0, 123, b""),
+        frame("D", 1, 2, b"a2"), frame("X", 2, 2, b"-"), frame("D", 1, 4, b"a3"),
+    ])
+    got = FrameDecoder().feed(stream)
+    assert [b"a1", b"a2", b"a3"] == [f.payload for f in got if f.key == 1]
+    assert [("D", 0), ("X", 2)] == [(f.kind, f.offset) for f in got if f.key == 2]
+    assert [123] == [f.offset for f in got if f.kind == "H"]
+
+
+@pytest.mark.parametrize("garbage", [
+    b"hello world, this is not a frame",  # wrong magic
+    bytes([follow_agent.MAGIC]) + b"Z" + bytes(16),  # unknown kind
+    follow_agent.HEADER.pack(follow_agent.MAGIC, ord("D"), 1, 0, follow_agent.MAX_PAYLOAD + 1),
+])
+def test_garbage_breaks_the_stream_for_good(garbage: bytes) -> None:
+    decoder = FrameDecoder()
+    good = frame("D", 1, 0, b"ok")
+    with pytest.raises(FrameError):
+        decoder.feed(good + garbage)
+    with pytest.raises(FrameError):  # no resynchronising on a stream that lost its framing
+        decoder.feed(good)
+
+
+def test_the_agent_applies_commands_in_pieces_and_ignores_malformed_ones(tmp_path: Path) -> None:
+    sent: list[bytes] = []
+    agent = follow_agent.Agent(sent.append, boot_id="b")
+    agent.feed(b'{"op": "add", "key": 5, "dir": "' + str(tmp_path).encode() + b'", "off')
+    assert {} == agent.followed
+    agent.feed(b'set": 3, "pid": 1}\nnot json\n{"op": "add", "key": 6}\n')
+    assert [5] == list(agent.followed)
+    assert 3 == agent.followed[5].offset
+    assert [Frame("E", 6, 0, b"malformed add command")] == FrameDecoder().feed(b"".join(sent))
+    agent.feed(b'{"op": "del", "key": 5}\n')
+    assert {} == agent.followed
+
+
+# -- the agent on real processes ---------------------------------------------------------------
+
+
+@asynccontextmanager
+async def running(transport: DuplexTransport) -> AsyncIterator[HostFollower]:
+    follower = HostFollower(transport)
+    async with anyio.create_task_group() as tg:
+        await tg.start(follower.run)
+        yield follower
+        tg.cancel_scope.cancel()
+
+
+async def launch(transport: DuplexTransport, run_dir: Path, server: str, argv: list[str],
+                 ) -> RunHandle:
+    return await remote.launch(transport, AttemptSpec(server, 1, str(run_dir), argv, {}))
+
+
+async def collect(follower: HostFollower, handle: RunHandle, offset: int = 0,
+                  ) -> tuple[bytes, int | None]:
+    data = b""
+    async with aclosing(follower.follow(handle, offset)) as items:
+        async for item in items:
+            if isinstance(item, RunExited):
+                return data, item.status
+            assert item.end_offset == offset + len(data) + len(item.data)
+            data += item.data
+    raise AssertionError("follow ended without RunExited")
+
+
+async def test_one_agent_follows_many_servers_to_their_exits(tmp_path: Path) -> None:
+    """Five servers on one host: every byte once, in order, each exit status, one agent."""
+    transport = LocalTransport("local")
+    codes = [0, 3, 0, 7, 0]
+    handles = [await launch(transport, tmp_path / "run", f"s{i}",
+                            ["sh", "-c", f'{sys.executable} -c "$0"; exit {code}', WRITER])
+               for i, code in enumerate(codes)]
+    results: dict[int, tuple[bytes, int | None]] = {}
+    async with running(transport) as follower:
+
+        async def one(i: int) -> None:
+            results[i] = await collect(follower, handles[i])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(handles)):
+                tg.start_soon(one, i)
+        assert 1 == follower.channels_opened
+    for i, handle in enumerate(handles):
+        log = await anyio.Path(handle.log_path).read_bytes()
+        assert (log, codes[i]) == results[i]
+        assert log.count(b"\n") == 300
+
+
+async def test_sigkill_is_reported_with_its_status_and_the_rest_of_the_log(
+    tmp_path: Path,
+) -> None:
+    transport = LocalTransport("local")
+    handle = await launch(transport, tmp_path / "run", "s", ["sh", "-c", "echo up; exec sleep 60"])
+    got = b""
+    async with running(transport) as follower, aclosing(follower.follow(handle)) as items:
+        async for item in items:
+            if isinstance(item, LogChunk):
+                got += item.data
+                os.kill(handle.pid, signal.SIGKILL)
+            else:
+                assert RunExited(137) == item
+                break
+    assert b"up\n" == got
+
+
+async def test_following_resumes_at_an_offset_after_leaving(tmp_path: Path) -> None:
+    """Leaving a follow mid-log and following again from end_offset loses and repeats
+    nothing (the agent is told to drop the first key and take the second)."""
+    transport = LocalTransport("local")
+    handle = await launch(transport, tmp_path / "run", "s", [sys.executable, "-c", WRITER])
+    first = b""
+    async with running(transport) as follower:
+        async with aclosing(follower.follow(handle)) as items:
+            async for item in items:
+                assert isinstance(item, LogChunk)
+                first += item.data
+                if len(first) > 2000:
+                    break
+        rest, status = await collect(follower, handle, len(first))
+        assert 1 == follower.channels_opened
+    assert (await anyio.Path(handle.log_path).read_bytes(), 0) == (first + rest, status)
+
+
+class NoPython(LocalTransport):
+    """A host whose agent command finds ``sh`` but no python3 on its PATH."""
+
+    def __init__(self, name: str, bin_dir: Path) -> None:
+        super().__init__(name)
+        bin_dir.mkdir()
+        (bin_dir / "sh").symlink_to("/bin/sh")
+        self.bin_dir = bin_dir
+
+    def duplex(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+               ) -> AbstractAsyncContextManager[Duplex]:
+        return super().duplex(argv, env={"PATH": str(self.bin_dir)})
+
+
+async def test_a_host_without_python_falls_back_to_one_stream_per_server(tmp_path: Path) -> None:
+    transport = LocalTransport("local")
+    handle = await launch(transport, tmp_path / "run", "s", ["sh", "-c", "echo one; echo two"])
+    async with running(NoPython("local", tmp_path / "bin")) as follower:
+        data, status = await collect(follower, handle)
+        assert follower.unsupported
+        assert 0 == follower.channels_opened
+    assert (b"one\ntwo\n", 0) == (data, status)
+
+
+# -- over real SSH ---------------------------------------------------------------------------
+
+
+@pytest.mark.ssh
+async def test_a_cut_connection_is_resumed_at_the_byte_offset(
+    sshd_host: Sshd, tmp_path: Path,
+) -> None:
+    """The connection is cut (sshd's per-connection processes SIGKILLed) while three servers
+    write: every follow raises HostUnreachable, a second agent takes all three on at their
+    offsets, and each log arrives whole, exactly once."""
+    stop = tmp_path / "stop"
+    # Writes numbered lines until the test says stop: the cut lands mid-log whatever the load.
+    writer = ("import os, sys, time\n"
+              "i = 0\n"
+              "while not os.path.exists(sys.argv[1]):\n"
+              "    sys.stdout.write(f'{i:05d}:' + 'x' * (i % 37) + '\\n')\n"
+              "    sys.stdout.flush()\n"
+              "    i += 1\n"
+              "    time.sleep(0.01)\n")
+    local = LocalTransport("here")
+    transport = SSHTransport("gpu1", **sshd_host.transport_kwargs())  # type: ignore[arg-type]
+    handles = [await launch(local, tmp_path / "run", f"s{i}",
+                            [sys.executable, "-c", writer, str(stop)]) for i in range(3)]
+    got: dict[int, bytes] = {i: b"" for i in range(3)}
+    statuses: dict[int, int | None] = {}
+    cuts: list[int] = []
+    enough = anyio.Event()
+    resumed = anyio.Event()
+    try:
+        async with running(transport) as follower:
+
+            async def one(i: int) -> None:
+                while True:
+                    try:
+                        async with aclosing(follower.follow(handles[i], len(got[i]))) as items:
+                            async for item in items:
+                                if isinstance(item, RunExited):
+                                    statuses[i] = item.status
+                                    return
+                                got[i] += item.data
+                                if all(len(b) > 500 for b in got.values()):
+                                    enough.set()
+                                if len(set(cuts)) == 3 and all(len(b) > 1500 for b in got.values()):
+                                    resumed.set()
+                    except HostUnreachable:
+                        cuts.append(i)
+                        await anyio.sleep(0.1)
+
+            async def cut() -> None:
+                await enough.wait()
+                await anyio.to_thread.run_sync(sshd_host.kill_connections)
+                await resumed.wait()  # the second agent delivers; now let the writers end
+                stop.touch()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cut)
+                for i in range(3):
+                    tg.start_soon(one, i)
+            opened = follower.channels_opened
+    finally:
+        await transport.aclose()
+        for handle in handles:
+            await remote.stop(local, handle, grace=0.1)
+    assert [0, 1, 2] == sorted(set(cuts))
+    assert 2 == opened
+    for i, handle in enumerate(handles):
+        assert (await anyio.Path(handle.log_path).read_bytes(), 0) == (got[i], statuses[i])
+
+
+@pytest.fixture
+def stock_sshd(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sshd]:
+    daemon = Sshd(tmp_path_factory.mktemp("sshd"), max_sessions=None)  # MaxSessions 10
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+@pytest.mark.ssh
+async def test_more_servers_than_max_sessions_all_come_up_on_a_stock_sshd(
+    stock_sshd: Sshd, tmp_path: Path, record_property: Callable[[str, object], None],
+) -> None:
+    """14 simulated servers on one host behind a stock sshd (MaxSessions 10) all reach ready
+    through supervise_all: their logs travel over one agent session."""
+    n = 14
+    site = Site.create(tmp_path, "gpu1", stock_sshd, gpu_count=n)
+    config = ssh_config(tmp_path, [site.host_entry()], [
+        server_entry(f"llm{i}", site, port=free_port(), gpus=[i]) for i in range(n)])
+    events = EventRecorder()
+    transport = SSHTransport.from_host_config(config.host("gpu1"))
+    sups = [ServerSupervisor(config, s, transport, sglang_version=SIM_VERSION, hooks=[events])
+            for s in config.servers]
+    most_sessions = 0
+
+    async def watch() -> None:
+        nonlocal most_sessions
+        while True:
+            most_sessions = max(most_sessions, transport.sessions_open)
+            await anyio.sleep(0.05)
+
+    try:
+        with anyio.fail_after(150):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                states = await supervise_all(sups, until_ready=True)
+                tg.cancel_scope.cancel()
+    finally:
+        await transport.aclose()
+        kill_leftovers([site.run_dir])
+    record_property("most_sessions", most_sessions)
+    assert {f"llm{i}": State.STOPPED for i in range(n)} == states, events.names()
+    assert n == len({e.server for e in events.named("server.ready")})
+    followers = {id(s.host_follower) for s in sups}
+    assert 1 == len(followers)
+    assert sups[0].host_follower is not None
+    assert 1 == sups[0].host_follower.channels_opened
+
+
+async def test_the_agent_probes_health_on_the_host() -> None:
+    """Probes made by the agent answer like launcher.health.probe_health: the status code,
+    a timeout at the deadline, the connection error; no socket of ours per probe."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = int(s.getsockname()[1])
+    try:
+        async with running(LocalTransport("local")) as follower:
+            with HostileHttp("huge", body_len=800 << 20) as srv:
+                healthy = await follower.probe(srv.port, 5.0)
+            quiet = await follower.probe(int(silent.getsockname()[1]), 0.3)
+            refused = await follower.probe(closed, 5.0)
+            assert 1 == follower.channels_opened
+    finally:
+        silent.close()
+    assert (True, "HTTP 200") == healthy
+    assert (False, "no complete answer within 0.3s") == quiet
+    assert refused is not None
+    assert (False, "ConnectionRefusedError: [Errno 111] Connection refused") == refused
