@@ -66,6 +66,11 @@ Where the generator may flatter the estimator (read the figures with this in min
   the simulator's exact figures rounded like the log, never lost lines.
 - Speculative decoding and hybrid (Mamba) models are not drawn here; calibration handles them
   (draft and state factors) but this bench does not measure it.
+- The cold prior's fixed 0.5 GiB of graph memory (``Coefficients.graph_fixed_gib``) is not
+  taken from the drawn constant above, nor the constant from it: the prior's is SGLang's
+  ``reserved_mem`` base (512 MiB, ``server_args.py``), the draw's range comes from the real
+  logs and the seeds. They share one assumption only, that part of the graph-phase memory does
+  not scale with the model; a fleet where it does would make the prior's fixed part useless.
 """
 
 from __future__ import annotations

@@ -208,13 +208,30 @@ def test_graph_memory_grows_with_draft_tokens_and_is_capped_by_running_requests(
     captured bs stop at max_running_requests (48 unless set)."""
     m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
     c = Coefficients(graph_overhead_gib_per_layer_hidden=0.0, draft_graph_gib_per_token_hidden=0.0,
-                     draft_graph_overhead_gib=0.0, prefill_graph_gib_per_shape=0.0)
+                     draft_graph_overhead_gib=0.0, prefill_graph_gib_per_shape=0.0,
+                     graph_fixed_gib=0.0)
     plain = estimate(m, w, h100s(2), ServerShape(tp=2), coeffs=c)
     spec = estimate(m, w, h100s(2), ServerShape(tp=2, spec=SpecShape("EAGLE", 3, 1, 4)),
                     draft=facts("llama-70b-sim"), draft_weights=WeightFacts(GIB), coeffs=c)
     per_token = c.graph_gib_per_token_hidden * 8192
     assert plain.graphs_gib(256) == pytest.approx(per_token * 256)
     assert spec.graphs_gib(256) == pytest.approx(per_token * 48 * 4)
+
+
+def test_graph_memory_has_sglangs_fixed_half_gib_once_per_capture() -> None:
+    """The cold prior counts SGLang's 512 MiB ``reserved_mem`` base (attention-backend buffers
+    allocated after the KV pool) once, whatever the bs. Hand-computed: llama-70b-sim (hidden
+    8192, 80 layers), tp 2, 0.5.10, bs 8 captures [1, 2, 4, 8]:
+    0.5 + 4e-6 x 8192 x 8 + 1.6e-7 x 8192 x 80 x 4 = 0.5 + 0.262144 + 0.4194304."""
+    m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
+    e = estimate(m, w, h100s(2), ServerShape(tp=2, sglang_version="0.5.10"))
+    assert e.graphs_gib(8) == pytest.approx(0.5 + 0.262144 + 0.4194304)
+    without = estimate(m, w, h100s(2), ServerShape(tp=2, sglang_version="0.5.10"),
+                       coeffs=Coefficients(graph_fixed_gib=0.0))
+    for bs in (1, 8, 64, 256):
+        assert e.graphs_gib(bs) - without.graphs_gib(bs) == pytest.approx(0.5)
+    off = estimate(m, w, h100s(2), ServerShape(tp=2, disable_cuda_graph=True))
+    assert off.graphs_gib(64) == 0.0
 
 
 def test_auto_values_are_sglangs() -> None:

@@ -54,7 +54,8 @@ figures are for one GPU of the server. The formulas and where each comes from in
   ``q_a``/``kv_a`` projections (``ReplicatedLinear`` in ``models/deepseek_v2.py``), the MoE
   router, and K/V projections when ``kv_heads < tp``.
 - graph batch sizes and the auto fraction: :mod:`launcher.sglang.autoargs`.
-- CUDA graphs (activation pool of the largest captured batch + a per-graph cost), prefill
+- CUDA graphs (a fixed 0.5 GiB of attention-backend buffers, as SGLang's own ``reserved_mem``
+  base, + the activation pool of the largest captured batch + a per-graph cost), prefill
   graphs (0.5.23: 8 MiB per shape, 1.5 GiB for MLA: ``memory_hook.reserve_for_graph_mb``) and
   warmup activations are not computable from the config; :class:`Coefficients` holds their
   prior, which the ledger's observations correct.
@@ -446,6 +447,12 @@ class Coefficients:
     context_gib_per_extra_rank: float = 0.1
     graph_gib_per_token_hidden: float = 4e-6
     graph_overhead_gib_per_layer_hidden: float = 1.6e-7
+    # Fixed per capture, whatever the model: SGLang's own auto fraction reserves 512 MiB of
+    # "constant meta data (e.g., from attention backend)" (server_args.py ``reserved_mem = 512``,
+    # 0.5.10 and 0.5.23), allocated after the KV pool and before capture
+    # (``init_memory_pool`` -> ``init_attention_backend`` in model_runner.py): FlashInfer's
+    # workspace alone is 384 MiB, 512 MiB for Qwen2/Qwen3 (``SGLANG_FLASHINFER_WORKSPACE_SIZE``).
+    graph_fixed_gib: float = 0.5
     draft_graph_gib_per_token_hidden: float = 1e-6
     draft_graph_overhead_gib: float = 0.01
     prefill_graph_gib_per_shape: float = 8 / 1024  # memory_hook: 8 MiB per prefill shape
@@ -620,7 +627,7 @@ class Estimate:
         sizes = captured_sizes(bs, spec=spec is not None, cap=self.request_cap())
         top = sizes[-1]
         per_req = spec.num_draft_tokens if spec is not None else 1
-        total = c.graph_gib_per_token_hidden * m.hidden_size * top * per_req
+        total = c.graph_fixed_gib + c.graph_gib_per_token_hidden * m.hidden_size * top * per_req
         total += c.graph_overhead_gib_per_layer_hidden * m.hidden_size * m.num_layers * len(sizes)
         if at_least(s.sglang_version, AUTO_TABLE_2_FROM):
             if m.mla:
