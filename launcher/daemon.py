@@ -308,6 +308,7 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
                         await routing.settled()
             finally:
                 if view is not None:
+                    view.update(snapshots())  # the final states, whatever the last tick saw
                     view.stop()
             tg.cancel_scope.cancel()
     finally:

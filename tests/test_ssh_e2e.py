@@ -456,7 +456,7 @@ async def test_hostile_strings_reach_the_sim_byte_for_byte(
         tmp_path,
         [site.host_entry(env={"SGLANG_SIM_HOST": str(site.sim.path), "SIM_HOST_NOTE": host_value})],
         [server_entry("llm", site, port=free_port(), model_path=str(model),
-                      extra_args=["--dist-init-addr", arg_value],
+                      extra_args=["--attention-backend", arg_value],
                       env={"SIM_NOTE": env_value, "SIM_EMPTY": ""})],
     )
     events = EventRecorder()
@@ -469,7 +469,7 @@ async def test_hostile_strings_reach_the_sim_byte_for_byte(
             argv, env = cmdline(pid), environ(pid)
     assert State.READY == final
     assert str(model).encode() == argv[argv.index(b"--model-path") + 1]
-    assert arg_value.encode() == argv[argv.index(b"--dist-init-addr") + 1]
+    assert arg_value.encode() == argv[argv.index(b"--attention-backend") + 1]
     assert env_value.encode() == env[b"SIM_NOTE"]
     assert b"" == env[b"SIM_EMPTY"]
     assert host_value.encode() == env[b"SIM_HOST_NOTE"]
