@@ -29,7 +29,9 @@ The model's ``"sim"`` object::
                           graph_overhead_gib. A separate draft directory (EAGLE-3) is an
                           ordinary sim model; its graph_gib_per_bs counts per captured token.
     hybrid                optional object: a Mamba / linear-attention hybrid; per rank and per
-                          state slot conv_gib_per_req and ssm_gib_per_req, ssm_dtype (default
+                          state slot conv_gib_per_req and ssm_gib_per_req (only for a config.json
+                          without the linear-attention keys; otherwise SGLang's
+                          Mamba2StateShape formula gives them), ssm_dtype (default
                           float32; --mamba-ssm-dtype bfloat16/float16 halves ssm), extra_buffer
                           (bool, default true: supports the extra_buffer strategy)
 
@@ -694,12 +696,18 @@ def scenario_for(
     hybrid_s: HybridScenario | None = None
     if hybrid is not None and model.hybrid is not None and flags is not None:
         h = model.hybrid
+        conv = float(h.get("conv_gib_per_req", 0.0))
         ssm = float(h.get("ssm_gib_per_req", 0.0))
         model_ssm_dtype = str(h.get("ssm_dtype", "float32"))
+        if model.facts is not None and model.facts.hybrid is not None:
+            # Mamba2StateShape.create + mamba_cache_per_req (launcher.sglang.budget)
+            conv_b, ssm_b = model.facts.hybrid.per_req_bytes(tp)
+            conv, ssm = conv_b / GIB, ssm_b / GIB
+            model_ssm_dtype = "float32" if model.facts.hybrid.ssm_dtype_bytes == 4 else "bfloat16"
         if flags.mamba_ssm_dtype in ("bfloat16", "float16") and model_ssm_dtype == "float32":
             ssm /= 2
         hybrid_s = HybridScenario(
-            conv_gib_per_req=float(h.get("conv_gib_per_req", 0.0)),
+            conv_gib_per_req=conv,
             ssm_gib_per_req=ssm,
             strategy=hybrid.strategy,
             overlap=hybrid.overlap,
