@@ -9,7 +9,8 @@ failure tracebacks and exit statuses, its process tree, its HTTP API and its shu
 
 The model's ``"sim"`` object::
 
-    weights_gib           whole model (each TP rank holds weights_gib / tp)
+    weights_gib           whole model (each TP rank holds (weights_gib - replicated) / tp +
+                          replicated, replicated by launcher.sglang.budget's rule)
     kv_gib_per_1k_tokens  optional, whole model / tp: only for a config.json without the keys
                           launcher.sglang.budget.ModelFacts needs; otherwise SGLang's cell
                           size is computed from the HF keys (MLA is not sharded by tp)
@@ -743,6 +744,7 @@ def scenario_for(
         ),
         capture_graphs=not (flags is not None and flags.disable_cuda_graph),
         mla=model.mla,
+        replicated_gib=model.facts.replicated_bytes(tp) / GIB if model.facts is not None else 0.0,
     )
 
 
