@@ -67,7 +67,7 @@ from launcher.firstattempt import Planned, estimate_servers
 from launcher.gpus import check_gpus
 from launcher.memview import bar_text, legend
 from launcher.multinode import rank_commands
-from launcher.notify import ServerInfo, SlackNotifier
+from launcher.notify import ServerInfo, SlackNotifier, webhook_url_ok
 from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
@@ -712,6 +712,27 @@ class _LiveLog(io.TextIOBase):
         self._file.flush()
 
 
+def _webhook_source(slack: SlackConfig) -> str:
+    """Where the Slack webhook URL is read from, for messages (never its value: a secret)."""
+    return ("LAUNCHER_SLACK__WEBHOOK (credential or variable)" if slack.webhook is not None
+            else f"the file {slack.webhook_url_file}" if slack.webhook_url_file is not None
+            else f"${slack.webhook_url_env}")
+
+
+def _check_webhook(slack: SlackConfig, webhook: str | None) -> None:
+    """Exit 2 (a config error naming where the URL comes from and the fix) when ``webhook``
+    is set but not an http(s) URL with a host; `up` and `check` share it."""
+    if webhook is None or webhook_url_ok(webhook):
+        return
+    where = _webhook_source(slack)
+    problem = ConfigError([
+        f"slack: the webhook URL from {where} is not an http(s) URL with a host "
+        "(value not shown: it is a secret)"], source="slack")
+    problem.remedy = (f"set {where} to https://hooks.slack.com/services/..., or unset it "
+                      "to have messages logged instead")
+    _fail(problem)
+
+
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def up(
     config_path: ConfigArg = None,
@@ -742,22 +763,12 @@ def up(
     slack = config.slack or SlackConfig()
     webhook = _guard(lambda: slack.webhook_url())
     secret_values = [v for env in secrets.values() for v in env.values()]
-    # Built here, before anything starts: a malformed webhook URL is a config error (exit 2).
-    try:
-        notifier = SlackNotifier(
-            webhook, secrets=secret_values, announce_adoption=slack.announce_adoption,
-            remind_every_s=slack.remind_every, config_path=config_path,
-            servers_info={s.name: ServerInfo.of(s, config.host(s.host)) for s in servers})
-    except ConfigError:
-        where = ("LAUNCHER_SLACK__WEBHOOK (credential or variable)" if slack.webhook is not None
-                 else f"the file {slack.webhook_url_file}" if slack.webhook_url_file is not None
-                 else f"${slack.webhook_url_env}")
-        problem = ConfigError([
-            f"slack: the webhook URL from {where} is not an http(s) URL with a host "
-            "(value not shown: it is a secret)"], source="slack")
-        problem.remedy = (f"set {where} to https://hooks.slack.com/services/..., or unset it "
-                          "to have messages logged instead")
-        _fail(problem)
+    # Checked here, before anything starts: a malformed webhook URL is a config error (exit 2).
+    _check_webhook(slack, webhook)
+    notifier = _guard(lambda: SlackNotifier(
+        webhook, secrets=secret_values, announce_adoption=slack.announce_adoption,
+        remind_every_s=slack.remind_every, config_path=config_path,
+        servers_info={s.name: ServerInfo.of(s, config.host(s.host)) for s in servers}))
     live = log_format == "auto" and sys.stdout.isatty()
     fmt: Format = (
         "json" if log_format == "json" or (log_format == "auto" and not live) else "console"
@@ -1379,10 +1390,16 @@ def logs(
 
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
-    """Validate the config and preflight every server's host; launch nothing."""
+    """Validate the config (the Slack webhook's URL included) and preflight every server's
+    host; launch nothing."""
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
     _guard(lambda: [resolve_secret_env(s) for s in servers])
+    slack = config.slack or SlackConfig()
+    webhook = _guard(lambda: slack.webhook_url())
+    _check_webhook(slack, webhook)
+    _say(out, "slack: ", ("ok", "green"), f"  webhook from {_webhook_source(slack)}"
+         if webhook is not None else "  no webhook: messages are logged instead")
 
     async def one(s: ServerConfig, t: Transport) -> list[str]:
         problems = []

@@ -99,6 +99,7 @@ __all__ = [
     "resolved_message",
     "restart_message",
     "unhealthy_message",
+    "webhook_url_ok",
 ]
 
 _T = TypeVar("_T")
@@ -1205,6 +1206,15 @@ class SlackNotifier:
 
 def _redacted(message: Message, redact: Redactor) -> Message:
     return replace(message, text=redact.text(message.text), blocks=redact(message.blocks))
+
+
+def webhook_url_ok(url: str) -> bool:
+    """Whether ``url`` is usable as a webhook: an http(s) URL with a host."""
+    try:
+        _check_url(url)
+    except ConfigError:
+        return False
+    return True
 
 
 def _check_url(url: str) -> httpx.URL:

@@ -39,16 +39,18 @@ def with_second_server(data: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.parametrize("command", ["up", "check"])
 def test_malformed_slack_webhook_is_a_config_error_before_anything_starts(
-    sim: SimSetup,
+    sim: SimSetup, command: str,
 ) -> None:
     """A webhook URL without a scheme: exit 2 with one short error naming where the URL comes
     from and the fix, the value not shown, no traceback, nothing started (the bug: a 106-line
-    traceback and exit 1)."""
+    traceback and exit 1). `check` validates it the same way."""
     config = sim.write_toml(quick(sim))
     bad = "hooks.slack.com/services/T000/B000/secret-token-value"
 
-    up = run_cli("up", str(config), "--log-format", "json", env={"LAUNCHER_SLACK_WEBHOOK": bad})
+    args = ["--log-format", "json"] if command == "up" else []
+    up = run_cli(command, str(config), *args, env={"LAUNCHER_SLACK_WEBHOOK": bad})
 
     assert EXIT_USAGE == up.returncode, up.stderr
     assert "Traceback" not in up.stderr
@@ -56,6 +58,19 @@ def test_malformed_slack_webhook_is_a_config_error_before_anything_starts(
     assert "LAUNCHER_SLACK_WEBHOOK: the Slack webhook URL must be https://" in up.stderr
     assert "secret-token-value" not in up.stderr + up.stdout
     assert not sim.run_dir.exists()
+
+
+def test_check_names_where_a_valid_webhook_comes_from_without_showing_it(
+    sim: SimSetup,
+) -> None:
+    """`check` with a well-formed webhook says where it is read from, never the value."""
+    config = sim.write_toml(quick(sim))
+    good = "https://hooks.slack.com/services/T000/B000/secret-token-value"
+
+    result = run_cli("check", str(config), env={"LAUNCHER_SLACK_WEBHOOK": good})
+
+    assert "slack: ok  webhook from $LAUNCHER_SLACK_WEBHOOK" in result.stdout, result.stdout
+    assert "secret-token-value" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("command", ["up", "status", "check"])

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from launcher.params import LaunchParams
+from launcher.sglang.budget import GIB, ModelFacts
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
 from launcher.sim.faults import FaultKind, FaultPlan, FaultProfileError, load_profile, parse_profile
@@ -36,14 +37,17 @@ def model_scenario(
 ) -> MemoryScenario:
     """The memory scenario the sim must run for ``name`` (its "sim" object, per the docs:
     weights and KV per 1k tokens are whole-model figures, the rest per rank)."""
-    sim = json.loads((model_dir(name) / "config.json").read_text())["sim"]
+    data = json.loads((model_dir(name) / "config.json").read_text())
+    sim = data["sim"]
+    # SGLang's cell size (pool_configurator._compute_cell_size), from the HF keys
+    kv_bytes = ModelFacts.from_config(data).kv_bytes_per_token(tp)
     return MemoryScenario(
         gpu_total_gib=total,
         weights_gib=sim["weights_gib"],
         tp=tp,
         other_used_gib=other,
         context_gib=sim["context_gib"],
-        kv_gib_per_1k_tokens=sim["kv_gib_per_1k_tokens"] / tp,
+        kv_gib_per_1k_tokens=kv_bytes * 1000 / GIB,
         min_kv_tokens=sim["min_kv_tokens"],
         graph_gib_per_bs=sim["graph_gib_per_bs"],
         graph_overhead_gib=sim["graph_overhead_gib"],

@@ -23,7 +23,9 @@ Public API (stable; ``fleetlearn`` builds on it)::
                (total_gib, weights_gib, kv_gib, graphs_gib, activations_gib, other_gib, free_gib)
                observed_bar(numbers: Numbers, phase: str) -> Observed | None   (a failed log)
     shared:    mamba_slot_ratio(strategy, overlap), mamba_cache_slots(budget, per_req, D, ratio)
-               (0.5.23's state-slot rules; the simulator uses them too)
+               (0.5.23's state-slot rules), ModelFacts.kv_bytes_per_token / replicated_bytes,
+               HybridFacts.per_req_bytes, draft_kv_bytes_per_token(...): the simulator's
+               hidden costs come from these same rules (launcher.sim.server.scenario_for)
 
 Host side: ``launcher.modelfacts.read_facts`` reads the facts over a Transport;
 ``launcher.firstattempt.plan_first_attempt(..., coeffs=...)`` applies the ledger-first rule.
@@ -106,6 +108,7 @@ __all__ = [
     "SpecShape",
     "WeightFacts",
     "choose",
+    "draft_kv_bytes_per_token",
     "dtype_bytes",
     "estimate",
     "mamba_cache_slots",
@@ -804,12 +807,8 @@ def estimate(
             draft_gib = (share + 2 * model.vocab_size * model.hidden_size * 2) / GIB / tp
             draft_layers = n
             notes.append(f"draft: the checkpoint's {n} MTP layer(s)")
-        if at_least(shape.sglang_version, ONE_STATIC_BUDGET_FROM) or draft is None:
-            # pool_configurator: the draft's cell = the target's x draft layers / target layers
-            draft_kv = int(model.kv_bytes_per_token(tp, kv_b) * draft_layers
-                           / max(model.kv_layers, 1))
-        else:  # 0.5.10: the draft worker sizes its own pool from its own config
-            draft_kv = draft.kv_bytes_per_token(tp, kv_b)
+        draft_kv = draft_kv_bytes_per_token(model, tp, kv_b, shape.sglang_version, draft,
+                                            draft_layers)
     rep = model.replicated_bytes(tp)
     w = ((target_bytes - rep) / tp + rep) / GIB * coeffs.weights_scale
     state = 0
@@ -823,6 +822,27 @@ def estimate(
         kv_bytes_per_token=model.kv_bytes_per_token(tp, kv_b), draft_kv_bytes_per_token=draft_kv,
         state_bytes_per_req=state, weights_source=weights.source, notes=tuple(notes),
     )
+
+
+def draft_kv_bytes_per_token(
+    model: ModelFacts,
+    tp: int,
+    kv_dtype_bytes: int,
+    sglang_version: str,
+    draft: ModelFacts | None = None,
+    draft_layers: int | None = None,
+) -> int:
+    """One rank's KV bytes per token of the speculative draft's pool. 0.5.23
+    (``pool_configurator``) and the checkpoint's own MTP layers (``draft`` None): the target's
+    cell x draft layers / target KV layers; 0.5.10 with a separate draft: the draft worker sizes
+    its pool from its own config. ``draft_layers``: the draft's layers (default: ``draft``'s,
+    or the checkpoint's MTP layers)."""
+    if draft_layers is None:
+        draft_layers = draft.num_layers if draft is not None else model.nextn_layers
+    if at_least(sglang_version, ONE_STATIC_BUDGET_FROM) or draft is None:
+        return int(model.kv_bytes_per_token(tp, kv_dtype_bytes) * draft_layers
+                   / max(model.kv_layers, 1))
+    return draft.kv_bytes_per_token(tp, kv_dtype_bytes)
 
 
 # --- the first attempt -----------------------------------------------------------------------

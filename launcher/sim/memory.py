@@ -4,8 +4,8 @@ It follows SGLang's own arithmetic (docs/sglang.md, "Memory"):
 
 - ``pre`` = free memory on the busiest GPU after CUDA/NCCL init, before weights
   ("Load weight begin. avail mem=pre"). SGLang takes the minimum over ranks.
-- Weights load shard by shard; each rank holds ``weights / tp``. Not fitting is an OOM
-  during weight load, which no mem-fraction can fix.
+- Weights load shard by shard; each rank holds ``(weights - replicated) / tp + replicated``.
+  Not fitting is an OOM during weight load, which no mem-fraction can fix.
 - KV pool = free after weights - pre x (1 - mem_fraction_static). A pool <= 0 is SGLang's
   "Not enough memory. Please try to increase --mem-fraction-static"; so is a pool below the
   scenario's minimum token count.
@@ -128,7 +128,7 @@ class MemoryScenario:
     """One server on one kind of GPU. All sizes GiB; per-rank unless said otherwise."""
 
     gpu_total_gib: float  # capacity of each GPU
-    weights_gib: float  # the whole model; each TP rank holds weights_gib / tp
+    weights_gib: float  # the whole model; a TP rank holds (weights - replicated)/tp + replicated
     tp: int = 1
     other_used_gib: float = 0.0  # held by other processes on the busiest GPU of the server
     context_gib: float = 1.0  # CUDA context + NCCL buffers before weight load
@@ -149,6 +149,9 @@ class MemoryScenario:
     context_len: int = 4096
     capture_graphs: bool = True  # False: --disable-cuda-graph
     mla: bool = False  # MLA attention (0.5.23's auto fraction reserves 1.5 GiB of prefill graphs)
+    # weights every rank holds whole (MLA's q_a/kv_a projections, the MoE router, K/V heads when
+    # kv_heads < tp): ``launcher.sglang.budget.ModelFacts.replicated_bytes``
+    replicated_gib: float = 0.0
 
     @property
     def pre_load_free_gib(self) -> float:
@@ -156,7 +159,9 @@ class MemoryScenario:
 
     @property
     def weights_per_rank_gib(self) -> float:
-        return self.weights_gib / self.tp
+        if self.tp <= 1:
+            return self.weights_gib
+        return (self.weights_gib - self.replicated_gib) / self.tp + self.replicated_gib
 
     def resolve(self, params: LaunchParams) -> tuple[float, int]:
         """The (mem_fraction_static, cuda_graph_max_bs) SGLang would run with."""

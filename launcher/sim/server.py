@@ -9,8 +9,11 @@ failure tracebacks and exit statuses, its process tree, its HTTP API and its shu
 
 The model's ``"sim"`` object::
 
-    weights_gib           whole model (each TP rank holds weights_gib / tp)
-    kv_gib_per_1k_tokens  whole model (each rank holds 1/tp of it)
+    weights_gib           whole model (each TP rank holds (weights_gib - replicated) / tp +
+                          replicated, replicated by launcher.sglang.budget's rule)
+    kv_gib_per_1k_tokens  optional, whole model / tp: only for a config.json without the keys
+                          launcher.sglang.budget.ModelFacts needs; otherwise SGLang's cell
+                          size is computed from the HF keys (MLA is not sharded by tp)
     graph_gib_per_bs      per rank: activation pool of the largest decode graph, per bs
     graph_overhead_gib    per rank, per captured graph
     warmup_gib            per rank: activations of the warmup prefill
@@ -22,12 +25,14 @@ The model's ``"sim"`` object::
     mla                   optional bool: MLA attention (one ``KV size`` in the KV line)
     draft                 optional object: the MTP/NextN draft inside the checkpoint, used when
                           --speculative-draft-model-path is unset or the model path itself:
-                          arch, weights_gib and kv_gib_per_1k_tokens (whole model), and per rank
+                          arch, weights_gib (whole model), and per rank
                           graph_gib_per_bs (draft graphs' pool per captured token) and
                           graph_overhead_gib. A separate draft directory (EAGLE-3) is an
                           ordinary sim model; its graph_gib_per_bs counts per captured token.
     hybrid                optional object: a Mamba / linear-attention hybrid; per rank and per
-                          state slot conv_gib_per_req and ssm_gib_per_req, ssm_dtype (default
+                          state slot conv_gib_per_req and ssm_gib_per_req (only for a config.json
+                          without the linear-attention keys; otherwise SGLang's
+                          Mamba2StateShape formula gives them), ssm_dtype (default
                           float32; --mamba-ssm-dtype bfloat16/float16 halves ssm), extra_buffer
                           (bool, default true: supports the extra_buffer strategy)
 
@@ -54,6 +59,13 @@ from typing import Any, NoReturn
 
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import auto_chunked_prefill_size
+from launcher.sglang.budget import (
+    GIB,
+    ModelFacts,
+    NoEstimate,
+    draft_kv_bytes_per_token,
+    dtype_bytes,
+)
 from launcher.sglang.phases import Phase
 from launcher.sglang.versions import DRAFT_EXTEND_SWITCH_FROM, at_least
 from launcher.sim import gpustate, logfmt
@@ -351,6 +363,17 @@ class ModelSpec:
     mla: bool = False
     draft: dict[str, Any] | None = None
     hybrid: dict[str, Any] | None = None
+    # The HF config as launcher.sglang.budget reads it: SGLang's per-token KV bytes, Mamba state
+    # per slot and replicated weights follow from it (None: too few keys, the sim's figures
+    # are used as given).
+    facts: ModelFacts | None = None
+
+
+def _facts(data: dict[str, Any]) -> ModelFacts | None:
+    try:
+        return ModelFacts.from_config(data)
+    except NoEstimate:
+        return None
 
 
 def load_model(path: str) -> ModelSpec:
@@ -423,6 +446,7 @@ def load_model(path: str) -> ModelSpec:
         mla=bool(sim.get("mla", False)),
         draft=objects["draft"],
         hybrid=objects["hybrid"],
+        facts=_facts(data),
     )
 
 
@@ -444,6 +468,7 @@ class Speculative:
     draft_arch: str
     draft: dict[str, Any]  # weights_gib, kv_gib_per_1k_tokens (whole model), graph_* (per rank)
     warnings: tuple[str, ...]
+    draft_facts: ModelFacts | None = None  # a separate draft checkpoint's config (EAGLE-3)
 
 
 def resolve_speculative(flags: Flags, model: ModelSpec, d: Dialect) -> Speculative | None:
@@ -508,6 +533,9 @@ def resolve_speculative(flags: Flags, model: ModelSpec, d: Dialect) -> Speculati
         draft_model = load_model(path)
         arch = draft_model.arch
         draft = dict(draft_model.sim)
+        return Speculative(
+            algo, steps, topk, tokens, mrr, arch, draft, tuple(warnings), draft_model.facts
+        )
     return Speculative(algo, steps, topk, tokens, mrr, arch, draft, tuple(warnings))
 
 
@@ -603,6 +631,32 @@ def _mamba_hook_error(final: str) -> str:
     )
 
 
+def kv_gib_per_1k(
+    model: ModelSpec, tp: int, version: str, flags: Flags | None, spec: Speculative | None
+) -> tuple[float, float]:
+    """(target, draft) KV GiB per 1000 tokens on one rank, by SGLang's cell size
+    (``launcher.sglang.budget``: MHA/GQA ``max(1, kv_heads // tp)`` heads, MLA not sharded by
+    tp, the draft's cell from the target's). Without usable config keys: the model's
+    ``sim.kv_gib_per_1k_tokens`` (whole model) / tp."""
+    s = model.sim
+    facts = model.facts
+    dr = spec.draft if spec is not None else {}
+    if facts is None:
+        return (
+            s.get("kv_gib_per_1k_tokens", 0.1) / tp,
+            float(dr.get("kv_gib_per_1k_tokens", 0.0)) / tp,
+        )
+    kv_flag = flags.kv_cache_dtype if flags is not None else "auto"
+    kv_b = dtype_bytes(None if kv_flag == "auto" else kv_flag, facts.dtype_bytes)
+    target = facts.kv_bytes_per_token(tp, kv_b) * 1000 / GIB
+    if spec is None:
+        return target, 0.0
+    if spec.draft_facts is None and facts.nextn_layers <= 0:
+        return target, float(dr.get("kv_gib_per_1k_tokens", 0.0)) / tp
+    draft = draft_kv_bytes_per_token(facts, tp, kv_b, version, spec.draft_facts)
+    return target, draft * 1000 / GIB
+
+
 def scenario_for(
     model: ModelSpec,
     gpu_total_gib: float,
@@ -620,6 +674,7 @@ def scenario_for(
     Mamba settings)."""
     s = model.sim
     base = MemoryScenario(gpu_total_gib=gpu_total_gib, weights_gib=s["weights_gib"])
+    kv_target, kv_draft = kv_gib_per_1k(model, tp, version, flags, spec)
     spec_s: SpecScenario | None = None
     if spec is not None:
         dr = spec.draft
@@ -630,7 +685,7 @@ def scenario_for(
             num_draft_tokens=spec.draft_tokens,
             max_running_requests=spec.max_running_requests,
             draft_weights_gib=float(dr.get("weights_gib", 0.0)) / tp,
-            draft_kv_gib_per_1k_tokens=float(dr.get("kv_gib_per_1k_tokens", 0.0)) / tp,
+            draft_kv_gib_per_1k_tokens=kv_draft,
             draft_graph_gib_per_token=float(dr.get("graph_gib_per_bs", 0.002)),
             draft_graph_overhead_gib=float(dr.get("graph_overhead_gib", 0.005)),
             draft_extend_graph=not (
@@ -642,12 +697,18 @@ def scenario_for(
     hybrid_s: HybridScenario | None = None
     if hybrid is not None and model.hybrid is not None and flags is not None:
         h = model.hybrid
+        conv = float(h.get("conv_gib_per_req", 0.0))
         ssm = float(h.get("ssm_gib_per_req", 0.0))
         model_ssm_dtype = str(h.get("ssm_dtype", "float32"))
+        if model.facts is not None and model.facts.hybrid is not None:
+            # Mamba2StateShape.create + mamba_cache_per_req (launcher.sglang.budget)
+            conv_b, ssm_b = model.facts.hybrid.per_req_bytes(tp)
+            conv, ssm = conv_b / GIB, ssm_b / GIB
+            model_ssm_dtype = "float32" if model.facts.hybrid.ssm_dtype_bytes == 4 else "bfloat16"
         if flags.mamba_ssm_dtype in ("bfloat16", "float16") and model_ssm_dtype == "float32":
             ssm /= 2
         hybrid_s = HybridScenario(
-            conv_gib_per_req=float(h.get("conv_gib_per_req", 0.0)),
+            conv_gib_per_req=conv,
             ssm_gib_per_req=ssm,
             strategy=hybrid.strategy,
             overlap=hybrid.overlap,
@@ -661,7 +722,7 @@ def scenario_for(
         tp=tp,
         other_used_gib=other_used_gib,
         context_gib=s.get("context_gib", base.context_gib),
-        kv_gib_per_1k_tokens=s.get("kv_gib_per_1k_tokens", base.kv_gib_per_1k_tokens) / tp,
+        kv_gib_per_1k_tokens=kv_target,
         min_kv_tokens=int(s.get("min_kv_tokens", base.min_kv_tokens)),
         graph_gib_per_bs=s.get("graph_gib_per_bs", base.graph_gib_per_bs),
         graph_overhead_gib=s.get("graph_overhead_gib", base.graph_overhead_gib),
@@ -683,6 +744,7 @@ def scenario_for(
         ),
         capture_graphs=not (flags is not None and flags.disable_cuda_graph),
         mla=model.mla,
+        replicated_gib=model.facts.replicated_bytes(tp) / GIB if model.facts is not None else 0.0,
     )
 
 
