@@ -232,15 +232,7 @@ class LocalTransport:
         A program that cannot be started yields nothing (as a failing remote command would).
         """
         try:
-            with anyio.CancelScope(shield=True):  # see run(): never orphan a spawned child
-                process = await anyio.open_process(
-                    list(argv),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    env=self._environment(env),
-                    start_new_session=True,
-                )
+            process = await self._spawn_piped(argv, env, stdin=subprocess.DEVNULL)
         except OSError:
             return
         try:
@@ -248,11 +240,7 @@ class LocalTransport:
             async for chunk in process.stdout:
                 yield chunk
         finally:
-            with anyio.CancelScope(shield=True):
-                if process.returncode is None:
-                    _kill_group(process)
-                await process.wait()
-                await process.aclose()
+            await _reap(process)
 
     @asynccontextmanager
     async def duplex(
@@ -263,26 +251,25 @@ class LocalTransport:
         A program that cannot be started yields a duplex that has already ended (as a
         failing remote command would: its stdout is empty)."""
         try:
-            with anyio.CancelScope(shield=True):  # see run(): never orphan a spawned child
-                process = await anyio.open_process(
-                    list(argv),
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    env=self._environment(env),
-                    start_new_session=True,
-                )
+            process = await self._spawn_piped(argv, env, stdin=subprocess.PIPE)
         except OSError:
             yield _Ended()
             return
         try:
             yield _LocalDuplex(self._name, process)
         finally:
-            with anyio.CancelScope(shield=True):
-                if process.returncode is None:
-                    _kill_group(process)
-                await process.wait()
-                await process.aclose()
+            await _reap(process)
+
+    async def _spawn_piped(self, argv: Sequence[str], env: Mapping[str, str] | None, *,
+                           stdin: int) -> Process:
+        """``argv`` in its own session with stdout piped to us (stderr discarded); OSError
+        when it cannot be started. Shielded, as in run(): never orphan a spawned child."""
+        with anyio.CancelScope(shield=True):
+            process = await anyio.open_process(
+                list(argv), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env=self._environment(env), start_new_session=True,
+            )
+        return process
 
     def forward_port(self, remote_port: int) -> AbstractAsyncContextManager[int]:
         """The host *is* this machine: the port is reachable as it is."""
@@ -328,3 +315,13 @@ class _Ended:
 @asynccontextmanager
 async def _same_port(port: int) -> AsyncIterator[int]:
     yield port
+
+
+async def _reap(process: Process) -> None:
+    """Kill ``process``'s group if it still runs, then wait for it and close its pipes
+    (shielded: cleanup must finish)."""
+    with anyio.CancelScope(shield=True):
+        if process.returncode is None:
+            _kill_group(process)
+        await process.wait()
+        await process.aclose()
