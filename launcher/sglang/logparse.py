@@ -860,8 +860,6 @@ class LogFollower:
         # per pass index: (GraphPass value, avail figures of its begin lines over the ranks)
         self._pass_begins: list[tuple[str, list[float | None]]] = []
         self._rank_ends: dict[str, int] = {}  # rank -> "Capture ... end" lines seen
-        self._rank_kv_lines: dict[str, int] = {}  # rank -> "KV Cache is allocated" lines seen
-        self._draft_kv: dict[str, float] = {}
         self._rank_pass_name: dict[str, GraphPass] = {}  # rank -> the pass it captures now
         self._pass_usage: dict[tuple[str, GraphPass], float] = {}  # (rank, pass) -> GiB
         self._kv_labels: dict[str, set[str]] = {}  # rank -> pool labels seen ("" unlabelled)
@@ -1097,13 +1095,6 @@ class LogFollower:
             if m := _KV_ALLOC.search(msg):
                 if self.numbers.kv_tokens is None:
                     self.numbers.kv_tokens = int(m.group(1))
-                key = rank or ""
-                self._rank_kv_lines[key] = self._rank_kv_lines.get(key, 0) + 1
-                if self._rank_kv_lines[key] == 2 and self.numbers.speculative:
-                    # The draft's pool: the same unlabelled line, the rank's second
-                    # (model_runner_kv_cache_mixin.py 0.5.10; kv_cache_configurator.py 0.5.23).
-                    self._draft_kv[key] = sum(float(v) for v in m.groups()[1:] if v is not None)
-                    self.numbers.draft_kv_gib = round(max(self._draft_kv.values()), 2)
                 self._kv_pool(msg[: m.start()].strip(), m, rank)
                 sizes = zip(
                     (Figure.KV_K_SIZE, Figure.KV_V_SIZE, Figure.KV_SIZE),
@@ -1250,6 +1241,8 @@ class LogFollower:
             return
         self._kv_draft[key] = self._kv_draft.get(key, 0.0) + gib
         n.draft_kv_pool_gib = round(max(self._kv_draft.values()), 2)
+        if n.speculative:  # the policy's reading of the same pool (model_runner_kv_cache_mixin
+            n.draft_kv_gib = n.draft_kv_pool_gib  # 0.5.10, kv_cache_configurator.py 0.5.23)
         if n.draft_kv_tokens is None:
             n.draft_kv_tokens = int(m.group(1))
 
