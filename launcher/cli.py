@@ -420,20 +420,19 @@ def diagnose(
     raise typer.Exit(0 if diag.outcome.value == "ready" else 1)
 
 
-def _next_params(config: Config, s: ServerConfig) -> tuple[LaunchParams, str]:
-    """The params the next `up` starts ``s`` with, and why: the ledger's last good params for
-    this launch (daemon.run's warm start) or the configured ones. Without a configured SGLang
-    version, the launch is looked up under each supported version (`up` detects it)."""
-    configured = s.launch_params()
+def _remembered_params(config: Config, s: ServerConfig) -> tuple[LaunchParams, str] | None:
+    """The ledger's last good params for this launch, which the next `up` starts ``s`` with
+    (daemon.run's warm start), and why; None when the ledger has none. Without a configured
+    SGLang version, the launch is looked up under each supported version (`up` detects it)."""
     path = ledger_path(config.state_dir)
     if not path.exists():
-        return configured, "configured (no attempt ledger yet)"
+        return None
     versions = [s.sglang_version] if s.sglang_version else list(SUPPORTED_VERSIONS)
     with Ledger(path) as ledger:
         found = [e for v in versions
                  if (e := ledger.last_good_entry(fingerprint(s, config.host(s.host), v)))]
     if not found:
-        return configured, "configured (no last good params for this launch)"
+        return None
     entry = max(found, key=lambda e: e.updated_at)
     return entry.params, f"last good, {inspection.iso(entry.updated_at)}; `up --fresh` ignores them"
 
@@ -454,9 +453,8 @@ def plan(
         host = config.host(s.host)
         version = s.sglang_version or DEFAULT_VERSION
         first = planned[s.name]
-        params, params_source = _guard(partial(_next_params, config, s))
-        if not params_source.startswith("last good"):  # else the estimate's (or configured)
-            params, params_source = first.params, f"{first.source}: see the estimate below"
+        params, params_source = _guard(partial(_remembered_params, config, s)) or (
+            first.params, f"{first.source}: see the estimate below")
         secrets = {k: "***" for k in s.secret_env}
         ranks = _plan_ranks(config, s, params, version, secrets)
         cmd = rank_commands(config, s, params, version, secrets)[0][1]  # node 0's
