@@ -76,7 +76,7 @@ from launcher.sglang.multinode import (
 )
 from launcher.sglang.outcome import Diagnosis, Outcome
 from launcher.sglang.phases import Phase
-from launcher.supervisor import ServerSupervisor, _Attempt
+from launcher.supervisor import RunningAttempt, ServerSupervisor
 from launcher.transport import make_transport
 from launcher.transport.base import Transport
 
@@ -121,7 +121,7 @@ class _RankRun:
 
 
 @dataclass
-class _GroupAttempt(_Attempt):
+class _GroupAttempt(RunningAttempt):
     """An attempt of every rank; ``handle`` (and ``follower``) are node 0's."""
 
     ranks: list[_RankRun] = field(default_factory=list)
@@ -349,7 +349,7 @@ class MultiNodeSupervisor(ServerSupervisor):
             await self._post(Launched(pid=att.handle.pid))
             self._start_attempt_tasks(att)
 
-    async def _attempt_tasks(self, att: _Attempt) -> None:
+    async def _attempt_tasks(self, att: RunningAttempt) -> None:
         assert isinstance(att, _GroupAttempt)
         with att.scope:
             async with anyio.create_task_group() as tg:

@@ -172,7 +172,7 @@ def failure_note(attempt: int, record: AttemptRecord, next_params: LaunchParams 
 
 
 @dataclass
-class _Attempt:
+class RunningAttempt:
     handle: remote.RunHandle
     follower: LogFollower = field(default_factory=LogFollower)
     offset: int = 0
@@ -257,7 +257,7 @@ class ServerSupervisor:
         self._inbox_send: MemoryObjectSendStream[Event] | None = None
         self._early: list[Event] = []
         self._stop_asked: anyio.Event | None = None  # set by request_stop while ``run`` runs
-        self._attempt: _Attempt | None = None
+        self._attempt: RunningAttempt | None = None
         self._launching = anyio.Lock()  # held while a launch runs
         self._tg: TaskGroup | None = None
         self._state_since: float | None = None  # when the machine entered its current state
@@ -564,7 +564,7 @@ class ServerSupervisor:
     async def _adopt(self, handle: remote.RunHandle) -> Adopted:
         params = await self._params_of(handle)
         launched = await self._launched_at(handle)
-        self._attempt = _Attempt(handle=handle, last_advance=self.clock())
+        self._attempt = RunningAttempt(handle=handle, last_advance=self.clock())
         if launched is not None:
             self._attempt.started_wall = launched
         self._start_attempt_tasks(self._attempt)
@@ -679,22 +679,22 @@ class ServerSupervisor:
                 diag.retryable = not isinstance(exc, remote.RunDirUnwritable)
                 await self._post(Exited(status=None, diagnosis=diag))
                 return
-            self._attempt = _Attempt(handle=handle, last_advance=self.clock())
+            self._attempt = RunningAttempt(handle=handle, last_advance=self.clock())
             await self._post(Launched(pid=handle.pid))
             self._start_attempt_tasks(self._attempt)
 
-    def _start_attempt_tasks(self, att: _Attempt) -> None:
+    def _start_attempt_tasks(self, att: RunningAttempt) -> None:
         assert self._tg is not None
         self._tg.start_soon(self._attempt_tasks, att)
 
-    async def _attempt_tasks(self, att: _Attempt) -> None:
+    async def _attempt_tasks(self, att: RunningAttempt) -> None:
         with att.scope:
             async with anyio.create_task_group() as tg:
                 att.tg = tg
                 tg.start_soon(self._follow, att)
                 tg.start_soon(self._stall_watch, att)
 
-    async def _follow(self, att: _Attempt) -> None:
+    async def _follow(self, att: RunningAttempt) -> None:
         splitter = LineSplitter()
         delay = 0.5
         hf = self.host_follower
@@ -763,7 +763,7 @@ class ServerSupervisor:
             if back is not None:
                 await back.wait()
 
-    async def _on_line(self, att: _Attempt, line: str) -> None:
+    async def _on_line(self, att: RunningAttempt, line: str) -> None:
         for ev in att.follower.feed_line(line):
             if isinstance(ev, PhaseEntered):
                 await self._post(PhaseSeen(ev.phase))
@@ -775,7 +775,7 @@ class ServerSupervisor:
                 FatalLineSeen(diagnose(att.follower, None, sglang_version=self.version))
             )
 
-    async def _stall_watch(self, att: _Attempt) -> None:
+    async def _stall_watch(self, att: RunningAttempt) -> None:
         """Post Stalled once the log has been silent past its phase's budget (confirmed by
         the log's age on the host). Event-driven: it sleeps until the budget can run out at
         the earliest (progress meanwhile re-arms it: the silence is measured again on
@@ -808,7 +808,7 @@ class ServerSupervisor:
             await self._post(Stalled(silent_s=age))
             return
 
-    async def _remote_silence(self, att: _Attempt) -> float | None:
+    async def _remote_silence(self, att: RunningAttempt) -> float | None:
         """Seconds since the attempt's log changed, by the host's clock; None when the host
         is unreachable; what we saw locally when the host cannot tell (e.g. no log)."""
         try:
@@ -821,7 +821,7 @@ class ServerSupervisor:
         self._host_reachable()
         return age
 
-    async def _probe_loop(self, att: _Attempt) -> None:
+    async def _probe_loop(self, att: RunningAttempt) -> None:
         refused: BaseException | None = None
         try:
             await self._probe_forever(att)
@@ -832,7 +832,7 @@ class ServerSupervisor:
         if refused is not None:
             await self._post(HostRefused(str(refused)))
 
-    async def _probe_forever(self, att: _Attempt) -> None:
+    async def _probe_forever(self, att: RunningAttempt) -> None:
         p = self.policy
         connect = health.prober_for(self.transport, self.server.port)
         while True:
@@ -881,7 +881,7 @@ class ServerSupervisor:
                 return answer
         return await health.probe_health(connect, deadline_s)
 
-    async def _status_of(self, att: _Attempt) -> remote.RunStatus | None:
+    async def _status_of(self, att: RunningAttempt) -> remote.RunStatus | None:
         """A look at the attempt's process; None when the host cannot tell. HostKeyError
         propagates: that host must not be asked anything."""
         try:
@@ -891,7 +891,7 @@ class ServerSupervisor:
         except LauncherError:
             return None
 
-    async def _still_running(self, att: _Attempt) -> bool | None:
+    async def _still_running(self, att: RunningAttempt) -> bool | None:
         """Whether the attempt's server process still lives: None when the host cannot be
         reached, True when it answers but cannot tell."""
         try:
@@ -926,7 +926,7 @@ class ServerSupervisor:
                 self._attempt_ended(att, tail.decode("utf-8", errors="replace"))
         await self._post(CleanedUp())
 
-    async def _stop_reaching_host(self, att: _Attempt, reason: str) -> None:
+    async def _stop_reaching_host(self, att: RunningAttempt, reason: str) -> None:
         """Stop the attempt's processes; while the host is unreachable, wait and try again,
         so that no relaunch starts beside a server that could not be stopped.
 
@@ -963,7 +963,7 @@ class ServerSupervisor:
             except LauncherError as exc:
                 self.log.warning("gave_up.unrecorded", error=str(exc))
 
-    def _attempt_ended(self, att: _Attempt, tail: str) -> None:
+    def _attempt_ended(self, att: RunningAttempt, tail: str) -> None:
         """Keep the tail locally and tell the hooks how the attempt ended."""
         diag = self.machine.pending
         self.tail_path = self._save_tail(att.handle.attempt, tail)
@@ -982,7 +982,7 @@ class ServerSupervisor:
         for hook in self.hooks:
             hook(self.server.name, "attempt.ended", data)
 
-    def _ready_attempt_ended(self, att: _Attempt) -> None:
+    def _ready_attempt_ended(self, att: RunningAttempt) -> None:
         data: dict[str, Any] = {
             "attempt": att.handle.attempt, "params": _params_dict(self.machine.params),
             "outcome": "ready", "phase": "ready", "numbers": att.follower.numbers.as_dict(),

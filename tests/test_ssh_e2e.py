@@ -25,7 +25,7 @@ from launcher.config import Config
 from launcher.errors import HostUnreachable
 from launcher.lifecycle import State
 from launcher.sglang.logparse import LineSplitter
-from launcher.supervisor import ServerSupervisor, _Attempt, supervise_all
+from launcher.supervisor import RunningAttempt, ServerSupervisor, supervise_all
 from launcher.transport.base import CommandResult, Transport
 from tests.simhost import free_port, model_dir
 from tests.sshd import Sshd, keygen
@@ -53,9 +53,9 @@ class LineRecordingSupervisor(ServerSupervisor):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lines: dict[int, list[str]] = {}
-        self.attempts: dict[int, _Attempt] = {}
+        self.attempts: dict[int, RunningAttempt] = {}
 
-    async def _on_line(self, att: _Attempt, line: str) -> None:
+    async def _on_line(self, att: RunningAttempt, line: str) -> None:
         self.lines.setdefault(att.handle.attempt, []).append(line)
         self.attempts[att.handle.attempt] = att
         await super()._on_line(att, line)
