@@ -237,6 +237,70 @@ def test_graph_memory_has_sglangs_fixed_half_gib_once_per_capture() -> None:
     assert off.graphs_gib(64) == 0.0
 
 
+def test_moe_layers_add_fused_moe_caches_per_routed_token() -> None:
+    """A routed-MoE layer's Triton runner holds, per token and routed expert,
+    ``intermediate_cache1`` (N = 2 x moe_intermediate / tp), ``intermediate_cache2`` (N / 2)
+    and ``intermediate_cache3`` (hidden), bf16 (layers/moe/moe_runner/triton_utils/fused_moe.py).
+    Hand-computed for Qwen3-30B-A3B (hidden 2048, 8 of 128 experts, moe_intermediate 768):
+    tp 1: 8 x (1536 + 768 + 2048) x 2 = 69,632 bytes; tp 2: 8 x (768 + 384 + 2048) x 2 =
+    51,200. The warmup activations (chunk 8192) and the top decode graph (bs 8) grow by the
+    same bytes per token; a dense model of the same hidden size gets nothing."""
+    moe_cfg = {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 48,
+               "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4,
+               "head_dim": 128, "vocab_size": 151936, "num_experts": 128,
+               "num_experts_per_tok": 8, "moe_intermediate_size": 768}
+    moe = ModelFacts.from_config(moe_cfg)
+    dense = ModelFacts.from_config({k: v for k, v in moe_cfg.items() if k not in (
+        "num_experts", "num_experts_per_tok", "moe_intermediate_size")})
+    assert moe.moe_bytes_per_token(1) == 69_632
+    assert moe.moe_bytes_per_token(2) == 51_200
+    assert dense.moe_bytes_per_token(1) == 0
+    shape = ServerShape(tp=1, sglang_version="0.5.10", chunked_prefill_size=8192)
+    w = WeightFacts(61_064_245_248)
+    e_moe = estimate(moe, w, h100s(1), shape)
+    e_dense = estimate(dense, w, h100s(1), shape)
+    assert e_moe.activations_gib() - e_dense.activations_gib() == pytest.approx(
+        8192 * 69_632 / GIB)
+    assert e_moe.graphs_gib(8) - e_dense.graphs_gib(8) == pytest.approx(8 * 69_632 / GIB)
+
+
+def test_0510_draft_pool_in_the_headroom_grows_with_the_fraction() -> None:
+    """Up to 0.5.15 the draft's KV pool has as many tokens as the target's and comes out of the
+    headroom, so it grows with the fraction. The DeepSeek-V4 seed on 0.5.10 (tp 4, EAGLE
+    1/1/2): the choice must count that pool at the tokens it chooses, not at the 4096-token
+    minimum (which said "no setting fits" while its own sum was under the free memory)."""
+    m, w = facts("deepseek-v4-flash-sim"), weights("deepseek-v4-flash-sim")
+    gpus = [GpuFacts(i, 94.97) for i in range(4)]
+    shape = ServerShape(tp=4, sglang_version="0.5.10", spec=SpecShape("EAGLE", 1, 1, 2),
+                        max_running_requests=48, chunked_prefill_size=4096)
+    e = estimate(m, w, gpus, shape)
+    c = choose(e, LaunchParams())
+    assert c.feasible, c.reason
+    b = c.budget
+    assert b.fits
+    draft_pool = b.kv_tokens * e.draft_kv_bytes_per_token / GIB
+    assert b.draft_in_headroom_gib == pytest.approx(e.draft_weights_gib + draft_pool)
+    assert b.spare_gib == pytest.approx(b.headroom_gib - b.graphs_gib - b.activations_gib
+                                        - e.draft_weights_gib - draft_pool)
+    assert b.spare_gib >= max(0.15 * (b.graphs_gib + b.activations_gib), MIN_MARGIN_GIB) - 0.01
+    # one step (0.001) above the range's high edge the pool no longer fits the headroom
+    rng = e.feasible_range(b.cuda_graph_max_bs)
+    assert rng is not None
+    assert e.at(rng[1] - 0.001, b.cuda_graph_max_bs).fits
+    assert not e.at(rng[1] + 0.001, b.cuda_graph_max_bs).fits
+
+
+def test_no_setting_fits_names_the_binding_problem_not_a_sum_that_fits() -> None:
+    """When the weights, minimum pool, graphs and activations add up to less than the free
+    memory but the margin leaves no fraction, the message says so instead of claiming the sum
+    exceeds the free memory."""
+    m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
+    e = estimate(m, w, h100s(2), ServerShape(tp=2))
+    c = choose(e, LaunchParams(), margin=40.0)
+    assert not c.feasible
+    assert "with the 4000% margin" in c.reason and "exceed the" not in c.reason
+
+
 def test_auto_values_are_sglangs() -> None:
     """Unset params resolve to autoargs' values (server_args / memory_hook): H100 tp1 on
     0.5.23 is 0.830 (docs/sglang.md's table)."""

@@ -246,6 +246,8 @@ class ModelFacts:
     hybrid: HybridFacts | None = None
     num_experts: int = 0  # routed experts (0: dense)
     moe_layers: int = 0
+    experts_per_token: int = 0  # num_experts_per_tok (topk of the router)
+    moe_intermediate_size: int = 0  # one expert's intermediate size
     nextn_layers: int = 0  # MTP layers shipped in the checkpoint (NEXTN/EAGLE draft)
     max_position_embeddings: int = 4096
     quantization: str | None = None  # quantization_config.quant_method
@@ -301,6 +303,10 @@ class ModelFacts:
             hybrid=hybrid,
             num_experts=experts,
             moe_layers=max(0, layers - first_dense) if experts else 0,
+            experts_per_token=_int(cfg, "num_experts_per_tok", "moe_topk", "top_k",
+                                   default=0) if experts else 0,
+            moe_intermediate_size=_int(cfg, "moe_intermediate_size",
+                                       default=0) if experts else 0,
             nextn_layers=_int(cfg, "num_nextn_predict_layers", "mtp_num_hidden_layers", default=0),
             max_position_embeddings=_int(cfg, "max_position_embeddings", default=4096),
             quantization=quant_method,
@@ -313,6 +319,21 @@ class ModelFacts:
             return (self.kv_lora_rank + self.qk_rope_head_dim) * self.kv_layers * b
         n = max(1, self.num_kv_heads // tp)
         return n * (self.head_dim + self.v_head_dim) * self.kv_layers * b
+
+    def moe_bytes_per_token(self, tp: int) -> int:
+        """One rank's transient bytes per token of a routed-MoE layer (0 for a dense model).
+
+        SGLang's Triton MoE runner (``layers/moe/moe_runner/triton_utils/fused_moe.py``, the
+        default for tp without expert parallelism) allocates per call, per token and routed
+        expert, ``intermediate_cache1`` (``N = w1.shape[1]`` = 2 x moe_intermediate / tp, the
+        fused gate/up projection), ``intermediate_cache2`` (N / 2, after the activation) and
+        ``intermediate_cache3`` (hidden), in the activation dtype (bf16); all three live until
+        the call returns. This scales with ``num_experts_per_tok x moe_intermediate_size``,
+        not with ``hidden_size``, so a hidden-only activation prior misses it."""
+        if not self.num_experts or not self.experts_per_token or not self.moe_intermediate_size:
+            return 0
+        n = 2 * self.moe_intermediate_size // max(1, tp)
+        return self.experts_per_token * (n + n // 2 + self.hidden_size) * 2
 
     def replicated_bytes(self, tp: int) -> int:
         """Bytes each rank holds whole rather than 1/tp of (bf16 figures)."""
@@ -553,6 +574,7 @@ class Budget:
     headroom_gib: float  # pre x (1 - mfs): what graphs and activations must fit in
     gpus: list[GpuBar]
     problem: str | None = None  # why this setting fails, None when it fits
+    draft_in_headroom_gib: float = 0.0  # up to 0.5.15: the draft's weights and KV pool
 
     @property
     def fits(self) -> bool:
@@ -560,8 +582,10 @@ class Budget:
 
     @property
     def spare_gib(self) -> float:
-        """Headroom left after graphs and activations (< 0: the capture/warmup deficit)."""
-        return self.headroom_gib - self.graphs_gib - self.activations_gib
+        """Headroom left after graphs, activations and (up to 0.5.15) the draft's weights and
+        pool (< 0: the capture/warmup deficit)."""
+        return (self.headroom_gib - self.graphs_gib - self.activations_gib
+                - self.draft_in_headroom_gib)
 
 
 @dataclass(frozen=True)
@@ -630,7 +654,9 @@ class Estimate:
         sizes = captured_sizes(bs, spec=spec is not None, cap=self.request_cap())
         top = sizes[-1]
         per_req = spec.num_draft_tokens if spec is not None else 1
-        total = c.graph_fixed_gib + c.graph_gib_per_token_hidden * m.hidden_size * top * per_req
+        tokens = top * per_req
+        total = c.graph_fixed_gib + c.graph_gib_per_token_hidden * m.hidden_size * tokens
+        total += tokens * m.moe_bytes_per_token(s.tp) / GIB  # fused_moe caches of the top graph
         total += c.graph_overhead_gib_per_layer_hidden * m.hidden_size * m.num_layers * len(sizes)
         if at_least(s.sglang_version, AUTO_TABLE_2_FROM):
             if m.mla:
@@ -658,8 +684,10 @@ class Estimate:
         s, c = self.shape, self.coeffs
         chunk = s.chunked_prefill_size or auto_chunked_prefill_size(
             self.gpu_total_gib, s.sglang_version)
-        return (c.warmup_gib_per_token_hidden * max(chunk, 2048) * self.model.hidden_size
-                * c.activations_scale)
+        tokens = max(chunk, 2048)
+        per_token = (c.warmup_gib_per_token_hidden * self.model.hidden_size
+                     + self.model.moe_bytes_per_token(s.tp) / GIB)
+        return per_token * tokens * c.activations_scale
 
     def mamba_slots_per_req(self) -> int:
         """0.5.23's state slots per request (``_calculate_mamba_ratio``): 3, plus 2 for
@@ -716,8 +744,11 @@ class Estimate:
         if not self.one_budget and self.draft_kv_bytes_per_token:
             kv += tokens * self.draft_kv_bytes_per_token / GIB  # 0.5.10: from the headroom
         used_headroom = graphs + act
+        draft_in_headroom = 0.0
         if not self.one_budget:
-            used_headroom += self.draft_weights_gib + tokens * self.draft_kv_bytes_per_token / GIB
+            draft_in_headroom = (self.draft_weights_gib
+                                 + tokens * self.draft_kv_bytes_per_token / GIB)
+            used_headroom += draft_in_headroom
         if pre <= 0 or weights > pre:
             problem = (f"weights: {weights:.2f} GiB per GPU exceed the {max(pre, 0):.2f} GiB "
                        "free before loading")
@@ -737,7 +768,7 @@ class Estimate:
             bars.append(GpuBar(g.index, g.total_gib, weights, kv + state, graphs, act, other, ctx,
                                free, line))
         return Budget(mfs, bs, pre, weights, kv, tokens, state, graphs, act, headroom, bars,
-                      problem)
+                      problem, draft_in_headroom)
 
     def feasible_range(self, bs: int) -> tuple[float, float] | None:
         """(low, high): estimated fractions low < mfs <= high fit at graph bs ``bs``
@@ -748,7 +779,7 @@ class Estimate:
         need = self.graphs_gib(bs) + self.activations_gib()
         if not self.one_budget:
             need += self.draft_weights_gib
-        high = 1 - need / pre
+        high = _high_edge(self, need)
         low_w = (self.weights_gib + (self.draft_weights_gib if self.one_budget else 0.0))
         # the KV minimum, and the hybrid state in front of it: rest >= min_kv x (1 + r) roughly
         min_kv = self.min_kv_gib
@@ -756,8 +787,6 @@ class Estimate:
             r = self.shape.mamba_full_memory_ratio
             min_kv = max(min_kv * (1 + r), min_kv + 2 * self.state_bytes_per_req / GIB)
         low = (low_w + min_kv) / pre
-        if not self.one_budget and self.draft_kv_bytes_per_token:
-            high -= self.shape.min_kv_tokens * self.draft_kv_bytes_per_token / GIB / pre
         return (low, high) if high > low else None
 
 
@@ -871,14 +900,32 @@ def _fix(e: Estimate) -> str:
             "checkpoint (fp8 halves bf16 weights), or a smaller model")
 
 
+def _draft_pool_ratio(e: Estimate) -> float:
+    """Up to 0.5.15 the draft's KV pool (same #tokens as the target's, its own cell) comes out
+    of the headroom: its GiB per GiB of the target's pool (0 on 0.5.23 or without a draft)."""
+    if e.one_budget or not e.draft_kv_bytes_per_token or not e.cell_bytes:
+        return 0.0
+    return e.draft_kv_bytes_per_token / e.cell_bytes
+
+
+def _high_edge(e: Estimate, need: float) -> float:
+    """The highest fraction x whose headroom ``pre (1 - x)`` holds ``need`` GiB plus, up to
+    0.5.15, the draft's KV pool, which grows with the target's pool ``pre x - weights``:
+    ``need + (pre x - w) r <= pre (1 - x)`` gives ``x <= (pre - need + w r) / (pre (1 + r))``
+    (``r``: :func:`_draft_pool_ratio`; the hybrid state, which shrinks the pool, is ignored,
+    which errs low)."""
+    pre, r = e.pre_load_free_gib, _draft_pool_ratio(e)
+    return (pre - need + e.weights_gib * r) / (pre * (1 + r))
+
+
 def _mfs_for(e: Estimate, bs: int, margin: float) -> float:
     """The highest fraction that leaves the margin spare at graph bs ``bs`` (to 0.001)."""
     b0 = e.at(0.0, bs)
     fixed = b0.graphs_gib + b0.activations_gib
     if not e.one_budget:
-        fixed += e.draft_weights_gib + e.shape.min_kv_tokens * e.draft_kv_bytes_per_token / GIB
+        fixed += e.draft_weights_gib
     spare = max(margin * (b0.graphs_gib + b0.activations_gib), MIN_MARGIN_GIB)
-    return math.floor((1 - (fixed + spare) / e.pre_load_free_gib) * 1000) / 1000
+    return math.floor(_high_edge(e, fixed + spare) * 1000) / 1000
 
 
 def _best(e: Estimate, start_bs: int, margin: float) -> Budget | None:
@@ -902,7 +949,10 @@ def _best(e: Estimate, start_bs: int, margin: float) -> Budget | None:
 def _summary(b: Budget, margin: float) -> str:
     return (f"weights {b.weights_gib:.2f} GiB/GPU, KV pool {b.kv_pool_gib:.2f} GiB "
             f"({b.kv_tokens} tokens), graphs {b.graphs_gib:.2f} + activations "
-            f"{b.activations_gib:.2f} GiB in a {b.headroom_gib:.2f} GiB headroom "
+            f"{b.activations_gib:.2f} GiB"
+            + (f" + the draft's weights and pool {b.draft_in_headroom_gib:.2f} GiB"
+               if b.draft_in_headroom_gib else "")
+            + f" in a {b.headroom_gib:.2f} GiB headroom "
             f"({b.spare_gib:.2f} GiB spare, margin {margin:.0%})")
 
 
@@ -940,10 +990,18 @@ def choose(
     best = _best(e, start_bs if not keep_bs else conf_bs, margin)
     if best is None:
         lowest = 1
-        why = (f"no setting fits: weights {w:.2f} GiB + the minimum KV pool {e.min_kv_gib:.2f} "
-               f"GiB ({e.shape.min_kv_tokens} tokens) + graphs at bs {lowest} "
-               f"{e.graphs_gib(lowest):.2f} GiB + activations {e.activations_gib():.2f} GiB "
-               f"exceed the {pre:.2f} GiB free before loading")
+        min_kv = e.min_kv_gib + (0.0 if e.one_budget else
+                                 e.shape.min_kv_tokens * e.draft_kv_bytes_per_token / GIB)
+        need = w + min_kv + e.graphs_gib(lowest) + e.activations_gib()
+        if need > pre:
+            why = (f"no setting fits: weights {w:.2f} GiB + the minimum KV pool {min_kv:.2f} "
+                   f"GiB ({e.shape.min_kv_tokens} tokens) + graphs at bs {lowest} "
+                   f"{e.graphs_gib(lowest):.2f} GiB + activations {e.activations_gib():.2f} "
+                   f"GiB = {need:.2f} GiB exceed the {pre:.2f} GiB free before loading")
+        else:  # the sum fits, the margin or the KV minimum at the fraction it allows does not
+            low_mfs = _mfs_for(e, lowest, margin)
+            why = (f"no setting fits with the {margin:.0%} margin: at graph bs {lowest} and "
+                   f"mem_fraction_static={low_mfs:.3f}, {e.at(low_mfs, lowest).problem}")
         return Choice(configured, False, f"{why}; fix: {_fix(e)}", margin,
                       e.at(conf_mfs, conf_bs))
     if keep_mfs and keep_bs:
