@@ -36,7 +36,7 @@ from launcher.sglang.budget import (
     choose,
 )
 from launcher.sglang.versions import DEFAULT_VERSION
-from launcher.store import Ledger, ObservationContext
+from launcher.store import Ledger, ObservationContext, ledger_path
 from launcher.transport import make_transport
 from launcher.transport.base import Transport
 
@@ -150,16 +150,20 @@ async def estimate_servers(config: Config, servers: list[ServerConfig], *,
                            timeout: float = 30.0) -> dict[str, Planned]:
     """`plan`'s view: each server's first attempt with its estimate (always computed), reading
     the facts on its host; at most ``timeout`` seconds per server. The version is the configured
-    one or the default (plan does not probe hosts for it)."""
+    one or the default (plan does not probe hosts for it). When the state dir holds a ledger,
+    its observations correct the estimate as they do for `up` (``Planned.correction`` says how;
+    the choice's reason ends with it), so the picture is the one `up` would act on."""
     transports = {s.host: make_transport(config.host(s.host)) for s in servers}
     out: dict[str, Planned] = {}
+    path = ledger_path(config.state_dir)
+    ledger = Ledger(path) if path.exists() else None
     try:
         for s in servers:
             configured = s.launch_params()
             with anyio.move_on_after(timeout):
                 out[s.name] = await plan_first_attempt(
                     config, s, transports[s.host], s.sglang_version or DEFAULT_VERSION,
-                    configured, always_estimate=True)
+                    configured, always_estimate=True, ledger=ledger)
             if s.name not in out:
                 why = f"no estimate: {s.host} did not answer within {timeout:.0f} s"
                 out[s.name] = Planned(configured, f"configured params ({why})", "configured",
@@ -168,4 +172,6 @@ async def estimate_servers(config: Config, servers: list[ServerConfig], *,
         with anyio.CancelScope(shield=True):
             for t in transports.values():
                 await t.aclose()
+        if ledger is not None:
+            ledger.close()
     return out
