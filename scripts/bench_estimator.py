@@ -81,7 +81,7 @@ import random
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bench_oom import Case as OomCase
@@ -134,7 +134,7 @@ _MISTRAL = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "h
             "torch_dtype": "bfloat16", "num_key_value_heads": 8}
 _QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
               "head_dim": 128, "vocab_size": 151936, "torch_dtype": "bfloat16",
-              "num_key_value_heads": 4, "num_experts": 128}
+              "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8}
 MODELS: tuple[tuple[str, dict[str, Any], int], ...] = (
     ("Llama-3.2-3B", {**_LLAMA, "num_hidden_layers": 28, "hidden_size": 3072,
                       "num_attention_heads": 24}, 6_425_499_648),
@@ -161,20 +161,24 @@ MODELS: tuple[tuple[str, dict[str, Any], int], ...] = (
     ("Mistral-Small-24B", {**_MISTRAL, "num_hidden_layers": 40, "hidden_size": 5120,
                            "num_attention_heads": 32, "vocab_size": 131072}, 47_144_806_400),
     ("Qwen3-30B-A3B", {**_QWEN3_MOE, "num_hidden_layers": 48, "hidden_size": 2048,
-                       "num_attention_heads": 32}, 61_064_245_248),
+                       "num_attention_heads": 32, "moe_intermediate_size": 768},
+     61_064_245_248),
     ("Qwen3-235B-A22B", {**_QWEN3_MOE, "num_hidden_layers": 94, "hidden_size": 4096,
-                         "num_attention_heads": 64}, 470_187_269_120),
+                         "num_attention_heads": 64, "moe_intermediate_size": 1536},
+     470_187_269_120),
     ("DeepSeek-V2-Lite", {"architectures": ["DeepseekV2ForCausalLM"],
                           "model_type": "deepseek_v2", "num_hidden_layers": 27,
                           "hidden_size": 2048, "num_attention_heads": 16, "kv_lora_rank": 512,
                           "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
                           "q_lora_rank": None, "n_routed_experts": 64,
+                          "num_experts_per_tok": 6, "moe_intermediate_size": 1408,
                           "first_k_dense_replace": 1, "vocab_size": 102400,
                           "torch_dtype": "bfloat16"}, 31_412_357_120),
     ("DeepSeek-V3", {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
                      "num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 128,
                      "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
                      "v_head_dim": 128, "q_lora_rank": 1536, "n_routed_experts": 256,
+                     "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
                      "first_k_dense_replace": 3, "vocab_size": 129280,
                      "torch_dtype": "bfloat16", "num_nextn_predict_layers": 1,
                      "quantization_config": {"quant_method": "fp8"}}, 688_586_727_753),
@@ -204,14 +208,18 @@ class Family:
     graph_bytes_per_hidden: float
     graph_fixed_gib: float
     warmup_bytes_per_hidden: float
+    moe_factor: float = 1.0  # the fused_moe caches x this (block padding, allocator rounding)
+    mla_prefill_gib: float = 0.0  # 0.5.23 MLA prefill graphs (SGLang reserves 1.5 GiB)
 
 
-def family_of(seed: int, arch: str, gpu: str, moe: bool) -> Family:
+def family_of(seed: int, arch: str, gpu: str, moe: bool, mla: bool = False) -> Family:
     rng = random.Random(f"{seed}|{arch}|{gpu}")
     c = rng.uniform(16, 64) * (rng.uniform(1.5, 4.0) if moe else 1.0)
-    fixed = rng.uniform(0.5, 12.0) if moe else rng.uniform(0.1, 2.0)
-    return Family(rng.uniform(0.4, 1.2), rng.uniform(0.1, 0.6), rng.uniform(0.98, 1.05), c,
-                  fixed, rng.uniform(8, 30))
+    fixed = rng.uniform(0.1, 2.0)
+    fam = Family(rng.uniform(0.4, 1.2), rng.uniform(0.1, 0.6), rng.uniform(0.98, 1.05), c,
+                 fixed, rng.uniform(8, 30))
+    return replace(fam, moe_factor=rng.uniform(1.0, 1.5) if moe else 1.0,
+                   mla_prefill_gib=rng.uniform(0.75, 3.0) if mla else 0.0)
 
 
 @dataclass(frozen=True)
@@ -242,14 +250,15 @@ class Scenario:
 
 def _truth(seed: int, facts: ModelFacts, weight_bytes: int, gpu: str, total: float,
            other: float, tp: int, version: str, rng: random.Random) -> MemoryScenario:
-    fam = family_of(seed, facts.arch, gpu, facts.num_experts > 0)
+    fam = family_of(seed, facts.arch, gpu, facts.num_experts > 0, facts.mla)
     context = fam.context_gib + (fam.context_tp_gib if tp > 1 else 0.0) + rng.uniform(-0.05, 0.05)
     rep = facts.replicated_bytes(tp)
     per_rank = ((weight_bytes - rep) / tp + rep) / GIB
     per_rank *= fam.weights_factor * rng.uniform(0.995, 1.005)
     per_token = (facts.hidden_size * fam.graph_bytes_per_hidden + facts.vocab_size * 4) / GIB
     chunk = auto_chunked_prefill_size(total, version)
-    warmup = chunk * facts.hidden_size * fam.warmup_bytes_per_hidden / GIB
+    warmup = chunk * (facts.hidden_size * fam.warmup_bytes_per_hidden
+                      + facts.moe_bytes_per_token(tp) * fam.moe_factor) / GIB
     new_order = version == "0.5.23"
     n_graphs = len(captured_sizes(256))  # 0.5.10: the fixed part spread over bs-256's graphs
     per_graph = rng.uniform(2, 12) / 1024
@@ -265,7 +274,7 @@ def _truth(seed: int, facts: ModelFacts, weight_bytes: int, gpu: str, total: flo
         graph_overhead_gib=per_graph + (0.0 if new_order else fam.graph_fixed_gib / n_graphs),
         warmup_gib=warmup,
         sglang_version=version,
-        prefill_graph_gib=fam.graph_fixed_gib if new_order else 0.0,
+        prefill_graph_gib=fam.graph_fixed_gib + fam.mla_prefill_gib if new_order else 0.0,
         prefill_graph_overhead_gib=8 / 1024 if new_order else 0.0,
         mla=facts.mla,
     )
