@@ -542,6 +542,7 @@ def _plan_memory(first: Planned) -> dict[str, Any]:
             "kv_tokens": b.kv_tokens,
             "headroom_gib": round(b.headroom_gib, 2),
             "pre_load_free_gib": round(b.pre_load_free_gib, 2),
+            "basis": first.memory_basis,
         }
     return data
 
@@ -554,6 +555,7 @@ def _print_plan_memory(first: Planned) -> None:
     if first.choice is None:
         return
     b = first.choice.budget
+    _say(out, f"  memory   {first.memory_basis}")
     for g in b.gpus:
         out.print(bar_text(g, mfs=b.mem_fraction_static), soft_wrap=True)
     if b.gpus:

@@ -64,6 +64,16 @@ class Planned:
     correction: Correction | None = None
     observation: ObservationContext | None = None
 
+    @property
+    def memory_basis(self) -> str:
+        """Which estimate the memory picture draws: the ledger-corrected one (and how it was
+        corrected) or the cold one."""
+        c = self.correction
+        if c is None or c.match is Match.NONE:
+            return ("cold estimate (the ledger has no observations of this architecture on "
+                    "this GPU type)")
+        return f"ledger-corrected estimate: {describe(c)}"
+
 
 def wants_estimate(mode: str, configured: LaunchParams) -> bool:
     """Whether the estimate picks (some of) the first attempt's params."""

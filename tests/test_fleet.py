@@ -29,6 +29,8 @@ def test_parse_names_reads_index_and_name_lines() -> None:
 
 def test_up_records_observations_and_the_next_estimate_learns_from_them(sim: SimSetup) -> None:
     config = sim.write_toml(sim.data(cuda_graph_max_bs=8))  # the fraction from the estimate
+    cold = json.loads(run_cli("plan", str(config), "--json").stdout)[0]
+    assert cold["estimate"]["basis"].startswith("cold estimate"), cold["estimate"]
     first = run_cli("up", str(config), "--until-ready", "--log-format", "json")
     assert 0 == first.returncode, first.stderr + first.stdout
     run_cli("down", str(config))
@@ -48,10 +50,22 @@ def test_up_records_observations_and_the_next_estimate_learns_from_them(sim: Sim
     assert obs.ready_avail_gib is not None
     assert row.estimate is not None and row.estimate.graph_bs == 8
 
+    # plan draws what the next `up --fresh` will act on: the ledger-corrected estimate, and
+    # says so (above the bars, and under "estimate" in --json)
+    planned = run_cli("plan", str(config), "--json")
+    assert 0 == planned.returncode, planned.stderr
+    est = json.loads(planned.stdout)[0]["estimate"]
+    assert est["basis"].startswith("ledger-corrected estimate: corrected by"), est
+    text = run_cli("plan", str(config)).stdout
+    assert "memory   ledger-corrected estimate: corrected by" in text
+
     again = run_cli("up", str(config), "--until-ready", "--log-format", "json", "--fresh")
     assert 0 == again.returncode, again.stderr + again.stdout
     run_cli("down", str(config))
     initial = next(e for e in events(again.stdout) if e["event"] == "params.initial")
     assert "corrected by" in initial["reason"], initial["reason"]
+    # the fraction plan drew is the one up started with
+    assert f"mem_fraction_static={est['mem_fraction_static']:.3f} " in initial["params"], (
+        initial["params"], est)
     started = next(e for e in events(again.stdout) if e["event"] == "attempt.started")
     assert "corrected by" in json.dumps(started)
