@@ -36,11 +36,21 @@ tests/data/logs):
 - KV bytes per token: SGLang's cell size, exact (``_compute_cell_size``).
 - Decode graph activation pool per captured token: (hidden x c + vocab x 4) bytes, c family
   U(16, 64) (x U(1.5, 4) for MoE: expert workspaces); per captured graph U(2, 12) MiB; and a
-  family constant of U(0.1, 2) GiB (dense) or U(0.5, 12) GiB (MoE / MLA: DeepGEMM and
-  all-to-all workspaces; the seeds' DeepSeek-V4 verify pass took 17.6 GiB at bs 32), as
-  0.5.23's prefill-graph pool, or on 0.5.10 spread over the decode graphs (per graph: the
-  constant over the 36 graphs of a bs-256 capture, so it grows with the graphs captured).
-- Warmup activations: chunked-prefill tokens x hidden x family U(8, 30) bytes.
+  family constant of U(0.1, 2) GiB, as 0.5.23's prefill-graph pool, or on 0.5.10 spread over
+  the decode graphs (per graph: the constant over the 36 graphs of a bs-256 capture, so it
+  grows with the graphs captured). MLA on 0.5.23 adds U(0.75, 3) GiB of prefill graphs (SGLang
+  reserves 1.5 GiB: "MLA backend overhead is much higher than expected with fa3",
+  ``memory_hook.reserve_for_graph_mb``).
+  Until issue 14's last round the MoE / MLA constant was U(0.5, 12) GiB ("DeepGEMM and
+  all-to-all workspaces", and the seeds' DeepSeek-V4 verify pass). That was wrong against
+  SGLang for these scenarios: all-to-all buffers exist only with DeepEP
+  (``reserve_for_deepep_a2a_mb``: 2 GiB, + 1 GiB for breakable prefill graphs), which no
+  scenario here uses (tp only), SGLang's own graph reserve has no MoE term otherwise, and the
+  DeepSeek-V4 figure is a speculative verify pass of one attention backend on SM120 (no
+  scenario here is speculative; docs/memory.md).
+- Warmup activations: chunked-prefill tokens x (hidden x family U(8, 30) bytes + for MoE the
+  fused_moe caches, ``ModelFacts.moe_bytes_per_token``, x family U(1.0, 1.5): block padding
+  and allocator rounding).
 - Other processes: nothing (p=0.6) or U(0.5, 15%) of the GPU, seen by nvidia-smi exactly.
 
 Scenarios: one of 17 models (dense GQA, MoE, MLA MoE), one of six GPU types, the smallest tp
@@ -66,6 +76,10 @@ Where the generator may flatter the estimator (read the figures with this in min
   the simulator's exact figures rounded like the log, never lost lines.
 - Speculative decoding and hybrid (Mamba) models are not drawn here; calibration handles them
   (draft and state factors) but this bench does not measure it.
+- The MoE activation term of the truth is the estimator's own formula (fused_moe's caches,
+  ``ModelFacts.moe_bytes_per_token``) times a factor >= 1; a runner other than Triton's
+  (DeepGEMM, FlashInfer/CUTLASS, Marlin for quantized experts) or expert parallelism with
+  DeepEP (2-3 GiB of all-to-all buffers) is not drawn.
 - The cold prior's fixed 0.5 GiB of graph memory (``Coefficients.graph_fixed_gib``) is not
   taken from the drawn constant above, nor the constant from it: the prior's is SGLang's
   ``reserved_mem`` base (512 MiB, ``server_args.py``), the draw's range comes from the real
