@@ -56,6 +56,12 @@ figures are for one GPU of the server. The formulas and where each comes from in
   ``q_a``/``kv_a`` projections (``ReplicatedLinear`` in ``models/deepseek_v2.py``), the MoE
   router, and K/V projections when ``kv_heads < tp``.
 - graph batch sizes and the auto fraction: :mod:`launcher.sglang.autoargs`.
+- MoE layers' transient memory per token, ``topk x (3 moe_intermediate/tp + hidden) x 2``
+  bytes (the Triton runner's ``intermediate_cache1/2/3``,
+  ``layers/moe/moe_runner/triton_utils/fused_moe.py``), in the warmup chunk and the top decode
+  graph: :meth:`ModelFacts.moe_bytes_per_token`.
+- up to 0.5.15 with a draft: the draft's pool (as many tokens as the target's) comes out of the
+  headroom, so the highest fraction solves ``need + (pre x - w) r <= pre (1 - x)``.
 - CUDA graphs (a fixed 0.5 GiB of attention-backend buffers, as SGLang's own ``reserved_mem``
   base, + the activation pool of the largest captured batch + a per-graph cost), prefill
   graphs (0.5.23: 8 MiB per shape, 1.5 GiB for MLA: ``memory_hook.reserve_for_graph_mb``) and
