@@ -924,4 +924,3 @@ def worker_url(router: RouterConfig, server: str, server_host: str, server_port:
     if ":" in address:
         address = f"[{address}]"
     return f"http://{address}:{server_port}"
-

@@ -820,4 +820,3 @@ async def attempt_files(transport: Transport, handle: RunHandle,
     return {parts[i].decode("utf-8", "replace"): parts[i + 1].decode("utf-8", "replace").strip()
             for i in range(0, len(parts) - 1, 2)
             if parts[i].decode("utf-8", "replace") in _ATTEMPT_FILES}
-

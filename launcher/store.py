@@ -300,4 +300,3 @@ def _params(data: object) -> LaunchParams:
     return LaunchParams.from_extras(
         None if mfs is None else float(mfs), None if bs is None else int(bs), dict(data)
     )
-

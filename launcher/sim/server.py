@@ -1362,4 +1362,3 @@ def _check_context_length(flags: Flags, model: ModelSpec) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
-
