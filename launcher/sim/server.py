@@ -33,6 +33,7 @@ from launcher.sglang.autoargs import auto_chunked_prefill_size
 from launcher.sglang.phases import Phase
 from launcher.sim import gpustate, logfmt
 from launcher.sim.cmdline import Flags
+from launcher.sim.cmdline import build_parser as build_parser
 from launcher.sim.faults import Fault, FaultKind, FaultPlan, FaultProfileError
 from launcher.sim.gpustate import HostConfigError, SimGpuHost
 from launcher.sim.http import (
@@ -51,6 +52,9 @@ from launcher.sim.memory import (
     StartupTrace,
     simulate,
 )
+from launcher.sim.model import SPEC_AUTO as SPEC_AUTO
+from launcher.sim.model import SPEC_AUTO_LLAMA as SPEC_AUTO_LLAMA
+from launcher.sim.model import SPEC_EAGLE_FAMILY as SPEC_EAGLE_FAMILY
 from launcher.sim.model import (
     ConfigFailure,
     Hybrid,
@@ -62,6 +66,7 @@ from launcher.sim.model import (
     scenario_for,
 )
 from launcher.sim.model import _mamba_hook_error as _mamba_hook_error
+from launcher.sim.model import kv_gib_per_1k as kv_gib_per_1k
 from launcher.sim.model import scenario_from_argv as scenario_from_argv
 from launcher.sim.multinode import (
     CROSS_NODE_ALLREDUCE,
