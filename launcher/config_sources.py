@@ -54,14 +54,16 @@ from launcher.config import (
     ENV_DELIMITER,
     ENV_PREFIX,
     Loc,
+    _known,
+    default_state_dir,
+)
+from launcher.config_problems import (
     _annotation_at,
     _is_model,
-    _known,
     _path,
     _toml_problem,
     _unknown_key,
     _unwrap,
-    default_state_dir,
 )
 from launcher.errors import ConfigError
 

@@ -23,6 +23,10 @@ Process layout: ``launch``'s shell starts a *wrapper* shell in a new session; th
 the server in another new session (so pid == pgid == sid), waits for it and writes
 ``exit_status``. Both have stdin from /dev/null and no terminal, so neither launcher's death nor
 an SSH drop reaches them. Stopping signals the server's group and session, never the wrapper.
+
+The checks before a launch (port free, path exists, sglang version) live in
+``remote_preflight`` and the shared ``sh`` plumbing in ``remote_shell``; this module
+re-exports the checks, so ``remote.port_in_use`` and the others keep working.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import math
 import re
 import secrets
 import shlex
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 import anyio
@@ -45,8 +49,13 @@ from launcher.errors import (
     RemoteCommandError,
     StateError,
 )
-from launcher.sglang.versions import DEFAULT_VERSION
-from launcher.transport.base import CommandResult, Transport
+from launcher.remote_preflight import _PORT as _PORT
+from launcher.remote_preflight import detect_sglang_version as detect_sglang_version
+from launcher.remote_preflight import path_exists as path_exists
+from launcher.remote_preflight import port_in_use as port_in_use
+from launcher.remote_preflight import version_probe_argv as version_probe_argv
+from launcher.remote_shell import _PRELUDE, _fail, _sh
+from launcher.transport.base import Transport
 
 log = structlog.get_logger(__name__)
 
@@ -63,52 +72,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Starts the trailer of a follow stream (plus a random token per stream). \x01: a byte no
 # log chunk ends with in practice, so holding back a possible marker start delays nothing.
 _END_MARK = b"\x01launcher-follow-end-"
-_VERSION_REMEDY = "set sglang_version in the config"
 READ_CHUNK = 8 << 20  # log bytes read per command (below the transports' MAX_OUTPUT)
 
-# Shell functions shared by the scripts below. ``ident`` reads the boot id and the start time
-# (field 22 of /proc/PID/stat, after the parenthesised command name) so that a recycled pid is
-# never mistaken for our server. ``ours`` trusts a pid only when it is a number above 1, the
-# attempt has a pid_start, and a live process with that pid matches it (a missing pid_start
-# trusts nothing: a pid file holding 1 must never become ``kill -- -1``). When the pid is gone,
-# its group (orphaned schedulers) is still ours: no process gets the id of a live group.
-# ``settled DIR TICKS`` prints "<alive 0|1> <exit status or ->", first waiting up to
-# TICKS × 50 ms for a dead server's status (the wrapper writes it right after reaping it).
-_PRELUDE = r"""
-expand() { case $1 in "~") x=$HOME ;; "~/"*) x=$HOME/${1#"~/"} ;; *) x=$1 ;; esac; }
-ident() {
-  [ -r "/proc/$1/stat" ] || return 1
-  read -r l < "/proc/$1/stat" || return 1
-  set -- ${l##*) }; shift 19
-  printf '%s %s' "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)" "$1"
-}
-ours() {
-  case $2 in ''|*[!0-9]*|0|1) return 1 ;; esac
-  [ -r "$1/pid_start" ] || return 1
-  i=$(ident "$2") || return 0
-  [ "$i" = "$(cat "$1/pid_start")" ]
-}
-alive() {
-  [ -e "$1/exit_status" ] && return 1
-  p=$(cat "$1/pid" 2>/dev/null) || return 1
-  [ -n "$p" ] && kill -0 "$p" 2>/dev/null || return 1
-  ours "$1" "$p"
-}
-settled() {
-  if alive "$1"; then a=1; else
-    a=0; i=0
-    while [ ! -e "$1/exit_status" ] && [ "$i" -lt "$2" ]; do sleep 0.05; i=$((i + 1)); done
-  fi
-  st=$(cat "$1/exit_status" 2>/dev/null) || st=
-  printf '%s %s' "$a" "${st:--}"
-}
-members() {
-  ps -eo pid=,pgid=,sid=,stat= | awk -v g="$1" '($2 == g || $3 == g) && $4 !~ /^Z/ {print $1}'
-}
-strays() {
-  ps -eo pid=,pgid=,sid=,stat= | awk -v g="$1" '$3 == g && $2 != g && $4 !~ /^Z/ {print $1}'
-}
-"""
 
 # $1 dir, $2 cwd, rest: the server's argv. Becomes the server by exec. Its variables have odd
 # names because the env file is sourced in the same shell.
@@ -286,35 +251,6 @@ _READ = r"""
 if [ -n "$3" ]; then tail -c "+$2" "$1" | head -c "$3"; else tail -c "+$2" "$1"; fi
 """
 
-_PORT_PY = """
-import errno, socket, sys
-port = int(sys.argv[1])
-busy = False
-for host in ("127.0.0.1", "0.0.0.0"):
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind((host, port))
-    except OSError as e:
-        busy = busy or e.errno == errno.EADDRINUSE
-    finally:
-        s.close()
-print(1 if busy else 0)
-"""
-
-# $1 port, $2 the python probe. Prints 1 when something holds the port, else 0.
-_PORT = r"""
-if command -v python3 > /dev/null 2>&1; then exec python3 -c "$2" "$1"; fi
-if ss -ltnH "sport = :$1" | grep -q .; then echo 1; else echo 0; fi
-"""
-
-_PATH_EXISTS = _PRELUDE + r"""
-expand "$1"; test -e "$x"
-"""
-
-_VERSION_PY = "import importlib.metadata as m; print(m.version('sglang'))"
-_SIM_MODULE = "launcher.sim.server"
-
 
 @dataclass(frozen=True)
 class AttemptSpec:
@@ -395,24 +331,6 @@ def _number(transport: Transport, where: str, what: str, text: str | bytes) -> i
 class RunDirUnwritable(RemoteCommandError):
     """The run directory on the host cannot be written (filesystem full, read-only, no
     permission): relaunching cannot help until someone fixes the host."""
-
-
-def _sh(script: str, *args: str) -> list[str]:
-    """argv running ``script`` with ``args`` as $1, $2, … (values are never interpolated)."""
-    return ["sh", "-c", script, "sh", *args]
-
-
-def _fail(transport: Transport, what: str, result: CommandResult, remedy: str = "") -> None:
-    if result.ok:
-        return
-    raise RemoteCommandError(
-        f"{what} failed on {transport.host_name} with exit status {result.exit_status}",
-        host=transport.host_name,
-        command=what,
-        exit_status=result.exit_status,
-        stderr=result.stderr[-2000:].decode("utf-8", "replace"),
-        remedy=remedy,
-    )
 
 
 def _env_file(spec: AttemptSpec) -> bytes:
@@ -902,62 +820,3 @@ async def attempt_files(transport: Transport, handle: RunHandle,
     return {parts[i].decode("utf-8", "replace"): parts[i + 1].decode("utf-8", "replace").strip()
             for i in range(0, len(parts) - 1, 2)
             if parts[i].decode("utf-8", "replace") in _ATTEMPT_FILES}
-
-
-async def port_in_use(transport: Transport, port: int) -> bool:
-    """Whether something on the host holds TCP ``port`` (on 127.0.0.1 or 0.0.0.0)."""
-    result = await transport.run(_sh(_PORT, str(port), _PORT_PY))
-    _fail(transport, "port check", result)
-    return result.stdout.strip() == b"1"
-
-
-async def path_exists(transport: Transport, path: str) -> bool:
-    """Whether ``path`` (``~`` expanded on the host) exists there."""
-    result = await transport.run(_sh(_PATH_EXISTS, path))
-    return result.ok
-
-
-def version_probe_argv(command: Sequence[str]) -> list[str]:
-    """The argv printing the sglang version with the interpreter ``command`` would use.
-
-    ``[prefix..., python, "-m", "sglang..."]`` keeps the prefix and the python (so ``docker
-    exec c python3 -m ...`` probes inside the container); a ``sglang`` console script is
-    replaced by the ``python3`` beside it (or on PATH). Nothing but importlib.metadata is
-    imported, so torch is never loaded.
-    """
-    for i, arg in enumerate(command[:-1]):
-        if arg == "-m" and command[i + 1].split(".")[0] == "sglang" and i > 0:
-            return [*command[:i], "-c", _VERSION_PY]
-    for i, arg in enumerate(command):
-        directory, _, name = arg.rpartition("/")
-        if name == "sglang":
-            python = f"{directory}/python3" if directory else "python3"
-            return [*command[:i], python, "-c", _VERSION_PY]
-    if command and command[0].rpartition("/")[2].startswith("python"):
-        return [command[0], "-c", _VERSION_PY]
-    raise ConfigError([
-        f"cannot tell which python runs {shlex.join(command)!r}; {_VERSION_REMEDY}",
-    ])
-
-
-async def detect_sglang_version(transport: Transport, command: list[str]) -> str:
-    """The sglang version installed where ``command`` would run.
-
-    For the simulator (``launcher.sim.server`` in the command) this is the host's
-    SGLANG_SIM_VERSION, or 0.5.23. Error handling: RemoteCommandError (with the stderr tail
-    and the remedy) when the probe fails or prints something that is not a version.
-    """
-    if any(_SIM_MODULE in arg for arg in command):
-        result = await transport.run(_sh('printf %s "${SGLANG_SIM_VERSION-}"'))
-        return result.stdout.decode().strip() or DEFAULT_VERSION
-    argv = version_probe_argv(command)
-    result = await transport.run(argv, timeout=60.0)
-    _fail(transport, "sglang version probe", result, remedy=_VERSION_REMEDY)
-    version = result.stdout.decode("utf-8", "replace").strip()
-    if not re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version):
-        raise RemoteCommandError(
-            f"sglang version probe on {transport.host_name} printed {version[:200]!r}",
-            host=transport.host_name, command=shlex.join(argv), exit_status=0,
-            stderr=result.stderr[-2000:].decode("utf-8", "replace"), remedy=_VERSION_REMEDY,
-        )
-    return version

@@ -21,8 +21,9 @@ Speculative decoding (--speculative-algorithm EAGLE/EAGLE3/NEXTN with a draft fr
 (the model's ``sim.hybrid``) follow each version's start-up order and memory arithmetic; see
 ``memory`` and ``server``.
 
-Modules: ``memory`` (the start-up memory arithmetic), ``server`` (the process: flags, phases,
-failures, shutdown), ``logfmt`` (SGLang's lines per version), ``http`` (endpoints and the
+Modules: ``memory`` (the start-up memory arithmetic), ``server`` (the process: phases,
+failures, shutdown), ``cmdline`` (its flags), ``model`` (config.json and the flags as a
+memory scenario), ``logfmt`` (SGLang's lines per version), ``http`` (endpoints and the
 warmup client), ``gpustate`` (GPU occupancy shared between processes), ``faults``,
 ``nvidia_smi``. This package's ``__init__`` imports nothing: the scheduler stand-ins that the
 server spawns import ``gpustate`` at start-up and must stay cheap.

@@ -1,0 +1,119 @@
+"""The state-directory lock: ``StateLock(state_dir)`` makes sure one ``launcher up`` at a time
+works on a state directory (an exclusive ``flock`` on ``state_dir/launcher.lock`` holding the
+owner's pid). ``store`` re-exports it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from pathlib import Path
+from types import TracebackType
+
+import structlog
+
+from launcher.errors import StateError
+
+LOCK_FILENAME = "launcher.lock"
+
+log = structlog.get_logger("launcher")
+
+
+def _make_private_dir(directory: Path) -> None:
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StateError(
+            f"cannot create the state directory {directory}: {exc.strerror or exc}",
+            remedy="fix its permissions or set state_dir to a writable directory",
+        ) from exc
+
+
+class StateLock:
+    """An exclusive, non-blocking ``flock`` on ``state_dir/launcher.lock`` holding our pid.
+
+    Entering creates ``state_dir`` (mode 0700) if needed, takes the lock and writes this
+    process's pid into the file; exiting empties the file and releases the lock. The file is
+    never deleted: unlinking a lock file lets a waiter lock an inode nobody else sees.
+    The lock dies with the process (flock), so a crashed ``launcher up`` leaves nothing stale.
+
+    Error handling: StateError when another process (or another StateLock in this one) holds
+    the lock, naming the pid written in the file; StateError when the file cannot be opened.
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.path = state_dir / LOCK_FILENAME
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock or raise StateError at once (never waits)."""
+        if self._fd is not None:
+            raise StateError(f"{self.path} is already held by this StateLock")
+        _make_private_dir(self.state_dir)
+        try:
+            # os.open's descriptors are not inherited (PEP 446): a server we spawn cannot keep
+            # the lock alive after we exit.
+            # O_NOFOLLOW: a symlink planted at the lock's path must not make us lock (and
+            # write our pid into) whatever file it points at.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise StateError(
+                f"cannot open the lock file {self.path}: {exc.strerror or exc}",
+                remedy="fix the permissions of the state directory or use another state_dir",
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_pid(fd)
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StateError(
+                    f"cannot lock {self.path}: {exc.strerror or exc}",
+                    remedy="use a state_dir on a local file system",
+                ) from exc
+            who = f"pid {holder}" if holder is not None else "pid unknown"
+            raise StateError(
+                f"another `launcher up` is running on this state directory ({who}): "
+                f"{self.state_dir}",
+                remedy="stop it or use another state_dir",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        log.debug("state.locked", path=str(self.path), pid=os.getpid())
+
+    def release(self) -> None:
+        """Empty the file and release the lock; nothing if not held."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)  # so a reader never names a pid that no longer holds it
+        finally:
+            os.close(fd)  # closing the last descriptor releases the flock
+
+    def __enter__(self) -> StateLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 64, 0).decode("ascii", errors="replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
