@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -197,6 +198,7 @@ class ServerSupervisor:
         hooks: list[EventHook] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Sleeper = anyio.sleep,
+        rng: random.Random | None = None,
         initial: LaunchParams | None = None,
         initial_reason: str = "",
         stop_on_exit: bool = False,
@@ -254,6 +256,7 @@ class ServerSupervisor:
                 p.healthy_reset,
                 p.restart_budget,
                 p.restart_window,
+                rng,  # the restart delay's jitter (None: a private Random)
             ),
         )
         # The inbox exists only while ``run`` runs (it closes both ends on the way out); events
