@@ -9,16 +9,19 @@ import shlex
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
 import anyio
 import pytest
 
+from launcher import remote
 from launcher.backoff import RestartBackoff
+from launcher.errors import HostUnreachable
 from launcher.lifecycle import State
 from launcher.supervisor import ServerSupervisor
+from launcher.transport.local import LocalTransport
 from tests.faketime import RecordedSleep
 from tests.supervise import (
     Recorded,
@@ -351,8 +354,11 @@ async def test_gpu_held_after_a_failure_waits_then_relaunches(sim: SimSetup) -> 
         holders[0].wait()
 
     rec = Recorder(on=[orphan_on_failure])
+    # The release comes after two GPU checks; each check runs nvidia-smi, which a loaded
+    # machine may take seconds to answer: the wait's bound must not be what is tested here.
     config = sim.config(
-        model="llama-70b-sim", tp=2, mem_fraction_static=0.88, cuda_graph_max_bs=256
+        model="llama-70b-sim", tp=2, mem_fraction_static=0.88, cuda_graph_max_bs=256,
+        policy={"gpu_free_timeout": "60s"},
     )
     async with anyio.create_task_group() as tg:
         tg.start_soon(release_later)
@@ -393,6 +399,49 @@ async def test_orphans_that_ignore_sigterm_are_waited_out_before_the_relaunch(
     assert [False] == orphans_at_relaunch
     assert not group_alive(sim.pid(1))
     assert State.READY == result.supervisor.state, result.events.summary()
+
+
+class FollowDrops(LocalTransport):
+    """The sim host, except that the first ``drops`` log followers fail at once, as a
+    connection lost before it carried anything would."""
+
+    def __init__(self, name: str, env: Mapping[str, str], drops: int) -> None:
+        super().__init__(name, env=env)
+        self.drops = drops
+
+    def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+               ) -> AsyncGenerator[bytes, None]:
+        if self.drops > 0 and remote._FOLLOW in argv:
+            self.drops -= 1
+            return self._lost()
+        return super().stream(argv, env=env)
+
+    async def _lost(self) -> AsyncGenerator[bytes, None]:
+        raise HostUnreachable("connection lost", host=self.host_name)
+        yield b""  # pragma: no cover (makes this an async generator)
+
+
+async def test_a_follower_that_keeps_losing_the_host_waits_doubling_times(
+    sim: SimSetup,
+) -> None:
+    """Three followers in a row lose the host before reading anything: each outage is
+    reported with the wait before the next try, 0.5 s, 1 s, 2 s, the supervisor sleeps
+    exactly those, and the fourth follower brings the server up in its first attempt."""
+    config = sim.config(mem_fraction_static=0.8, cuda_graph_max_bs=8)
+    transport = FollowDrops("simhost", sim.host_env, drops=3)
+    sleeps = RecordedSleep()
+    result = await supervise(config, until=ready_or_done, transport=transport,
+                             options={"sleep": sleeps})
+    rec = result.events
+
+    assert State.READY == result.supervisor.state, rec.summary()
+    waits = [u["retry_in_s"] for u in rec.of("host.unreachable")]
+    assert [0.5, 1.0, 2.0] == waits
+    taken = iter(sleeps.sleeps)
+    assert all(wait in taken for wait in waits)  # slept, in this order
+    assert 3 == len(rec.of("host.reachable"))
+    assert 1 == rec.of("server.ready")[0]["attempts"]
+    assert not rec.has("attempt.failed")
 
 
 # --- after ready -----------------------------------------------------------------------------
