@@ -1,11 +1,22 @@
-"""How long to wait before relaunching a server that died after it had been ready.
+"""Launcher's one schedule of waits: the restart budget and every doubling wait.
 
-Pure: the caller passes the time (any monotonic clock, in seconds) and does the sleeping.
-Delays grow exponentially from ``initial`` up to ``maximum`` with jitter, so a fleet of
-servers that died together does not relaunch in lockstep. A server that stays healthy for
-``healthy_reset`` seconds starts again from ``initial``. At most ``budget`` restarts are
-allowed in any ``window`` seconds; past that ``on_failure`` answers ``None`` and the caller
-gives up (a crash loop needs a person, not more restarts).
+The schedules are pure: the caller passes the time (any monotonic clock, in seconds) and
+does the sleeping, with an injected ``Sleeper`` (``sleep_or`` when an event may end the wait
+early), so tests run the schedule on a fake clock and sleep. Retries of named
+transient errors that are bounded in tries and time go through tenacity instead (see
+``docs/architecture.md``, "Backing off"); what is here has no bound but the caller's:
+
+- ``RestartBackoff``: how long to wait before relaunching a server (or a router) that died
+  after it had been ready. Delays grow exponentially from ``initial`` up to ``maximum`` with
+  jitter, so a fleet of servers that died together does not relaunch in lockstep. A server
+  that stays healthy for ``healthy_reset`` seconds starts again from ``initial``. At most
+  ``budget`` restarts are allowed in any ``window`` seconds; past that ``on_failure`` answers
+  ``None`` and the caller gives up (a crash loop needs a person, not more restarts).
+- ``Doubling``: the waits of a loop that tries again until it works (a host that cannot be
+  reached, a listing that fails): ``initial``, doubling up to ``maximum``, back to
+  ``initial`` after a success.
+- ``capped_exponential`` and ``jittered``: the formula both use, for the few callers that
+  keep their own count of tries (notify's delivery).
 """
 
 from __future__ import annotations
@@ -13,8 +24,14 @@ from __future__ import annotations
 import enum
 import random
 from collections import deque
+from collections.abc import Awaitable, Callable
+
+import anyio
 
 from launcher.errors import PolicyError
+
+# An injected sleep: ``anyio.sleep`` in production, a fake clock's in tests.
+Sleeper = Callable[[float], Awaitable[None]]
 
 
 class Jitter(enum.StrEnum):
@@ -23,6 +40,71 @@ class Jitter(enum.StrEnum):
     FULL = "full"  # uniform in [0, d]: spreads best, may restart at once
     EQUAL = "equal"  # d/2 + uniform in [0, d/2]: spreads, and always waits at least d/2
     NONE = "none"  # exactly d
+
+
+def capped_exponential(n: int, initial: float, maximum: float) -> float:
+    """The ``n``-th wait (``n >= 1``) of a doubling schedule: ``min(maximum, initial *
+    2**(n-1))``; the exponent is clamped, so a huge ``n`` gives ``maximum``, not an error."""
+    return min(maximum, initial * 2.0 ** min(max(n, 1) - 1, 1023))
+
+
+def jittered(delay: float, jitter: Jitter, rng: random.Random) -> float:
+    """``delay`` randomised by ``jitter``, drawing from ``rng``."""
+    if jitter is Jitter.FULL:
+        return rng.uniform(0.0, delay)
+    if jitter is Jitter.EQUAL:
+        return delay / 2 + rng.uniform(0.0, delay / 2)
+    return delay
+
+
+async def sleep_or(sleep: Sleeper, seconds: float, event: anyio.Event | None) -> None:
+    """``await sleep(seconds)``, cut short once ``event`` is set (``None``: never). Timed
+    waits that something may end early (a host back, a state change) go through the injected
+    sleep this way, so a fake clock drives them as it drives every other wait."""
+    if event is None:
+        await sleep(seconds)
+        return
+    async with anyio.create_task_group() as tg:
+
+        async def until_set() -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(until_set)
+        await sleep(seconds)
+        tg.cancel_scope.cancel()
+
+
+class Doubling:
+    """The waits of a retry-until-it-works loop: ``initial``, ``2 * initial``, ... capped at
+    ``maximum``; ``reset`` after a success starts again from ``initial``.
+
+    ``current`` is the wait the next ``next()`` returns (what a "retrying in N s" message
+    says); ``next()`` returns it and advances. No jitter: these loops wait on one host's
+    answer (and most end early once another task reached it), not on a shared service.
+    """
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        if not 0 < initial <= maximum:
+            raise PolicyError(f"doubling waits: need 0 < initial ({initial}) <= maximum "
+                              f"({maximum})", remedy="pass a positive initial wait")
+        self.initial = initial
+        self.maximum = maximum
+        self._tries = 0
+
+    @property
+    def current(self) -> float:
+        return capped_exponential(self._tries + 1, self.initial, self.maximum)
+
+    def next(self) -> float:
+        """The wait before the next try; the one after it is twice as long (up to the cap)."""
+        wait = self.current
+        self._tries += 1
+        return wait
+
+    def reset(self) -> None:
+        """The loop's operation worked: the next wait is ``initial`` again."""
+        self._tries = 0
 
 
 class RestartBackoff:
@@ -108,12 +190,8 @@ class RestartBackoff:
             return None
         self._restarts.append(now)
         self._streak += 1
-        delay = min(self.maximum, self.initial * 2.0 ** min(self._streak - 1, 1023))
-        if self.jitter is Jitter.FULL:
-            return self._rng.uniform(0.0, delay)
-        if self.jitter is Jitter.EQUAL:
-            return delay / 2 + self._rng.uniform(0.0, delay / 2)
-        return delay
+        delay = capped_exponential(self._streak, self.initial, self.maximum)
+        return jittered(delay, self.jitter, self._rng)
 
     def reset(self) -> None:
         """Forget the streak and the budget (an operator restarted the server by hand)."""

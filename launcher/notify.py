@@ -82,7 +82,9 @@ import anyio
 import httpx
 import structlog
 from anyio.abc import TaskStatus
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result
 
+from launcher.backoff import Jitter, capped_exponential, jittered
 from launcher.errors import ConfigError, LauncherError
 from launcher.facts import operator_box
 from launcher.notify_messages import _HEADER_MAX as _HEADER_MAX
@@ -611,7 +613,10 @@ class SlackNotifier:
             self._client = None
 
     async def _deliver(self, message: Message) -> None:
-        """Post ``message`` with retries inside ``max_tries`` and ``max_total_s``."""
+        """Post ``message`` with retries inside ``max_tries`` and ``max_total_s``: tenacity
+        tries a retryable answer again after what a 429's ``Retry-After`` says, else after
+        ``_backoff``, sleeping the injected sleep; the total is measured on the injected
+        clock, and no wait is begun that would take it past ``max_total_s``."""
         started = self._clock()
         payload = message.payload()
         try:
@@ -622,31 +627,50 @@ class SlackNotifier:
                        kind=message.kind.value, error=str(exc))
             payload = {"text": message.text}
         tries = 0
-        result = _Result(ok=False)
-        while tries < self.max_tries:
+
+        async def post() -> _Result:
+            nonlocal tries
             tries += 1
-            result = await self._post(payload)
-            ids = {"server": message.server, "kind": message.kind.value, "attempt": tries}
-            if result.ok:
-                self.sent += 1
-                self._emit("info", "notify.sent", **ids, status=result.status)
-                return
-            if not result.retry:
-                self.rejected += 1
-                self._emit(
-                    "error", "notify.rejected", **ids, status=result.status, cause=result.cause
-                )
-                return
-            if tries >= self.max_tries:
-                break
-            wait = result.retry_after if result.retry_after is not None else self._backoff(tries)
-            elapsed = self._clock() - started
-            if elapsed + wait > self.max_total_s:
-                self._abandon(message, tries, result.cause, elapsed, bound="max_total_s")
-                return
-            self._emit("warning", "notify.retry", **ids, wait_s=round(wait, 3), cause=result.cause)
-            await self._sleep(wait)
-        self._abandon(message, tries, result.cause, self._clock() - started, bound="max_tries")
+            return await self._post(payload)
+
+        def last(rs: RetryCallState) -> _Result:
+            assert rs.outcome is not None  # set before wait, stop and before_sleep run
+            result: _Result = rs.outcome.result()
+            return result
+
+        def wait(rs: RetryCallState) -> float:
+            after = last(rs).retry_after
+            return after if after is not None else self._backoff(rs.attempt_number)
+
+        def stop(rs: RetryCallState) -> bool:
+            return rs.attempt_number >= self.max_tries or (
+                self._clock() - started + rs.upcoming_sleep > self.max_total_s)
+
+        def retrying_note(rs: RetryCallState) -> None:
+            self._emit("warning", "notify.retry", server=message.server,
+                       kind=message.kind.value, attempt=rs.attempt_number,
+                       wait_s=round(rs.upcoming_sleep, 3), cause=last(rs).cause)
+
+        result: _Result = await AsyncRetrying(
+            retry=retry_if_result(lambda r: r.retry),
+            wait=wait,
+            stop=stop,
+            before_sleep=retrying_note,
+            sleep=self._sleep,
+            retry_error_callback=last,  # the bounds are spent: the last answer, not an error
+        )(post)
+        ids = {"server": message.server, "kind": message.kind.value, "attempt": tries}
+        if result.ok:
+            self.sent += 1
+            self._emit("info", "notify.sent", **ids, status=result.status)
+        elif not result.retry:
+            self.rejected += 1
+            self._emit(
+                "error", "notify.rejected", **ids, status=result.status, cause=result.cause
+            )
+        else:
+            bound = "max_tries" if tries >= self.max_tries else "max_total_s"
+            self._abandon(message, tries, result.cause, self._clock() - started, bound=bound)
 
     def _abandon(
         self, message: Message, tries: int, cause: str, elapsed: float, bound: str
@@ -697,8 +721,8 @@ class SlackNotifier:
 
     def _backoff(self, tries: int) -> float:
         """Equal jitter: half the capped exponential delay, plus up to the other half."""
-        delay = min(self.backoff_max_s, self.backoff_initial_s * 2.0 ** (tries - 1))
-        return delay / 2 + self._rng.uniform(0, delay / 2)
+        delay = capped_exponential(tries, self.backoff_initial_s, self.backoff_max_s)
+        return jittered(delay, Jitter.EQUAL, self._rng)
 
     @contextlib.contextmanager
     def _redacting_http_logs(self) -> Iterator[None]:

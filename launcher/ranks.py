@@ -45,8 +45,16 @@ from typing import Any
 
 import anyio
 import httpx
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from launcher import health, remote
+from launcher.backoff import Doubling, sleep_or
 from launcher.config import Config, ServerConfig
 from launcher.errors import HostKeyError, HostUnreachable, LauncherError, PreflightError
 from launcher.gpus import check_gpus
@@ -84,6 +92,19 @@ __all__ = ["MultiNodeSupervisor", "stop_other_ranks"]
 
 _OUTAGE_RETRY_MAX_S = 10.0
 _TAIL_LINES = 400  # per rank, for telling a consequence from a cause
+
+
+class _GateShut(Exception):
+    """The gate answered, but not 200 (it may not be listening yet): worth another try."""
+
+
+# What one try to open the gate may fail with and still be tried again. The forward's task
+# group wraps transport errors in exception groups.
+_GATE_ERRORS = (httpx.HTTPError, LauncherError, OSError, ExceptionGroup, _GateShut)
+
+
+def _gate_detail(exc: BaseException | None) -> str:
+    return str(exc) if isinstance(exc, _GateShut) else f"{type(exc).__name__}: {exc}"
 
 
 @dataclass
@@ -193,10 +214,7 @@ class MultiNodeSupervisor(ServerSupervisor):
                                       "unreachable_s": round(self.clock() - since, 3)})
 
     async def _node_wait(self, host: str, delay: float) -> None:
-        back = self._node_back.get(host)
-        with anyio.move_on_after(delay):
-            if back is not None:
-                await back.wait()
+        await sleep_or(self.sleep, delay, self._node_back.get(host))
 
     def _transport(self, rank: Rank) -> Transport:
         return self.transports[rank.host]
@@ -363,15 +381,15 @@ class MultiNodeSupervisor(ServerSupervisor):
     async def _follow_rank(self, att: _GroupAttempt, run: _RankRun) -> None:
         host = run.rank.host
         splitter = LineSplitter()
-        delay = 0.5
+        waits = Doubling(0.5, _OUTAGE_RETRY_MAX_S)
         while True:
             if host in self._node_down:
                 try:
                     await remote.log_age(run.transport, run.handle)
                 except HostUnreachable as exc:
-                    self._host_unreachable(exc, delay, node=host)
-                    await self._node_wait(host, delay)
-                    delay = min(delay * 2, _OUTAGE_RETRY_MAX_S)
+                    wait = waits.next()
+                    self._host_unreachable(exc, wait, node=host)
+                    await self._node_wait(host, wait)
                     continue
                 except LauncherError:
                     pass
@@ -381,7 +399,7 @@ class MultiNodeSupervisor(ServerSupervisor):
                     if isinstance(item, remote.LogChunk):
                         run.offset = item.end_offset
                         run.last_advance = self.clock()
-                        delay = 0.5
+                        waits.reset()
                         self._host_reachable(node=host)
                         for line in splitter.feed(item.data):
                             await self._on_rank_line(att, run, line)
@@ -395,9 +413,9 @@ class MultiNodeSupervisor(ServerSupervisor):
                 await self._post(HostRefused(str(exc)))
                 return
             except HostUnreachable as exc:
-                self._host_unreachable(exc, delay, node=host)
-                await self._node_wait(host, delay)
-                delay = min(delay * 2, _OUTAGE_RETRY_MAX_S)
+                wait = waits.next()
+                self._host_unreachable(exc, wait, node=host)
+                await self._node_wait(host, wait)
             except LauncherError as exc:
                 status = await self._rank_status(run)
                 if status is not None and not status.alive:
@@ -405,10 +423,10 @@ class MultiNodeSupervisor(ServerSupervisor):
                         await self._on_rank_line(att, run, line)
                     await self._rank_ended(att, run, status.exit_status)
                     return
+                wait = waits.next()
                 self._emit("follow.failed", {"error": str(exc), "node": host,
-                                             "retry_in_s": delay})
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                                             "retry_in_s": wait})
+                await self.sleep(wait)
 
     async def _rank_status(self, run: _RankRun) -> remote.RunStatus | None:
         try:
@@ -458,24 +476,33 @@ class MultiNodeSupervisor(ServerSupervisor):
 
     async def _open_gate(self, att: _GroupAttempt, port: int, tries: int = 5) -> None:
         """POST ``/gate/activate`` to node 0's gated-launch server (0.5.23), through node 0's
-        transport, retried a few times; a gate that stays shut is left to the start-up
-        deadline (the ranks keep logging "still waiting" every 10 s)."""
-        detail = ""
-        for attempt in range(1, tries + 1):
-            try:
-                async with health.client_for(self.transport, port, 10.0) as (client, url):
-                    resp = await client.post(url.removesuffix("/health") + "/gate/activate")
-                if resp.status_code == 200:
-                    self._emit("ranks.gate_opened", {"attempt": att.handle.attempt,
-                                                     "port": port})
-                    return
-                detail = f"HTTP {resp.status_code}"
-            # The forward's task group wraps transport errors in exception groups.
-            except (httpx.HTTPError, LauncherError, OSError, ExceptionGroup) as exc:
-                detail = f"{type(exc).__name__}: {exc}"
-            self._emit("gate.retry", {"try": attempt, "detail": detail})
-            await anyio.sleep(min(2.0 ** attempt * 0.25, 5.0))
-        self._emit("gate.failed", {"port": port, "detail": detail})
+        transport, tried ``tries`` times (tenacity: exponential waits with jitter, each retry
+        reported as ``gate.retry``); a gate that stays shut is left to the start-up deadline
+        (the ranks keep logging "still waiting" every 10 s)."""
+
+        def retrying_note(rs: RetryCallState) -> None:
+            exc = rs.outcome.exception() if rs.outcome else None
+            self._emit("gate.retry", {"try": rs.attempt_number, "detail": _gate_detail(exc)})
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(_GATE_ERRORS),
+            stop=stop_after_attempt(tries),
+            wait=wait_exponential_jitter(multiplier=0.5, max=5.0, jitter=0.25),
+            before_sleep=retrying_note,
+            sleep=self.sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    async with health.client_for(self.transport, port, 10.0) as (client, url):
+                        resp = await client.post(url.removesuffix("/health") + "/gate/activate")
+                    if resp.status_code != 200:
+                        raise _GateShut(f"HTTP {resp.status_code}")
+        except _GATE_ERRORS as exc:
+            self._emit("gate.failed", {"port": port, "detail": _gate_detail(exc)})
+            return
+        self._emit("ranks.gate_opened", {"attempt": att.handle.attempt, "port": port})
 
     # -- failures ------------------------------------------------------------------------------
 
@@ -498,7 +525,7 @@ class MultiNodeSupervisor(ServerSupervisor):
 
     async def _settle(self, att: _GroupAttempt) -> None:
         """A rank died of a peer's death: give the peer's own exit ``settle_s`` to arrive."""
-        await anyio.sleep(self.settle_s)
+        await self.sleep(self.settle_s)
         if not att.failed:
             await self._fail_group(att)
 
@@ -538,7 +565,7 @@ class MultiNodeSupervisor(ServerSupervisor):
         any node is unreachable."""
         budgets = self.policy.stall
         while True:
-            await anyio.sleep(self.tick)
+            await self.sleep(self.tick)
             if att.failed:
                 return
             if self._node_down:
@@ -635,13 +662,13 @@ class MultiNodeSupervisor(ServerSupervisor):
         """Stop one rank; while its host is unreachable, wait and try again (no relaunch may
         start beside a rank that could not be stopped). Each try is shielded."""
         transport = self._transport(rank)
-        delay = 0.5
+        waits = Doubling(0.5, _OUTAGE_RETRY_MAX_S)
         while True:
             with anyio.CancelScope(shield=True):
                 try:
                     report = await remote.stop(transport, handle, grace=grace, kill_wait=5.0)
                 except HostUnreachable as exc:
-                    self._host_unreachable(exc, delay, node=rank.host)
+                    self._host_unreachable(exc, waits.current, node=rank.host)
                 except LauncherError as exc:
                     self._emit("process.stop_failed", {"reason": reason, "error": str(exc),
                                                        "node": rank.host, "rank": rank.rank})
@@ -654,8 +681,7 @@ class MultiNodeSupervisor(ServerSupervisor):
                         "rank": rank.rank, "at": time.time(),
                     })
                     return
-            await self._node_wait(rank.host, delay)
-            delay = min(delay * 2, _OUTAGE_RETRY_MAX_S)
+            await self._node_wait(rank.host, waits.next())
 
 
 async def _on_every_node(ranks: list[Rank],

@@ -39,7 +39,7 @@ import anyio.abc
 import structlog
 
 from launcher import health, remote
-from launcher.backoff import RestartBackoff
+from launcher.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
 from launcher.config import Config, RouterConfig, ServerConfig, worker_url
 from launcher.errors import HostUnreachable, LauncherError, is_transient
 from launcher.router_api import RouterClient, normalize
@@ -54,6 +54,7 @@ LEAVE_EVENTS = frozenset({
 _BEFORE_STOP_WAIT_S = 10.0  # a stop waits at most this long for the deregistration
 _RETRY_S = 1.0  # the next reconcile after a failed call
 _RESYNC_S = 5.0  # compare with the router's own listing at least this often
+_RETRY_MAX_S = 10.0  # the longest wait of a listing or a follow tried again until it works
 
 log = structlog.get_logger("launcher.router")
 
@@ -164,11 +165,14 @@ class Registrar:
 
     def __init__(self, config: Config, routers: Sequence[RouterConfig],
                  hooks: Sequence[Hook] = (), *, clock: Callable[[], float] = time.monotonic,
-                 resync_s: float = _RESYNC_S, managed: set[str] | None = None) -> None:
+                 sleep: Sleeper = anyio.sleep, resync_s: float = _RESYNC_S,
+                 managed: set[str] | None = None) -> None:
         """``managed``: the servers this launcher supervises (default: all); a router's
-        other servers are left as the router has them."""
+        other servers are left as the router has them. Its waits (the resync, a retry)
+        are ``sleep``."""
         self.hooks = list(hooks)
         self.clock = clock
+        self.sleep = sleep
         self.resync_s = resync_s
         self.ready: set[str] = set()
         self._changed = anyio.Event()  # set (and replaced) when a registration comes or goes
@@ -204,8 +208,7 @@ class Registrar:
     async def changed(self) -> None:
         """Return at the next change of registrations (or after at most a second, for changes
         made elsewhere, such as a router becoming ready)."""
-        with anyio.move_on_after(1.0):
-            await self._changed.wait()
+        await sleep_or(self.sleep, 1.0, self._changed)
 
     def _leave(self, server: str) -> None:
         self.ready.discard(server)
@@ -265,9 +268,7 @@ class Registrar:
                                 and server not in st.adding):
                             st.adding.add(server)
                             tg.start_soon(self._add, st, client, server)
-                    delay = self.resync_s if ok else _RETRY_S
-                    with anyio.move_on_after(delay):
-                        await st.wake.wait()
+                    await sleep_or(self.sleep, self.resync_s if ok else _RETRY_S, st.wake)
         finally:
             # Whatever the router had is its own business now (it died, or launcher leaves
             # it running): nothing is known to be registered until it is listed again.
@@ -321,7 +322,7 @@ class Registrar:
             worker = await client.register(url)
         except Exception as exc:
             self._failed(st, server, exc)
-            await anyio.sleep(_RETRY_S)  # then the next round tries again
+            await self.sleep(_RETRY_S)  # then the next round tries again
             return
         else:
             if server not in self.ready:  # it left while being added: remove it again
@@ -371,7 +372,7 @@ class RouterSupervisor:
     def __init__(self, config: Config, router: RouterConfig, transport: Transport,
                  registrar: Registrar, *, hooks: Sequence[Hook] = (),
                  stop_on_exit: bool = False, clock: Callable[[], float] = time.monotonic,
-                 ) -> None:
+                 sleep: Sleeper = anyio.sleep) -> None:
         self.config = config
         self.router = router
         self.transport = transport
@@ -379,6 +380,7 @@ class RouterSupervisor:
         self.hooks = list(hooks)
         self.stop_on_exit = stop_on_exit
         self.clock = clock
+        self.sleep = sleep  # every wait: the restart delay, retries, the probe interval
         self.policy = config.policy
         p = self.policy
         self.backoff = RestartBackoff(p.restart_backoff_initial, p.restart_backoff_max,
@@ -442,7 +444,7 @@ class RouterSupervisor:
                     return self.state
                 self.state = "restarting"
                 self._emit("router.restart_scheduled", {"delay_s": round(delay, 2)})
-                await anyio.sleep(delay)
+                await self.sleep(delay)
         except anyio.get_cancelled_exc_class():
             if self.stop_on_exit and self.handle is not None:
                 with anyio.CancelScope(shield=True):
@@ -451,7 +453,7 @@ class RouterSupervisor:
             raise
 
     async def _survey(self) -> remote.Survey:
-        delay = 0.5
+        waits = Doubling(0.5, _RETRY_MAX_S)
         while True:
             try:
                 return await remote.survey(self.transport, self.run_dir, self.router.name,
@@ -459,9 +461,9 @@ class RouterSupervisor:
             except LauncherError as exc:
                 if not is_transient(exc):
                     raise
-                self._emit("router.listing_failed", {"error": str(exc), "retry_in_s": delay})
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                wait = waits.next()
+                self._emit("router.listing_failed", {"error": str(exc), "retry_in_s": wait})
+                await self.sleep(wait)
 
     async def _launch(self) -> remote.RunHandle | None:
         self.attempt += 1
@@ -506,20 +508,21 @@ class RouterSupervisor:
         return ended[0] if ended else ("exited", None)
 
     async def _follow(self, handle: remote.RunHandle, end: Callable[[str, Any], None]) -> None:
-        offset, delay = 0, 0.5
+        offset, waits = 0, Doubling(0.5, _RETRY_MAX_S)
         while True:
             try:
                 async for item in remote.follow(self.transport, handle, offset):
                     if isinstance(item, remote.LogChunk):
                         offset = item.end_offset
+                        waits.reset()  # following works again: the next failure starts small
                     else:
                         end("exited", item.status)
                         return
                 return
             except LauncherError as exc:  # unreachable or a failed read: follow again
-                self._emit("router.follow_failed", {"error": str(exc), "retry_in_s": delay})
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                wait = waits.next()
+                self._emit("router.follow_failed", {"error": str(exc), "retry_in_s": wait})
+                await self.sleep(wait)
 
     async def _probing(self, handle: remote.RunHandle, end: Callable[[str, Any], None]) -> None:
         """``_probe``; a host that refuses the port forward (its key, the login) ends the
@@ -563,7 +566,7 @@ class RouterSupervisor:
                 elif now - started > p.start_deadline:
                     end("deadline", f"no /health answer within {p.start_deadline:g}s")
                     return
-                await anyio.sleep(p.probe_interval if ready else min(0.25, p.probe_interval))
+                await self.sleep(p.probe_interval if ready else min(0.25, p.probe_interval))
 
     async def _alive(self, handle: remote.RunHandle) -> bool:
         """Whether a failed probe counts: the router lives and its host answers."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from tenacity import (
 )
 
 from launcher import health, remote
-from launcher.backoff import RestartBackoff
+from launcher.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
 from launcher.command import ServerCommand, params_from_argv, server_command
 from launcher.config import Config, ServerConfig
 from launcher.errors import (
@@ -196,6 +197,8 @@ class ServerSupervisor:
         secret_env: dict[str, str] | None = None,
         hooks: list[EventHook] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Sleeper = anyio.sleep,
+        rng: random.Random | None = None,
         initial: LaunchParams | None = None,
         initial_reason: str = "",
         stop_on_exit: bool = False,
@@ -218,6 +221,9 @@ class ServerSupervisor:
         self.redact = Redactor(list(self.secret_env.values()))
         self.hooks = hooks or []
         self.clock = clock
+        # Every wait (backoff, retries, polls, the watches' timers) is this sleep, so a fake
+        # clock and sleep pair makes the schedule exact in tests; I/O timeouts stay real.
+        self.sleep = sleep
         self.stop_on_exit = stop_on_exit
         self.tick = tick
         self.listing_tries = listing_tries
@@ -250,6 +256,7 @@ class ServerSupervisor:
                 p.healthy_reset,
                 p.restart_budget,
                 p.restart_window,
+                rng,  # the restart delay's jitter (None: a private Random)
             ),
         )
         # The inbox exists only while ``run`` runs (it closes both ends on the way out); events
@@ -518,7 +525,7 @@ class ServerSupervisor:
         return decided[0] if decided else None
 
     async def _decide_first(self, adopt: bool) -> Event:
-        wait = min(1.0, self.listing_recheck_s)
+        waits = Doubling(min(1.0, self.listing_recheck_s), self.listing_recheck_s)
         while True:
             try:
                 found = await self._survey()
@@ -528,9 +535,9 @@ class ServerSupervisor:
             except LauncherError as exc:
                 await self._dispatch(Unknown(f"cannot list its attempts on {self.server.host}: "
                                              f"{exc}"))
+                wait = waits.next()
                 self._emit("listing.failed", {"error": str(exc), "retry_in_s": wait})
-                await anyio.sleep(wait)
-                wait = min(wait * 2, self.listing_recheck_s)
+                await self.sleep(wait)
                 continue
             if adopt and found.running is not None:
                 return await self._adopt(found.running)
@@ -550,7 +557,7 @@ class ServerSupervisor:
                 "try": rs.attempt_number,
                 "error": str(rs.outcome.exception()) if rs.outcome else "",
             }),
-            sleep=anyio.sleep,
+            sleep=self.sleep,
             reraise=True,
         )
 
@@ -696,7 +703,7 @@ class ServerSupervisor:
 
     async def _follow(self, att: RunningAttempt) -> None:
         splitter = LineSplitter()
-        delay = 0.5
+        waits = Doubling(0.5, _OUTAGE_RETRY_MAX_S)
         hf = self.host_follower
         while True:
             if self._unreachable_since is not None and hf is None:
@@ -705,9 +712,9 @@ class ServerSupervisor:
                 try:
                     await remote.log_age(self.transport, att.handle)
                 except HostUnreachable as exc:
-                    self._host_unreachable(exc, delay)
-                    await self._outage_wait(delay)
-                    delay = min(delay * 2, _OUTAGE_RETRY_MAX_S)
+                    wait = waits.next()
+                    self._host_unreachable(exc, wait)
+                    await self._outage_wait(wait)
                     continue
                 except LauncherError:
                     pass  # the host answered; the follow below reports what is wrong
@@ -720,7 +727,7 @@ class ServerSupervisor:
                     if isinstance(item, remote.LogChunk):
                         att.offset = item.end_offset
                         att.last_advance = self.clock()
-                        delay = 0.5  # following works again: the next outage starts small
+                        waits.reset()  # following works again: the next outage starts small
                         self._host_reachable()
                         for line in splitter.feed(item.data):
                             await self._on_line(att, line)
@@ -736,9 +743,9 @@ class ServerSupervisor:
                 await self._post(HostRefused(str(exc)))
                 return
             except HostUnreachable as exc:
-                self._host_unreachable(exc, delay)
-                await self._outage_wait(delay)
-                delay = min(delay * 2, _OUTAGE_RETRY_MAX_S)
+                wait = waits.next()
+                self._host_unreachable(exc, wait)
+                await self._outage_wait(wait)
             except LauncherError as exc:
                 # The host answers but reading the log failed (e.g. its file vanished). A dead
                 # server is reported with what the log showed so far; a live one is followed
@@ -751,17 +758,14 @@ class ServerSupervisor:
                     diag = diagnose(att.follower, status.exit_status, sglang_version=self.version)
                     await self._post(Exited(status=status.exit_status, diagnosis=diag))
                     return
-                self._emit("follow.failed", {"error": str(exc), "retry_in_s": delay})
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                wait = waits.next()
+                self._emit("follow.failed", {"error": str(exc), "retry_in_s": wait})
+                await self.sleep(wait)
 
     async def _outage_wait(self, delay: float) -> None:
         """Sleep ``delay`` before following again, less once another task (a probe, the stall
         check) has reached the host again."""
-        back = self._back
-        with anyio.move_on_after(delay):
-            if back is not None:
-                await back.wait()
+        await sleep_or(self.sleep, delay, self._back)
 
     async def _on_line(self, att: RunningAttempt, line: str) -> None:
         for ev in att.follower.feed_line(line):
@@ -795,8 +799,7 @@ class ServerSupervisor:
                 continue
             silent = self.clock() - att.last_advance
             if silent <= budget:
-                with anyio.move_on_after(budget - silent + self.tick):
-                    await wake.wait()
+                await sleep_or(self.sleep, budget - silent + self.tick, wake)
                 continue
             # Confirm with the host: only the log's own age there says it is silent.
             age = await self._remote_silence(att)
@@ -863,7 +866,7 @@ class ServerSupervisor:
                 )
             if counts:
                 await self._post(ProbeResult(ok=ok, detail=detail))
-            await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
+            await self.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
 
     async def _probe_once(self, connect: health.Connect, deadline_s: float,
                           ) -> tuple[bool, str]:
@@ -933,14 +936,14 @@ class ServerSupervisor:
         Each try is shielded from cancellation; the waits between tries are not, so shutting
         launcher down during an outage ends them (the server is left to the next launcher).
         """
-        delay = 0.5
+        waits = Doubling(0.5, _OUTAGE_RETRY_MAX_S)
         while True:
             with anyio.CancelScope(shield=True):
                 try:
                     report = await remote.stop(self.transport, att.handle, grace=5.0,
                                                kill_wait=5.0)
                 except HostUnreachable as exc:
-                    self._host_unreachable(exc, delay)
+                    self._host_unreachable(exc, waits.current)
                 except LauncherError as exc:
                     self._emit("process.stop_failed", {"reason": reason, "error": str(exc)})
                     return
@@ -951,8 +954,7 @@ class ServerSupervisor:
                         "leftover_pids": report.leftover_pids,
                     })
                     return
-            await self._outage_wait(delay)
-            delay = min(delay * 2, _OUTAGE_RETRY_MAX_S)
+            await self._outage_wait(waits.next())
 
     async def _mark_gave_up(self, handle: remote.RunHandle, reason: str) -> None:
         """Leave the give-up on the host (see remote.mark_gave_up); best effort, bounded: a
@@ -1018,11 +1020,11 @@ class ServerSupervisor:
                 await self._post(GpusFree())
                 return
             self._emit("gpu.waiting", {"problems": problems})
-            await anyio.sleep(1.0)
+            await self.sleep(1.0)
         await self._post(GpuWaitTimedOut(holder="; ".join(problems)))
 
     async def _sleep_then(self, seconds: float, event: Event) -> None:
-        await anyio.sleep(seconds)
+        await self.sleep(seconds)
         await self._post(event)
 
     async def _deadline_watch(self) -> None:
@@ -1048,8 +1050,7 @@ class ServerSupervisor:
                 continue
             left = m.started_at + self.policy.start_deadline - self.clock()
             if left >= 0:
-                with anyio.move_on_after(left + 0.001):
-                    await wake.wait()
+                await sleep_or(self.sleep, left + 0.001, wake)
                 continue
             fired_for = m.started_at
             await self._post(DeadlineExceeded())

@@ -18,7 +18,8 @@ from launcher.errors import CommandTimedOut, HostUnreachable, LauncherError
 from launcher.lifecycle import State
 from launcher.transport.base import CommandResult
 from launcher.transport.local import LocalTransport
-from tests.supervise import Recorder, SimSetup, ready_or_done, supervise
+from tests.faketime import FakeTime
+from tests.supervise import Recorded, Recorder, SimSetup, ready_or_done, supervise
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -118,3 +119,31 @@ async def test_a_stop_while_unknown_ends_supervision_without_launching(sim: SimS
     assert State.STOPPED == result.state, result.events.summary()
     assert [] == sim.attempts()
     assert not result.events.has("attempt.started")
+
+
+async def test_a_failing_listing_is_rechecked_after_doubling_waits_up_to_its_cap(
+    sim: SimSetup,
+) -> None:
+    """While the listing fails the recheck waits 1 s, 2 s, 4 s, then listing_recheck_s (8 s)
+    each time: exactly those sleeps, each announced as listing.failed's retry_in_s. On a fake
+    clock and sleep: 23 s of waiting takes no time."""
+    config = sim.config(mem_fraction_static=0.8, cuda_graph_max_bs=8)
+    transport = flaky(sim, forever=HostUnreachable("connection refused", host="simhost"))
+    time = FakeTime()
+    supervisor: list[Any] = []
+
+    def stop_after_five(e: Recorded) -> None:
+        if e.name == "listing.failed" and len(rec.of("listing.failed")) == 5:
+            supervisor[0].request_stop(kill=False)
+
+    rec = Recorder(on=[stop_after_five])
+    result = await supervise(
+        config, transport=transport, recorder=rec, on_start=supervisor.append, clock=time,
+        options={"listing_tries": 1, "listing_recheck_s": 8.0, "sleep": time.sleep},
+    )
+
+    assert State.STOPPED == result.state, rec.summary()
+    announced = [f["retry_in_s"] for f in rec.of("listing.failed")]
+    assert [1.0, 2.0, 4.0, 8.0, 8.0] == announced == time.sleeps
+    assert 1000.0 + 23.0 == time()
+    assert [] == sim.attempts()

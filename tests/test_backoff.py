@@ -1,13 +1,16 @@
-"""Tests of the restart backoff after ready, with explicit times (no sleeping)."""
+"""Tests of launcher.backoff: the restart backoff after ready and the doubling waits, with
+explicit times (no sleeping), and ``sleep_or`` on a fake clock."""
 
 from __future__ import annotations
 
 import random
 
+import anyio
 import pytest
 
-from launcher.backoff import Jitter, RestartBackoff
+from launcher.backoff import Doubling, Jitter, RestartBackoff, capped_exponential, sleep_or
 from launcher.errors import PolicyError
+from tests.faketime import FakeTime
 
 
 def exact(
@@ -139,3 +142,72 @@ def test_time_going_backwards_is_refused() -> None:
     b.on_failure(10.0)
     with pytest.raises(PolicyError, match="time went backwards"):
         b.on_healthy(5.0)
+
+
+# --- the doubling waits of retry-until-it-works loops ------------------------------------
+
+
+def test_doubling_waits_double_to_the_cap_and_reset_after_a_success() -> None:
+    """0.5, 1, 2, 4, 8, then the 10 s cap; ``current`` is what the next wait will be; after
+    ``reset`` the next wait is 0.5 again."""
+    waits = Doubling(0.5, 10.0)
+    announced = []
+    taken = []
+    for _ in range(7):
+        announced.append(waits.current)
+        taken.append(waits.next())
+    assert [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0] == taken == announced
+    waits.reset()
+    assert (0.5, 0.5, 1.0) == (waits.current, waits.next(), waits.next())
+
+
+def test_doubling_with_initial_equal_to_the_cap_never_grows() -> None:
+    """A recheck interval shorter than the usual first wait: every wait is that interval."""
+    waits = Doubling(0.05, 0.05)
+    assert [0.05, 0.05, 0.05] == [waits.next() for _ in range(3)]
+
+
+@pytest.mark.parametrize(("initial", "maximum"), [(0.0, 1.0), (-1.0, 1.0), (2.0, 1.0)])
+def test_doubling_refuses_a_schedule_that_cannot_wait(initial: float, maximum: float) -> None:
+    with pytest.raises(PolicyError, match="doubling waits"):
+        Doubling(initial, maximum)
+
+
+def test_capped_exponential_survives_a_huge_count() -> None:
+    """The 5000th failure waits the cap; the exponent never overflows."""
+    assert [1.0, 2.0, 4.0, 60.0, 60.0] == [
+        capped_exponential(n, 1.0, 60.0) for n in (1, 2, 3, 7, 5000)]
+
+
+# --- sleep_or: a wait that an event may end early ------------------------------------------
+
+
+async def test_sleep_or_sleeps_the_whole_wait_when_nothing_happens() -> None:
+    """The injected sleep is asked for exactly the seconds given; the fake clock moves by them."""
+    time = FakeTime()
+    await sleep_or(time.sleep, 2.5, anyio.Event())
+    await sleep_or(time.sleep, 1.0, None)
+    assert ([2.5, 1.0], 1003.5) == (time.sleeps, time())
+
+
+async def test_sleep_or_returns_once_the_event_is_set() -> None:
+    """A wait of an hour ends when the event is set, however long the sleep would be."""
+    event = anyio.Event()
+    hour_began = anyio.Event()
+    returned: list[bool] = []
+
+    async def an_hour(seconds: float) -> None:
+        hour_began.set()
+        await anyio.sleep_forever()
+
+    async def wait() -> None:
+        await sleep_or(an_hour, 3600.0, event)
+        returned.append(True)
+
+    with anyio.fail_after(10):  # a guard against a hang, not a measurement
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await hour_began.wait()
+            assert [] == returned
+            event.set()
+    assert [True] == returned

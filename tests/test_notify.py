@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import httpx
 import pytest
 from structlog.testing import capture_logs
@@ -35,6 +34,7 @@ from launcher.notify import (
 )
 from launcher.sglang.classify import diagnose_text
 from launcher.store import Ledger
+from tests.faketime import FakeTime as FakeClock  # its clock and sleep move together
 from tests.httpsink import HANG, HttpSink, Reply
 
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -84,22 +84,6 @@ READY = {
         record(0.83, 96, "oom_graph_capture", "cuda_graph"),
     ],
 }
-
-
-class FakeClock:
-    """A monotonic clock that only moves when the code under test sleeps (or the test says)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-        await anyio.lowlevel.checkpoint()
 
 
 @pytest.fixture

@@ -380,12 +380,26 @@ async def test_follow_reraises_host_unreachable_and_resumes_exactly(host: Host) 
     assert (await anyio.Path(handle.log_path).read_bytes(), 0) == (received + rest, status)
 
 
-async def test_follow_notices_sigkill_quickly(host: Host) -> None:
-    """A SIGKILLed server is reported as RunExited(137) well within 2 s."""
+class CountingStreams(LocalTransport):
+    """The local transport, counting the streams (log followers) opened on it."""
+
+    streams = 0
+
+    def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+               ) -> AsyncGenerator[bytes, None]:
+        self.streams += 1
+        return super().stream(argv, env=env)
+
+
+async def test_follow_notices_sigkill_from_the_one_follower(host: Host) -> None:
+    """A SIGKILLed server is reported as RunExited(137) by the follower that was running when
+    it died (``tail --pid`` polls for the death on the host), not by following again. How
+    soon is printed, not asserted: the benchmarks measure it."""
     handle = await host.launch(["sh", "-c", "echo ready; exec sleep 30"])
+    transport = CountingStreams("local")
     killed_at = 0.0
     exited = RunExited(-2)
-    async with aclosing(remote.follow(host.transport, handle)) as events:
+    async with aclosing(remote.follow(transport, handle)) as events:
         async for event in events:
             if isinstance(event, LogChunk) and b"ready" in event.data:
                 os.kill(handle.pid, signal.SIGKILL)
@@ -394,8 +408,9 @@ async def test_follow_notices_sigkill_quickly(host: Host) -> None:
                 noticed = time.monotonic() - killed_at
                 exited = event
                 break
+    print(f"RunExited {noticed:.3f} s after SIGKILL")
     assert RunExited(137) == exited
-    assert noticed < 2.0, noticed
+    assert 1 == transport.streams
 
 
 async def test_unrecorded_exit_is_reported_as_none(host: Host) -> None:

@@ -24,11 +24,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from launcher.config import Config, config_from_dict
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, HostUnreachable
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
-from launcher.router import Registrar, plan_rows
+from launcher.router import Registrar, RouterSupervisor, plan_rows
 from launcher.router_api import RouterApiError, RouterClient
+from launcher.transport.base import CommandResult
+from tests.faketime import FakeTime
 from tests.supervise import SimSetup, run_cli
 
 
@@ -340,6 +342,41 @@ async def test_the_registrar_follows_server_events_and_deregisters_before_a_stop
         await until(lambda: set(fake.workers) == {r2})
         tg.cancel_scope.cancel()
     assert registrar.registration("front") == {"r1": "router down", "r2": "router down"}
+
+
+class Unreachable:
+    """A transport to a host that cannot be reached: every command fails as a lost
+    connection would (a transient error)."""
+
+    host_name = "a"
+
+    async def run(self, argv: Any, **kwargs: Any) -> CommandResult:
+        raise HostUnreachable("connection refused", host=self.host_name)
+
+
+async def test_a_router_host_that_cannot_be_listed_is_asked_again_after_doubling_waits(
+) -> None:
+    """The router's listing keeps failing: asked again after 0.5 s, 1 s, 2 s, ... up to 10 s,
+    exactly those sleeps, each announced as router.listing_failed's retry_in_s (on a fake
+    clock and sleep: no time passes)."""
+    config = two_server_config()
+    time = FakeTime()
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    with anyio.CancelScope() as scope:
+
+        def hook(router: str, name: str, data: dict[str, Any]) -> None:
+            seen.append((name, data))
+            if sum(n == "router.listing_failed" for n, _ in seen) == 7:
+                scope.cancel()
+
+        sup = RouterSupervisor(config, config.router("front"), Unreachable(),
+                               Registrar(config, config.routers), hooks=[hook], clock=time,
+                               sleep=time.sleep)
+        await sup.run()
+    announced = [d["retry_in_s"] for n, d in seen if n == "router.listing_failed"]
+    assert [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0] == announced == time.sleeps
+    assert ["router.listing_failed"] == sorted({n for n, _ in seen})  # nothing launched
 
 
 # -- what the hooks make of the router's events ----------------------------------------------

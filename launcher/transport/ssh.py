@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import random
 import re
 import shlex
 import socket
@@ -49,7 +48,12 @@ from typing import Any, Protocol
 import anyio
 import asyncssh
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    wait_exponential_jitter,
+)
 from tenacity.stop import stop_base
 
 from launcher.errors import (
@@ -539,11 +543,6 @@ class SSHTransport:
             raise
         return _Connection(conn, tunnel)
 
-    def _backoff(self, retry_state: RetryCallState) -> float:
-        """Wait before the next attempt: exponential from INITIAL_WAIT_S plus random jitter."""
-        exponential = INITIAL_WAIT_S * 2.0 ** (retry_state.attempt_number - 1)
-        return min(MAX_WAIT_S, exponential + random.uniform(0, JITTER_S))
-
     def _log_retry(self, retry_state: RetryCallState) -> None:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         log.warning(
@@ -589,7 +588,8 @@ class SSHTransport:
             sleep=self._sleep,
             retry=retry_if_exception_type(HostUnreachable),
             stop=_RetryBudget(self.retry_attempts, self.retry_max_seconds),
-            wait=self._backoff,
+            wait=wait_exponential_jitter(multiplier=INITIAL_WAIT_S, max=MAX_WAIT_S,
+                                         jitter=JITTER_S),
             before_sleep=self._log_retry,
             reraise=True,
         )
