@@ -879,7 +879,7 @@ def history(
         table.add_column(col, no_wrap=True)
     for r in rows:
         started = inspection.iso(r.started_at) or ""
-        ttr = "" if r.seconds_to_ready is None else f"{r.seconds_to_ready:.0f}s"
+        ttr = _to_ready(r.seconds_to_ready)
         _row(table, started, r.server, str(r.attempt), r.params.describe(),
              r.outcome or "running", r.phase or "", ttr)
     _print_table(out, table)
@@ -996,6 +996,12 @@ def _dur(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _to_ready(seconds: float | None) -> str:
+    """A time to ready as `history`, `describe` and the events ("ready in 8s") all show it:
+    rounded to the second (``_dur`` alone cuts 7.6 s to 7s), empty when there is none."""
+    return "" if seconds is None else _dur(float(round(seconds)))
 
 
 def _short_params(params: dict[str, Any] | None) -> str:
@@ -1214,7 +1220,7 @@ def _print_description(d: inspection.Description) -> None:
     field("Phase", st.phase)
     field("Started", inspection.iso(st.started_at))
     field("Age", _dur(st.age_s))
-    field("Ready after", None if d.ready_s is None else _dur(d.ready_s))
+    field("Ready after", None if d.ready_s is None else _to_ready(d.ready_s))
     field("Params", _short_params(st.params))
     field("Run dir", st.run_dir)
     field("Command", d.command)
@@ -1230,7 +1236,7 @@ def _print_description(d: inspection.Description) -> None:
         for r in d.attempts:
             _row(table, f"  {r.attempt}", inspection.iso(r.started_at) or "",
                  _short_params(r.params.as_dict()), r.outcome or "running", r.phase or "",
-                 "" if r.seconds_to_ready is None else _dur(r.seconds_to_ready))
+                 _to_ready(r.seconds_to_ready))
         _print_table(out, table)
         failed = next((r for r in d.attempts if r.evidence), None)
         if failed is not None:
