@@ -62,7 +62,7 @@ from launcher.errors import (
     UsageError,
     WontFit,
 )
-from launcher.eventlog import Format, configure
+from launcher.eventlog import Format, configure, on_journal
 from launcher.firstattempt import Planned, estimate_servers
 from launcher.gpus import check_gpus
 from launcher.memview import bar_text, legend
@@ -212,7 +212,22 @@ def _row(table: Table, *cells: str | Text) -> None:
     table.add_row(*(c if isinstance(c, Text) else Text(_plain(c)) for c in cells))
 
 
+def _say_err(priority: int, *parts: str | tuple[str, str]) -> None:
+    """``_say(err, *parts)``; but when stderr is the journal (``$JOURNAL_STREAM``, as under
+    systemd) each of its lines gets the sd-daemon ``<priority>`` prefix the event lines get,
+    so the reason launcher stopped is in ``journalctl -p err`` and not an info line."""
+    if not on_journal(sys.stderr):
+        _say(err, *parts)
+        return
+    text = _plain("".join(p if isinstance(p, str) else p[0] for p in parts))
+    sys.stderr.write("".join(f"<{priority}>{line}\n" for line in text.split("\n")))
+    sys.stderr.flush()
+
+
 def _error(console: Console, exc: LauncherError, prefix: str = "") -> None:
+    if console is err:
+        _say_err(3, prefix, (type(exc).__name__, "bold red"), f": {exc}")  # 3: err
+        return
     _say(console, prefix, (type(exc).__name__, "bold red"), f": {exc}")
 
 
@@ -244,6 +259,11 @@ def _open(path: Path | None) -> Config:
     if path is None:
         raise UsageError("no config given", remedy=f"pass CONFIG (the path of a config.toml) "
                          f"or set {CONFIG_ENV}=/path/to/config.toml")
+    if not path.exists() and os.environ.get(CONFIG_ENV) == str(path):
+        # Name where the path came from: a forgotten export is otherwise a riddle.
+        raise UsageError(f"{CONFIG_ENV}={path}: no such file",
+                         remedy=f"pass CONFIG, or point {CONFIG_ENV} at a config.toml "
+                         f"(`unset {CONFIG_ENV}` to stop using it)")
     config = expand_placeholders(load_config(path), path)
     if not config.servers:  # every command needs one: none is an error, never a silent 0
         raise ConfigError(["servers: no servers configured; add a [[servers]] table"],
@@ -788,10 +808,10 @@ def up(
         raise typer.Exit(_exit_code(exc)) from None
     for name, reason in result.gave_up:
         # The reason is SGLang's and the policy's text (a TOML snippet's [[servers]]): no markup.
-        _say(err, (f"{name} gave up", "red"), f": {reason}")
+        _say_err(3, (f"{name} gave up", "red"), f": {reason}")
     if result.left_running:
-        _say(err, f"launcher exited; left running: {', '.join(result.left_running)} "
-             "(stop them with `launcher down`)")
+        _say_err(5, f"launcher exited; left running: {', '.join(result.left_running)} "
+                 "(stop them with `launcher down`)")  # 5: notice
     raise typer.Exit(_up_exit_code(interrupted=result.interrupted, until_ready=until_ready,
                                    gave_up=[True] * len(result.gave_up)
                                    + [False] * (len(result.ready) - len(result.gave_up)),
@@ -1295,7 +1315,8 @@ def _config_and_server(config_path: Path | None, server_name: str | None,
     from_env = os.environ.get(CONFIG_ENV)
     if from_env and config_path is not None and str(config_path) != from_env:
         return Path(from_env), str(config_path)
-    _fail(UsageError("no SERVER given",
+    _fail(UsageError(f"`launcher {command} {config_path}`: SERVER missing ({CONFIG_ENV} is "
+                     "not set, so the one argument is the CONFIG)",
                      remedy=f"`launcher {command} CONFIG SERVER`, or `launcher {command} "
                      f"SERVER` with {CONFIG_ENV} set"))
 
