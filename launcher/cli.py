@@ -468,12 +468,15 @@ def plan(
     config = _guard(lambda: _open(config_path))
     rows: list[dict[str, Any]] = []
     selected = _guard(lambda: _selected(config, server))
-    planned = anyio.run(estimate_servers, config, selected)
+    # The remembered params win in `up`; the estimate below is drawn for them too.
+    warm = {s.name: found for s in selected
+            if (found := _guard(partial(_remembered_params, config, s))) is not None}
+    planned = anyio.run(partial(estimate_servers, config, selected, warm=warm))
     for s in selected:
         host = config.host(s.host)
         version = s.sglang_version or DEFAULT_VERSION
         first = planned[s.name]
-        params, params_source = _guard(partial(_remembered_params, config, s)) or (
+        params, params_source = warm.get(s.name) or (
             first.params, f"{first.source}: see the estimate below")
         secrets = {k: "***" for k in s.secret_env}
         ranks = _plan_ranks(config, s, params, version, secrets)
