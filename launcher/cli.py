@@ -62,7 +62,7 @@ from launcher.errors import (
     UsageError,
     WontFit,
 )
-from launcher.eventlog import Format, configure
+from launcher.eventlog import Format, configure, on_journal
 from launcher.firstattempt import Planned, estimate_servers
 from launcher.gpus import check_gpus
 from launcher.memview import bar_text, legend
@@ -212,7 +212,22 @@ def _row(table: Table, *cells: str | Text) -> None:
     table.add_row(*(c if isinstance(c, Text) else Text(_plain(c)) for c in cells))
 
 
+def _say_err(priority: int, *parts: str | tuple[str, str]) -> None:
+    """``_say(err, *parts)``; but when stderr is the journal (``$JOURNAL_STREAM``, as under
+    systemd) each of its lines gets the sd-daemon ``<priority>`` prefix the event lines get,
+    so the reason launcher stopped is in ``journalctl -p err`` and not an info line."""
+    if not on_journal(sys.stderr):
+        _say(err, *parts)
+        return
+    text = _plain("".join(p if isinstance(p, str) else p[0] for p in parts))
+    sys.stderr.write("".join(f"<{priority}>{line}\n" for line in text.split("\n")))
+    sys.stderr.flush()
+
+
 def _error(console: Console, exc: LauncherError, prefix: str = "") -> None:
+    if console is err:
+        _say_err(3, prefix, (type(exc).__name__, "bold red"), f": {exc}")  # 3: err
+        return
     _say(console, prefix, (type(exc).__name__, "bold red"), f": {exc}")
 
 
@@ -244,6 +259,11 @@ def _open(path: Path | None) -> Config:
     if path is None:
         raise UsageError("no config given", remedy=f"pass CONFIG (the path of a config.toml) "
                          f"or set {CONFIG_ENV}=/path/to/config.toml")
+    if not path.exists() and os.environ.get(CONFIG_ENV) == str(path):
+        # Name where the path came from: a forgotten export is otherwise a riddle.
+        raise UsageError(f"{CONFIG_ENV}={path}: no such file",
+                         remedy=f"pass CONFIG, or point {CONFIG_ENV} at a config.toml "
+                         f"(`unset {CONFIG_ENV}` to stop using it)")
     config = expand_placeholders(load_config(path), path)
     if not config.servers:  # every command needs one: none is an error, never a silent 0
         raise ConfigError(["servers: no servers configured; add a [[servers]] table"],
@@ -448,12 +468,15 @@ def plan(
     config = _guard(lambda: _open(config_path))
     rows: list[dict[str, Any]] = []
     selected = _guard(lambda: _selected(config, server))
-    planned = anyio.run(estimate_servers, config, selected)
+    # The remembered params win in `up`; the estimate below is drawn for them too.
+    warm = {s.name: found for s in selected
+            if (found := _guard(partial(_remembered_params, config, s))) is not None}
+    planned = anyio.run(partial(estimate_servers, config, selected, warm=warm))
     for s in selected:
         host = config.host(s.host)
         version = s.sglang_version or DEFAULT_VERSION
         first = planned[s.name]
-        params, params_source = _guard(partial(_remembered_params, config, s)) or (
+        params, params_source = warm.get(s.name) or (
             first.params, f"{first.source}: see the estimate below")
         secrets = {k: "***" for k in s.secret_env}
         ranks = _plan_ranks(config, s, params, version, secrets)
@@ -790,10 +813,10 @@ def up(
         raise typer.Exit(_exit_code(exc)) from None
     for name, reason in result.gave_up:
         # The reason is SGLang's and the policy's text (a TOML snippet's [[servers]]): no markup.
-        _say(err, (f"{name} gave up", "red"), f": {reason}")
+        _say_err(3, (f"{name} gave up", "red"), f": {reason}")
     if result.left_running:
-        _say(err, f"launcher exited; left running: {', '.join(result.left_running)} "
-             "(stop them with `launcher down`)")
+        _say_err(5, f"launcher exited; left running: {', '.join(result.left_running)} "
+                 "(stop them with `launcher down`)")  # 5: notice
     raise typer.Exit(_up_exit_code(interrupted=result.interrupted, until_ready=until_ready,
                                    gave_up=[True] * len(result.gave_up)
                                    + [False] * (len(result.ready) - len(result.gave_up)),
@@ -881,7 +904,7 @@ def history(
         table.add_column(col, no_wrap=True)
     for r in rows:
         started = inspection.iso(r.started_at) or ""
-        ttr = "" if r.seconds_to_ready is None else f"{r.seconds_to_ready:.0f}s"
+        ttr = _to_ready(r.seconds_to_ready)
         _row(table, started, r.server, str(r.attempt), r.params.describe(),
              r.outcome or "running", r.phase or "", ttr)
     _print_table(out, table)
@@ -998,6 +1021,12 @@ def _dur(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _to_ready(seconds: float | None) -> str:
+    """A time to ready as `history`, `describe` and the events ("ready in 8s") all show it:
+    rounded to the second (``_dur`` alone cuts 7.6 s to 7s), empty when there is none."""
+    return "" if seconds is None else _dur(float(round(seconds)))
 
 
 def _short_params(params: dict[str, Any] | None) -> str:
@@ -1216,7 +1245,7 @@ def _print_description(d: inspection.Description) -> None:
     field("Phase", st.phase)
     field("Started", inspection.iso(st.started_at))
     field("Age", _dur(st.age_s))
-    field("Ready after", None if d.ready_s is None else _dur(d.ready_s))
+    field("Ready after", None if d.ready_s is None else _to_ready(d.ready_s))
     field("Params", _short_params(st.params))
     field("Run dir", st.run_dir)
     field("Command", d.command)
@@ -1232,7 +1261,7 @@ def _print_description(d: inspection.Description) -> None:
         for r in d.attempts:
             _row(table, f"  {r.attempt}", inspection.iso(r.started_at) or "",
                  _short_params(r.params.as_dict()), r.outcome or "running", r.phase or "",
-                 "" if r.seconds_to_ready is None else _dur(r.seconds_to_ready))
+                 _to_ready(r.seconds_to_ready))
         _print_table(out, table)
         failed = next((r for r in d.attempts if r.evidence), None)
         if failed is not None:
@@ -1291,7 +1320,8 @@ def _config_and_server(config_path: Path | None, server_name: str | None,
     from_env = os.environ.get(CONFIG_ENV)
     if from_env and config_path is not None and str(config_path) != from_env:
         return Path(from_env), str(config_path)
-    _fail(UsageError("no SERVER given",
+    _fail(UsageError(f"`launcher {command} {config_path}`: SERVER missing ({CONFIG_ENV} is "
+                     "not set, so the one argument is the CONFIG)",
                      remedy=f"`launcher {command} CONFIG SERVER`, or `launcher {command} "
                      f"SERVER` with {CONFIG_ENV} set"))
 

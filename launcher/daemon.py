@@ -271,6 +271,13 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
             view.update(snapshots())
         if metrics is not None:
             metrics.update_states(snapshots())
+        if sd is not None:
+            # systemctl status follows the phases as they change, not only at the watchdog's
+            # pings (every 30 s); a broken line is logged by run_watchdog, never fatal here.
+            try:
+                sd.status_if_changed(status_summary(snapshots()))
+            except Exception:
+                log.exception("systemd.status_failed")
 
     async def file_keys() -> None:
         """The observation key of servers the first attempt's choice read no facts for."""

@@ -16,6 +16,7 @@ When the estimate says no setting fits, the result is ``refused``: `up` launches
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import anyio
@@ -127,7 +128,9 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
                                                server.model_path)
         if correction.match is not Match.NONE:
             margin = min(margin, correction.margin)
-    choice = choose(est, configured, margin=margin, override=mode == "estimate")
+    # With warm params (plan's picture of a warm start) the budget shown is theirs.
+    choice = choose(est, configured if warm is None else warm[0], margin=margin,
+                    override=mode == "estimate" and warm is None)
     if correction is not None and correction.match is not Match.NONE:
         choice = replace(choice, reason=f"{choice.reason}; {describe(correction)}")
 
@@ -157,12 +160,15 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
 
 
 async def estimate_servers(config: Config, servers: list[ServerConfig], *,
+                           warm: Mapping[str, tuple[LaunchParams, str]] | None = None,
                            timeout: float = 30.0) -> dict[str, Planned]:
     """`plan`'s view: each server's first attempt with its estimate (always computed), reading
     the facts on its host; at most ``timeout`` seconds per server. The version is the configured
     one or the default (plan does not probe hosts for it). When the state dir holds a ledger,
     its observations correct the estimate as they do for `up` (``Planned.correction`` says how;
-    the choice's reason ends with it), so the picture is the one `up` would act on."""
+    the choice's reason ends with it), so the picture is the one `up` would act on. ``warm``:
+    per server, the ledger's last good params and why, which the next `up` starts with (they
+    win, as in `up`)."""
     transports = {s.host: make_transport(config.host(s.host)) for s in servers}
     out: dict[str, Planned] = {}
     path = ledger_path(config.state_dir)
@@ -173,7 +179,8 @@ async def estimate_servers(config: Config, servers: list[ServerConfig], *,
             with anyio.move_on_after(timeout):
                 out[s.name] = await plan_first_attempt(
                     config, s, transports[s.host], s.sglang_version or DEFAULT_VERSION,
-                    configured, always_estimate=True, ledger=ledger)
+                    configured, warm=(warm or {}).get(s.name), always_estimate=True,
+                    ledger=ledger)
             if s.name not in out:
                 why = f"no estimate: {s.host} did not answer within {timeout:.0f} s"
                 out[s.name] = Planned(configured, f"configured params ({why})", "configured",

@@ -73,6 +73,7 @@ class SdNotifier:
         self._target: bytes = b"\0" + raw[1:] if raw.startswith(b"@") else raw
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._sock.setblocking(False)
+        self._status: str | None = None  # the last STATUS= sent (for status_if_changed)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> SdNotifier | None:
@@ -112,6 +113,9 @@ class SdNotifier:
                 error=str(exc),
             )
             return False
+        for key, value in fields.items():
+            if key.upper() == "STATUS":
+                self._status = str(value)
         return True
 
     def ready(self, status: str | None = None) -> bool:
@@ -123,6 +127,17 @@ class SdNotifier:
     def status(self, text: str) -> bool:
         """``STATUS=text``: the one-line status ``systemctl status`` shows."""
         return self.send(STATUS=text)
+
+    def status_if_changed(self, text: str) -> bool:
+        """``STATUS=text`` unless that is the line systemd already has; True if sent.
+
+        For callers that recompute the line often (the supervision tick, 5 times a second):
+        ``systemctl status`` follows phase changes at once instead of at the next watchdog
+        ping (30 s), and an unchanged line costs no datagram. A failed send is retried on the
+        next call (the last line sent is only remembered on success)."""
+        if text == self._status:
+            return False
+        return self.status(text)
 
     def watchdog(self) -> bool:
         """``WATCHDOG=1``: the keep-alive ping ``WatchdogSec=`` expects."""

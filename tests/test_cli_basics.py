@@ -119,8 +119,22 @@ def test_logs_with_one_argument_and_no_launcher_config_asks_for_the_server() -> 
     result = run_cli("logs", "launcher.toml")
 
     assert result.returncode == 2, result.stderr
-    assert "no SERVER given" in result.stderr, result.stderr
-    assert "LAUNCHER_CONFIG" in result.stderr
+    assert "`launcher logs launcher.toml`: SERVER missing" in result.stderr, result.stderr
+    assert "LAUNCHER_CONFIG is not set" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "history"])
+def test_a_launcher_config_naming_no_file_says_it_came_from_there(
+    command: str, tmp_path: Path
+) -> None:
+    """A LAUNCHER_CONFIG left pointing at a moved config: the error names the variable (a
+    plain "no such file" would not say where the path came from), exit 2."""
+    gone = tmp_path / "moved.toml"
+    result = run_cli(command, env={"LAUNCHER_CONFIG": str(gone)})
+
+    assert result.returncode == 2, result.stderr
+    assert f"LAUNCHER_CONFIG={gone}: no such file" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_history_takes_the_config_as_an_argument(sim: SimSetup) -> None:

@@ -21,7 +21,7 @@ import pytest
 import structlog
 
 from launcher.eventlog import EVENT_LEVELS, configure, level_of, on_journal, syslog_priority
-from tests.supervise import REPO, SimSetup, cli_argv, cli_env
+from tests.supervise import REPO, SERVER, SimSetup, cli_argv, cli_env
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -138,3 +138,36 @@ def test_outside_journald_lines_are_plain_json_with_the_level(
     assert lines and all(prio is None for prio, _ in lines)
     levels = {e["event"]: e["level"] for _, e in lines}
     assert ("warning", "error") == (levels["attempt.failed"], levels["server.gave_up"])
+
+
+def test_under_journald_the_messages_on_stderr_carry_their_priority(
+    sim: SimSetup, tmp_path: Path
+) -> None:
+    """stdout and stderr both on the journal stream, as systemd connects them: a config error
+    that stops launcher is an error line (<3>) on every line, not info, so it shows under
+    `journalctl -p err`; so are the give-ups after the error events."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[policy]\nmax_attempts = 'many'\n[policy]\n")
+    config = sim.write_toml(sim.data(mem_fraction_static=0.8, cuda_graph_max_bs=8,
+                                     server={"extra_args": ["--no-such-flag"]}))
+    outputs = {}
+    for name, path in (("bad", bad), ("gave_up", config)):
+        out_path = tmp_path / f"{name}.journal"
+        with out_path.open("w") as out:
+            st = os.fstat(out.fileno())
+            env = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+            proc = subprocess.run(cli_argv("up", str(path), "--until-ready", "--log-format",
+                                           "json"), cwd=REPO, env=cli_env(env), stdout=out,
+                                  stderr=out, timeout=60)
+        outputs[name] = (proc.returncode, out_path.read_text().splitlines())
+
+    code, lines = outputs["bad"]
+    assert 2 == code, lines
+    assert len(lines) >= 2 and all(line.startswith("<3>") for line in lines), lines
+    assert lines[0].startswith("<3>ConfigError: "), lines
+    code, lines = outputs["gave_up"]
+    assert 4 == code, lines
+    assert all(re.match(r"^<[0-7]>", line) for line in lines), [
+        line for line in lines if not re.match(r"^<[0-7]>", line)]
+    plain = [line for line in lines if not PREFIXED.match(line)]  # not JSON events
+    assert any(line.startswith(f"<3>{SERVER} gave up: ") for line in plain), plain

@@ -37,6 +37,15 @@ def test_plan_shows_the_remembered_params_the_next_up_uses(sim: SimSetup) -> Non
     assert "  env      NOTE='two words'" in text
     assert "NOTE=two words" == f"NOTE={shlex.split(text.split('NOTE=')[1].splitlines()[0])[0]}"
     assert after["run_dir"] == f"{sim.run_dir}/{SERVER}/<attempt>"
+    # The estimate is drawn for those params too: no "first attempt 0.880 (configured)"
+    # under a "params 0.844 (last good)" line.
+    assert {"mem_fraction_static": 0.844, "cuda_graph_max_bs": 256} == (
+        after["first_attempt"]["params"]), after["first_attempt"]
+    assert ("ledger", after["params_source"]) == (
+        after["first_attempt"]["source"], after["first_attempt"]["reason"])
+    assert "  first attempt  mem_fraction_static=0.844 cuda_graph_max_bs=256  (ledger)" in text
+    assert "mem_fraction_static 0.844: static budget" in text, text
+    assert "0.880" not in text.split("first attempt", 1)[1], text
 
 
 @pytest.mark.parametrize("args", [

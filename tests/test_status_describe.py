@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from launcher import inspection, remote
+from launcher import cli, inspection, remote
 from launcher.transport.local import LocalTransport
 from tests.simhost import free_port
 from tests.sshd import Sshd
@@ -169,14 +169,29 @@ def test_describe_shows_attempts_evidence_and_memory(sim: SimSetup) -> None:
     assert "Capture cuda graph failed: CUDA out of memory" in text
     assert "attempt 1 ended: oom_graph_capture in cuda_graph" in text
     assert "weights                    64.2 GiB" in text
-    assert fields["Ready after"].endswith("s")
-
     data = json.loads(run_cli("describe", str(config), SERVER, "--json").stdout)
+    # One time to ready, rounded the same everywhere: describe's field, its attempts table
+    # and events, and `history`.
+    took = f"{round(data['seconds_to_ready'])}s"
+    assert took == fields["Ready after"], (took, text)
+    assert f"attempt 2 ready in {took}" in text
+    row = next(line for line in text.splitlines() if line.startswith("  2 "))
+    assert row.split()[-1] == took, row
+    history = run_cli("history", str(config), SERVER).stdout.splitlines()
+    assert history[1].split()[-1] == took, history
+
     assert [2, 1] == [a["attempt"] for a in data["attempts"]]
     assert data["attempts"][1]["started_at"].endswith("Z")
     assert data["memory"]["weights_gib"] == 64.2
     assert data["seconds_to_ready"] is not None
     run_cli("down", str(config))
+
+
+def test_time_to_ready_is_rounded_like_the_events() -> None:
+    """describe and history round a time to ready as the events' "ready in 8s" does (a plain
+    duration would cut 7.59 s to 7s), in the two units of every other duration."""
+    assert ("8s", "7s", "1m05s", "") == (
+        cli._to_ready(7.59), cli._to_ready(7.4), cli._to_ready(64.6), cli._to_ready(None))
 
 
 def write_log(path: Path, lines: list[str]) -> str:

@@ -3,10 +3,12 @@ unit file (checked by systemd-analyze), the env example and the install script."
 
 from __future__ import annotations
 
+import itertools
 import os
 import pwd
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -31,6 +33,7 @@ from launcher.systemd import (
     status_summary,
     watchdog_interval,
 )
+from tests.supervise import SimSetup, cli_argv, cli_env
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "launcher@.service"
@@ -118,6 +121,90 @@ def test_path_socket_receives_every_message(notify_socket: tuple[str, Receiver])
         ]
     assert [True, True, True, True] == sent
     assert [b"READY=1", b"STATUS=1/2 ready", b"WATCHDOG=1", b"STOPPING=1"] == receiver.messages(4)
+
+
+def test_status_if_changed_sends_each_new_line_once(
+    notify_socket: tuple[str, Receiver],
+) -> None:
+    """status_if_changed skips the line systemd already has (also one sent with READY=1) and
+    sends every other; a later WATCHDOG=1+STATUS= counts as the line systemd has."""
+    address, receiver = notify_socket
+    notifier = SdNotifier.from_env({"NOTIFY_SOCKET": address})
+    assert notifier is not None
+    with notifier:
+        sent = [
+            notifier.ready("0/1 ready; a: idle"),
+            notifier.status_if_changed("0/1 ready; a: idle"),
+            notifier.status_if_changed("0/1 ready; a: weights, attempt 1"),
+            notifier.status_if_changed("0/1 ready; a: weights, attempt 1"),
+            notifier.send(WATCHDOG=1, STATUS="1/1 ready"),
+            notifier.status_if_changed("1/1 ready"),
+            notifier.status_if_changed("0/1 ready; a: unhealthy, attempt 1"),
+        ]
+    assert [True, False, True, False, True, False, True] == sent
+    assert [
+        b"READY=1\nSTATUS=0/1 ready; a: idle",
+        b"STATUS=0/1 ready; a: weights, attempt 1",
+        b"WATCHDOG=1\nSTATUS=1/1 ready",
+        b"STATUS=0/1 ready; a: unhealthy, attempt 1",
+    ] == receiver.messages(4)
+
+
+def test_status_if_changed_retries_a_line_that_failed_to_send(short_dir: Path) -> None:
+    """A line whose datagram failed is not remembered: the next call sends it again."""
+    path = str(short_dir / "notify")
+    notifier = SdNotifier(path)  # nobody listens yet
+    with notifier, capture_logs():
+        assert not notifier.status_if_changed("0/1 ready")
+        receiver = Receiver(path)
+        try:
+            assert notifier.status_if_changed("0/1 ready")
+            assert [b"STATUS=0/1 ready"] == receiver.messages(1)
+        finally:
+            receiver.close()
+
+
+def test_up_sends_status_as_phases_change_not_only_with_pings(
+    sim: SimSetup, notify_socket: tuple[str, Receiver]
+) -> None:
+    """A real `launcher up` (as the unit runs it) under a NOTIFY_SOCKET whose watchdog pings
+    only every 5 minutes: READY=1 comes with the first line, then a STATUS= for each phase
+    the server goes through up to "1/1 ready", each line once (systemctl status is never a
+    ping interval stale); SIGTERM then sends STOPPING=1."""
+    address, receiver = notify_socket
+    config = sim.write_toml(sim.data(mem_fraction_static=0.8, cuda_graph_max_bs=8))
+    env = {"NOTIFY_SOCKET": address, "WATCHDOG_USEC": str(600 * 1_000_000)}
+    with subprocess.Popen(
+        cli_argv("up", str(config), "--log-format", "json"), cwd=ROOT, env=cli_env(env),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    ) as up:
+        try:
+            deadline = time.monotonic() + 60
+            while (b"STATUS=1/1 ready" not in receiver.messages(1)
+                   and up.poll() is None and time.monotonic() < deadline):
+                time.sleep(0.05)
+        finally:
+            up.send_signal(signal.SIGTERM)
+            _, stderr = up.communicate(timeout=30)
+    assert 0 == up.returncode, stderr
+    deadline = time.monotonic() + 5  # the reader thread may lag behind the socket
+    while b"STOPPING=1" not in receiver.messages(1) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    msgs = [m.decode() for m in receiver.messages(1)]
+    statuses = [
+        line.removeprefix("STATUS=")
+        for m in msgs if not m.startswith("WATCHDOG=1")
+        for line in m.split("\n") if line.startswith("STATUS=")
+    ]
+    assert msgs[0].startswith("READY=1\nSTATUS=0/1 ready"), msgs
+    assert "1/1 ready" in statuses, statuses
+    before = statuses[: statuses.index("1/1 ready")]
+    assert any("weights" in s for s in before), statuses
+    assert any("cuda_graph" in s for s in before), statuses
+    repeats = [a for a, b in itertools.pairwise(statuses) if a == b]
+    assert [] == repeats, statuses
+    assert 1 == sum(m.startswith("WATCHDOG=1") for m in msgs), msgs  # one ping, at start
+    assert "STOPPING=1" == msgs[-1], msgs
 
 
 def test_abstract_socket_receives_messages() -> None:
