@@ -459,18 +459,23 @@ def _remembered_params(config: Config, s: ServerConfig) -> tuple[LaunchParams, s
 
 @app.command(cls=_ConventionalHelp, epilog=_EXIT_CODES_HELP)
 def plan(
-    config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False
+    config_path: ConfigArg = None, server: ServerOpt = None, as_json: JsonOpt = False,
+    fresh: Annotated[bool, typer.Option(
+        "--fresh", help="Plan as `up --fresh` starts: ignore remembered good params.")] = False,
 ) -> None:
     """Show each server's exact command line, env (secrets masked), run dir, OOM ladder, and
     its memory estimate: the first attempt's params and one bar per GPU (reads config.json,
     the weights' index and nvidia-smi on the host; docs/memory.md); then each router's
-    command line and worker URLs (without --server)."""
+    command line and worker URLs (without --server). It plans what the next `up` starts
+    with: the remembered good params when the ledger has them (unless --fresh)."""
     config = _guard(lambda: _open(config_path))
     rows: list[dict[str, Any]] = []
     selected = _guard(lambda: _selected(config, server))
-    # The remembered params win in `up`; the estimate below is drawn for them too.
-    warm = {s.name: found for s in selected
-            if (found := _guard(partial(_remembered_params, config, s))) is not None}
+    # The remembered params win in `up` (not in `up --fresh`); the estimate below is drawn
+    # for them too.
+    warm = {} if fresh else {
+        s.name: found for s in selected
+        if (found := _guard(partial(_remembered_params, config, s))) is not None}
     planned = anyio.run(partial(estimate_servers, config, selected, warm=warm))
     for s in selected:
         host = config.host(s.host)

@@ -52,11 +52,11 @@ def test_up_records_observations_and_the_next_estimate_learns_from_them(sim: Sim
 
     # plan draws what the next `up --fresh` will act on: the ledger-corrected estimate, and
     # says so (above the bars, and under "estimate" in --json)
-    planned = run_cli("plan", str(config), "--json")
+    planned = run_cli("plan", str(config), "--json", "--fresh")
     assert 0 == planned.returncode, planned.stderr
     est = json.loads(planned.stdout)[0]["estimate"]
     assert est["basis"].startswith("ledger-corrected estimate: corrected by"), est
-    text = run_cli("plan", str(config)).stdout
+    text = run_cli("plan", str(config), "--fresh").stdout
     assert "memory   ledger-corrected estimate: corrected by" in text
 
     again = run_cli("up", str(config), "--until-ready", "--log-format", "json", "--fresh")
