@@ -1,6 +1,6 @@
 """Prometheus metrics: an event hook that keeps them, and the HTTP endpoint that serves them.
 
-``Metrics`` is a supervisor event hook (``metrics(server, event, data)``, see the supervisor's
+``Metrics`` is a supervisor event hook (``metrics(server, event)``, ``launcher.events``; see the
 event list) plus ``update_states(snapshots)`` for the state gauges. ``Metrics.serve(host,
 port)`` starts the exposition endpoint (``GET /metrics``) in a daemon thread.
 

@@ -1,6 +1,6 @@
 """Slack notifications for the person on call: ready, gave up, unhealthy, relaunched, resolved.
 
-``SlackNotifier`` is a supervisor event hook. Calling it (``notifier(server, event, data)``)
+``SlackNotifier`` is a supervisor event hook. Calling it (``notifier(server, event)``)
 only turns the event into messages and puts them on a bounded queue; a worker task
 (``await tg.start(notifier.run)``) posts the queue to a Slack incoming webhook, one message at
 a time, in order, and posts reminders. Without a webhook the messages go to the log
