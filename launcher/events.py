@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import typing
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from types import NoneType, UnionType
 from typing import Any, ClassVar, Protocol, Self
 
@@ -746,7 +746,3 @@ def from_dict(name: str, data: Mapping[str, Any]) -> Event:
         raise ValueError(f"unknown event {name!r}") from None
     return cls.from_dict(data)
 
-
-def is_record(value: object) -> bool:
-    """True for an event or a nested record (what ``Redactor`` rebuilds field by field)."""
-    return isinstance(value, _Record) and is_dataclass(value)
