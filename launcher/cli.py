@@ -43,7 +43,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from launcher import __version__, daemon, inspection, remote
+from launcher import __version__, daemon, events, inspection, remote
 from launcher.config import (
     Config,
     ServerConfig,
@@ -678,7 +678,7 @@ _EVENT_KEYS = ("attempt", "outcome", "phase", "params", "reason", "error", "dela
                "silent_s", "unreachable_s", "url")
 # Shown in the log file only: probes come every second; a message to Slack (or, without a
 # webhook, to the log) repeats what the event lines above it already say.
-_QUIET_EVENTS = frozenset({"probe.result", "notify.message"})
+_QUIET_EVENTS = frozenset({events.Probed.name, "notify.message"})
 
 
 def _event_line(event: dict[str, Any]) -> Text | None:

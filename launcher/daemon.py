@@ -16,7 +16,7 @@ from typing import Protocol
 import anyio
 import structlog
 
-from launcher import remote
+from launcher import events, remote
 from launcher.config import Config, ServerConfig
 from launcher.errors import LauncherError, WontFit
 from launcher.facts import ServerFacts
@@ -37,7 +37,7 @@ from launcher.store import (
     initial_params,
     ledger_path,
 )
-from launcher.supervisor import EventHook, ServerSupervisor, Snapshot, supervise_all
+from launcher.supervisor import ServerSupervisor, Snapshot, supervise_all
 from launcher.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
 from launcher.transport import make_transport
 from launcher.transport.base import Transport
@@ -227,7 +227,7 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
         facts[s.name] = ServerFacts.of(s, config.host(s.host), version)
         notifier.describe(s.name, facts[s.name])
     recorder = LedgerRecorder(ledger, fingerprints, contexts=keys.contexts)
-    hooks: list[EventHook] = [recorder, notifier]
+    hooks: list[events.Hook] = [recorder, notifier]
     metrics = Metrics(facts=facts) if config.metrics else None
     metrics_server = None
     if metrics is not None and config.metrics is not None:

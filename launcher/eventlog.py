@@ -3,9 +3,10 @@
 Events are stable dotted names with their data in keys (``attempt.failed outcome=...``);
 context (server, host) is bound by each supervisor.
 
-Levels: supervision events are logged at the level ``EVENT_LEVELS`` gives their name
-(``level_of``), info for every name it does not list. It is the one place that says which
-events a person should look at: a failed attempt is a warning, a server that gave up an error.
+Levels: supervision events (``launcher.events``) are logged at the level ``EVENT_LEVELS``
+gives their name (``level_of``), info for every name it does not list. It is the one place
+that says which events a person should look at: a failed attempt is a warning, a server that
+gave up an error.
 
 Libraries that log through the standard ``logging`` module (asyncssh, httpx) reach the same
 output: their warnings and errors become ``log.record`` events (keys ``logger``, ``message``)
@@ -29,17 +30,19 @@ from typing import Literal, TextIO
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from launcher import events
+
 __all__ = ["EVENT_LEVELS", "Format", "configure", "level_of", "on_journal", "syslog_priority"]
 
 Format = Literal["json", "console"]
 
 # Events someone should look at. Anything not listed is info.
 EVENT_LEVELS: Mapping[str, int] = {
-    "attempt.failed": logging.WARNING,
-    "process.died": logging.WARNING,
-    "stall.detected": logging.WARNING,
-    "server.unhealthy": logging.WARNING,
-    "server.gave_up": logging.ERROR,
+    events.AttemptFailed.name: logging.WARNING,
+    events.ProcessDied.name: logging.WARNING,
+    events.StallDetected.name: logging.WARNING,
+    events.ServerUnhealthy.name: logging.WARNING,
+    events.ServerGaveUp.name: logging.ERROR,
 }
 
 # sd-daemon(3) / syslog priorities of the stdlib level names structlog passes as method name.
@@ -54,9 +57,10 @@ _PRIORITY = {
 }
 
 
-def level_of(event: str) -> int:
-    """The stdlib level an event named ``event`` is logged at (``EVENT_LEVELS``, else INFO)."""
-    return EVENT_LEVELS.get(event, logging.INFO)
+def level_of(event: str | events.Event) -> int:
+    """The stdlib level ``event`` (or an event of that name) is logged at (``EVENT_LEVELS``,
+    else INFO)."""
+    return EVENT_LEVELS.get(event if isinstance(event, str) else event.name, logging.INFO)
 
 
 def syslog_priority(method_name: str) -> int:

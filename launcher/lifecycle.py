@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import assert_never
 
+from launcher import events
 from launcher.backoff import RestartBackoff
 from launcher.errors import IllegalTransition
 from launcher.params import LaunchParams
@@ -261,10 +262,9 @@ class Sleep:
 
 @dataclass(frozen=True)
 class Emit:
-    """A structured event for the log / notifications: stable dotted name, data in keys."""
+    """A structured event for the log, the hooks (ledger, Slack, metrics) and the router."""
 
-    name: str
-    data: dict[str, Any] = field(default_factory=dict)
+    event: events.Event
 
 
 Action = RunPreflight | Launch | Kill | WaitForGpus | StartProbing | Sleep | Emit
@@ -395,7 +395,7 @@ class ServerMachine:
         first = self.state is State.IDLE
         self.state = State.UNKNOWN
         self.reason = event.reason
-        return [Emit("server.unknown", {"reason": event.reason})] if first else []
+        return [Emit(events.ServerUnknown(reason=event.reason))] if first else []
 
     def _on_Start(self, event: Start, now: float) -> list[Action]:
         if self.state not in (State.IDLE, State.UNKNOWN, State.STOPPED, State.GAVE_UP):
@@ -416,7 +416,7 @@ class ServerMachine:
             raise self._illegal(event)
         if event.transient:
             self.state = State.WAITING_FOR_GPUS
-            return [Emit("gpu.waiting", {"reason": event.reason}), WaitForGpus()]
+            return [Emit(events.GpuWaiting(reason=event.reason)), WaitForGpus()]
         return self._give_up(f"preflight: {event.reason}")
 
     def _on_Launched(self, event: Launched, now: float) -> list[Action]:
@@ -429,7 +429,7 @@ class ServerMachine:
             raise self._illegal(event)
         self.pid = event.pid
         self.state = State.INIT
-        return [Emit("phase.entered", {"phase": Phase.INIT.value, "attempt": self.attempt})]
+        return [Emit(events.PhaseEntered(phase=Phase.INIT, attempt=self.attempt))]
 
     def _on_Adopted(self, event: Adopted, now: float) -> list[Action]:
         if self.state not in (State.IDLE, State.UNKNOWN, State.PREFLIGHT):
@@ -444,11 +444,8 @@ class ServerMachine:
         self._reset_attempt()
         self.adopted = True
         return [
-            Emit(
-                "server.adopted",
-                {"pid": event.pid, "attempt": event.attempt, "params": _pdict(event.params),
-                 "started_at": event.started_wall},
-            )
+            Emit(events.ServerAdopted(pid=event.pid, attempt=event.attempt, params=event.params,
+                                      started_at=event.started_wall))
         ]
 
     def _on_PhaseSeen(self, event: PhaseSeen, now: float) -> list[Action]:
@@ -462,7 +459,7 @@ class ServerMachine:
         ):
             return []  # phases only move forward (another rank's late line)
         self.state = target
-        return [Emit("phase.entered", {"phase": event.phase.value, "attempt": self.attempt})]
+        return [Emit(events.PhaseEntered(phase=event.phase, attempt=self.attempt))]
 
     def _on_ReadyLineSeen(self, event: ReadyLineSeen, now: float) -> list[Action]:
         if not self.state.running or self.state is State.READY or self.ready_line:
@@ -471,7 +468,7 @@ class ServerMachine:
         actions: list[Action] = []
         if self.state is not State.WARMUP:
             self.state = State.WARMUP
-            actions.append(Emit("phase.entered", {"phase": "warmup", "attempt": self.attempt}))
+            actions.append(Emit(events.PhaseEntered(phase=Phase.WARMUP, attempt=self.attempt)))
         return [*actions, StartProbing()]
 
     def _on_FatalLineSeen(self, event: FatalLineSeen, now: float) -> list[Action]:
@@ -485,10 +482,8 @@ class ServerMachine:
         if not self.state.running and self.state is not State.LAUNCHING:
             return []
         died = [
-            Emit(
-                "process.died",
-                {"exit_status": event.status, "phase": _ph(self), "attempt": self.attempt},
-            )
+            Emit(events.ProcessDied(exit_status=event.status, phase=_ph(self),
+                                    attempt=self.attempt))
         ]
         return died + self._fail(event.diagnosis, now, kill_reason="")
 
@@ -504,10 +499,8 @@ class ServerMachine:
             advice=f"no log progress for {event.silent_s:.0f}s in {phase.value}"
             + (f" on {event.where}" if event.where else ""),
         )
-        emit = Emit(
-            "stall.detected",
-            {"phase": phase.value, "silent_s": round(event.silent_s, 2), "attempt": self.attempt},
-        )
+        emit = Emit(events.StallDetected(phase=phase, silent_s=round(event.silent_s, 2),
+                                         attempt=self.attempt))
         return [emit, *self._fail(diag, now, kill_reason="stall")]
 
     def _on_ProbeResult(self, event: ProbeResult, now: float) -> list[Action]:
@@ -524,7 +517,7 @@ class ServerMachine:
         self.probe_failures += 1
         if self.probe_failures < self.limits.probe_failures:
             return [
-                Emit("probe.failed", {"consecutive": self.probe_failures, "detail": event.detail})
+                Emit(events.ProbeFailed(consecutive=self.probe_failures, detail=event.detail))
             ]
         diag = Diagnosis(
             outcome=Outcome.HANG,
@@ -532,10 +525,8 @@ class ServerMachine:
             retryable=True,
             advice=f"{self.probe_failures} failed /health probes in a row",
         )
-        emit = Emit(
-            "server.unhealthy",
-            {"consecutive_failures": self.probe_failures, "detail": event.detail},
-        )
+        emit = Emit(events.ServerUnhealthy(consecutive_failures=self.probe_failures,
+                                           detail=event.detail))
         return [emit, *self._fail(diag, now, kill_reason="unhealthy")]
 
     def _on_CleanedUp(self, event: CleanedUp, now: float) -> list[Action]:
@@ -545,7 +536,7 @@ class ServerMachine:
         match self._after_cleanup:
             case AfterCleanup.STOP:
                 self.state = State.STOPPED
-                return [Emit("server.stopped", {"reason": self.reason, "left_running": None})]
+                return [Emit(events.ServerStopped(reason=self.reason, left_running=None))]
             case AfterCleanup.GIVE_UP:
                 return self._give_up(self._give_up_reason)
             case AfterCleanup.RETRY:
@@ -611,10 +602,11 @@ class ServerMachine:
         self.attempt_started_at = now
         self.adopted = False
         self._reset_attempt()
-        data: dict[str, Any] = {"attempt": self.attempt, "params": _pdict(self.params)}
-        if not self.history and self.initial_reason and self.params == self.initial:
-            data["why"] = self.initial_reason  # the first attempt: where its params came from
-        return [Emit("attempt.started", data), Launch(self.attempt, self.params)]
+        # The first attempt says where its params came from.
+        first = not self.history and self.initial_reason and self.params == self.initial
+        started = events.AttemptStarted(attempt=self.attempt, params=self.params,
+                                        why=self.initial_reason if first else None)
+        return [Emit(started), Launch(self.attempt, self.params)]
 
     def _ready(self, now: float) -> list[Action]:
         self.state = State.READY
@@ -626,22 +618,20 @@ class ServerMachine:
         # ledger row, status, Slack); ``attempts`` only counts this supervision's attempts.
         # An adopted attempt that turns out ready was not brought up by us: how long it took
         # is not known here (``seconds`` None), and it is no fresh "ready".
+        assert self.params is not None
         elapsed = now - (self.started_at if self.started_at is not None else now)
         attempt_elapsed = now - (
             self.attempt_started_at if self.attempt_started_at is not None else now)
         return [
-            Emit(
-                "server.ready",
-                {
-                    "attempt": self.attempt,
-                    "attempts": self.attempt - self.attempt_base,
-                    "seconds": None if self.adopted else round(elapsed, 2),
-                    "attempt_seconds": None if self.adopted else round(attempt_elapsed, 2),
-                    "adopted": self.adopted,
-                    "params": _pdict(self.params),
-                    "history": self._history_dicts(),
-                },
-            )
+            Emit(events.ServerReady(
+                attempt=self.attempt,
+                attempts=self.attempt - self.attempt_base,
+                seconds=None if self.adopted else round(elapsed, 2),
+                attempt_seconds=None if self.adopted else round(attempt_elapsed, 2),
+                adopted=self.adopted,
+                params=self.params,
+                history=self._history(),
+            ))
         ]
 
     def _fail(self, diag: Diagnosis, now: float, *, kill_reason: str) -> list[Action]:
@@ -660,20 +650,17 @@ class ServerMachine:
         self._pending = diag
         after_ready = self.was_ready
         self.state = State.CLEANING_UP
-        fail = Emit(
-            "attempt.failed",
-            {
-                "attempt": self.attempt,
-                "outcome": diag.outcome.value,
-                "confidence": diag.confidence.value,
-                "phase": diag.phase.value,
-                "numbers": diag.numbers.as_dict(),
-                "retryable": diag.retryable,
-                "after_ready": after_ready,
-                "evidence": diag.evidence[-3:],
-                "advice": diag.advice,
-            },
-        )
+        fail = Emit(events.AttemptFailed(
+            attempt=self.attempt,
+            outcome=diag.outcome,
+            confidence=diag.confidence,
+            phase=diag.phase,
+            numbers=diag.numbers.as_dict(),
+            retryable=diag.retryable,
+            after_ready=after_ready,
+            evidence=tuple(diag.evidence[-3:]),
+            advice=diag.advice,
+        ))
         if (
             diag.outcome is Outcome.HANG
             and not after_ready
@@ -703,13 +690,12 @@ class ServerMachine:
             # The budget left after this restart: what the person on call reads first.
             left = max(0, self.restart.budget - self.restart.restarts_in_window(now))
             return [
-                Emit(
-                    "restart.scheduled",
-                    {"delay_s": round(delay, 2), "params": _pdict(self.params),
-                     "attempt": self.attempt, "restarts_left": left,
-                     "restart_budget": self.restart.budget,
-                     "restart_window_s": self.restart.window},
-                ),
+                Emit(events.RestartScheduled(
+                    delay_s=round(delay, 2), params=self.params,
+                    attempt=self.attempt, restarts_left=left,
+                    restart_budget=self.restart.budget,
+                    restart_window_s=self.restart.window,
+                )),
                 Sleep(delay),
             ]
         if self.started_at is not None and now - self.started_at > self.limits.start_deadline:
@@ -720,7 +706,7 @@ class ServerMachine:
             return self._give_up(decision.reason)
         self.params = decision.params
         return [
-            Emit("policy.decided", {"params": _pdict(decision.params), "reason": decision.reason}),
+            Emit(events.PolicyDecided(params=decision.params, reason=decision.reason)),
             *self._launch(now),
         ]
 
@@ -728,15 +714,12 @@ class ServerMachine:
         self.state = State.GAVE_UP
         self.reason = reason
         return [
-            Emit(
-                "server.gave_up",
-                {
-                    "reason": reason,
-                    "attempt": self.attempt,
-                    "attempts": self.attempt - self.attempt_base,
-                    "history": self._history_dicts(),
-                },
-            )
+            Emit(events.ServerGaveUp(
+                reason=reason,
+                attempt=self.attempt,
+                attempts=self.attempt - self.attempt_base,
+                history=self._history(),
+            ))
         ]
 
     def _clean_up_then_give_up(self, reason: str) -> None:
@@ -745,9 +728,10 @@ class ServerMachine:
             self._after_cleanup = AfterCleanup.GIVE_UP
             self._give_up_reason = reason
 
-    def _history_dicts(self) -> list[dict[str, Any]]:
-        return [_rdict(r) | {"attempt": n}
-                for r, n in zip(self.history, self.history_attempts, strict=True)]
+    def _history(self) -> tuple[events.HistoryEntry, ...]:
+        return tuple(events.HistoryEntry(params=r.params, outcome=r.outcome, phase=r.phase,
+                                         attempt=n)
+                     for r, n in zip(self.history, self.history_attempts, strict=True))
 
     def _stop(self, event: StopRequested, now: float) -> list[Action]:
         self.reason = "stop requested"
@@ -762,7 +746,7 @@ class ServerMachine:
         alive = self.state.running or self.state is State.LAUNCHING
         left = self.pid if alive and not event.kill else None
         self.state = State.STOPPED
-        return [Emit("server.stopped", {"reason": self.reason, "left_running": left})]
+        return [Emit(events.ServerStopped(reason=self.reason, left_running=left))]
 
 
 def _quoted(diag: Diagnosis, limit: int = 240) -> str:
@@ -779,10 +763,3 @@ def _ph(m: ServerMachine) -> str:
     phase = m.phase
     return phase.value if phase else m.state.value
 
-
-def _pdict(p: LaunchParams | None) -> dict[str, Any]:
-    return {} if p is None else p.as_dict()
-
-
-def _rdict(r: AttemptRecord) -> dict[str, Any]:
-    return {"params": _pdict(r.params), "outcome": r.outcome.value, "phase": r.phase.value}

@@ -1,6 +1,6 @@
 """Prometheus metrics: an event hook that keeps them, and the HTTP endpoint that serves them.
 
-``Metrics`` is a supervisor event hook (``metrics(server, event, data)``, see the supervisor's
+``Metrics`` is a supervisor event hook (``metrics(server, event)``, ``launcher.events``; see the
 event list) plus ``update_states(snapshots)`` for the state gauges. ``Metrics.serve(host,
 port)`` starts the exposition endpoint (``GET /metrics``) in a daemon thread.
 
@@ -43,7 +43,7 @@ import math
 import platform
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
 import structlog
@@ -59,7 +59,7 @@ from prometheus_client import (
     start_http_server,
 )
 
-from launcher import __version__
+from launcher import __version__, events
 from launcher.errors import ConfigError
 from launcher.facts import ServerFacts
 from launcher.lifecycle import State
@@ -287,71 +287,64 @@ class Metrics:
 
     # -- the event hook -------------------------------------------------------------------
 
-    def __call__(self, server: str, event: str, data: Mapping[str, Any]) -> None:
+    def __call__(self, server: str, event: events.Event) -> None:
         """Record one supervisor event. Never raises."""
         try:
-            self._record(server, event, data)
+            self._record(server, event)
         except Exception:  # a hook must not break supervision; the metric is only skipped
-            log.exception("metrics.hook_failed", server=server, hook_event=event)
+            log.exception("metrics.hook_failed", server=server, hook_event=event.name)
 
-    def _record(self, server: str, event: str, data: Mapping[str, Any]) -> None:
-        if event.startswith("router."):  # ``server`` is the router's name
-            self._record_router(server, event, data)
-            return
+    def _record(self, server: str, event: events.Event) -> None:
         host = self._host(server)
-        if event == "attempt.started":
-            self.attempts.labels(server, host).inc()
-            self.server_ready.labels(server, host).set(0)
-            attempt = _number(data.get("attempt"))
-            if attempt is not None:
-                self.server_attempt.labels(server, host).set(attempt)
-        elif event == "attempt.failed":
-            outcome = data.get("outcome")
-            self.attempt_failures.labels(server, host, str(outcome or "unknown")).inc()
-            self.server_ready.labels(server, host).set(0)
-        elif event == "server.ready":
-            seconds = _number(data.get("seconds"))
-            if seconds is not None and seconds >= 0:
-                self.time_to_ready.labels(server, host).set(seconds)
-                self.startup_duration.labels(server, host).observe(seconds)
-            self._set_state(server, State.READY.value)
-        elif event == "probe.result":
-            latency = _number(data.get("latency_s"))
-            if latency is not None and latency >= 0:
-                self.probe_latency.labels(server, host).observe(latency)
-            self.probes.labels(server, host, "ok" if data.get("ok") else "failed").inc()
-        elif event == "restart.scheduled":
-            self.restarts.labels(server, host).inc()
-        elif event == "server.unhealthy":
-            self.server_ready.labels(server, host).set(0)
-        elif event == "server.gave_up":
-            self._set_state(server, State.GAVE_UP.value)
-        elif event == "server.stopped":
-            self._set_state(server, State.STOPPED.value)
-        elif event == "host.unreachable":
-            self.host_unreachable.labels(server, host).set(1)
-        elif event == "host.reachable":
-            self.host_unreachable.labels(server, host).set(0)
-            seconds = _number(data.get("unreachable_s"))
-            if seconds is not None and seconds >= 0:
-                self.host_unreachable_seconds.labels(server, host).inc(seconds)
-
-    def _record_router(self, router: str, event: str, data: Mapping[str, Any]) -> None:
-        if event == "router.ready":
-            self.router_up.labels(router).set(1)
-            for worker in data.get("servers") or []:
-                if isinstance(worker, str):  # every server gets a series from the start
-                    self.router_worker.labels(router, worker).set(0)
-        elif event in ("router.died", "router.unhealthy", "router.gave_up"):
-            self.router_up.labels(router).set(0)
-            for worker in data.get("servers") or []:  # a dead router has no workers
-                if isinstance(worker, str):
-                    self.router_worker.labels(router, worker).set(0)
-        elif event in ("router.worker_registered", "router.worker_deregistered"):
-            worker = data.get("server")
-            if isinstance(worker, str):
-                up = 1 if event == "router.worker_registered" else 0
-                self.router_worker.labels(router, worker).set(up)
+        match event:
+            case events.AttemptStarted():
+                self.attempts.labels(server, host).inc()
+                self.server_ready.labels(server, host).set(0)
+                self.server_attempt.labels(server, host).set(event.attempt)
+            case events.AttemptFailed():
+                self.attempt_failures.labels(server, host, event.outcome.value).inc()
+                self.server_ready.labels(server, host).set(0)
+            case events.ServerReady():
+                seconds = _number(event.seconds)
+                if seconds is not None and seconds >= 0:
+                    self.time_to_ready.labels(server, host).set(seconds)
+                    self.startup_duration.labels(server, host).observe(seconds)
+                self._set_state(server, State.READY.value)
+            case events.Probed():
+                latency = _number(event.latency_s)
+                if latency is not None and latency >= 0:
+                    self.probe_latency.labels(server, host).observe(latency)
+                self.probes.labels(server, host, "ok" if event.ok else "failed").inc()
+            case events.RestartScheduled():
+                self.restarts.labels(server, host).inc()
+            case events.ServerUnhealthy():
+                self.server_ready.labels(server, host).set(0)
+            case events.ServerGaveUp():
+                self._set_state(server, State.GAVE_UP.value)
+            case events.ServerStopped():
+                self._set_state(server, State.STOPPED.value)
+            case events.HostUnreachable():
+                self.host_unreachable.labels(server, host).set(1)
+            case events.HostReachable():
+                self.host_unreachable.labels(server, host).set(0)
+                seconds = _number(event.unreachable_s)
+                if seconds is not None and seconds >= 0:
+                    self.host_unreachable_seconds.labels(server, host).inc(seconds)
+            # The router's events (``server`` is the router's name).
+            case events.RouterReady():
+                self.router_up.labels(server).set(1)
+                for worker in event.servers:  # every server gets a series from the start
+                    self.router_worker.labels(server, worker).set(0)
+            case events.RouterDied() | events.RouterUnhealthy():
+                self.router_up.labels(server).set(0)
+                for worker in event.servers:  # a dead router has no workers
+                    self.router_worker.labels(server, worker).set(0)
+            case events.RouterGaveUp():
+                self.router_up.labels(server).set(0)
+            case events.RouterWorkerRegistered():
+                self.router_worker.labels(server, event.server).set(1)
+            case events.RouterWorkerDeregistered():
+                self.router_worker.labels(server, event.server).set(0)
 
     # -- state snapshots ------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Slack notifications for the person on call: ready, gave up, unhealthy, relaunched, resolved.
 
-``SlackNotifier`` is a supervisor event hook. Calling it (``notifier(server, event, data)``)
+``SlackNotifier`` is a supervisor event hook. Calling it (``notifier(server, event)``)
 only turns the event into messages and puts them on a bounded queue; a worker task
 (``await tg.start(notifier.run)``) posts the queue to a Slack incoming webhook, one message at
 a time, in order, and posts reminders. Without a webhook the messages go to the log
@@ -75,7 +75,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -84,6 +84,7 @@ import structlog
 from anyio.abc import TaskStatus
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result
 
+from launcher import events
 from launcher.backoff import Jitter, capped_exponential, jittered
 from launcher.errors import ConfigError, LauncherError
 from launcher.facts import operator_box
@@ -133,16 +134,14 @@ MASK = "***"
 # Shorter values would mask ordinary words in every message and protect nothing.
 MIN_SECRET_LEN = 4
 _FAILURES_KEPT = 50
-_OBSERVED = frozenset(
-    {
-        "attempt.failed",
-        "server.ready",
-        "server.adopted",
-        "server.gave_up",
-        "server.unhealthy",
-        "restart.scheduled",
-        "router.ready",
-    }
+_OBSERVED = (
+    events.AttemptFailed,
+    events.ServerReady,
+    events.ServerAdopted,
+    events.ServerGaveUp,
+    events.ServerUnhealthy,
+    events.RestartScheduled,
+    events.RouterReady,
 )
 
 
@@ -172,9 +171,18 @@ class Redactor:
         """A copy of ``value`` with every string in it (dict keys included) masked."""
         return self._walk(value)  # type: ignore[no-any-return]
 
-    def _walk(self, value: Any) -> Any:
+    def _walk(self, value: Any, in_record: bool = False) -> Any:
+        if isinstance(value, enum.Enum):
+            return value  # a fixed value, never a secret (and a StrEnum must stay one)
         if isinstance(value, str):
             return self.text(value)
+        if is_dataclass(value) and not isinstance(value, type):
+            # A typed event (or a record in one, LaunchParams): the same type, its strings
+            # masked, its tuples kept tuples.
+            return replace(value, **{f.name: self._walk(getattr(value, f.name), True)
+                                     for f in fields(value) if f.init})
+        if in_record and isinstance(value, tuple):
+            return tuple(self._walk(v, True) for v in value)
         if isinstance(value, Mapping):
             return {self._walk(k): self._walk(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
@@ -353,54 +361,59 @@ class SlackNotifier:
 
     # -- the hook ------------------------------------------------------------------------
 
-    def __call__(self, server: str, event: str, data: dict[str, Any]) -> None:
+    def __call__(self, server: str, event: events.Event) -> None:
         """Turn ``event`` into messages and queue them. Never raises and never waits on the
         network; with a store, a change of memory is one small SQLite write (WAL)."""
-        if event not in _OBSERVED:
+        if not isinstance(event, _OBSERVED):
             return
         try:
-            for message in self._observe(server, event, self.redact(data)):
+            for message in self._observe(server, self.redact(event)):
                 self._submit(message)
         except Exception as exc:  # a hook must never raise into the supervisor
             # Not even when logging fails: a notification is never worth a supervisor.
             with contextlib.suppress(Exception):
                 self._emit(
-                    "error", "notify.error", server=server, hook_event=event, error=repr(exc)
+                    "error", "notify.error", server=server, hook_event=event.name,
+                    error=repr(exc),
                 )
 
-    def _observe(self, server: str, event: str, data: dict[str, Any]) -> list[Message]:
-        if event == "router.ready":  # ``server`` is the router's name
+    def _observe(self, server: str, event: events.Event) -> list[Message]:
+        # The messages are built from (and remembered as) the events' plain data.
+        data = event.to_dict()
+        if isinstance(event, events.RouterReady):  # ``server`` is the router's name
             return [router_ready_message(server, data, origin=self.origin)]
         info = self.servers_info.get(server, _UNKNOWN)
         failures = self._failures.setdefault(server, [])
         origin = self.origin
-        if event == "attempt.failed":
-            failures.append(data)
-            del failures[:-_FAILURES_KEPT]
-            return []
-        if event == "server.adopted":
-            return [adopted_message(server, info, data, origin=origin)] if (
-                self.announce_adoption) else []
-        if event == "server.ready":
-            self._ready[server] = data
-            resolved = self._resolve(server, info, data)
-            if resolved is not None:
-                return resolved
-            if data.get("adopted"):
-                return []  # found running by a restarted launcher: not a fresh "ready"
-            return [ready_message(server, info, data, failures=failures, origin=origin)]
         ready = self._ready.get(server, {})
-        if event == "server.gave_up":
-            return [gave_up_message(server, info, data, failures=failures, origin=origin)]
-        if event == "server.unhealthy":
-            attempt = ready.get("attempt")
-            return [unhealthy_message(
-                server, info, data, params=ready.get("params"), resolved=ready.get("resolved"),
-                attempt=attempt if isinstance(attempt, int) else None, origin=origin)]
-        if event == "restart.scheduled":
-            last = failures[-1] if failures else None
-            return [restart_message(server, info, data, last_failure=last,
-                                    resolved=ready.get("resolved"), origin=origin)]
+        match event:
+            case events.AttemptFailed():
+                failures.append(data)
+                del failures[:-_FAILURES_KEPT]
+                return []
+            case events.ServerAdopted():
+                return [adopted_message(server, info, data, origin=origin)] if (
+                    self.announce_adoption) else []
+            case events.ServerReady():
+                self._ready[server] = data
+                resolved = self._resolve(server, info, data)
+                if resolved is not None:
+                    return resolved
+                if event.adopted:
+                    return []  # found running by a restarted launcher: not a fresh "ready"
+                return [ready_message(server, info, data, failures=failures, origin=origin)]
+            case events.ServerGaveUp():
+                return [gave_up_message(server, info, data, failures=failures, origin=origin)]
+            case events.ServerUnhealthy():
+                attempt = ready.get("attempt")
+                return [unhealthy_message(
+                    server, info, data, params=ready.get("params"),
+                    resolved=ready.get("resolved"),
+                    attempt=attempt if isinstance(attempt, int) else None, origin=origin)]
+            case events.RestartScheduled():
+                last = failures[-1] if failures else None
+                return [restart_message(server, info, data, last_failure=last,
+                                        resolved=ready.get("resolved"), origin=origin)]
         return []
 
     def _resolve(self, server: str, info: ServerInfo, data: Mapping[str, Any]

@@ -53,7 +53,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from launcher import health, remote
+from launcher import events, health, remote
 from launcher.backoff import Doubling, sleep_or
 from launcher.config import Config, ServerConfig
 from launcher.errors import HostKeyError, HostUnreachable, LauncherError, PreflightError
@@ -194,11 +194,9 @@ class MultiNodeSupervisor(ServerSupervisor):
             self._outages += 1
             self._back = self._back if self._unreachable_since is not None else anyio.Event()
             self._unreachable_since = min(self._node_down.values())
-        data: dict[str, Any] = {"error": str(exc), "node": host,
-                                "unreachable_s": round(now - self._node_down[host], 3)}
-        if retry_in_s is not None:
-            data["retry_in_s"] = retry_in_s
-        self._emit("host.unreachable", data)
+        self._emit(events.HostUnreachable(
+            error=str(exc), node=host, unreachable_s=round(now - self._node_down[host], 3),
+            retry_in_s=retry_in_s))
 
     def _host_reachable(self, node: str | None = None) -> None:
         host = node or self.server.host
@@ -210,8 +208,8 @@ class MultiNodeSupervisor(ServerSupervisor):
         self._unreachable_since = min(self._node_down.values()) if self._node_down else None
         if self._unreachable_since is None and self._back is not None:
             self._back.set()
-        self._emit("host.reachable", {"node": host,
-                                      "unreachable_s": round(self.clock() - since, 3)})
+        self._emit(events.HostReachable(node=host,
+                                        unreachable_s=round(self.clock() - since, 3)))
 
     async def _node_wait(self, host: str, delay: float) -> None:
         await sleep_or(self.sleep, delay, self._node_back.get(host))
@@ -227,7 +225,7 @@ class MultiNodeSupervisor(ServerSupervisor):
     async def _survey(self) -> remote.Survey:
         found: dict[int, remote.Survey] = {}
         for rank in self.ranks:
-            async for attempt in self._transient_retrying(self.listing_tries, "listing.retry"):
+            async for attempt in self._transient_retrying(self.listing_tries, events.ListingRetry):
                 with attempt:
                     found[rank.rank] = await remote.survey(
                         self._transport(rank), self._run_dir_on(rank), rank.run_name,
@@ -246,8 +244,9 @@ class MultiNodeSupervisor(ServerSupervisor):
                          if (s := self._found.get(rank.rank)) is not None
                          and s.running is not None]
             if leftovers:  # a partial group (or adoption declined): stop it, node 0 first
-                self._emit("ranks.leftovers", {"ranks": [
-                    {"rank": r.rank, "host": r.host, "attempt": h.attempt} for r, h in leftovers]})
+                self._emit(events.RanksLeftovers(ranks=tuple(
+                    events.RankRun(rank=r.rank, host=r.host, attempt=h.attempt)
+                    for r, h in leftovers)))
                 for rank, handle in leftovers:
                     await self._stop_rank(rank, handle, "leftover",
                                           self.grace if rank.rank == 0 else self.follower_grace)
@@ -352,8 +351,8 @@ class MultiNodeSupervisor(ServerSupervisor):
                     await self._post(HostRefused(str(refused[0])))
                     return
                 rank, exc = errors[0]
-                self._emit("launch.failed", {"error": str(exc), "node": rank.host,
-                                             "rank": rank.rank})
+                self._emit(events.LaunchFailed(error=str(exc), node=rank.host,
+                                               rank=rank.rank))
                 diag = classify([], None)
                 diag.advice = f"node {rank.rank} ({rank.host}): {exc}"
                 diag.retryable = not isinstance(exc, remote.RunDirUnwritable)
@@ -361,9 +360,9 @@ class MultiNodeSupervisor(ServerSupervisor):
                 return
             att = self._group([handles[r.rank] for r in self.ranks])
             self._attempt = att
-            self._emit("ranks.launched", {"attempt": action.attempt, "ranks": [
-                {"rank": r.rank.rank, "host": r.rank.host, "pid": r.handle.pid}
-                for r in att.ranks]})
+            self._emit(events.RanksLaunched(attempt=action.attempt, ranks=tuple(
+                events.RankPid(rank=r.rank.rank, host=r.rank.host, pid=r.handle.pid)
+                for r in att.ranks)))
             await self._post(Launched(pid=att.handle.pid))
             self._start_attempt_tasks(att)
 
@@ -424,8 +423,7 @@ class MultiNodeSupervisor(ServerSupervisor):
                     await self._rank_ended(att, run, status.exit_status)
                     return
                 wait = waits.next()
-                self._emit("follow.failed", {"error": str(exc), "node": host,
-                                             "retry_in_s": wait})
+                self._emit(events.FollowFailed(error=str(exc), node=host, retry_in_s=wait))
                 await self.sleep(wait)
 
     async def _rank_status(self, run: _RankRun) -> remote.RunStatus | None:
@@ -447,8 +445,8 @@ class MultiNodeSupervisor(ServerSupervisor):
             run.gate_waiting.add(waiting)
         if run.rank.rank > 0 and not run.joined and is_joined_line(line):
             run.joined = True
-            self._emit("rank.joined", {"rank": run.rank.rank, "node": run.rank.host,
-                                       "attempt": run.handle.attempt})
+            self._emit(events.RankJoined(rank=run.rank.rank, node=run.rank.host,
+                                         attempt=run.handle.attempt))
         if run.follower.port_in_use is not None and not run.port_reported:
             run.port_reported = True
             diag = diagnose(run.follower, None, sglang_version=self.version)
@@ -482,7 +480,7 @@ class MultiNodeSupervisor(ServerSupervisor):
 
         def retrying_note(rs: RetryCallState) -> None:
             exc = rs.outcome.exception() if rs.outcome else None
-            self._emit("gate.retry", {"try": rs.attempt_number, "detail": _gate_detail(exc)})
+            self._emit(events.GateRetry(try_=rs.attempt_number, detail=_gate_detail(exc)))
 
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(_GATE_ERRORS),
@@ -500,9 +498,9 @@ class MultiNodeSupervisor(ServerSupervisor):
                     if resp.status_code != 200:
                         raise _GateShut(f"HTTP {resp.status_code}")
         except _GATE_ERRORS as exc:
-            self._emit("gate.failed", {"port": port, "detail": _gate_detail(exc)})
+            self._emit(events.GateFailed(port=port, detail=_gate_detail(exc)))
             return
-        self._emit("ranks.gate_opened", {"attempt": att.handle.attempt, "port": port})
+        self._emit(events.RanksGateOpened(attempt=att.handle.attempt, port=port))
 
     # -- failures ------------------------------------------------------------------------------
 
@@ -512,10 +510,10 @@ class MultiNodeSupervisor(ServerSupervisor):
         run.ended, run.status = diag, status
         att.ended_order.append(run)
         consequence = is_consequence(diag, run.lines)
-        self._emit("rank.exited", {
-            "rank": run.rank.rank, "node": run.rank.host, "attempt": run.handle.attempt,
-            "exit_status": status, "outcome": diag.outcome.value, "consequence": consequence,
-        })
+        self._emit(events.RankExited(
+            rank=run.rank.rank, node=run.rank.host, attempt=run.handle.attempt,
+            exit_status=status, outcome=diag.outcome, consequence=consequence,
+        ))
         if att.failed:
             return
         if not consequence:
@@ -536,12 +534,12 @@ class MultiNodeSupervisor(ServerSupervisor):
         cause = att.ended_order[pick_cause(ended)]
         assert cause.ended is not None
         consequences = [r for r in att.ended_order if r is not cause]
-        self._emit("rank.cause", {
-            "rank": cause.rank.rank, "node": cause.rank.host, "outcome": cause.ended.outcome.value,
-            "consequences": [{"rank": r.rank.rank, "node": r.rank.host,
-                              "outcome": r.ended.outcome.value if r.ended else None}
-                             for r in consequences],
-        })
+        self._emit(events.RankCause(
+            rank=cause.rank.rank, node=cause.rank.host, outcome=cause.ended.outcome,
+            consequences=tuple(events.RankOutcome(rank=r.rank.rank, node=r.rank.host,
+                                                  outcome=r.ended.outcome if r.ended else None)
+                               for r in consequences),
+        ))
         diag = self._named(cause.ended, cause)
         for r in consequences:
             diag.remarks.append(f"{r.where} died as a consequence "
@@ -600,8 +598,8 @@ class MultiNodeSupervisor(ServerSupervisor):
                 run.last_advance = self.clock() - age  # it wrote; our follower lags
                 continue
             att.failed = True
-            self._emit("rank.stalled", {"rank": run.rank.rank, "node": run.rank.host,
-                                        "phase": phase.value, "silent_s": round(age, 2)})
+            self._emit(events.RankStalled(rank=run.rank.rank, node=run.rank.host,
+                                          phase=phase, silent_s=round(age, 2)))
             await self._post(Stalled(silent_s=age, where=f"{run.where}"))
             return
 
@@ -626,8 +624,8 @@ class MultiNodeSupervisor(ServerSupervisor):
                     try:
                         tail = await remote.tail_log(run.transport, run.handle)
                     except LauncherError as exc:
-                        self._emit("attempt.tail_unreadable", {"error": str(exc),
-                                                               "node": run.rank.host})
+                        self._emit(events.AttemptTailUnreadable(error=str(exc),
+                                                                node=run.rank.host))
                         continue
                     text = tail.decode("utf-8", errors="replace")
                     tails.append(f"===== {run.where}: {run.handle.dir}/log =====\n{text}")
@@ -641,11 +639,11 @@ class MultiNodeSupervisor(ServerSupervisor):
         already): how its log ends, for the record (``rank.exited`` with ``after_stop``)."""
         diag = diagnose_text(tail, None, sglang_version=self.version)
         lines = tail.splitlines()[-_TAIL_LINES:]
-        self._emit("rank.exited", {
-            "rank": run.rank.rank, "node": run.rank.host, "attempt": run.handle.attempt,
-            "exit_status": None, "outcome": diag.outcome.value,
-            "consequence": is_consequence(diag, lines), "after_stop": True,
-        })
+        self._emit(events.RankExited(
+            rank=run.rank.rank, node=run.rank.host, attempt=run.handle.attempt,
+            exit_status=None, outcome=diag.outcome,
+            consequence=is_consequence(diag, lines), after_stop=True,
+        ))
 
     async def _stop_group(self, att: _GroupAttempt, reason: str) -> None:
         """Node 0 first, then every other node at once (bounded wait, then SIGKILL)."""
@@ -670,16 +668,16 @@ class MultiNodeSupervisor(ServerSupervisor):
                 except HostUnreachable as exc:
                     self._host_unreachable(exc, waits.current, node=rank.host)
                 except LauncherError as exc:
-                    self._emit("process.stop_failed", {"reason": reason, "error": str(exc),
-                                                       "node": rank.host, "rank": rank.rank})
+                    self._emit(events.ProcessStopFailed(reason=reason, error=str(exc),
+                                                        node=rank.host, rank=rank.rank))
                     return
                 else:
                     self._host_reachable(node=rank.host)
-                    self._emit("process.stopped", {
-                        "reason": reason, "signals": report.signals_sent,
-                        "leftover_pids": report.leftover_pids, "node": rank.host,
-                        "rank": rank.rank, "at": time.time(),
-                    })
+                    self._emit(events.ProcessStopped(
+                        reason=reason, signals=tuple(report.signals_sent),
+                        leftover_pids=tuple(report.leftover_pids), node=rank.host,
+                        rank=rank.rank, at=time.time(),
+                    ))
                     return
             await self._node_wait(rank.host, waits.next())
 

@@ -38,19 +38,18 @@ import anyio
 import anyio.abc
 import structlog
 
-from launcher import health, remote
+from launcher import events, health, remote
 from launcher.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
 from launcher.config import Config, RouterConfig, ServerConfig, worker_url
 from launcher.errors import HostUnreachable, LauncherError, is_transient
 from launcher.router_api import RouterClient, normalize
 from launcher.transport.base import Transport
 
-Hook = Callable[[str, str, dict[str, Any]], None]
-
 # Server events after which a server must not be a worker any more.
-LEAVE_EVENTS = frozenset({
-    "process.died", "attempt.failed", "server.unhealthy", "server.gave_up", "stall.detected",
-})
+LEAVE_EVENTS = (
+    events.ProcessDied, events.AttemptFailed, events.ServerUnhealthy, events.ServerGaveUp,
+    events.StallDetected,
+)
 _BEFORE_STOP_WAIT_S = 10.0  # a stop waits at most this long for the deregistration
 _RETRY_S = 1.0  # the next reconcile after a failed call
 _RESYNC_S = 5.0  # compare with the router's own listing at least this often
@@ -132,7 +131,7 @@ class Routing:
 
 
 def wire(config: Config, servers: Sequence[ServerConfig], transports: dict[str, Transport],
-         hooks: Sequence[Hook], *, stop_on_exit: bool = False) -> Routing:
+         hooks: Sequence[events.Hook], *, stop_on_exit: bool = False) -> Routing:
     """The routers in front of ``servers`` with their supervisors (on ``transports``, which
     must hold the routers' hosts) and one registrar managing only ``servers``."""
     routers = routers_for(config, servers)
@@ -160,11 +159,12 @@ class _RouterState:
 
 
 class Registrar:
-    """Registers ready servers with their routers (an ``EventHook`` plus one ``serve`` task per
+    """Registers ready servers with their routers (an ``events.Hook`` plus one ``serve`` task per
     live router). The hook never blocks: it records the change and wakes the router's task."""
 
     def __init__(self, config: Config, routers: Sequence[RouterConfig],
-                 hooks: Sequence[Hook] = (), *, clock: Callable[[], float] = time.monotonic,
+                 hooks: Sequence[events.Hook] = (), *,
+                 clock: Callable[[], float] = time.monotonic,
                  sleep: Sleeper = anyio.sleep, resync_s: float = _RESYNC_S,
                  managed: set[str] | None = None) -> None:
         """``managed``: the servers this launcher supervises (default: all); a router's
@@ -184,11 +184,12 @@ class Registrar:
 
     # -- the hook (server events) ------------------------------------------------------
 
-    def __call__(self, server: str, name: str, data: dict[str, Any]) -> None:
-        if name == "server.ready":
+    def __call__(self, server: str, event: events.Event) -> None:
+        if isinstance(event, events.ServerReady):
             self.ready.add(server)
             self._wake(server)
-        elif name in LEAVE_EVENTS or (name == "server.stopped" and not data.get("left_running")):
+        elif isinstance(event, LEAVE_EVENTS) or (
+                isinstance(event, events.ServerStopped) and not event.left_running):
             self._leave(server)
 
     async def before_stop(self, server: str, reason: str) -> None:
@@ -288,14 +289,13 @@ class Registrar:
         for server, url in st.urls.items():
             if url in listed and server not in st.registered and server not in st.adding:
                 st.registered[server] = url
-                self._emit(st.router.name, "router.worker_registered",
-                           {"server": server, "url": url, "found": True})
+                self._emit(st.router.name, events.RouterWorkerRegistered(
+                    server=server, url=url, found=True))
             elif url not in listed and server in st.registered:
                 del st.registered[server]  # the router lost it (a restart): add it again
                 self._registrations_changed()
-                self._emit(st.router.name, "router.worker_deregistered",
-                           {"server": server, "url": url, "reason": "not listed by the router",
-                            "after_s": None})
+                self._emit(st.router.name, events.RouterWorkerDeregistered(
+                    server=server, url=url, reason="not listed by the router", after_s=None))
         return True
 
     async def _remove_leavers(self, st: _RouterState, client: RouterClient) -> bool:
@@ -312,8 +312,8 @@ class Registrar:
             self._registrations_changed()
             asked = st.leave_asked.pop(server, None)
             after = None if asked is None else round(self.clock() - asked, 3)
-            self._emit(st.router.name, "router.worker_deregistered",
-                       {"server": server, "url": url, "reason": "not ready", "after_s": after})
+            self._emit(st.router.name, events.RouterWorkerDeregistered(
+                server=server, url=url, reason="not ready", after_s=after))
         return ok
 
     async def _add(self, st: _RouterState, client: RouterClient, server: str) -> None:
@@ -329,9 +329,9 @@ class Registrar:
                 st.leave_asked.setdefault(server, self.clock())
             st.registered[server] = url
             st.last_error.pop(server, None)
-            self._emit(st.router.name, "router.worker_registered",
-                       {"server": server, "url": url, "worker_id": worker.id,
-                        "api": "legacy" if client.legacy else "workers"})
+            self._emit(st.router.name, events.RouterWorkerRegistered(
+                server=server, url=url, worker_id=worker.id,
+                api="legacy" if client.legacy else "workers"))
         finally:
             st.adding.discard(server)
             self._registrations_changed()
@@ -341,13 +341,13 @@ class Registrar:
         error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if server:
             st.last_error[server] = error
-        self._emit(st.router.name, "router.registration_failed",
-                   {"server": server or None, "error": error})
+        self._emit(st.router.name, events.RouterRegistrationFailed(
+            server=server or None, error=error))
 
-    def _emit(self, router: str, name: str, data: dict[str, Any]) -> None:
-        log.info(name, router=router, **data)
+    def _emit(self, router: str, event: events.Event) -> None:
+        log.info(event.name, router=router, **event.to_dict())
         for hook in self.hooks:
-            hook(router, name, data)
+            hook(router, event)
 
 
 # --- supervision ----------------------------------------------------------------------------
@@ -370,7 +370,7 @@ class RouterSupervisor:
     """Brings one router up and keeps it there; its workers are the registrar's business."""
 
     def __init__(self, config: Config, router: RouterConfig, transport: Transport,
-                 registrar: Registrar, *, hooks: Sequence[Hook] = (),
+                 registrar: Registrar, *, hooks: Sequence[events.Hook] = (),
                  stop_on_exit: bool = False, clock: Callable[[], float] = time.monotonic,
                  sleep: Sleeper = anyio.sleep) -> None:
         self.config = config
@@ -411,14 +411,15 @@ class RouterSupervisor:
                 found = await self._survey()
             except LauncherError as exc:  # a refused host key or login: asking again won't do
                 self.state = "gave_up"
-                self._emit("router.gave_up", {"attempt": self.attempt, "reason": str(exc)})
+                self._emit(events.RouterGaveUp(attempt=self.attempt, reason=str(exc)))
                 return self.state
             self.attempt = found.latest
             self.handle = found.running
             if self.handle is not None:
                 self.attempt = self.handle.attempt
-                self._emit("router.adopted", {"attempt": self.attempt, "pid": self.handle.pid})
+                self._emit(events.RouterAdopted(attempt=self.attempt, pid=self.handle.pid))
             while True:
+                detail: Any  # the exit status ("exited"), else a text
                 if self.handle is None:
                     self.handle = await self._launch()
                     if self.handle is None:
@@ -427,23 +428,23 @@ class RouterSupervisor:
                         why, detail = await self._watch(self.handle)
                 else:
                     why, detail = await self._watch(self.handle)
-                servers = list(self.router.servers)  # none is its worker any more
+                servers = tuple(self.router.servers)  # none is its worker any more
                 if why == "exited":
-                    self._emit("router.died", {"attempt": self.attempt, "exit_status": detail,
-                                               "servers": servers})
+                    self._emit(events.RouterDied(attempt=self.attempt, exit_status=detail,
+                                                 servers=servers))
                 elif self.handle is not None:
-                    self._emit("router.unhealthy", {"attempt": self.attempt, "reason": why,
-                                                    "detail": detail, "servers": servers})
+                    self._emit(events.RouterUnhealthy(attempt=self.attempt, reason=why,
+                                                      detail=detail, servers=servers))
                     await self._stop(self.handle, why)
                 self.handle = None
                 delay = self.backoff.on_failure(self.clock())
                 if delay is None:
                     self.state = "gave_up"
-                    self._emit("router.gave_up", {"attempt": self.attempt,
-                                                  "reason": f"{why}: {detail}"})
+                    self._emit(events.RouterGaveUp(attempt=self.attempt,
+                                                   reason=f"{why}: {detail}"))
                     return self.state
                 self.state = "restarting"
-                self._emit("router.restart_scheduled", {"delay_s": round(delay, 2)})
+                self._emit(events.RouterRestartScheduled(delay_s=round(delay, 2)))
                 await self.sleep(delay)
         except anyio.get_cancelled_exc_class():
             if self.stop_on_exit and self.handle is not None:
@@ -462,7 +463,7 @@ class RouterSupervisor:
                 if not is_transient(exc):
                     raise
                 wait = waits.next()
-                self._emit("router.listing_failed", {"error": str(exc), "retry_in_s": wait})
+                self._emit(events.RouterListingFailed(error=str(exc), retry_in_s=wait))
                 await self.sleep(wait)
 
     async def _launch(self) -> remote.RunHandle | None:
@@ -477,10 +478,10 @@ class RouterSupervisor:
         try:
             handle = await remote.launch(self.transport, spec)
         except LauncherError as exc:
-            self._emit("router.launch_failed", {"attempt": self.attempt, "error": str(exc)})
+            self._emit(events.RouterLaunchFailed(attempt=self.attempt, error=str(exc)))
             return None
-        self._emit("router.launched", {"attempt": self.attempt, "pid": handle.pid,
-                                       "command": spec.argv})
+        self._emit(events.RouterLaunched(attempt=self.attempt, pid=handle.pid,
+                                         command=tuple(spec.argv)))
         return handle
 
     async def _stop(self, handle: remote.RunHandle, reason: str) -> None:
@@ -488,7 +489,7 @@ class RouterSupervisor:
             try:
                 await remote.stop(self.transport, handle, grace=5.0, kill_wait=5.0)
             except LauncherError as exc:
-                self._emit("router.stop_failed", {"reason": reason, "error": str(exc)})
+                self._emit(events.RouterStopFailed(reason=reason, error=str(exc)))
 
     async def _watch(self, handle: remote.RunHandle) -> tuple[str, Any]:
         """Follow and probe one attempt until it exits, stays unhealthy or misses its start
@@ -521,7 +522,7 @@ class RouterSupervisor:
                 return
             except LauncherError as exc:  # unreachable or a failed read: follow again
                 wait = waits.next()
-                self._emit("router.follow_failed", {"error": str(exc), "retry_in_s": wait})
+                self._emit(events.RouterFollowFailed(error=str(exc), retry_in_s=wait))
                 await self.sleep(wait)
 
     async def _probing(self, handle: remote.RunHandle, end: Callable[[str, Any], None]) -> None:
@@ -550,11 +551,11 @@ class RouterSupervisor:
                     if not ready:
                         ready = True
                         self.state = "ready"
-                        self._emit("router.ready", {
-                            "attempt": self.attempt, "host": self.router.host,
-                            "port": self.router.port, "seconds": round(now - started, 2),
-                            "servers": list(self.router.servers),
-                        })
+                        self._emit(events.RouterReady(
+                            attempt=self.attempt, host=self.router.host,
+                            port=self.router.port, seconds=round(now - started, 2),
+                            servers=tuple(self.router.servers),
+                        ))
                         api = RouterClient(client, url.removesuffix("/health"))
                         tg.start_soon(self.registrar.serve, self.router, api)
                 elif ready:
@@ -577,10 +578,10 @@ class RouterSupervisor:
         except LauncherError:
             return True
 
-    def _emit(self, name: str, data: dict[str, Any]) -> None:
-        self.log.info(name, **data)
+    def _emit(self, event: events.Event) -> None:
+        self.log.info(event.name, **event.to_dict())
         for hook in self.hooks:
-            hook(self.router.name, name, data)
+            hook(self.router.name, event)
 
 
 # --- status (a one-off look, for `launcher status`) -----------------------------------------

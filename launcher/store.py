@@ -37,6 +37,7 @@ from typing import Any
 
 import structlog
 
+from launcher import events
 from launcher.calibration import CostGuess, ObservationKey, guess_of
 from launcher.errors import StateError
 from launcher.params import LaunchParams
@@ -99,13 +100,14 @@ def initial_params(
 # --- the event hook ----------------------------------------------------------------------
 
 _Write = Callable[[Ledger], None]
-_RECORDED = frozenset(
-    {"attempt.started", "attempt.failed", "attempt.ended", "server.ready", "server.adopted"}
+_RECORDED = (
+    events.AttemptStarted, events.AttemptFailed, events.AttemptEnded, events.ServerReady,
+    events.ServerAdopted,
 )
 
 
 class LedgerRecorder:
-    """A supervisor event hook (``hook(server, event, data)``) that records attempts.
+    """A supervisor event hook (``events.Hook``) that records attempts.
 
     Mapping: ``attempt.started`` → ``attempt_started``; ``server.adopted`` →
     ``attempt_adopted``; ``attempt.failed`` → ``attempt_finished`` at once (so a daemon that
@@ -150,18 +152,20 @@ class LedgerRecorder:
         self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
         self._thread.start()
 
-    def __call__(self, server: str, event: str, data: dict[str, Any]) -> None:
-        if event not in _RECORDED:
+    def __call__(self, server: str, event: events.Event) -> None:
+        if not isinstance(event, _RECORDED):
             return
         try:
             if self._closed:
                 raise StateError("the ledger recorder is closed")
-            write = self._translate(server, event, data)
-            self._queue.put_nowait((server, event, write))
+            write = self._translate(server, event)
+            self._queue.put_nowait((server, event.name, write))
         except queue.Full:
-            log.error("ledger.write_failed", server=server, hook_event=event, error="queue full")
+            log.error("ledger.write_failed", server=server, hook_event=event.name,
+                      error="queue full")
         except Exception as exc:  # a hook must not break the supervisor
-            log.error("ledger.write_failed", server=server, hook_event=event, error=repr(exc))
+            log.error("ledger.write_failed", server=server, hook_event=event.name,
+                      error=repr(exc))
 
     def set_context(self, server: str, context: ObservationContext) -> None:
         """File ``server``'s next observations under ``context``."""
@@ -212,51 +216,47 @@ class LedgerRecorder:
                     "ledger.write_failed", server=server, hook_event=event, error=repr(exc)
                 )
 
-    def _translate(self, server: str, event: str, data: Mapping[str, Any]) -> _Write:
+    def _translate(self, server: str, event: events.Event) -> _Write:
         fp = self.fingerprints[server]  # KeyError: a server we were not told about
         now = self.clock()
-        params = _params(data.get("params"))
-        if event == "attempt.started":
-            attempt = int(data["attempt"])
-            estimate = data.get("estimate")
-            guess = CostGuess.from_dict(estimate) if isinstance(estimate, Mapping) else None
-            if guess is not None:
-                self._estimates[(server, attempt)] = guess
-            return lambda ledger: ledger.attempt_started(server, fp, attempt, params, now)
-        if event == "server.adopted":
-            attempt = int(data["attempt"])
-            launched = data.get("started_at")  # the launch time on the host, when known
-            at = now if launched is None else float(launched)
-            return lambda ledger: ledger.attempt_adopted(server, fp, attempt, params, at)
-        if event == "server.ready":
-            # "attempt" is the attempt's number; "attempts" only counts this supervision's
-            # attempts (taking it for the number rewrote an older attempt's row as ready).
-            # Per-row time to ready is the attempt's own; None when it was adopted.
-            attempt = int(data["attempt"])
-            raw = data.get("attempt_seconds")
-            seconds = None if raw is None else float(raw)
-            count = data.get("attempts")
-            return lambda ledger: ledger.server_ready(
-                server, fp, params, seconds, attempt, at=now,
-                attempts=None if count is None else int(count),
-            )
-        attempt = int(data["attempt"])
-        evidence = [str(line) for line in data.get("evidence") or []]
-        if event == "attempt.failed":
-            self._evidence[(server, attempt)] = evidence
-        else:  # attempt.ended
-            evidence = evidence or self._evidence.pop((server, attempt), [])
-        outcome, phase = str(data["outcome"]), data.get("phase")
-        numbers = dict(data.get("numbers") or {})
-        log_tail = str(data.get("log_tail") or "")
-        ended_at = float(data.get("ended_at") or now)
-        started = data.get("started_at")
-        started_at = None if started is None else float(started)
-        observe = self._observation(server, attempt, event, outcome, params, numbers, now)
+        match event:
+            case events.ServerAdopted(attempt=attempt, params=params, started_at=launched):
+                # ``started_at``: the launch time on the host, when known.
+                at = now if launched is None else launched
+                return lambda ledger: ledger.attempt_adopted(server, fp, attempt, params, at)
+            case events.ServerReady(attempt=attempt, params=params, attempts=count,
+                                    attempt_seconds=seconds):
+                # "attempt" is the attempt's number; "attempts" only counts this
+                # supervision's attempts (taking it for the number rewrote an older attempt's
+                # row as ready). Per-row time to ready is the attempt's own; None when it
+                # was adopted.
+                return lambda ledger: ledger.server_ready(
+                    server, fp, params, seconds, attempt, at=now, attempts=count,
+                )
+            case events.AttemptStarted(attempt=attempt, params=params):
+                if event.estimate is not None:
+                    self._estimates[(server, attempt)] = event.estimate
+                return lambda ledger: ledger.attempt_started(server, fp, attempt, params, now)
+            case events.AttemptFailed():
+                attempt, evidence = event.attempt, list(event.evidence)
+                self._evidence[(server, attempt)] = evidence
+                params, outcome = LaunchParams(), event.outcome.value
+                phase: str | None = event.phase.value
+                numbers, log_tail, ended_at, started_at = dict(event.numbers), "", now, None
+            case events.AttemptEnded():
+                attempt = event.attempt
+                evidence = list(event.evidence) or self._evidence.pop((server, attempt), [])
+                params, outcome, phase = event.params or LaunchParams(), event.outcome, event.phase
+                numbers, log_tail = dict(event.numbers), event.log_tail
+                ended_at, started_at = event.ended_at or now, event.started_at
+            case _:
+                raise AssertionError(f"not recorded: {event.name}")
+        observe = (self._observation(server, attempt, outcome, params, numbers, now)
+                   if isinstance(event, events.AttemptEnded) else None)
 
         def write(ledger: Ledger) -> None:
             ledger.attempt_finished(
-                server, attempt, outcome=outcome, phase=None if phase is None else str(phase),
+                server, attempt, outcome=outcome, phase=phase,
                 numbers=numbers, evidence=evidence, log_tail=log_tail, ended_at=ended_at,
                 fingerprint=fp, params=params, started_at=started_at,
             )
@@ -266,13 +266,11 @@ class LedgerRecorder:
         return write
 
     def _observation(
-        self, server: str, attempt: int, event: str, outcome: str, params: LaunchParams,
+        self, server: str, attempt: int, outcome: str, params: LaunchParams,
         numbers: Mapping[str, Any], now: float,
     ) -> _Write | None:
         """The observation write of an ``attempt.ended``; None when there is nothing to
-        record (another event, or a log that showed no cost figure)."""
-        if event != "attempt.ended":
-            return None
+        record (a log that showed no cost figure)."""
         observed = Observed.from_numbers(numbers)
         if observed.empty:
             return None
@@ -292,11 +290,3 @@ class LedgerRecorder:
 
         return write
 
-
-def _params(data: object) -> LaunchParams:
-    if not isinstance(data, Mapping):
-        return LaunchParams()
-    mfs, bs = data.get("mem_fraction_static"), data.get("cuda_graph_max_bs")
-    return LaunchParams.from_extras(
-        None if mfs is None else float(mfs), None if bs is None else int(bs), dict(data)
-    )

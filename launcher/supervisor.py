@@ -25,10 +25,9 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import anyio
 import structlog
@@ -41,7 +40,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from launcher import health, remote
+from launcher import events, health, remote
 from launcher.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
 from launcher.command import ServerCommand, params_from_argv, server_command
 from launcher.config import Config, ServerConfig
@@ -98,7 +97,6 @@ from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
 from launcher.transport.base import Transport
 
-EventHook = Callable[[str, str, dict[str, Any]], None]
 # Awaited with (server, reason) before launcher stops a server's processes (a router's
 # registrar deregisters it there); it must return within a bounded time.
 BeforeStop = Callable[[str, str], Awaitable[None]]
@@ -195,7 +193,7 @@ class ServerSupervisor:
         *,
         sglang_version: str,
         secret_env: dict[str, str] | None = None,
-        hooks: list[EventHook] | None = None,
+        hooks: list[events.Hook] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Sleeper = anyio.sleep,
         rng: random.Random | None = None,
@@ -432,14 +430,14 @@ class ServerSupervisor:
     async def _execute(self, action: Action) -> None:
         assert self._tg is not None
         if isinstance(action, Emit):
-            data = action.data
-            if action.name == "server.ready" and self._attempt is not None:
+            event = action.event
+            if isinstance(event, events.ServerReady) and self._attempt is not None:
                 # What SGLang resolved for params left to it (Slack shows numbers, not "auto").
-                data = {**data, "resolved": _params_dict(self._attempt.follower.resolved_params)}
-            self._emit(action.name, data)
-            if action.name == "server.ready" and self._attempt is not None:
+                event = replace(event, resolved=self._attempt.follower.resolved_params)
+            self._emit(event)
+            if isinstance(event, events.ServerReady) and self._attempt is not None:
                 self._ready_attempt_ended(self._attempt)
-            elif action.name == "server.gave_up" and self._attempt is not None:
+            elif isinstance(event, events.ServerGaveUp) and self._attempt is not None:
                 await self._mark_gave_up(self._attempt.handle, self.machine.reason)
         elif isinstance(action, RunPreflight):
             self._tg.start_soon(self._preflight)
@@ -456,11 +454,18 @@ class ServerSupervisor:
         elif isinstance(action, Sleep):
             self._tg.start_soon(self._sleep_then, action.seconds, BackoffElapsed())
 
-    def _emit(self, name: str, data: dict[str, Any]) -> None:
-        data = self.redact(data)
-        self.log.log(level_of(name), name, **data)  # the level table: launcher.eventlog
+    def _emit(self, event: events.Event) -> None:
+        """Log ``event`` (its ``to_dict``: the log boundary) and hand it to every hook,
+        its secrets masked."""
+        event = self.redact(event)
+        # The level table: launcher.eventlog.
+        self.log.log(level_of(event), event.name, **event.to_dict())
+        self._to_hooks(event)
+
+    def _to_hooks(self, event: events.Event) -> None:
+        """Hand ``event`` to the hooks only (not logged: too frequent, or too big)."""
         for hook in self.hooks:
-            hook(self.server.name, name, data)
+            hook(self.server.name, event)
 
     def _host_unreachable(self, exc: Exception, retry_in_s: float | None = None) -> None:
         """Report that the host cannot be reached (every time), remembering since when."""
@@ -470,12 +475,10 @@ class ServerSupervisor:
             self._outages += 1
             self._back = anyio.Event()
             self._changed()
-        data: dict[str, Any] = {
-            "error": str(exc), "unreachable_s": round(now - self._unreachable_since, 3),
-        }
-        if retry_in_s is not None:
-            data["retry_in_s"] = retry_in_s
-        self._emit("host.unreachable", data)
+        self._emit(events.HostUnreachable(
+            error=str(exc), unreachable_s=round(now - self._unreachable_since, 3),
+            retry_in_s=retry_in_s,
+        ))
 
     def _host_reachable(self) -> None:
         """A command reached the host: end an outage, reporting how long it lasted."""
@@ -485,7 +488,7 @@ class ServerSupervisor:
             if self._back is not None:
                 self._back.set()
             self._changed()
-            self._emit("host.reachable", {"unreachable_s": round(self.clock() - since, 3)})
+            self._emit(events.HostReachable(unreachable_s=round(self.clock() - since, 3)))
 
     # -- actions -----------------------------------------------------------------------
 
@@ -536,7 +539,7 @@ class ServerSupervisor:
                 await self._dispatch(Unknown(f"cannot list its attempts on {self.server.host}: "
                                              f"{exc}"))
                 wait = waits.next()
-                self._emit("listing.failed", {"error": str(exc), "retry_in_s": wait})
+                self._emit(events.ListingFailed(error=str(exc), retry_in_s=wait))
                 await self.sleep(wait)
                 continue
             if adopt and found.running is not None:
@@ -545,7 +548,9 @@ class ServerSupervisor:
             self.machine.attempt = self.machine.attempt_base = found.latest
             return Start()
 
-    def _transient_retrying(self, tries: int, event: str) -> AsyncRetrying:
+    def _transient_retrying(
+        self, tries: int, event: type[events.ListingRetry | events.PreflightRetry],
+    ) -> AsyncRetrying:
         """Up to ``tries`` tries of a host operation, retrying only ``is_transient`` errors
         (bounded, exponential with jitter), each retry logged as ``event``; the last error is
         re-raised."""
@@ -553,16 +558,16 @@ class ServerSupervisor:
             retry=retry_if_exception(is_transient),
             stop=stop_after_attempt(tries),
             wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.5),
-            before_sleep=lambda rs: self._emit(event, {
-                "try": rs.attempt_number,
-                "error": str(rs.outcome.exception()) if rs.outcome else "",
-            }),
+            before_sleep=lambda rs: self._emit(event(
+                try_=rs.attempt_number,
+                error=str(rs.outcome.exception()) if rs.outcome else "",
+            )),
             sleep=self.sleep,
             reraise=True,
         )
 
     async def _survey(self) -> remote.Survey:
-        async for attempt in self._transient_retrying(self.listing_tries, "listing.retry"):
+        async for attempt in self._transient_retrying(self.listing_tries, events.ListingRetry):
             with attempt:
                 return await remote.survey(self.transport, self.run_dir, self.server.name,
                                            adopting=True)
@@ -606,8 +611,8 @@ class ServerSupervisor:
                 if flag.startswith("--cuda-graph-max-bs") and int(value) < 1:
                     raise ValueError(value)
             except ValueError:
-                self._emit("attempt.corrupt", {"attempt": handle.attempt, "file": "cmd",
-                                               "value": f"{flag} {value}"[:80]})
+                self._emit(events.AttemptCorrupt(attempt=handle.attempt, file="cmd",
+                                                 value=f"{flag} {value}"[:80]))
                 return LaunchParams()
         leading = itertools.takewhile(lambda w: "=" in w and not w.startswith("-"), words)
         return params_from_argv(words, [f"export {w}" for w in leading])
@@ -624,7 +629,7 @@ class ServerSupervisor:
         asked right now (``is_transient``: unreachable, a command timeout, a refused
         session), after the checks were retried ``preflight_tries`` times. The rest is
         fatal."""
-        retrying = self._transient_retrying(self.preflight_tries, "preflight.retry")
+        retrying = self._transient_retrying(self.preflight_tries, events.PreflightRetry)
         try:
             async for attempt in retrying:
                 with attempt:
@@ -679,7 +684,7 @@ class ServerSupervisor:
                 return
             except LauncherError as exc:
                 self._attempt = None  # nothing to follow or stop; the previous one is over
-                self._emit("launch.failed", {"error": str(exc)})
+                self._emit(events.LaunchFailed(error=str(exc)))
                 diag = classify([], None)
                 diag.advice = str(exc)
                 # A run directory that cannot be written fails every relaunch the same way.
@@ -759,7 +764,7 @@ class ServerSupervisor:
                     await self._post(Exited(status=status.exit_status, diagnosis=diag))
                     return
                 wait = waits.next()
-                self._emit("follow.failed", {"error": str(exc), "retry_in_s": wait})
+                self._emit(events.FollowFailed(error=str(exc), retry_in_s=wait))
                 await self.sleep(wait)
 
     async def _outage_wait(self, delay: float) -> None:
@@ -858,12 +863,7 @@ class ServerSupervisor:
                 detail += " (the server has exited)"
             elif running is None:
                 detail += " (host unreachable)"
-            for hook in self.hooks:
-                hook(
-                    self.server.name,
-                    "probe.result",
-                    {"ok": ok, "latency_s": latency, "detail": detail},
-                )
+            self._to_hooks(events.Probed(ok=ok, latency_s=latency, detail=detail))
             if counts:
                 await self._post(ProbeResult(ok=ok, detail=detail))
             await self.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
@@ -925,7 +925,7 @@ class ServerSupervisor:
                 try:
                     tail = await remote.tail_log(self.transport, att.handle)
                 except LauncherError as exc:
-                    self._emit("attempt.tail_unreadable", {"error": str(exc)})
+                    self._emit(events.AttemptTailUnreadable(error=str(exc)))
                 self._attempt_ended(att, tail.decode("utf-8", errors="replace"))
         await self._post(CleanedUp())
 
@@ -945,14 +945,14 @@ class ServerSupervisor:
                 except HostUnreachable as exc:
                     self._host_unreachable(exc, waits.current)
                 except LauncherError as exc:
-                    self._emit("process.stop_failed", {"reason": reason, "error": str(exc)})
+                    self._emit(events.ProcessStopFailed(reason=reason, error=str(exc)))
                     return
                 else:
                     self._host_reachable()
-                    self._emit("process.stopped", {
-                        "reason": reason, "signals": report.signals_sent,
-                        "leftover_pids": report.leftover_pids,
-                    })
+                    self._emit(events.ProcessStopped(
+                        reason=reason, signals=tuple(report.signals_sent),
+                        leftover_pids=tuple(report.leftover_pids),
+                    ))
                     return
             await self._outage_wait(waits.next())
 
@@ -969,30 +969,25 @@ class ServerSupervisor:
         """Keep the tail locally and tell the hooks how the attempt ended."""
         diag = self.machine.pending
         self.tail_path = self._save_tail(att.handle.attempt, tail)
-        data: dict[str, Any] = {
-            "attempt": att.handle.attempt,
-            "params": _params_dict(self.machine.params),
-            "outcome": diag.outcome.value if diag else "stopped",
-            "phase": diag.phase.value if diag else None,
-            "numbers": diag.numbers.as_dict() if diag else {},
-            "evidence": list(diag.evidence) if diag else [],
-            "advice": diag.advice if diag else "",
-            "started_at": att.started_wall, "ended_at": time.time(), "log_tail": tail,
-            "tail_path": str(self.tail_path) if self.tail_path else None,
-        }
-        data = self.redact(data)
-        for hook in self.hooks:
-            hook(self.server.name, "attempt.ended", data)
+        self._to_hooks(self.redact(events.AttemptEnded(
+            attempt=att.handle.attempt,
+            params=self.machine.params,
+            outcome=diag.outcome.value if diag else "stopped",
+            phase=diag.phase.value if diag else None,
+            numbers=diag.numbers.as_dict() if diag else {},
+            evidence=tuple(diag.evidence) if diag else (),
+            advice=diag.advice if diag else "",
+            started_at=att.started_wall, ended_at=time.time(), log_tail=tail,
+            tail_path=str(self.tail_path) if self.tail_path else None,
+        )))
 
     def _ready_attempt_ended(self, att: RunningAttempt) -> None:
-        data: dict[str, Any] = {
-            "attempt": att.handle.attempt, "params": _params_dict(self.machine.params),
-            "outcome": "ready", "phase": "ready", "numbers": att.follower.numbers.as_dict(),
-            "evidence": [], "advice": "", "started_at": att.started_wall,
-            "ended_at": time.time(), "log_tail": "", "tail_path": None,
-        }
-        for hook in self.hooks:
-            hook(self.server.name, "attempt.ended", data)
+        self._to_hooks(events.AttemptEnded(
+            attempt=att.handle.attempt, params=self.machine.params,
+            outcome="ready", phase="ready", numbers=att.follower.numbers.as_dict(),
+            evidence=(), advice="", started_at=att.started_wall,
+            ended_at=time.time(), log_tail="", tail_path=None,
+        ))
 
     def _save_tail(self, attempt: int, tail: str) -> Path | None:
         try:
@@ -1019,7 +1014,7 @@ class ServerSupervisor:
             if not problems:
                 await self._post(GpusFree())
                 return
-            self._emit("gpu.waiting", {"problems": problems})
+            self._emit(events.GpuWaiting(problems=tuple(problems)))
             await self.sleep(1.0)
         await self._post(GpuWaitTimedOut(holder="; ".join(problems)))
 
@@ -1120,6 +1115,3 @@ async def supervise_all(
         results.setdefault(sup.server.name, sup.state)
     return results
 
-
-def _params_dict(p: LaunchParams | None) -> dict[str, Any]:
-    return {} if p is None else p.as_dict()

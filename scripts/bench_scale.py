@@ -76,6 +76,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests.* helpers are not installed; run from anywhere
     sys.path.insert(0, str(REPO))
 
+from launcher import events  # noqa: E402
 from launcher.sglang import logparse as lp  # noqa: E402
 from launcher.sglang.phases import Phase  # noqa: E402
 from tests.simhost import make_sim_host, model_dir  # noqa: E402
@@ -1342,9 +1343,9 @@ def driver_main(args: argparse.Namespace) -> int:
             await super()._on_line(att, line)
             tracker.observe(line)
 
-    def hook(server: str, name: str, data: dict[str, Any]) -> None:
-        if name != "probe.result":
-            emit({"event": name, "server": server, "ts": time.time(), **data})
+    def hook(server: str, event: events.Event) -> None:
+        if not isinstance(event, events.Probed):
+            emit({"event": event.name, "server": server, "ts": time.time(), **event.to_dict()})
 
     configure("json", stream=sys.stderr)
     config_path = Path(args.config)

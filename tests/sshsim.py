@@ -31,6 +31,7 @@ from typing import Any
 
 import anyio
 
+from launcher import events as ev
 from launcher.config import Config, config_from_dict
 from launcher.transport.ssh import SSHTransport
 from tests.simhost import SimHost, make_sim_host, model_dir
@@ -216,8 +217,9 @@ class EventRecorder:
     events: list[Event] = field(default_factory=list)
     clock: Callable[[], float] = time.monotonic
 
-    def __call__(self, server: str, name: str, data: dict[str, Any]) -> None:
-        self.events.append(Event(self.clock(), server, name, data))
+    def __call__(self, server: str, event: ev.Event) -> None:
+        # Kept as the log shows it: the dotted name and the payload.
+        self.events.append(Event(self.clock(), server, event.name, event.to_dict()))
 
     def named(self, name: str, server: str | None = None) -> list[Event]:
         return [

@@ -30,6 +30,7 @@ from typing import Any
 
 import anyio
 
+from launcher import events as ev
 from launcher.config import Config, config_from_dict
 from launcher.lifecycle import State
 from launcher.sim import gpustate
@@ -61,8 +62,8 @@ class Recorder:
     events: list[Recorded] = field(default_factory=list)
     on: list[Callable[[Recorded], None]] = field(default_factory=list)
 
-    def __call__(self, server: str, name: str, data: dict[str, Any]) -> None:
-        rec = Recorded(time.monotonic(), name, dict(data))
+    def __call__(self, server: str, event: ev.Event) -> None:
+        rec = Recorded(time.monotonic(), event.name, event.to_dict())  # as the log shows it
         self.events.append(rec)
         for callback in self.on:
             callback(rec)

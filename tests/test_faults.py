@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 import pytest
 
+from launcher import events as ev
 from launcher.lifecycle import State
 from launcher.sglang.logparse import LineSplitter
 from launcher.sim import gpustate
@@ -525,8 +526,8 @@ async def test_orphan_holding_gpu_memory_after_a_crash_is_waited_for_then_report
                         policy={"gpu_free_timeout": "3s"})
     orphans: list[subprocess.Popen[bytes]] = []
 
-    def orphan_on_failure(server: str, name: str, data: dict[str, Any]) -> None:
-        if name == "attempt.failed" and not orphans:
+    def orphan_on_failure(server: str, event: ev.Event) -> None:
+        if isinstance(event, ev.AttemptFailed) and not orphans:
             orphans.append(start_orphan(site, 0, 40.0))
 
     events = EventRecorder()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher import events as ev
 from launcher.calibration import CostGuess, ObservationKey, learn
 from launcher.params import LaunchParams
 from launcher.sglang.logparse import LogFollower
@@ -118,28 +119,29 @@ def test_the_recorder_files_an_ended_attempts_figures_under_its_key(tmp_path: Pa
     for line in READY_LOG:
         follower.feed_line(line)
     numbers = follower.numbers.as_dict()
-    params = {"mem_fraction_static": 0.812, "cuda_graph_max_bs": 64}
+    params = LaunchParams(0.812, 64)
     context = ObservationContext(ObservationKey("Qwen3ForCausalLM", "NVIDIA H200", "0.5.23"),
                                  model="/m/Qwen3-32B", tp=2)
     clock = FakeClock(1000.0)
     with Ledger(tmp_path / "ledger.sqlite3") as ledger:
         with LedgerRecorder(ledger, {"qwen": "fp1"}, clock, contexts={"qwen": context}) as hook:
-            hook("qwen", "attempt.started",
-                 {"attempt": 1, "params": params, "estimate": GUESS.as_dict()})
-            hook("qwen", "server.ready", {"attempt": 1, "attempts": 1, "seconds": 40.0,
-                                          "attempt_seconds": 40.0, "params": params})
+            hook("qwen", ev.AttemptStarted(attempt=1, params=params, estimate=GUESS))
+            hook("qwen", ev.ServerReady(attempt=1, attempts=1, seconds=40.0,
+                                        attempt_seconds=40.0, adopted=False, params=params,
+                                        history=()))
             # what the supervisor sends for a ready attempt (_ready_attempt_ended)
-            hook("qwen", "attempt.ended", {
-                "attempt": 1, "params": params, "outcome": "ready", "phase": "ready",
-                "numbers": numbers, "evidence": [], "started_at": 960.0, "ended_at": 1000.0,
-                "log_tail": "",
-            })
+            hook("qwen", ev.AttemptEnded(
+                attempt=1, params=params, outcome="ready", phase="ready",
+                numbers=numbers, evidence=(), advice="", started_at=960.0, ended_at=1000.0,
+                log_tail="", tail_path=None,
+            ))
             # an attempt whose log showed no figure records no observation
-            hook("qwen", "attempt.started", {"attempt": 2, "params": params})
-            hook("qwen", "attempt.ended", {
-                "attempt": 2, "params": params, "outcome": "port_in_use", "phase": "init",
-                "numbers": {"mem_fraction_static": 0.812}, "ended_at": 1001.0,
-            })
+            hook("qwen", ev.AttemptStarted(attempt=2, params=params))
+            hook("qwen", ev.AttemptEnded(
+                attempt=2, params=params, outcome="port_in_use", phase="init",
+                numbers={"mem_fraction_static": 0.812}, evidence=(), advice="",
+                started_at=None, ended_at=1001.0, log_tail="", tail_path=None,
+            ))
             assert hook.flush()
         [row] = ledger.observations()
     assert 1 == row.attempt

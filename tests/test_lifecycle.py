@@ -53,13 +53,13 @@ def machine(**limits: object) -> ServerMachine:
 
 
 def names(actions: list[object]) -> list[str]:
-    return [a.name if isinstance(a, Emit) else type(a).__name__ for a in actions]
+    return [a.event.name if isinstance(a, Emit) else type(a).__name__ for a in actions]
 
 
 def emitted(actions: list[object], name: str) -> dict[str, object]:
     for a in actions:
-        if isinstance(a, Emit) and a.name == name:
-            return a.data
+        if isinstance(a, Emit) and a.event.name == name:
+            return a.event.to_dict()
     raise AssertionError(f"{name} not in {names(actions)}")
 
 

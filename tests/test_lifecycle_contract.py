@@ -1,14 +1,17 @@
 """The state machine's contract, event by event: exact actions and exact event payloads.
 
 Written from the mutation run of issue 18 (see docs/testing.md): every test states one
-behaviour a person relies on, and asserts whole action lists, whole ``Emit`` payloads and
-typed actions, so that a changed event name, key or value fails. Pure: no I/O, times are
+behaviour a person relies on, and asserts whole action lists, whole ``Emit`` payloads (as the
+log shows them: ``Emitted``) and typed actions, so that a changed event name, key or value
+fails. Pure: no I/O, times are
 passed in, the restart backoff has no jitter.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -50,6 +53,26 @@ from launcher.policy import AttemptRecord, Bounds, next_params
 from launcher.sglang.outcome import Diagnosis, Numbers, Outcome
 from launcher.sglang.phases import Phase
 
+
+@dataclass(frozen=True, eq=False)
+class Emitted:
+    """An expected ``Emit``, written as its log line shows it: the event's dotted name and its
+    ``to_dict()`` payload. Equal to an ``Emit`` whose event has that name and payload."""
+
+    name: str
+    data: dict[str, Any]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Emit):
+            return (other.event.name, other.event.to_dict()) == (self.name, self.data)
+        if isinstance(other, Emitted):
+            return (other.name, other.data) == (self.name, self.data)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
 INITIAL = LaunchParams(0.70, 32)
 P0 = {"mem_fraction_static": 0.70, "cuda_graph_max_bs": 32}
 BOUNDS = Bounds(0.5, 0.95, 1, 6)
@@ -77,10 +100,10 @@ def machine(
     )
 
 
-def restart_scheduled(delay_s: float, *, attempt: int, left: int, budget: int = 3) -> Emit:
+def restart_scheduled(delay_s: float, *, attempt: int, left: int, budget: int = 3) -> Emitted:
     """restart.scheduled as the machine of ``machine(budget=budget)`` emits it: the failed
     attempt, and the restarts its budget still allows in the window after this one."""
-    return Emit("restart.scheduled", {"delay_s": delay_s, "params": P0, "attempt": attempt,
+    return Emitted("restart.scheduled", {"delay_s": delay_s, "params": P0, "attempt": attempt,
                                       "restarts_left": left, "restart_budget": budget,
                                       "restart_window_s": 3600.0})
 
@@ -156,14 +179,14 @@ def gave_up(
     reason: str, attempt: int, attempts: int, history: list[dict[str, object]]
 ) -> list[Action]:
     """server.gave_up: ``attempt`` is the host's attempt number, ``attempts`` this run's count."""
-    return [Emit("server.gave_up", {
+    return [Emitted("server.gave_up", {
         "reason": reason, "attempt": attempt, "attempts": attempts, "history": history,
     })]
 
 
 def names(actions: list[Action]) -> list[str]:
     """Event names and action types, in order."""
-    return [a.name if isinstance(a, Emit) else type(a).__name__ for a in actions]
+    return [a.event.name if isinstance(a, Emit) else type(a).__name__ for a in actions]
 
 
 def rec(params: dict[str, object], outcome: str, phase: str, attempt: int) -> dict[str, object]:
@@ -182,23 +205,23 @@ def test_start_up_to_ready_emits_exact_events() -> None:
     assert [RunPreflight()] == m.handle(Start(), 0.0)
     assert (State.PREFLIGHT, 0.0, INITIAL) == (m.state, m.started_at, m.params)
     assert [
-        Emit("attempt.started", {"attempt": 1, "params": P0}),
+        Emitted("attempt.started", {"attempt": 1, "params": P0}),
         Launch(1, INITIAL),
     ] == m.handle(PreflightPassed(), 1.5)
     assert (State.LAUNCHING, 1.5, 1) == (m.state, m.attempt_started_at, m.attempt)
-    assert [Emit("phase.entered", {"phase": "init", "attempt": 1})] == m.handle(
+    assert [Emitted("phase.entered", {"phase": "init", "attempt": 1})] == m.handle(
         Launched(pid=4321), 2.0)
     assert (State.INIT, Phase.INIT, 4321) == (m.state, m.phase, m.pid)
     for t, phase in [(3.0, Phase.WEIGHTS), (4.0, Phase.KV_CACHE), (5.0, Phase.CUDA_GRAPH),
                      (6.0, Phase.WARMUP)]:
-        assert [Emit("phase.entered", {"phase": phase.value, "attempt": 1})] == m.handle(
+        assert [Emitted("phase.entered", {"phase": phase.value, "attempt": 1})] == m.handle(
             PhaseSeen(phase), t)
         assert (phase.value, phase) == (m.state.value, m.phase)
     assert [StartProbing()] == m.handle(ReadyLineSeen(), 7.0)
     assert [] == m.handle(ProbeResult(ok=False, detail="HTTP 503"), 8.0)
     assert State.WARMUP is m.state
     assert [
-        Emit("server.ready", {"attempt": 1, "attempts": 1, "seconds": 10.26,
+        Emitted("server.ready", {"attempt": 1, "attempts": 1, "seconds": 10.26,
                               "attempt_seconds": 8.76, "adopted": False, "params": P0,
                               "history": []})
     ] == m.handle(ProbeResult(ok=True), 10.256)
@@ -213,7 +236,7 @@ def test_ready_line_before_warmup_enters_warmup_then_probes() -> None:
         m = machine()
         launched(m)
         m.handle(PhaseSeen(Phase.CUDA_GRAPH), 1)
-        assert [Emit("phase.entered", {"phase": "warmup", "attempt": 1}),
+        assert [Emitted("phase.entered", {"phase": "warmup", "attempt": 1}),
                 StartProbing()] == m.handle(event, 2)
         assert State.WARMUP is m.state
 
@@ -279,8 +302,8 @@ def test_capture_oom_payloads_and_policy_relaunch() -> None:
     m.handle(PhaseSeen(Phase.CUDA_GRAPH), 1)
     diag = capture_oom()
     assert [
-        Emit("process.died", {"exit_status": 1, "phase": "cuda_graph", "attempt": 1}),
-        Emit("attempt.failed", {
+        Emitted("process.died", {"exit_status": 1, "phase": "cuda_graph", "attempt": 1}),
+        Emitted("attempt.failed", {
             "attempt": 1, "outcome": "oom_graph_capture", "confidence": "decisive",
             "phase": "cuda_graph",
             "numbers": diag.numbers.as_dict(), "retryable": True, "after_ready": False,
@@ -300,8 +323,8 @@ def test_capture_oom_payloads_and_policy_relaunch() -> None:
     new = {"mem_fraction_static": decision.params.mem_fraction_static,
            "cuda_graph_max_bs": decision.params.cuda_graph_max_bs}
     assert [
-        Emit("policy.decided", {"params": new, "reason": decision.reason}),
-        Emit("attempt.started", {"attempt": 2, "params": new}),
+        Emitted("policy.decided", {"params": new, "reason": decision.reason}),
+        Emitted("attempt.started", {"attempt": 2, "params": new}),
         Launch(2, decision.params),
     ] == m.handle(GpusFree(), 4)
     assert (State.LAUNCHING, 4, None) == (m.state, m.attempt_started_at, m.pending)
@@ -316,8 +339,8 @@ def test_death_while_launching_is_reported_in_the_launching_state() -> None:
     diag = Diagnosis(outcome=Outcome.OTHER, phase=Phase.INIT, advice="read the log",
                      evidence=["  Segmentation fault  \n"])
     assert [
-        Emit("process.died", {"exit_status": -11, "phase": "launching", "attempt": 1}),
-        Emit("attempt.failed", {
+        Emitted("process.died", {"exit_status": -11, "phase": "launching", "attempt": 1}),
+        Emitted("attempt.failed", {
             "attempt": 1, "outcome": "other", "confidence": "decisive", "phase": "init",
             "numbers": {},
             "retryable": False, "after_ready": False, "evidence": ["  Segmentation fault  \n"],
@@ -365,8 +388,8 @@ def test_stall_payloads_and_kill() -> None:
     launched(m)
     m.handle(PhaseSeen(Phase.KV_CACHE), 1)
     assert [
-        Emit("stall.detected", {"phase": "kv_cache", "silent_s": 20.46, "attempt": 1}),
-        Emit("attempt.failed", {
+        Emitted("stall.detected", {"phase": "kv_cache", "silent_s": 20.46, "attempt": 1}),
+        Emitted("attempt.failed", {
             "attempt": 1, "outcome": "hang", "confidence": "decisive", "phase": "kv_cache",
             "numbers": {},
             "retryable": True, "after_ready": False, "evidence": [],
@@ -480,7 +503,7 @@ def test_a_stop_during_cleanup_never_relaunches(kill: bool) -> None:
     m.handle(Exited(status=1, diagnosis=capture_oom()), 1)
     assert [] == m.handle(StopRequested(kill=kill), 2)
     assert State.CLEANING_UP is m.state
-    assert [Emit("server.stopped", {"reason": "stop requested", "left_running": None})] == (
+    assert [Emitted("server.stopped", {"reason": "stop requested", "left_running": None})] == (
         m.handle(CleanedUp(), 3))
     assert (State.STOPPED, "stop requested", None) == (m.state, m.reason, m.pid)
     assert [] == m.handle(GpusFree(), 4)
@@ -493,7 +516,7 @@ def test_a_stop_during_cleanup_of_a_fatal_failure_ends_stopped() -> None:
     launched(m)
     m.handle(Exited(status=2, diagnosis=Diagnosis(Outcome.BAD_ARGUMENT, Phase.INIT)), 1)
     m.handle(StopRequested(kill=False), 2)
-    assert ["server.stopped"] == [a.name for a in m.handle(CleanedUp(), 3)
+    assert ["server.stopped"] == [a.event.name for a in m.handle(CleanedUp(), 3)
                                   if isinstance(a, Emit)]
     assert State.STOPPED is m.state
 
@@ -505,7 +528,7 @@ def test_the_deadline_does_not_turn_a_stop_into_a_give_up() -> None:
     launched(m)
     assert [Kill("stop")] == m.handle(StopRequested(kill=True), 30)
     assert [] == m.handle(DeadlineExceeded(), 61)
-    assert [Emit("server.stopped", {"reason": "stop requested", "left_running": None})] == (
+    assert [Emitted("server.stopped", {"reason": "stop requested", "left_running": None})] == (
         m.handle(CleanedUp(), 62))
     assert (State.STOPPED, "stop requested") == (m.state, m.reason)
 
@@ -515,7 +538,7 @@ def test_stop_without_kill_while_starting_leaves_the_process_running() -> None:
     m = machine()
     launched(m, pid=321)
     m.handle(PhaseSeen(Phase.WEIGHTS), 1)
-    assert [Emit("server.stopped", {"reason": "stop requested", "left_running": 321})] == (
+    assert [Emitted("server.stopped", {"reason": "stop requested", "left_running": 321})] == (
         m.handle(StopRequested(kill=False), 2))
     assert State.STOPPED is m.state
 
@@ -525,7 +548,7 @@ def test_stop_without_kill_before_the_launch_reports_no_pid() -> None:
     m = machine()
     m.handle(Start(), 0)
     m.handle(PreflightPassed(), 0)
-    assert [Emit("server.stopped", {"reason": "stop requested", "left_running": None})] == (
+    assert [Emitted("server.stopped", {"reason": "stop requested", "left_running": None})] == (
         m.handle(StopRequested(kill=False), 1))
 
 
@@ -538,7 +561,7 @@ def test_a_stop_while_backing_off_never_relaunches(kill: bool) -> None:
     m.handle(Exited(status=137, diagnosis=crashed()), t + 10)
     m.handle(CleanedUp(), t + 11)
     m.handle(GpusFree(), t + 12)
-    assert [Emit("server.stopped", {"reason": "stop requested", "left_running": None})] == (
+    assert [Emitted("server.stopped", {"reason": "stop requested", "left_running": None})] == (
         m.handle(StopRequested(kill=kill), t + 13))
     assert [] == m.handle(BackoffElapsed(), t + 30)
     assert State.STOPPED is m.state
@@ -595,7 +618,7 @@ def test_start_after_giving_up_begins_a_new_start_up() -> None:
 def test_transient_preflight_block_waits_and_says_why() -> None:
     m = machine()
     m.handle(Start(), 0)
-    assert [Emit("gpu.waiting", {"reason": "GPU 0 busy"}), WaitForGpus()] == m.handle(
+    assert [Emitted("gpu.waiting", {"reason": "GPU 0 busy"}), WaitForGpus()] == m.handle(
         PreflightBlocked("GPU 0 busy", transient=True), 1)
     assert State.WAITING_FOR_GPUS is m.state
 
@@ -653,7 +676,7 @@ def test_adopted_server_payload_and_attempt_count() -> None:
     bring it up, so how long it took is not known here)."""
     m = machine()
     m.handle(Start(), 0)
-    assert [Emit("server.adopted", {
+    assert [Emitted("server.adopted", {
         "pid": 7, "attempt": 3, "params": {"mem_fraction_static": 0.6, "cuda_graph_max_bs": 16},
         "started_at": 1764590400.0,
     })] == m.handle(Adopted(pid=7, attempt=3, params=LaunchParams(0.6, 16),
@@ -662,7 +685,7 @@ def test_adopted_server_payload_and_attempt_count() -> None:
         m.state, m.pid, m.attempt, m.attempt_base, m.started_at, m.attempt_started_at)
     m.handle(ReadyLineSeen(), 6)
     ready = m.handle(ProbeResult(ok=True), 9.5)
-    assert [Emit("server.ready", {
+    assert [Emitted("server.ready", {
         "attempt": 3, "attempts": 1, "seconds": None, "attempt_seconds": None, "adopted": True,
         "params": {"mem_fraction_static": 0.6, "cuda_graph_max_bs": 16}, "history": [],
     })] == ready
@@ -689,13 +712,13 @@ def test_probe_failures_payloads_and_unhealthy_kill() -> None:
     unhealthy: a retryable hang after ready, killed with reason 'unhealthy'."""
     m = machine(probe_failures=3)
     t = serving(m)
-    assert [Emit("probe.failed", {"consecutive": 1, "detail": "HTTP 503"})] == m.handle(
+    assert [Emitted("probe.failed", {"consecutive": 1, "detail": "HTTP 503"})] == m.handle(
         ProbeResult(ok=False, detail="HTTP 503"), t + 1)
-    assert [Emit("probe.failed", {"consecutive": 2, "detail": "timed out"})] == m.handle(
+    assert [Emitted("probe.failed", {"consecutive": 2, "detail": "timed out"})] == m.handle(
         ProbeResult(ok=False, detail="timed out"), t + 2)
     assert [
-        Emit("server.unhealthy", {"consecutive_failures": 3, "detail": "refused"}),
-        Emit("attempt.failed", {
+        Emitted("server.unhealthy", {"consecutive_failures": 3, "detail": "refused"}),
+        Emitted("attempt.failed", {
             "attempt": 1, "outcome": "hang", "confidence": "decisive", "phase": "ready",
             "numbers": {},
             "retryable": True, "after_ready": True, "evidence": [],
@@ -711,7 +734,7 @@ def test_crash_while_serving_restarts_with_exact_payloads() -> None:
     m = machine()
     t = serving(m)
     actions = m.handle(Exited(status=137, diagnosis=crashed()), t + 10)
-    assert Emit("process.died", {"exit_status": 137, "phase": "ready", "attempt": 1}) == (
+    assert Emitted("process.died", {"exit_status": 137, "phase": "ready", "attempt": 1}) == (
         actions[0])
     assert [WaitForGpus()] == m.handle(CleanedUp(), t + 11)
     assert [
@@ -721,7 +744,7 @@ def test_crash_while_serving_restarts_with_exact_payloads() -> None:
     assert State.BACKING_OFF is m.state
     assert [RunPreflight()] == m.handle(BackoffElapsed(), t + 30)
     assert (State.PREFLIGHT, t + 30, False) == (m.state, m.started_at, m.was_ready)
-    assert [Emit("attempt.started", {"attempt": 2, "params": P0}), Launch(2, INITIAL)] == (
+    assert [Emitted("attempt.started", {"attempt": 2, "params": P0}), Launch(2, INITIAL)] == (
         m.handle(PreflightPassed(), t + 31))
 
 
@@ -734,7 +757,7 @@ def test_non_retryable_failure_while_serving_restarts() -> None:
     diag = Diagnosis(outcome=Outcome.CUDA_ERROR_OTHER, phase=Phase.READY, retryable=False,
                      advice="an illegal memory access")
     failed = m.handle(Exited(status=1, diagnosis=diag), t + 10)
-    assert Emit("attempt.failed", {
+    assert Emitted("attempt.failed", {
         "attempt": 1, "outcome": "cuda_error_other", "confidence": "decisive",
         "phase": "ready", "numbers": {},
         "retryable": False, "after_ready": True, "evidence": [],
@@ -760,7 +783,7 @@ def test_probe_count_starts_again_with_each_attempt() -> None:
     m.handle(CleanedUp(), t + 3)
     m.handle(GpusFree(), t + 4)
     t = ready_again(m, restart_from_backoff(m, t + 20))
-    assert [Emit("probe.failed", {"consecutive": 1, "detail": ""})] == m.handle(
+    assert [Emitted("probe.failed", {"consecutive": 1, "detail": ""})] == m.handle(
         ProbeResult(ok=False), t + 1)
 
 
@@ -769,7 +792,7 @@ def test_a_good_probe_resets_the_failure_count() -> None:
     t = serving(m)
     m.handle(ProbeResult(ok=False), t + 1)
     assert [] == m.handle(ProbeResult(ok=True), t + 2)
-    assert [Emit("probe.failed", {"consecutive": 1, "detail": ""})] == m.handle(
+    assert [Emitted("probe.failed", {"consecutive": 1, "detail": ""})] == m.handle(
         ProbeResult(ok=False), t + 3)
 
 
@@ -896,7 +919,7 @@ def test_policy_gets_the_configured_tp_and_sglang_version() -> None:
     assert expected.params is not None and expected.params not in others
     actions = m.handle(GpusFree(), 4)
     assert Launch(2, expected.params) == actions[-1]
-    assert Emit("policy.decided", {
+    assert Emitted("policy.decided", {
         "params": {"mem_fraction_static": expected.params.mem_fraction_static,
                    "cuda_graph_max_bs": expected.params.cuda_graph_max_bs},
         "reason": expected.reason,
@@ -915,7 +938,7 @@ def test_gave_up_and_ready_events_carry_the_history() -> None:
     ready = m.handle(ProbeResult(ok=True), 5)
     second = {"mem_fraction_static": launch.params.mem_fraction_static,
               "cuda_graph_max_bs": launch.params.cuda_graph_max_bs}
-    assert [Emit("server.ready", {
+    assert [Emitted("server.ready", {
         "attempt": 2, "attempts": 2, "seconds": 5, "attempt_seconds": 3, "adopted": False,
         "params": second, "history": [rec(P0, "oom_graph_capture", "cuda_graph", 1)],
     })] == ready

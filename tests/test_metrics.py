@@ -12,10 +12,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from launcher import __version__
+from launcher import events as ev
 from launcher.errors import ConfigError
 from launcher.facts import ServerFacts
 from launcher.lifecycle import State
 from launcher.metrics import Metrics, MetricsServer
+from launcher.params import LaunchParams
+from launcher.sglang.outcome import Confidence, Outcome
+from launcher.sglang.phases import Phase
 
 Labels = frozenset[tuple[str, str]]
 
@@ -80,23 +84,31 @@ def S(server: str, **labels: str) -> Labels:
 
 
 LLAMA = {"server": "llama", "host": "gpu1"}
+NO_PARAMS = LaunchParams()
+
+
+def ready_event(seconds: float | None, attempts: int = 1) -> ev.ServerReady:
+    return ev.ServerReady(attempt=attempts, attempts=attempts, seconds=seconds,
+                          attempt_seconds=seconds, adopted=False, params=NO_PARAMS, history=())
+
+
+def failed(attempt: int, outcome: Outcome, phase: Phase) -> ev.AttemptFailed:
+    return ev.AttemptFailed(attempt=attempt, outcome=outcome, confidence=Confidence.DECISIVE,
+                            phase=phase, numbers={}, retryable=True, after_ready=False,
+                            evidence=(), advice="")
 
 
 def feed_llama_story(metrics: Metrics) -> None:
     """An OOM in graph capture, then a second attempt that comes up ready (as the supervisor
     reports it), while another server is still capturing graphs."""
-    metrics("llama", "attempt.started", {"attempt": 1, "params": {"mem_fraction_static": 0.9}})
-    metrics(
-        "llama",
-        "attempt.failed",
-        {"attempt": 1, "outcome": "oom_graph_capture", "phase": "cuda_graph", "numbers": {}},
-    )
-    metrics("llama", "policy.decided", {"params": {}, "reason": "lower the fraction"})
-    metrics("llama", "attempt.started", {"attempt": 2, "params": {"mem_fraction_static": 0.85}})
-    metrics("llama", "probe.result", {"ok": False, "latency_s": 0.5, "detail": "503"})
-    metrics("llama", "probe.result", {"ok": True, "latency_s": 0.012, "detail": "200"})
-    metrics("llama", "server.ready", {"attempts": 2, "seconds": 95.5, "params": {}, "history": []})
-    metrics("qwen", "attempt.started", {"attempt": 1, "params": {}})
+    metrics("llama", ev.AttemptStarted(attempt=1, params=LaunchParams(0.9)))
+    metrics("llama", failed(1, Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH))
+    metrics("llama", ev.PolicyDecided(params=NO_PARAMS, reason="lower the fraction"))
+    metrics("llama", ev.AttemptStarted(attempt=2, params=LaunchParams(0.85)))
+    metrics("llama", ev.Probed(ok=False, latency_s=0.5, detail="503"))
+    metrics("llama", ev.Probed(ok=True, latency_s=0.012, detail="200"))
+    metrics("llama", ready_event(95.5, attempts=2))
+    metrics("qwen", ev.AttemptStarted(attempt=1, params=NO_PARAMS))
     metrics.update_states([Snap("llama", "ready", 2), Snap("qwen", "cuda_graph", 1)])
 
 
@@ -135,7 +147,7 @@ async def test_exactly_one_state_is_current(metrics: Metrics, served: MetricsSer
     """Every State has a series per server, and only the latest state's is 1."""
     metrics.update_states([Snap("llama", "weights")])
     metrics.update_states([Snap("llama", "cuda_graph")])
-    metrics("llama", "server.gave_up", {"reason": "oom_weights", "attempts": 1, "history": []})
+    metrics("llama", ev.ServerGaveUp(reason="oom_weights", attempt=1, attempts=1, history=()))
     got = await scrape(served)
     states = {
         dict(labels)["state"]: value
@@ -151,11 +163,13 @@ async def test_ready_drops_on_failure_and_unhealthy(
 ) -> None:
     """launcher_server_ready goes back to 0 when a ready server turns unhealthy or fails,
     and a restart after ready is counted."""
-    metrics("llama", "server.ready", {"attempts": 1, "seconds": 30.0})
+    metrics("llama", ready_event(30.0))
     ready = (await scrape(served))["launcher_server_ready", S("llama")]
-    metrics("llama", "server.unhealthy", {"consecutive_failures": 3, "detail": "timeout"})
+    metrics("llama", ev.ServerUnhealthy(consecutive_failures=3, detail="timeout"))
     unhealthy = (await scrape(served))["launcher_server_ready", S("llama")]
-    metrics("llama", "restart.scheduled", {"delay_s": 10.0, "params": {}})
+    metrics("llama", ev.RestartScheduled(delay_s=10.0, params=NO_PARAMS, attempt=1,
+                                         restarts_left=2, restart_budget=3,
+                                         restart_window_s=3600))
     got = await scrape(served)
     assert (1, 0) == (ready, unhealthy)
     assert 1 == got["launcher_restarts_total", S("llama")]
@@ -168,18 +182,18 @@ async def test_process_series_are_exposed(served: MetricsServer) -> None:
     assert "process_cpu_seconds_total" in names
 
 
-def test_hook_never_raises_on_bad_data(metrics: Metrics) -> None:
-    """Mistyped figures are skipped, and even a non-dict payload only logs metrics.hook_failed."""
+def test_hook_skips_figures_that_are_not_finite(metrics: Metrics) -> None:
+    """A time to ready or a probe latency that is not a finite number is left out (the
+    events' types rule out the rest), and nothing is logged."""
     with capture_logs() as logs:
-        metrics("llama", "server.ready", {"seconds": "soon"})
-        metrics("llama", "probe.result", {"ok": True, "latency_s": float("nan")})
-        metrics("llama", "attempt.failed", {})
-        metrics("llama", "attempt.started", None)  # type: ignore[arg-type]
-    assert ["metrics.hook_failed"] == [entry["event"] for entry in logs]
+        metrics("llama", ready_event(float("nan")))
+        metrics("llama", ev.Probed(ok=True, latency_s=float("nan"), detail="200"))
+        metrics("llama", failed(1, Outcome.OOM_KV_CACHE, Phase.KV_CACHE))
+    assert [] == [entry["event"] for entry in logs]
     value = metrics.registry.get_sample_value
     assert value("launcher_time_to_ready_seconds", LLAMA) is None
     assert value("launcher_probe_latency_seconds_count", LLAMA) is None
-    assert 1 == value("launcher_attempt_failures_total", {**LLAMA, "outcome": "unknown"})
+    assert 1 == value("launcher_attempt_failures_total", {**LLAMA, "outcome": "oom_kv_cache"})
 
 
 async def test_port_zero_reports_the_bound_port_and_close_stops_serving(
@@ -215,11 +229,11 @@ async def test_host_outages_are_a_gauge_and_their_seconds_a_counter(
     metrics: Metrics, served: MetricsServer
 ) -> None:
     """host.unreachable sets the gauge; host.reachable clears it and adds the outage's length."""
-    metrics("llama", "host.unreachable", {"error": "down", "unreachable_s": 0.0})
+    metrics("llama", ev.HostUnreachable(error="down", unreachable_s=0.0))
     during = await scrape(served)
-    metrics("llama", "host.reachable", {"unreachable_s": 12.5})
-    metrics("llama", "host.unreachable", {"error": "down", "unreachable_s": 0.0})
-    metrics("llama", "host.reachable", {"unreachable_s": 2.0})
+    metrics("llama", ev.HostReachable(unreachable_s=12.5))
+    metrics("llama", ev.HostUnreachable(error="down", unreachable_s=0.0))
+    metrics("llama", ev.HostReachable(unreachable_s=2.0))
     after = await scrape(served)
     assert 1 == during["launcher_host_unreachable", S("llama")]
     assert 0 == after["launcher_host_unreachable", S("llama")]

@@ -23,10 +23,12 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
+from launcher import events as ev
 from launcher.config import Config, config_from_dict
 from launcher.errors import ConfigError, HostUnreachable
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
+from launcher.params import LaunchParams
 from launcher.router import Registrar, RouterSupervisor, plan_rows
 from launcher.router_api import RouterApiError, RouterClient
 from launcher.transport.base import CommandResult
@@ -294,11 +296,17 @@ def two_server_config() -> Config:
     return config_from_dict(base_config(), environ={})
 
 
+def ready(attempt: int = 1) -> ev.ServerReady:
+    """A server's server.ready (the registrar only looks at its type)."""
+    return ev.ServerReady(attempt=attempt, attempts=1, seconds=30.0, attempt_seconds=30.0,
+                          adopted=False, params=LaunchParams(), history=())
+
+
 async def test_the_registrar_follows_server_events_and_deregisters_before_a_stop(
     fake: FakeRouter,
 ) -> None:
     config = two_server_config()
-    seen: list[tuple[str, str, dict[str, Any]]] = []
+    seen: list[tuple[str, ev.Event]] = []
     registrar = Registrar(config, config.routers, [lambda *e: seen.append(e)], resync_s=0.2)
     r1, r2 = "http://127.0.0.1:30001", "http://10.0.0.2:30002"
 
@@ -314,19 +322,19 @@ async def test_the_registrar_follows_server_events_and_deregisters_before_a_stop
                       RouterClient(http, fake.url, sleep=no_wait))
         await until(lambda: registrar.registration("front") == {
             "r1": "not ready", "r2": "not ready"})
-        registrar("r1", "server.ready", {"attempt": 1})
-        registrar("r2", "probe.failed", {})  # not ready yet: nothing to do
+        registrar("r1", ready(1))
+        registrar("r2", ev.ProbeFailed(consecutive=1, detail="x"))  # not ready: nothing to do
         await until(lambda: registrar.registration("front")["r1"] == "registered")
         assert set(fake.workers) == {r1}
-        registrar("r2", "server.ready", {"attempt": 1})
+        registrar("r2", ready(1))
         await until(lambda: registrar.registration("front")["r2"] == "registered")
         assert set(fake.workers) == {r1, r2}
 
-        registrar("r2", "process.died", {"attempt": 1})
-        await until(lambda: any(name == "router.worker_deregistered" for _, name, _ in seen))
+        registrar("r2", ev.ProcessDied(exit_status=1, phase="ready", attempt=1))
+        await until(lambda: any(isinstance(e, ev.RouterWorkerDeregistered) for _, e in seen))
         assert set(fake.workers) == {r1}
-        gone = [d for _, name, d in seen if name == "router.worker_deregistered"]
-        assert gone[0]["server"] == "r2" and gone[0]["after_s"] is not None
+        gone = [e for _, e in seen if isinstance(e, ev.RouterWorkerDeregistered)]
+        assert gone[0].server == "r2" and gone[0].after_s is not None
 
         # A stop returns only once the router no longer lists the server.
         await registrar.before_stop("r1", "stall")
@@ -334,7 +342,7 @@ async def test_the_registrar_follows_server_events_and_deregisters_before_a_stop
         assert registrar.registration("front") == {"r1": "not ready", "r2": "not ready"}
 
         # An operator's removal (or a router restart) is noticed at the next resync.
-        registrar("r2", "server.ready", {"attempt": 2})
+        registrar("r2", ready(2))
         await until(lambda: registrar.registration("front")["r2"] == "registered")
         assert set(fake.workers) == {r2}
         with fake.lock:
@@ -388,15 +396,17 @@ def test_metrics_show_the_router_and_each_workers_registration() -> None:
     def value(name: str, **labels: str) -> float | None:
         return metrics.registry.get_sample_value(name, labels)
 
-    metrics("front", "router.ready", {"attempt": 1, "servers": ["r1", "r2"]})
+    metrics("front", ev.RouterReady(attempt=1, host="gpu-a", port=30000, seconds=3.0,
+                                    servers=("r1", "r2")))
     assert value("launcher_router_up", router="front") == 1
     assert value("launcher_router_worker_registered", router="front", server="r2") == 0
-    metrics("front", "router.worker_registered", {"server": "r2", "url": "http://x:1"})
+    metrics("front", ev.RouterWorkerRegistered(server="r2", url="http://x:1"))
     assert value("launcher_router_worker_registered", router="front", server="r2") == 1
-    metrics("front", "router.worker_deregistered", {"server": "r2", "reason": "not ready"})
+    metrics("front", ev.RouterWorkerDeregistered(server="r2", url="http://x:1",
+                                                 reason="not ready", after_s=None))
     assert value("launcher_router_worker_registered", router="front", server="r2") == 0
-    metrics("front", "router.worker_registered", {"server": "r1", "url": "http://x:2"})
-    metrics("front", "router.died", {"attempt": 1, "exit_status": 137, "servers": ["r1", "r2"]})
+    metrics("front", ev.RouterWorkerRegistered(server="r1", url="http://x:2"))
+    metrics("front", ev.RouterDied(attempt=1, exit_status=137, servers=("r1", "r2")))
     assert value("launcher_router_up", router="front") == 0
     assert value("launcher_router_worker_registered", router="front", server="r1") == 0
     assert value("launcher_server_ready", server="front") is None  # not mistaken for a server
@@ -405,9 +415,9 @@ def test_metrics_show_the_router_and_each_workers_registration() -> None:
 async def test_slack_names_the_router_when_it_is_ready() -> None:
     notifier = SlackNotifier(None, servers_info={})
     with capture_logs() as logs:
-        notifier("front", "router.ready", {"attempt": 2, "host": "gpu-a", "port": 30000,
-                                            "seconds": 3.9, "servers": ["r1", "r2", "r3"]})
-        notifier("front", "router.worker_registered", {"server": "r1"})
+        notifier("front", ev.RouterReady(attempt=2, host="gpu-a", port=30000,
+                                         seconds=3.9, servers=("r1", "r2", "r3")))
+        notifier("front", ev.RouterWorkerRegistered(server="r1", url="http://x:1"))
     [message] = logs
     assert message["event"] == "notify.message"
     assert message["text"] == ("router front is ready on gpu-a:30000 (attempt #2, 4s to ready); "
@@ -432,11 +442,11 @@ async def test_a_worker_the_router_is_slow_to_accept_never_delays_a_removal(
     async with httpx.AsyncClient(trust_env=False) as http, anyio.create_task_group() as tg:
         client = RouterClient(http, fake.url, sleep=anyio.sleep, confirm_s=60.0, poll_s=0.05)
         tg.start_soon(registrar.serve, config.router("front"), client)
-        registrar("r1", "server.ready", {})
+        registrar("r1", ready())
         await until(lambda: registrar.registration("front")["r1"] == "registered")
-        registrar("r2", "server.ready", {})  # its registration now waits on the router
+        registrar("r2", ready())  # its registration now waits on the router
         await until(lambda: r2 in fake.posted)
-        registrar("r1", "server.unhealthy", {})
+        registrar("r1", ev.ServerUnhealthy(consecutive_failures=3, detail="x"))
         await until(lambda: registrar.registration("front") == {
             "r1": "not ready", "r2": "pending"})
         assert fake.workers == {}

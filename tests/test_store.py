@@ -18,9 +18,12 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from launcher import events as ev
 from launcher.config import HostConfig, ServerConfig
 from launcher.errors import StateError
 from launcher.params import LaunchParams
+from launcher.sglang.outcome import Confidence, Outcome
+from launcher.sglang.phases import Phase
 from launcher.store import (
     _MIGRATIONS,
     LOCK_FILENAME,
@@ -498,27 +501,29 @@ def test_recorder_maps_supervisor_events_onto_the_ledger(ledger: Ledger) -> None
     """A failed attempt then a ready one, as the supervisor reports them, become two rows
     and last good params."""
     clock = FakeClock(1000.0)
-    p1 = {"mem_fraction_static": 0.88, "cuda_graph_max_bs": 256}
-    p2 = {"mem_fraction_static": 0.85, "cuda_graph_max_bs": 160}
+    p1 = LaunchParams(0.88, 256)
+    p2 = LaunchParams(0.85, 160)
     with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
-        hook("llama", "attempt.started", {"attempt": 1, "params": p1})
-        hook("llama", "phase.entered", {"phase": "init", "attempt": 1})
+        hook("llama", ev.AttemptStarted(attempt=1, params=p1))
+        hook("llama", ev.PhaseEntered(phase=Phase.INIT, attempt=1))
         clock.now = 1050.0
-        hook("llama", "attempt.failed", {
-            "attempt": 1, "outcome": "oom_graph_capture", "phase": "cuda_graph",
-            "numbers": {"free_gib": 0.4}, "retryable": True, "after_ready": False,
-            "evidence": ["torch.OutOfMemoryError: CUDA out of memory."],
-        })
-        hook("llama", "attempt.ended", {
-            "attempt": 1, "params": p1, "outcome": "oom_graph_capture", "phase": "cuda_graph",
-            "numbers": {"free_gib": 0.4, "graph_last_bs": 200}, "started_at": 999.0,
-            "ended_at": 1055.0, "log_tail": "...\nOOM\n",
-        })
+        hook("llama", ev.AttemptFailed(
+            attempt=1, outcome=Outcome.OOM_GRAPH_CAPTURE, confidence=Confidence.DECISIVE,
+            phase=Phase.CUDA_GRAPH, numbers={"free_gib": 0.4}, retryable=True,
+            after_ready=False, evidence=("torch.OutOfMemoryError: CUDA out of memory.",),
+            advice="",
+        ))
+        hook("llama", ev.AttemptEnded(
+            attempt=1, params=p1, outcome="oom_graph_capture", phase="cuda_graph",
+            numbers={"free_gib": 0.4, "graph_last_bs": 200}, evidence=(), advice="",
+            started_at=999.0, ended_at=1055.0, log_tail="...\nOOM\n", tail_path=None,
+        ))
         clock.now = 1060.0
-        hook("llama", "attempt.started", {"attempt": 2, "params": p2})
+        hook("llama", ev.AttemptStarted(attempt=2, params=p2))
         clock.now = 1150.0
-        hook("llama", "server.ready", {"attempt": 2, "attempts": 2, "seconds": 150.0,
-                                       "attempt_seconds": 90.0, "params": p2, "history": []})
+        hook("llama", ev.ServerReady(attempt=2, attempts=2, seconds=150.0,
+                                     attempt_seconds=90.0, adopted=False, params=p2,
+                                     history=()))
         assert hook.flush()
     rows = ledger.history()
     assert [
@@ -538,14 +543,13 @@ def test_recorder_maps_supervisor_events_onto_the_ledger(ledger: Ledger) -> None
 def test_recorder_records_an_adopted_server(ledger: Ledger) -> None:
     """An adopted attempt gets a row, and its later ready marks that row."""
     clock = FakeClock(500.0)
-    params = {"mem_fraction_static": 0.8, "cuda_graph_max_bs": 128}
+    params = LaunchParams(0.8, 128)
     with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
-        hook("llama", "server.adopted", {"pid": 4242, "attempt": 5, "params": params,
-                                         "started_at": 470.0})
+        hook("llama", ev.ServerAdopted(pid=4242, attempt=5, params=params, started_at=470.0))
         clock.now = 530.0
-        hook("llama", "server.ready", {"attempt": 5, "attempts": 1, "seconds": None,
-                                       "attempt_seconds": None, "adopted": True,
-                                       "params": params, "history": []})
+        hook("llama", ev.ServerReady(attempt=5, attempts=1, seconds=None,
+                                     attempt_seconds=None, adopted=True,
+                                     params=params, history=()))
     [row] = ledger.history()
     # Launched at 470 (the run directory says so), ready when seen at 530.
     assert (5, 470.0, "ready", 60.0) == (row.attempt, row.started_at, row.outcome,
@@ -554,23 +558,21 @@ def test_recorder_records_an_adopted_server(ledger: Ledger) -> None:
 
 
 def test_recorder_never_raises_and_logs_write_failures(ledger: Ledger) -> None:
-    """Malformed events, unknown servers and failing writes are logged, never raised."""
+    """Unknown servers and failing writes are logged, never raised."""
     with capture_logs() as logs:
         hook = LedgerRecorder(ledger, {"llama": "fp1"}, FakeClock(1.0))
-        hook("llama", "attempt.started", {"params": {}})  # no attempt number
-        hook("ghost", "attempt.started", {"attempt": 1, "params": {}})
+        hook("ghost", ev.AttemptStarted(attempt=1, params=LaunchParams()))
         ledger.close()
-        hook("llama", "attempt.started", {"attempt": 1, "params": {}})
+        hook("llama", ev.AttemptStarted(attempt=1, params=LaunchParams()))
         assert hook.flush()
         hook.close()
-        hook("llama", "attempt.started", {"attempt": 2, "params": {}})
+        hook("llama", ev.AttemptStarted(attempt=2, params=LaunchParams()))
     failed = [e for e in logs if e["event"] == "ledger.write_failed"]
-    assert [("llama", "KeyError"), ("ghost", "KeyError"), ("llama", "StateError"),
-            ("llama", "StateError")] == [
+    assert [("ghost", "KeyError"), ("llama", "StateError"), ("llama", "StateError")] == [
         (e["server"], e["error"].split("(")[0]) for e in failed
     ]
     assert {"attempt.started"} == {e["hook_event"] for e in failed}
-    assert "is closed" in failed[2]["error"]
+    assert "is closed" in failed[1]["error"]
 
 
 def test_recorder_does_not_block_its_caller_while_the_database_is_busy(ledger: Ledger) -> None:
@@ -579,7 +581,7 @@ def test_recorder_does_not_block_its_caller_while_the_database_is_busy(ledger: L
     other = _raw(ledger.path)
     other.execute("BEGIN IMMEDIATE")
     with LedgerRecorder(ledger, {"llama": "fp1"}, FakeClock(7.0)) as hook:
-        hook("llama", "attempt.started", {"attempt": 1, "params": {}})
+        hook("llama", ev.AttemptStarted(attempt=1, params=LaunchParams()))
         assert [] == [r[0] for r in other.execute("SELECT attempt FROM attempts")]
         other.execute("COMMIT")
         assert hook.flush()
@@ -607,10 +609,10 @@ def test_recorder_keeps_a_relaunchs_extra_params(ledger: Ledger) -> None:
     p = LaunchParams(0.8, 32, mamba_strategy="extra_buffer",
                      env=(("SGLANG_ENABLE_SPEC_V2", "1"),))
     with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
-        hook("llama", "attempt.started", {"attempt": 2, "params": p.as_dict()})
+        hook("llama", ev.AttemptStarted(attempt=2, params=p))
         clock.now = 130.0
-        hook("llama", "server.ready", {"attempt": 2, "seconds": 30.0, "params": p.as_dict(),
-                                       "history": []})
+        hook("llama", ev.ServerReady(attempt=2, attempts=1, seconds=30.0, attempt_seconds=30.0,
+                                     adopted=False, params=p, history=()))
     assert p == ledger.history()[0].params == ledger.last_good("fp1")
 # --- one attempt numbering: the machine's events onto the ledger ----------------------------
 
@@ -636,7 +638,7 @@ def _feed(m: Any, hook: LedgerRecorder, clock: FakeClock, event: object, now: fl
     clock.now = now
     for action in m.handle(event, now):
         if isinstance(action, Emit):
-            hook("llama", action.name, action.data)
+            hook("llama", action.event)
 
 
 def _to_ready(m: Any, hook: LedgerRecorder, clock: FakeClock, t: float) -> None:
