@@ -373,8 +373,8 @@ async def test_a_router_host_that_cannot_be_listed_is_asked_again_after_doubling
 
     with anyio.CancelScope() as scope:
 
-        def hook(router: str, name: str, data: dict[str, Any]) -> None:
-            seen.append((name, data))
+        def hook(router: str, event: ev.Event) -> None:
+            seen.append((event.name, event.to_dict()))
             if sum(n == "router.listing_failed" for n, _ in seen) == 7:
                 scope.cancel()
 
