@@ -115,7 +115,10 @@ from launcher.sglang.autoargs import (
     captured_sizes,
 )
 from launcher.sglang.budget import (
+    DEFAULT_COEFFICIENTS,
     GIB,
+    SOURCE_SHAPED_COEFFICIENTS,
+    Coefficients,
     Estimate,
     GpuFacts,
     ModelFacts,
@@ -199,6 +202,16 @@ MODELS: tuple[tuple[str, dict[str, Any], int], ...] = (
     ("Llama-3.2-1B", {**_LLAMA, "num_hidden_layers": 16, "hidden_size": 2048,
                       "num_attention_heads": 32, "head_dim": 64}, 2_471_645_608),
 )
+# config.json's ``intermediate_size`` (the dense MLP's; huggingface.co, as above)
+_INTERMEDIATE = {
+    "Llama-3.2-3B": 8192, "Llama-3.1-8B": 14336, "Llama-3.1-70B": 28672, "Qwen3-4B": 9728,
+    "Qwen3-8B": 12288, "Qwen3-14B": 17408, "Qwen3-32B": 25600, "Qwen2.5-7B": 18944,
+    "Qwen2.5-32B": 27648, "Qwen2.5-72B": 29568, "Mistral-7B-v0.3": 14336,
+    "Mistral-Small-24B": 32768, "Qwen3-30B-A3B": 6144, "Qwen3-235B-A22B": 12288,
+    "DeepSeek-V2-Lite": 10944, "DeepSeek-V3": 18432, "Llama-3.2-1B": 8192,
+}
+MODELS = tuple((name, {**config, "intermediate_size": _INTERMEDIATE[name]}, size)
+               for name, config, size in MODELS)
 # (nvidia-smi name, memory.total in GiB as torch sees it)
 GPUS = (
     ("NVIDIA A100-SXM4-40GB", 39.39),
@@ -209,6 +222,10 @@ GPUS = (
     ("NVIDIA B200", 178.36),
 )
 VERSIONS = ("0.5.10", "0.5.23")
+# --prior: the cold prior the estimator starts from (budget.Coefficients)
+PRIORS: dict[str, Coefficients] = {"hidden": DEFAULT_COEFFICIENTS,
+                                   "source": SOURCE_SHAPED_COEFFICIENTS}
+_prior = ["hidden"]  # set once by main_estimator
 EXPLICIT_BS = (8, 16, 32, 48, 64, 96, 128, 160, 256, 384, 512)
 
 
@@ -224,6 +241,10 @@ class Family:
     warmup_bytes_per_hidden: float
     moe_factor: float = 1.0  # the fused_moe caches x this (block padding, allocator rounding)
     mla_prefill_gib: float = 0.0  # 0.5.23 MLA prefill graphs (SGLang reserves 1.5 GiB)
+    # the shares of the graph / warmup bytes per hidden that every rank holds whole (residual
+    # stream, input buffers); the rest is sharded by tp (attention heads, MLP intermediate)
+    graph_replicated_share: float = 1.0
+    warmup_replicated_share: float = 1.0
 
 
 def family_of(seed: int, arch: str, gpu: str, moe: bool, mla: bool = False) -> Family:
@@ -232,8 +253,17 @@ def family_of(seed: int, arch: str, gpu: str, moe: bool, mla: bool = False) -> F
     fixed = rng.uniform(0.1, 2.0)
     fam = Family(rng.uniform(0.4, 1.2), rng.uniform(0.1, 0.6), rng.uniform(0.98, 1.05), c,
                  fixed, rng.uniform(8, 30))
-    return replace(fam, moe_factor=rng.uniform(1.0, 1.5) if moe else 1.0,
-                   mla_prefill_gib=rng.uniform(0.75, 3.0) if mla else 0.0)
+    fam = replace(fam, moe_factor=rng.uniform(1.0, 1.5) if moe else 1.0,
+                  mla_prefill_gib=rng.uniform(0.75, 3.0) if mla else 0.0)
+    # drawn last, so that every earlier draw (and every tp-1 truth) is what it was before
+    return replace(fam, graph_replicated_share=rng.uniform(0.1, 0.4),
+                   warmup_replicated_share=rng.uniform(0.15, 0.5))
+
+
+def _tp_shaped(share: float, tp: int) -> float:
+    """The factor a per-hidden cost takes on one rank: its replicated share whole, the rest
+    divided by tp."""
+    return share + (1.0 - share) / tp
 
 
 @dataclass(frozen=True)
@@ -259,7 +289,8 @@ class Scenario:
     def estimate(self) -> Estimate:
         gpus = [GpuFacts(i, self.gpu_total_gib, self.other_gib, self.gpu) for i in range(self.tp)]
         return estimate(self.facts, WeightFacts(self.weight_bytes), gpus,
-                        ServerShape(tp=self.tp, sglang_version=self.version))
+                        ServerShape(tp=self.tp, sglang_version=self.version),
+                        coeffs=PRIORS[_prior[0]])
 
 
 def _truth(seed: int, facts: ModelFacts, weight_bytes: int, gpu: str, total: float,
@@ -269,9 +300,13 @@ def _truth(seed: int, facts: ModelFacts, weight_bytes: int, gpu: str, total: flo
     rep = facts.replicated_bytes(tp)
     per_rank = ((weight_bytes - rep) / tp + rep) / GIB
     per_rank *= fam.weights_factor * rng.uniform(0.995, 1.005)
-    per_token = (facts.hidden_size * fam.graph_bytes_per_hidden + facts.vocab_size * 4) / GIB
+    v = facts.vocab_size
+    logits = v * 4 + math.ceil(v / tp) * 2 + (v * 2 if tp > 1 else 0)
+    per_token = (facts.hidden_size * fam.graph_bytes_per_hidden
+                 * _tp_shaped(fam.graph_replicated_share, tp) + logits) / GIB
     chunk = auto_chunked_prefill_size(total, version)
     warmup = chunk * (facts.hidden_size * fam.warmup_bytes_per_hidden
+                      * _tp_shaped(fam.warmup_replicated_share, tp)
                       + facts.moe_bytes_per_token(tp) * fam.moe_factor) / GIB
     new_order = version == "0.5.23"
     n_graphs = len(captured_sizes(256))  # 0.5.10: the fixed part spread over bs-256's graphs
@@ -487,7 +522,7 @@ def bench(args: argparse.Namespace) -> list[str]:
     lines = [
         f"Estimator benchmark: {len(scenarios)} scenarios, {len(kept)} feasible "
         f"(fraction in [{bounds.mem_fraction_floor:.2f}, {bounds.mem_fraction_ceiling:.2f}]), "
-        f"seed {args.seed}, max_attempts {bounds.max_attempts}",
+        f"seed {args.seed}, max_attempts {bounds.max_attempts}, prior {_prior[0]}",
         "",
         "| contender | first attempt ready | mean attempts to ready | never ready | "
         "KV headroom left mean / p95 |",
@@ -545,6 +580,7 @@ def learning_curve(args: argparse.Namespace, kept: Sequence[Scenario],
 
 def main_estimator(args: argparse.Namespace) -> int:
     began = time.perf_counter()
+    _prior[0] = args.prior
     try:
         print("\n".join(bench(args)))
     except NoEstimate as exc:  # a catalogue entry the estimator cannot read: a bench bug
@@ -558,6 +594,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags ``bench_oom.py --estimator`` takes besides its own --n/--seed/..."""
     parser.add_argument("--curve", type=int, default=100,
                         help="with --estimator: scenarios in the learning-curve table (100)")
+    parser.add_argument("--prior", choices=sorted(PRIORS), default="hidden",
+                        help="with --estimator: the cold prior (hidden: the default "
+                        "Coefficients; source: budget.SOURCE_SHAPED_COEFFICIENTS)")
 
 
 if __name__ == "__main__":
