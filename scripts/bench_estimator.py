@@ -34,8 +34,14 @@ tests/data/logs):
 - Weights per rank: the estimator's sharding formula x a family factor U(0.98, 1.05) (buffers,
   padding, allocator rounding) x per scenario U(0.995, 1.005).
 - KV bytes per token: SGLang's cell size, exact (``_compute_cell_size``).
-- Decode graph activation pool per captured token: (hidden x c + vocab x 4) bytes, c family
-  U(16, 64) (x U(1.5, 4) for MoE: expert workspaces); per captured graph U(2, 12) MiB; and a
+- Decode graph activation pool per captured token on a rank: hidden x c x (r + (1 - r) / tp)
+  + vocab x 4 (the fp32 logits buffer) + vocab / tp x 2 (the lm_head output) + at tp > 1
+  vocab x 2 (the gathered logits) bytes; c family U(16, 64) (x U(1.5, 4) for MoE: expert
+  workspaces), r (the replicated share: residual stream, input buffers; the rest is attention
+  heads and MLP intermediate, sharded) family U(0.1, 0.4). Until issue 14's tp round it was
+  (hidden x c + vocab x 4) at any tp, which SGLang's tensors contradict at tp > 1
+  (``ModelFacts.graph_bytes_per_token`` names them); at tp 1 only the lm_head term is new.
+  Per captured graph U(2, 12) MiB; and a
   family constant of U(0.1, 2) GiB, as 0.5.23's prefill-graph pool, or on 0.5.10 spread over
   the decode graphs (per graph: the constant over the 36 graphs of a bs-256 capture, so it
   grows with the graphs captured). MLA on 0.5.23 adds U(0.75, 3) GiB of prefill graphs (SGLang
@@ -48,7 +54,8 @@ tests/data/logs):
   scenario here uses (tp only), SGLang's own graph reserve has no MoE term otherwise, and the
   DeepSeek-V4 figure is a speculative verify pass of one attention backend on SM120 (no
   scenario here is speculative; docs/memory.md).
-- Warmup activations: chunked-prefill tokens x (hidden x family U(8, 30) bytes + for MoE the
+- Warmup activations: chunked-prefill tokens x (hidden x family U(8, 30) x (r_w + (1 - r_w) /
+  tp) bytes, r_w family U(0.15, 0.5), the same at tp 1 as before the tp round, + for MoE the
   fused_moe caches, ``ModelFacts.moe_bytes_per_token``, x family U(1.0, 1.5): block padding
   and allocator rounding).
 - Other processes: nothing (p=0.6) or U(0.5, 15%) of the GPU, seen by nvidia-smi exactly.

@@ -67,6 +67,9 @@ figures are for one GPU of the server. The formulas and where each comes from in
   graphs (0.5.23: 8 MiB per shape, 1.5 GiB for MLA: ``memory_hook.reserve_for_graph_mb``) and
   warmup activations are not computable from the config; :class:`Coefficients` holds their
   prior, which the ledger's observations correct.
+- the tensors behind the per-token graph and warmup costs, per rank (replicated + sharded / tp):
+  :meth:`ModelFacts.graph_bytes_per_token`, :meth:`ModelFacts.prefill_bytes_per_token`;
+  :data:`SOURCE_SHAPED_COEFFICIENTS` prices them instead of the default hidden-only prior.
 """
 
 from __future__ import annotations
