@@ -34,8 +34,14 @@ tests/data/logs):
 - Weights per rank: the estimator's sharding formula x a family factor U(0.98, 1.05) (buffers,
   padding, allocator rounding) x per scenario U(0.995, 1.005).
 - KV bytes per token: SGLang's cell size, exact (``_compute_cell_size``).
-- Decode graph activation pool per captured token: (hidden x c + vocab x 4) bytes, c family
-  U(16, 64) (x U(1.5, 4) for MoE: expert workspaces); per captured graph U(2, 12) MiB; and a
+- Decode graph activation pool per captured token on a rank: hidden x c x (r + (1 - r) / tp)
+  + vocab x 4 (the fp32 logits buffer) + vocab / tp x 2 (the lm_head output) + at tp > 1
+  vocab x 2 (the gathered logits) bytes; c family U(16, 64) (x U(1.5, 4) for MoE: expert
+  workspaces), r (the replicated share: residual stream, input buffers; the rest is attention
+  heads and MLP intermediate, sharded) family U(0.1, 0.4). Until issue 14's tp round it was
+  (hidden x c + vocab x 4) at any tp, which SGLang's tensors contradict at tp > 1
+  (``ModelFacts.graph_bytes_per_token`` names them); at tp 1 only the lm_head term is new.
+  Per captured graph U(2, 12) MiB; and a
   family constant of U(0.1, 2) GiB, as 0.5.23's prefill-graph pool, or on 0.5.10 spread over
   the decode graphs (per graph: the constant over the 36 graphs of a bs-256 capture, so it
   grows with the graphs captured). MLA on 0.5.23 adds U(0.75, 3) GiB of prefill graphs (SGLang
@@ -48,7 +54,8 @@ tests/data/logs):
   scenario here uses (tp only), SGLang's own graph reserve has no MoE term otherwise, and the
   DeepSeek-V4 figure is a speculative verify pass of one attention backend on SM120 (no
   scenario here is speculative; docs/memory.md).
-- Warmup activations: chunked-prefill tokens x (hidden x family U(8, 30) bytes + for MoE the
+- Warmup activations: chunked-prefill tokens x (hidden x family U(8, 30) x (r_w + (1 - r_w) /
+  tp) bytes, r_w family U(0.15, 0.5), the same at tp 1 as before the tp round, + for MoE the
   fused_moe caches, ``ModelFacts.moe_bytes_per_token``, x family U(1.0, 1.5): block padding
   and allocator rounding).
 - Other processes: nothing (p=0.6) or U(0.5, 15%) of the GPU, seen by nvidia-smi exactly.
@@ -115,7 +122,10 @@ from launcher.sglang.autoargs import (
     captured_sizes,
 )
 from launcher.sglang.budget import (
+    DEFAULT_COEFFICIENTS,
     GIB,
+    SOURCE_SHAPED_COEFFICIENTS,
+    Coefficients,
     Estimate,
     GpuFacts,
     ModelFacts,
@@ -199,6 +209,16 @@ MODELS: tuple[tuple[str, dict[str, Any], int], ...] = (
     ("Llama-3.2-1B", {**_LLAMA, "num_hidden_layers": 16, "hidden_size": 2048,
                       "num_attention_heads": 32, "head_dim": 64}, 2_471_645_608),
 )
+# config.json's ``intermediate_size`` (the dense MLP's; huggingface.co, as above)
+_INTERMEDIATE = {
+    "Llama-3.2-3B": 8192, "Llama-3.1-8B": 14336, "Llama-3.1-70B": 28672, "Qwen3-4B": 9728,
+    "Qwen3-8B": 12288, "Qwen3-14B": 17408, "Qwen3-32B": 25600, "Qwen2.5-7B": 18944,
+    "Qwen2.5-32B": 27648, "Qwen2.5-72B": 29568, "Mistral-7B-v0.3": 14336,
+    "Mistral-Small-24B": 32768, "Qwen3-30B-A3B": 6144, "Qwen3-235B-A22B": 12288,
+    "DeepSeek-V2-Lite": 10944, "DeepSeek-V3": 18432, "Llama-3.2-1B": 8192,
+}
+MODELS = tuple((name, {**config, "intermediate_size": _INTERMEDIATE[name]}, size)
+               for name, config, size in MODELS)
 # (nvidia-smi name, memory.total in GiB as torch sees it)
 GPUS = (
     ("NVIDIA A100-SXM4-40GB", 39.39),
@@ -209,6 +229,10 @@ GPUS = (
     ("NVIDIA B200", 178.36),
 )
 VERSIONS = ("0.5.10", "0.5.23")
+# --prior: the cold prior the estimator starts from (budget.Coefficients)
+PRIORS: dict[str, Coefficients] = {"hidden": DEFAULT_COEFFICIENTS,
+                                   "source": SOURCE_SHAPED_COEFFICIENTS}
+_prior = ["hidden"]  # set once by main_estimator
 EXPLICIT_BS = (8, 16, 32, 48, 64, 96, 128, 160, 256, 384, 512)
 
 
@@ -224,6 +248,10 @@ class Family:
     warmup_bytes_per_hidden: float
     moe_factor: float = 1.0  # the fused_moe caches x this (block padding, allocator rounding)
     mla_prefill_gib: float = 0.0  # 0.5.23 MLA prefill graphs (SGLang reserves 1.5 GiB)
+    # the shares of the graph / warmup bytes per hidden that every rank holds whole (residual
+    # stream, input buffers); the rest is sharded by tp (attention heads, MLP intermediate)
+    graph_replicated_share: float = 1.0
+    warmup_replicated_share: float = 1.0
 
 
 def family_of(seed: int, arch: str, gpu: str, moe: bool, mla: bool = False) -> Family:
@@ -232,8 +260,17 @@ def family_of(seed: int, arch: str, gpu: str, moe: bool, mla: bool = False) -> F
     fixed = rng.uniform(0.1, 2.0)
     fam = Family(rng.uniform(0.4, 1.2), rng.uniform(0.1, 0.6), rng.uniform(0.98, 1.05), c,
                  fixed, rng.uniform(8, 30))
-    return replace(fam, moe_factor=rng.uniform(1.0, 1.5) if moe else 1.0,
-                   mla_prefill_gib=rng.uniform(0.75, 3.0) if mla else 0.0)
+    fam = replace(fam, moe_factor=rng.uniform(1.0, 1.5) if moe else 1.0,
+                  mla_prefill_gib=rng.uniform(0.75, 3.0) if mla else 0.0)
+    # drawn last, so that every earlier draw (and every tp-1 truth) is what it was before
+    return replace(fam, graph_replicated_share=rng.uniform(0.1, 0.4),
+                   warmup_replicated_share=rng.uniform(0.15, 0.5))
+
+
+def _tp_shaped(share: float, tp: int) -> float:
+    """The factor a per-hidden cost takes on one rank: its replicated share whole, the rest
+    divided by tp."""
+    return share + (1.0 - share) / tp
 
 
 @dataclass(frozen=True)
@@ -259,7 +296,8 @@ class Scenario:
     def estimate(self) -> Estimate:
         gpus = [GpuFacts(i, self.gpu_total_gib, self.other_gib, self.gpu) for i in range(self.tp)]
         return estimate(self.facts, WeightFacts(self.weight_bytes), gpus,
-                        ServerShape(tp=self.tp, sglang_version=self.version))
+                        ServerShape(tp=self.tp, sglang_version=self.version),
+                        coeffs=PRIORS[_prior[0]])
 
 
 def _truth(seed: int, facts: ModelFacts, weight_bytes: int, gpu: str, total: float,
@@ -269,9 +307,13 @@ def _truth(seed: int, facts: ModelFacts, weight_bytes: int, gpu: str, total: flo
     rep = facts.replicated_bytes(tp)
     per_rank = ((weight_bytes - rep) / tp + rep) / GIB
     per_rank *= fam.weights_factor * rng.uniform(0.995, 1.005)
-    per_token = (facts.hidden_size * fam.graph_bytes_per_hidden + facts.vocab_size * 4) / GIB
+    v = facts.vocab_size
+    logits = v * 4 + math.ceil(v / tp) * 2 + (v * 2 if tp > 1 else 0)
+    per_token = (facts.hidden_size * fam.graph_bytes_per_hidden
+                 * _tp_shaped(fam.graph_replicated_share, tp) + logits) / GIB
     chunk = auto_chunked_prefill_size(total, version)
     warmup = chunk * (facts.hidden_size * fam.warmup_bytes_per_hidden
+                      * _tp_shaped(fam.warmup_replicated_share, tp)
                       + facts.moe_bytes_per_token(tp) * fam.moe_factor) / GIB
     new_order = version == "0.5.23"
     n_graphs = len(captured_sizes(256))  # 0.5.10: the fixed part spread over bs-256's graphs
@@ -487,7 +529,7 @@ def bench(args: argparse.Namespace) -> list[str]:
     lines = [
         f"Estimator benchmark: {len(scenarios)} scenarios, {len(kept)} feasible "
         f"(fraction in [{bounds.mem_fraction_floor:.2f}, {bounds.mem_fraction_ceiling:.2f}]), "
-        f"seed {args.seed}, max_attempts {bounds.max_attempts}",
+        f"seed {args.seed}, max_attempts {bounds.max_attempts}, prior {_prior[0]}",
         "",
         "| contender | first attempt ready | mean attempts to ready | never ready | "
         "KV headroom left mean / p95 |",
@@ -545,6 +587,7 @@ def learning_curve(args: argparse.Namespace, kept: Sequence[Scenario],
 
 def main_estimator(args: argparse.Namespace) -> int:
     began = time.perf_counter()
+    _prior[0] = args.prior
     try:
         print("\n".join(bench(args)))
     except NoEstimate as exc:  # a catalogue entry the estimator cannot read: a bench bug
@@ -558,6 +601,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags ``bench_oom.py --estimator`` takes besides its own --n/--seed/..."""
     parser.add_argument("--curve", type=int, default=100,
                         help="with --estimator: scenarios in the learning-curve table (100)")
+    parser.add_argument("--prior", choices=sorted(PRIORS), default="hidden",
+                        help="with --estimator: the cold prior (hidden: the default "
+                        "Coefficients; source: budget.SOURCE_SHAPED_COEFFICIENTS)")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ import pytest
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import auto_cuda_graph_max_bs, prefill_graph_tokens
 from launcher.sglang.budget import (
+    DEFAULT_COEFFICIENTS,
     GIB,
     MIN_MARGIN_GIB,
+    SOURCE_SHAPED_COEFFICIENTS,
     Coefficients,
     GpuFacts,
     ModelFacts,
@@ -204,6 +206,81 @@ def test_prefill_graph_reserve_is_memory_hooks_8_mib_per_shape_or_1_5_gib_for_ml
     new = estimate(k, kw, gpus, ServerShape(tp=8, sglang_version="0.5.23")).graphs_gib(64)
     old = estimate(k, kw, gpus, ServerShape(tp=8, sglang_version="0.5.10")).graphs_gib(64)
     assert new - old == pytest.approx(1.5)
+
+
+# llama-70b-sim (config.json: hidden 8192, intermediate 28672, 64 heads, 8 KV heads, head_dim
+# 8192 / 64 = 128, vocab 32000, bf16), one rank's bytes per captured decode token, written out
+# from SGLang's tensors (ModelFacts.graph_bytes_per_token's docstring names them):
+#   replicated = input_ids, positions, out_cache_loc, mrope_positions (3 x 8 + 3 x 8)
+#                + input_embeds (2 x 8192) + next_token_logits_buffer (4 x 32000, fp32)
+#                + the residual stream (4 x 2 x 8192) + at tp > 1 the gathered logits (2 x 32000)
+#   sharded    = max(attention: 2 x 128 x (2 x 64/tp + 2 x max(1, 8/tp)),
+#                    MLP: 3 x 2 x 28672/tp) + the lm_head's output 2 x 32000/tp
+LLAMA70_REPLICATED_TP1 = 48 + 2 * 8192 + 4 * 32000 + 4 * 2 * 8192  # 209968
+LLAMA70_GRAPH_BYTES_TP1 = LLAMA70_REPLICATED_TP1 + max(
+    2 * 128 * (2 * 64 + 2 * 8), 3 * 2 * 28672) + 2 * 32000  # 446000
+LLAMA70_GRAPH_BYTES_TP2 = LLAMA70_REPLICATED_TP1 + 2 * 32000 + max(
+    2 * 128 * (2 * 32 + 2 * 4), 3 * 2 * 14336) + 2 * 16000  # 391984
+
+
+def test_graph_bytes_per_token_are_replicated_plus_sharded_over_tp() -> None:
+    """Only the sharded tensors shrink with tp: heads / tp, MLP intermediate / tp, vocab / tp
+    for the lm_head; the input buffers, the fp32 logits buffer, the residual stream and (tp >
+    1) the gathered logits stay whole on every rank."""
+    m = facts("llama-70b-sim")
+    assert LLAMA70_GRAPH_BYTES_TP1 == 446_000 and LLAMA70_GRAPH_BYTES_TP2 == 391_984
+    assert m.graph_bytes_per_token(1) == 446_000
+    assert m.graph_bytes_per_token(2) == 391_984
+    # tp 4: the replicated part as at tp 2; sharded max(2x128x(32+4), 6x7168) + 2x8000
+    assert m.graph_bytes_per_token(4) == 273_968 + 43_008 + 16_000
+    # tp 16: 8 KV heads over 16 ranks leave one whole head on each (max(1, 8 // 16))
+    assert m.graph_bytes_per_token(16) == 273_968 + max(2 * 128 * (8 + 2), 6 * 1792) + 4_000
+    # what tp 2 -> 4 saves is exactly half of the sharded part
+    sharded_tp2 = 86_016 + 32_000
+    assert m.graph_bytes_per_token(2) - m.graph_bytes_per_token(4) == sharded_tp2 // 2
+
+
+def test_prefill_bytes_per_token_shard_the_layer_not_the_residual() -> None:
+    """Warmup activations per chunk token: 4 x hidden of residual stream (replicated) + one
+    layer's transients / tp; with a fixed chunk, the source-shaped estimate is chunk x that,
+    the default's chunk x 2.5e-8 GiB x hidden at any tp."""
+    m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
+    assert m.prefill_bytes_per_token(1) == 4 * 2 * 8192 + 3 * 2 * 28672  # 237568
+    assert m.prefill_bytes_per_token(2) == 4 * 2 * 8192 + 3 * 2 * 14336  # 151552
+    assert m.prefill_bytes_per_token(8) == 4 * 2 * 8192 + max(2 * 128 * (16 + 2), 6 * 3584)
+    shape = ServerShape(tp=2, chunked_prefill_size=4096)
+    src = estimate(m, w, h100s(2), shape, coeffs=SOURCE_SHAPED_COEFFICIENTS)
+    assert src.activations_gib() == pytest.approx(4096 * 151_552 / GIB)
+    assert estimate(m, w, h100s(2), shape).activations_gib() == pytest.approx(
+        4096 * 2.5e-8 * 8192)
+
+
+def test_the_source_shaped_graph_prior_is_14_times_the_tensors_and_shrinks_with_tp() -> None:
+    """llama-70b-sim, 0.5.10, bs 8 (captures [1, 2, 4, 8]): 0.5 + 14 x bytes x 8 / GiB +
+    1.6e-7 x 8192 x 80 x 4; from tp 2 to tp 4 the per-token term loses only half of the
+    sharded bytes (86016 + 32000) / 2, while the hidden-only default does not move."""
+    m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
+
+    def graphs(tp: int, coeffs: Coefficients) -> float:
+        gpus = h100s(tp)
+        return estimate(m, w, gpus, ServerShape(tp=tp, sglang_version="0.5.10"),
+                        coeffs=coeffs).graphs_gib(8)
+
+    src = SOURCE_SHAPED_COEFFICIENTS
+    assert graphs(2, src) == pytest.approx(0.5 + 14 * 391_984 * 8 / GIB + 0.4194304)
+    assert graphs(2, src) - graphs(4, src) == pytest.approx(14 * 59_008 * 8 / GIB)
+    assert graphs(2, DEFAULT_COEFFICIENTS) == pytest.approx(graphs(4, DEFAULT_COEFFICIENTS))
+
+
+def test_mla_layer_transients_follow_the_absorbed_path() -> None:
+    """kimi-k2.5-sim (64 heads, q_lora 1536, kv_lora 512, rope 64, nope 128, v 128, first
+    layer dense with intermediate 18432) at tp 8: 8 heads per rank, each (128 + 64) + (512 +
+    64) + 512 + 128 = 1408 wide, plus the replicated low-rank outputs 1536 + 512 + 64; the
+    dense MLP is 3 x 18432 / 8 wide; bf16."""
+    k = facts("kimi-k2.5-sim")
+    attn = 2 * (8 * 1408 + 1536 + 512 + 64)  # 26752
+    mlp = 3 * 2 * (18432 // 8)  # 13824
+    assert k.layer_transient_bytes(8) == max(attn, mlp) == 26_752
 
 
 def test_graph_memory_grows_with_draft_tokens_and_is_capped_by_running_requests() -> None:

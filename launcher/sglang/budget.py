@@ -67,6 +67,9 @@ figures are for one GPU of the server. The formulas and where each comes from in
   graphs (0.5.23: 8 MiB per shape, 1.5 GiB for MLA: ``memory_hook.reserve_for_graph_mb``) and
   warmup activations are not computable from the config; :class:`Coefficients` holds their
   prior, which the ledger's observations correct.
+- the tensors behind the per-token graph and warmup costs, per rank (replicated + sharded / tp):
+  :meth:`ModelFacts.graph_bytes_per_token`, :meth:`ModelFacts.prefill_bytes_per_token`;
+  :data:`SOURCE_SHAPED_COEFFICIENTS` prices them instead of the default hidden-only prior.
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ __all__ = [
     "DEFAULT_MIN_KV_TOKENS",
     "GIB",
     "KV_SHARE",
+    "SOURCE_SHAPED_COEFFICIENTS",
     "Budget",
     "Choice",
     "Coefficients",
@@ -248,12 +252,14 @@ class ModelFacts:
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
     full_attention_layers: int | None = None  # hybrid: layers with a KV cache
     hybrid: HybridFacts | None = None
     num_experts: int = 0  # routed experts (0: dense)
     moe_layers: int = 0
     experts_per_token: int = 0  # num_experts_per_tok (topk of the router)
     moe_intermediate_size: int = 0  # one expert's intermediate size
+    intermediate_size: int = 0  # the dense MLP's (config.json's; 4 x hidden without one)
     nextn_layers: int = 0  # MTP layers shipped in the checkpoint (NEXTN/EAGLE draft)
     max_position_embeddings: int = 4096
     quantization: str | None = None  # quantization_config.quant_method
@@ -305,6 +311,7 @@ class ModelFacts:
             kv_lora_rank=kv_lora,
             qk_rope_head_dim=rope,
             q_lora_rank=_int(cfg, "q_lora_rank", default=0),
+            qk_nope_head_dim=_int(cfg, "qk_nope_head_dim", default=0),
             full_attention_layers=full_layers,
             hybrid=hybrid,
             num_experts=experts,
@@ -313,6 +320,8 @@ class ModelFacts:
                                    default=0) if experts else 0,
             moe_intermediate_size=_int(cfg, "moe_intermediate_size",
                                        default=0) if experts else 0,
+            intermediate_size=_int(cfg, "intermediate_size", "ffn_hidden_size",
+                                   default=4 * hidden),
             nextn_layers=_int(cfg, "num_nextn_predict_layers", "mtp_num_hidden_layers", default=0),
             max_position_embeddings=_int(cfg, "max_position_embeddings", default=4096),
             quantization=quant_method,
@@ -340,6 +349,66 @@ class ModelFacts:
             return 0
         n = 2 * self.moe_intermediate_size // max(1, tp)
         return self.experts_per_token * (n + n // 2 + self.hidden_size) * 2
+
+    def layer_transient_bytes(self, tp: int) -> int:
+        """One rank's bytes per token of one decoder layer's transient tensors (activation
+        dtype): the larger of the attention block's (the ``QKVParallelLinear`` output, ``q +
+        2 kv`` heads, and the attention output, ``q`` heads; ``heads // tp`` query and
+        ``max(1, kv_heads // tp)`` KV heads of ``head_dim`` on a rank) and the dense MLP's
+        (``MergedColumnParallelLinear`` gate_up, ``2 x intermediate / tp``, and ``SiluAndMul``'s
+        output, ``intermediate / tp``: ``models/llama.py``, ``models/qwen2.py``,
+        ``layers/linear.py``). The two are not live at once (the attention's are freed after
+        ``o_proj``). A model whose every layer is routed MoE has no dense MLP here (its experts'
+        caches are :meth:`moe_bytes_per_token`). All of it is sharded by tp but MLA's low-rank
+        ``fused_qkv_a_proj_with_mqa`` output (``q_lora_rank + kv_lora_rank + rope``, replicated).
+        MLA's attention is the absorbed path's (``deepseek_common/attention_forward_methods/
+        forward_mla.py``), per head on a rank: the ``q_b_proj`` output (``qk_nope + rope``),
+        the latent query (``q_nope_out``, ``kv_lora_rank``, and ``q_pe``, rope), the latent
+        attention output (``kv_lora_rank``) and ``attn_bmm_output`` (``v_head_dim``); the
+        prefill's MHA path is smaller."""
+        a = self.dtype_bytes
+        q = max(1, self.num_attention_heads // tp)
+        kv = max(1, self.num_kv_heads // tp)
+        if self.mla:
+            rope, lora = self.qk_rope_head_dim, self.kv_lora_rank
+            per_head = (self.qk_nope_head_dim + rope) + (lora + rope) + lora + self.v_head_dim
+            attn = a * (q * per_head + self.q_lora_rank + lora + rope)
+        else:
+            attn = a * self.head_dim * (2 * q + 2 * kv)
+        dense = self.intermediate_size if (not self.num_experts
+                                           or self.moe_layers < self.num_layers) else 0
+        mlp = 3 * a * (dense // tp)
+        return max(attn, mlp)
+
+    def graph_bytes_per_token(self, tp: int) -> int:
+        """One rank's bytes per captured token of a decode graph (the top graph's tokens), as
+        SGLang's source lays them out; the prior multiplies it
+        (:attr:`Coefficients.graph_bytes_scale`).
+
+        Replicated (whole on every rank): the runner's input buffers, allocated for the largest
+        graph before capture (``DecodeInputBuffers.create``: 0.5.10 ``cuda_graph_runner.py``,
+        0.5.23 ``input_buffers.py``): ``input_ids``, ``positions``, ``out_cache_loc`` (int64),
+        ``mrope_positions`` (3 x int64), ``input_embeds`` (hidden) and
+        ``next_token_logits_buffer`` (the whole vocab in fp32: the logits are gathered before
+        they are copied in, ``logits_processor._copy_logits_to_buffer``); in the graph pool the
+        residual stream (``residual``, the normed hidden states, the ``RowParallelLinear``
+        output and its all-reduce: 4 x hidden); at tp > 1 the all-gathered logits (the whole
+        vocab, activation dtype, ``tensor_model_parallel_all_gather``).
+        Sharded (1/tp on a rank): one layer's transient tensors
+        (:meth:`layer_transient_bytes`) and the ``lm_head`` output (``ParallelLMHead``:
+        vocab / tp). An upper bound on the pool's peak: the allocator may reuse the layer's
+        blocks for the logits."""
+        a, h, v = self.dtype_bytes, self.hidden_size, self.vocab_size
+        replicated = 3 * 8 + 3 * 8 + a * h + 4 * v + 4 * a * h + (a * v if tp > 1 else 0)
+        sharded = self.layer_transient_bytes(tp) + a * math.ceil(v / tp)
+        return replicated + sharded
+
+    def prefill_bytes_per_token(self, tp: int) -> int:
+        """One rank's bytes per token of a prefill (warmup) forward's activations: the residual
+        stream (4 x hidden, replicated) and one layer's transient tensors (sharded,
+        :meth:`layer_transient_bytes`). Logits are computed for each request's last token
+        only, so they do not grow with the chunk."""
+        return 4 * self.dtype_bytes * self.hidden_size + self.layer_transient_bytes(tp)
 
     def replicated_bytes(self, tp: int) -> int:
         """Bytes each rank holds whole rather than 1/tp of (bf16 figures)."""
@@ -469,13 +538,29 @@ class Coefficients:
     """The costs the config cannot give exactly: the cold prior, per rank.
 
     ``fleetlearn`` fits these per (architecture, GPU model, SGLang version, speculative
-    settings) from the ledger's observed figures. Each graph term is GiB per captured token per
-    unit of ``hidden_size`` (activation pool of the largest graph), or per graph per unit of
-    ``hidden_size x layers``; ``warmup`` is per chunked-prefill token per unit of hidden."""
+    settings) from the ledger's observed figures. The decode graphs' per-token term is
+    ``graph_gib_per_token_hidden x hidden + graph_bytes_scale x``
+    :meth:`ModelFacts.graph_bytes_per_token` (the tensors SGLang allocates per captured token
+    on one rank: replicated + sharded / tp); the per-graph term is GiB per graph per unit of
+    ``hidden_size x layers``, the draft's terms GiB per token per unit of hidden; the warmup per
+    chunked-prefill token is ``warmup_gib_per_token_hidden x hidden + warmup_bytes_scale x``
+    :meth:`ModelFacts.prefill_bytes_per_token`. The default is the hidden-only prior;
+    :data:`SOURCE_SHAPED_COEFFICIENTS` is the source-shaped one (docs/memory.md says why it is
+    not the default yet)."""
 
     context_gib: float = 1.0  # CUDA context + NCCL buffers before weights, tp 1
     context_gib_per_extra_rank: float = 0.1
+    # The hidden-only per-token prior (GiB per captured token per unit of hidden, not divided
+    # by tp): 2.5 times the one real capture figure (0.93 GB at bs 160 for a 7B at tp 1) and
+    # above the shipped simulated models' graph costs.
     graph_gib_per_token_hidden: float = 4e-6
+    # The source-shaped per-token prior: this many times ``ModelFacts.graph_bytes_per_token``
+    # (0 in the default). The one real capture figure
+    # (tests/fixtures/real_logs/gh11949_warmup_403_proxy.log) is about 6 times the tensors
+    # (Qwen2.5-7B: 1.06 MB per token, 0.16 GiB at bs 160: per-graph and allocator costs are
+    # not in them); 14 keeps the hidden-only prior's level for that model (4e-6 x 3584 GiB =
+    # 15.4 MB per token); the shape across models and tp comes from the source.
+    graph_bytes_scale: float = 0.0
     graph_overhead_gib_per_layer_hidden: float = 1.6e-7
     # Fixed per capture, whatever the model: SGLang's own auto fraction reserves 512 MiB of
     # "constant meta data (e.g., from attention backend)" (server_args.py ``reserved_mem = 512``,
@@ -487,7 +572,11 @@ class Coefficients:
     draft_graph_overhead_gib: float = 0.01
     prefill_graph_gib_per_shape: float = 8 / 1024  # memory_hook: 8 MiB per prefill shape
     mla_prefill_graph_gib: float = 1.5  # memory_hook: 1.5 GiB for MLA prefill graphs
-    warmup_gib_per_token_hidden: float = 2.5e-8
+    warmup_gib_per_token_hidden: float = 2.5e-8  # 26.8 bytes per unit of hidden, any tp
+    # The source-shaped warmup prior: the prefill tensors themselves
+    # (``ModelFacts.prefill_bytes_per_token``; 0 in the default). The hidden-only prior is 0.5-1.6
+    # times them at tp 1 on bench_estimator's catalogue: about the same level, without tp's shape.
+    warmup_bytes_scale: float = 0.0
     # Scale factors a calibration may set from observations (1.0: the prior as is).
     weights_scale: float = 1.0
     graphs_scale: float = 1.0
@@ -498,6 +587,13 @@ class Coefficients:
 
 
 DEFAULT_COEFFICIENTS = Coefficients()
+# The per-token graph and warmup costs as SGLang's tensors lay them out (replicated + sharded /
+# tp), instead of hidden-only. Not the default: the demo's llama-70b-sim has simulated graph
+# costs (0.03 GiB per bs at tp 2) that this prior does not cover (docs/memory.md).
+SOURCE_SHAPED_COEFFICIENTS = Coefficients(
+    graph_gib_per_token_hidden=0.0, graph_bytes_scale=14.0,
+    warmup_gib_per_token_hidden=0.0, warmup_bytes_scale=1.0,
+)
 
 
 # --- rules the simulator shares ------------------------------------------------------------
@@ -661,7 +757,9 @@ class Estimate:
         top = sizes[-1]
         per_req = spec.num_draft_tokens if spec is not None else 1
         tokens = top * per_req
-        total = c.graph_fixed_gib + c.graph_gib_per_token_hidden * m.hidden_size * tokens
+        per_token = (c.graph_gib_per_token_hidden * m.hidden_size
+                     + c.graph_bytes_scale * m.graph_bytes_per_token(s.tp) / GIB)
+        total = c.graph_fixed_gib + per_token * tokens
         total += tokens * m.moe_bytes_per_token(s.tp) / GIB  # fused_moe caches of the top graph
         total += c.graph_overhead_gib_per_layer_hidden * m.hidden_size * m.num_layers * len(sizes)
         if at_least(s.sglang_version, AUTO_TABLE_2_FROM):
@@ -692,7 +790,8 @@ class Estimate:
             self.gpu_total_gib, s.sglang_version)
         tokens = max(chunk, 2048)
         per_token = (c.warmup_gib_per_token_hidden * self.model.hidden_size
-                     + self.model.moe_bytes_per_token(s.tp) / GIB)
+                     + (c.warmup_bytes_scale * self.model.prefill_bytes_per_token(s.tp)
+                        + self.model.moe_bytes_per_token(s.tp)) / GIB)
         return per_token * tokens * c.activations_scale
 
     def mamba_slots_per_req(self) -> int:
