@@ -40,7 +40,8 @@ pass before left. A capture OOM then says that everything since the *first* pass
 again (``start - free``, ``start`` capped at ``(1 - mfs) x pre``), plus what was ``tried``, the
 failing pass's remaining steps and an estimate of the passes still to come (``LATER_PASS_SHARE``
 of the failing pass's size; after a prefill pass, scaled by the tokens the decode graph runs
-against the prefill shape's). Each pass's own size comes from its begin line
+against the prefill shape's; draft extend after draft decode by SGLang's capture widths,
+``_pass_width``). Each pass's own size comes from its begin line
 (``Numbers.graph_begins``, ``_PassFit``): prefill passes stay fixed, a decode-like pass's first
 step scales with the effective bs, each further captured size costs a step. On 0.5.10 the
 draft's weights and KV pool load between the target's and the draft's graphs, out of the same
@@ -113,10 +114,14 @@ SPEC_AUTO_STEPS = 3
 # 0.5.23 counts the draft model's weights in the static budget (kv_cache_configurator.py:3057).
 DRAFT_IN_BUDGET_FROM = ONE_STATIC_BUDGET_FROM
 # A capture pass not yet seen is estimated as this share of the failing pass's size: a target
-# graph after the target prefill graph as much again; a draft graph after a target graph a
-# quarter (the draft is one layer); draft extend after draft decode as much again. A wrong
-# guess costs one attempt, whose log then has that pass's own figures.
+# graph after the target prefill graph as much again (scaled by the tokens each runs); a draft
+# graph after a target graph a quarter (the draft is one layer); draft extend after draft
+# decode as much again per captured token (``_pass_width``). A wrong guess costs one attempt,
+# whose log then has that pass's own figures.
 LATER_PASS_SHARE = {"same_model": 1.0, "draft_after_target": 0.25}
+# SGLang sizes the draft-extend graph by the whole draft tree (--speculative-num-draft-tokens)
+# from 0.5.23 (spec_utils.resolve_num_tokens_per_req); 0.5.10 by steps + 1.
+DRAFT_EXTEND_FULL_WIDTH_FROM: tuple[int, ...] = (0, 5, 23)
 # Capture passes whose size does not depend on the decode graph bs: the prefill graphs are
 # captured per token count (cuda_graph_setup.py, 0.5.23), not per request.
 PREFILL_PASSES = frozenset({GraphPass.TARGET_PREFILL, GraphPass.DRAFT_PREFILL})
@@ -498,16 +503,54 @@ def _cap_of(params: LaunchParams, n: Numbers, spec: bool, bs: int) -> int:
     return bs if cap is None else max(1, min(bs, cap))
 
 
+def _pass_width(gpass: GraphPass, n: Numbers, version: str) -> int:
+    """Tokens per request a decode-like pass's graphs run (SGLang's capture width).
+
+    Target decode 1; target verify ``--speculative-num-draft-tokens``; draft decode ``topk``
+    tokens in each of ``steps`` forwards captured in one graph (0.5.10
+    ``eagle_draft_cuda_graph_runner``: ``num_tokens_per_bs = topk``, ``out_cache_loc`` sized
+    ``max_num_token x steps``; 0.5.23 ``spec_utils.resolve_num_tokens_per_req``); draft extend
+    ``steps + 1`` on 0.5.10 (``eagle_draft_extend_cuda_graph_runner.py``: ``num_tokens_per_bs
+    = speculative_num_steps + 1``), ``--speculative-num-draft-tokens`` from 0.5.23 ("full tree
+    width ... not num_steps + 1"). Unset values are SGLang's auto shape (3, 1, 4).
+    """
+    steps = n.speculative_num_steps or SPEC_AUTO_STEPS
+    topk = n.speculative_eagle_topk or 1
+    tokens = n.speculative_num_draft_tokens or SPEC_AUTO_STEPS + 1
+    if gpass is GraphPass.TARGET_VERIFY:
+        return tokens
+    if gpass is GraphPass.DRAFT_DECODE:
+        return topk * steps
+    if gpass is GraphPass.DRAFT_EXTEND:
+        return tokens if at_least(version, DRAFT_EXTEND_FULL_WIDTH_FROM) else steps + 1
+    return 1
+
+
 def _later_passes(gpass: GraphPass, n: Numbers, ctx: _Context, extend_off: bool) -> list[
     tuple[GraphPass, float]
 ]:
-    """The capture passes SGLang runs after ``gpass``, with ``LATER_PASS_SHARE`` of its size."""
+    """The capture passes SGLang runs after ``gpass``, each with its estimated size as a share
+    of ``gpass``'s first step.
+
+    A draft pass after a target pass: ``LATER_PASS_SHARE["draft_after_target"]`` of it (no
+    SGLang formula relates the draft model's cost per token to the target's, and no log shows
+    it before the draft's graphs). A pass of the same model after another: as large per
+    captured token, since SGLang sizes every decode-like graph from ``max_bs x`` its width
+    (``_pass_width``): draft extend after a draft decode of ``topk x steps`` tokens per request
+    is that decode pass times ``width(extend) / (topk x steps)``. After a prefill pass the
+    caller scales by the tokens that pass ran.
+    """
     spec = ctx.spec or n.speculative
     steps = n.speculative_num_steps or SPEC_AUTO_STEPS
     extend = not (extend_off and at_least(ctx.version, DRAFT_EXTEND_SWITCH_FROM))
     drafts = [p for p, keep in ((GraphPass.DRAFT_DECODE, steps > 1),
                                 (GraphPass.DRAFT_EXTEND, extend)) if keep]
     same, after = LATER_PASS_SHARE["same_model"], LATER_PASS_SHARE["draft_after_target"]
+
+    def per_token(p: GraphPass, base: GraphPass, share: float) -> tuple[GraphPass, float]:
+        width = _pass_width(base, n, ctx.version)
+        return p, share * _pass_width(p, n, ctx.version) / max(1, width)
+
     if gpass is GraphPass.TARGET_PREFILL:
         target = GraphPass.TARGET_VERIFY if spec else GraphPass.TARGET_DECODE
         return [(target, same), *((p, after) for p in drafts if spec)]
@@ -516,7 +559,7 @@ def _later_passes(gpass: GraphPass, n: Numbers, ctx: _Context, extend_off: bool)
     if gpass is GraphPass.DRAFT_PREFILL:
         return [(p, same) for p in drafts]
     if gpass is GraphPass.DRAFT_DECODE:
-        return [(p, same) for p in drafts if p is GraphPass.DRAFT_EXTEND]
+        return [per_token(p, gpass, same) for p in drafts if p is GraphPass.DRAFT_EXTEND]
     return []
 
 
