@@ -86,6 +86,7 @@ from launcher.sglang.versions import (
     DEFAULT_VERSION,
     DRAFT_EXTEND_SWITCH_FROM,
     ONE_STATIC_BUDGET_FROM,
+    Version,
     at_least,
 )
 
@@ -121,7 +122,7 @@ DRAFT_IN_BUDGET_FROM = ONE_STATIC_BUDGET_FROM
 LATER_PASS_SHARE = {"same_model": 1.0, "draft_after_target": 0.25}
 # SGLang sizes the draft-extend graph by the whole draft tree (--speculative-num-draft-tokens)
 # from 0.5.23 (spec_utils.resolve_num_tokens_per_req); 0.5.10 by steps + 1.
-DRAFT_EXTEND_FULL_WIDTH_FROM: tuple[int, ...] = (0, 5, 23)
+DRAFT_EXTEND_FULL_WIDTH_FROM: Version = (0, 5, 23)
 # Capture passes whose size does not depend on the decode graph bs: the prefill graphs are
 # captured per token count (cuda_graph_setup.py, 0.5.23), not per request.
 PREFILL_PASSES = frozenset({GraphPass.TARGET_PREFILL, GraphPass.DRAFT_PREFILL})
@@ -504,25 +505,22 @@ def _cap_of(params: LaunchParams, n: Numbers, spec: bool, bs: int) -> int:
 
 
 def _pass_width(gpass: GraphPass, n: Numbers, version: str) -> int:
-    """Tokens per request a decode-like pass's graphs run (SGLang's capture width).
+    """Tokens per request a draft pass's graphs run (SGLang's capture width; 1 otherwise).
 
-    Target decode 1; target verify ``--speculative-num-draft-tokens``; draft decode ``topk``
-    tokens in each of ``steps`` forwards captured in one graph (0.5.10
+    Draft decode: ``topk`` tokens in each of ``steps`` forwards captured in one graph (0.5.10
     ``eagle_draft_cuda_graph_runner``: ``num_tokens_per_bs = topk``, ``out_cache_loc`` sized
-    ``max_num_token x steps``; 0.5.23 ``spec_utils.resolve_num_tokens_per_req``); draft extend
+    ``max_num_token x steps``; 0.5.23 ``spec_utils.resolve_num_tokens_per_req``). Draft extend:
     ``steps + 1`` on 0.5.10 (``eagle_draft_extend_cuda_graph_runner.py``: ``num_tokens_per_bs
     = speculative_num_steps + 1``), ``--speculative-num-draft-tokens`` from 0.5.23 ("full tree
     width ... not num_steps + 1"). Unset values are SGLang's auto shape (3, 1, 4).
     """
     steps = n.speculative_num_steps or SPEC_AUTO_STEPS
-    topk = n.speculative_eagle_topk or 1
-    tokens = n.speculative_num_draft_tokens or SPEC_AUTO_STEPS + 1
-    if gpass is GraphPass.TARGET_VERIFY:
-        return tokens
     if gpass is GraphPass.DRAFT_DECODE:
-        return topk * steps
+        return (n.speculative_eagle_topk or 1) * steps
     if gpass is GraphPass.DRAFT_EXTEND:
-        return tokens if at_least(version, DRAFT_EXTEND_FULL_WIDTH_FROM) else steps + 1
+        if at_least(version, DRAFT_EXTEND_FULL_WIDTH_FROM):
+            return n.speculative_num_draft_tokens or SPEC_AUTO_STEPS + 1
+        return steps + 1
     return 1
 
 
@@ -546,11 +544,6 @@ def _later_passes(gpass: GraphPass, n: Numbers, ctx: _Context, extend_off: bool)
     drafts = [p for p, keep in ((GraphPass.DRAFT_DECODE, steps > 1),
                                 (GraphPass.DRAFT_EXTEND, extend)) if keep]
     same, after = LATER_PASS_SHARE["same_model"], LATER_PASS_SHARE["draft_after_target"]
-
-    def per_token(p: GraphPass, base: GraphPass, share: float) -> tuple[GraphPass, float]:
-        width = _pass_width(base, n, ctx.version)
-        return p, share * _pass_width(p, n, ctx.version) / max(1, width)
-
     if gpass is GraphPass.TARGET_PREFILL:
         target = GraphPass.TARGET_VERIFY if spec else GraphPass.TARGET_DECODE
         return [(target, same), *((p, after) for p in drafts if spec)]
@@ -558,8 +551,11 @@ def _later_passes(gpass: GraphPass, n: Numbers, ctx: _Context, extend_off: bool)
         return [(p, after) for p in drafts] if spec else []
     if gpass is GraphPass.DRAFT_PREFILL:
         return [(p, same) for p in drafts]
-    if gpass is GraphPass.DRAFT_DECODE:
-        return [per_token(p, gpass, same) for p in drafts if p is GraphPass.DRAFT_EXTEND]
+    if gpass is GraphPass.DRAFT_DECODE and GraphPass.DRAFT_EXTEND in drafts:
+        # Per captured token as large: scaled by the two passes' widths.
+        ratio = _pass_width(GraphPass.DRAFT_EXTEND, n, ctx.version) / _pass_width(
+            gpass, n, ctx.version)
+        return [(GraphPass.DRAFT_EXTEND, same * ratio)]
     return []
 
 
