@@ -40,7 +40,8 @@ pass before left. A capture OOM then says that everything since the *first* pass
 again (``start - free``, ``start`` capped at ``(1 - mfs) x pre``), plus what was ``tried``, the
 failing pass's remaining steps and an estimate of the passes still to come (``LATER_PASS_SHARE``
 of the failing pass's size; after a prefill pass, scaled by the tokens the decode graph runs
-against the prefill shape's). Each pass's own size comes from its begin line
+against the prefill shape's; draft extend after draft decode by SGLang's capture widths,
+``_pass_width``). Each pass's own size comes from its begin line
 (``Numbers.graph_begins``, ``_PassFit``): prefill passes stay fixed, a decode-like pass's first
 step scales with the effective bs, each further captured size costs a step. On 0.5.10 the
 draft's weights and KV pool load between the target's and the draft's graphs, out of the same
@@ -85,6 +86,7 @@ from launcher.sglang.versions import (
     DEFAULT_VERSION,
     DRAFT_EXTEND_SWITCH_FROM,
     ONE_STATIC_BUDGET_FROM,
+    Version,
     at_least,
 )
 
@@ -113,10 +115,14 @@ SPEC_AUTO_STEPS = 3
 # 0.5.23 counts the draft model's weights in the static budget (kv_cache_configurator.py:3057).
 DRAFT_IN_BUDGET_FROM = ONE_STATIC_BUDGET_FROM
 # A capture pass not yet seen is estimated as this share of the failing pass's size: a target
-# graph after the target prefill graph as much again; a draft graph after a target graph a
-# quarter (the draft is one layer); draft extend after draft decode as much again. A wrong
-# guess costs one attempt, whose log then has that pass's own figures.
+# graph after the target prefill graph as much again (scaled by the tokens each runs); a draft
+# graph after a target graph a quarter (the draft is one layer); draft extend after draft
+# decode as much again per captured token (``_pass_width``). A wrong guess costs one attempt,
+# whose log then has that pass's own figures.
 LATER_PASS_SHARE = {"same_model": 1.0, "draft_after_target": 0.25}
+# SGLang sizes the draft-extend graph by the whole draft tree (--speculative-num-draft-tokens)
+# from 0.5.23 (spec_utils.resolve_num_tokens_per_req); 0.5.10 by steps + 1.
+DRAFT_EXTEND_FULL_WIDTH_FROM: Version = (0, 5, 23)
 # Capture passes whose size does not depend on the decode graph bs: the prefill graphs are
 # captured per token count (cuda_graph_setup.py, 0.5.23), not per request.
 PREFILL_PASSES = frozenset({GraphPass.TARGET_PREFILL, GraphPass.DRAFT_PREFILL})
@@ -498,10 +504,40 @@ def _cap_of(params: LaunchParams, n: Numbers, spec: bool, bs: int) -> int:
     return bs if cap is None else max(1, min(bs, cap))
 
 
+def _pass_width(gpass: GraphPass, n: Numbers, version: str) -> int:
+    """Tokens per request a draft pass's graphs run (SGLang's capture width; 1 otherwise).
+
+    Draft decode: ``topk`` tokens in each of ``steps`` forwards captured in one graph (0.5.10
+    ``eagle_draft_cuda_graph_runner``: ``num_tokens_per_bs = topk``, ``out_cache_loc`` sized
+    ``max_num_token x steps``; 0.5.23 ``spec_utils.resolve_num_tokens_per_req``). Draft extend:
+    ``steps + 1`` on 0.5.10 (``eagle_draft_extend_cuda_graph_runner.py``: ``num_tokens_per_bs
+    = speculative_num_steps + 1``), ``--speculative-num-draft-tokens`` from 0.5.23 ("full tree
+    width ... not num_steps + 1"). Unset values are SGLang's auto shape (3, 1, 4).
+    """
+    steps = n.speculative_num_steps or SPEC_AUTO_STEPS
+    if gpass is GraphPass.DRAFT_DECODE:
+        return (n.speculative_eagle_topk or 1) * steps
+    if gpass is GraphPass.DRAFT_EXTEND:
+        if at_least(version, DRAFT_EXTEND_FULL_WIDTH_FROM):
+            return n.speculative_num_draft_tokens or SPEC_AUTO_STEPS + 1
+        return steps + 1
+    return 1
+
+
 def _later_passes(gpass: GraphPass, n: Numbers, ctx: _Context, extend_off: bool) -> list[
     tuple[GraphPass, float]
 ]:
-    """The capture passes SGLang runs after ``gpass``, with ``LATER_PASS_SHARE`` of its size."""
+    """The capture passes SGLang runs after ``gpass``, each with its estimated size as a share
+    of ``gpass``'s first step.
+
+    A draft pass after a target pass: ``LATER_PASS_SHARE["draft_after_target"]`` of it (no
+    SGLang formula relates the draft model's cost per token to the target's, and no log shows
+    it before the draft's graphs). A pass of the same model after another: as large per
+    captured token, since SGLang sizes every decode-like graph from ``max_bs x`` its width
+    (``_pass_width``): draft extend after a draft decode of ``topk x steps`` tokens per request
+    is that decode pass times ``width(extend) / (topk x steps)``. After a prefill pass the
+    caller scales by the tokens that pass ran.
+    """
     spec = ctx.spec or n.speculative
     steps = n.speculative_num_steps or SPEC_AUTO_STEPS
     extend = not (extend_off and at_least(ctx.version, DRAFT_EXTEND_SWITCH_FROM))
@@ -515,8 +551,11 @@ def _later_passes(gpass: GraphPass, n: Numbers, ctx: _Context, extend_off: bool)
         return [(p, after) for p in drafts] if spec else []
     if gpass is GraphPass.DRAFT_PREFILL:
         return [(p, same) for p in drafts]
-    if gpass is GraphPass.DRAFT_DECODE:
-        return [(p, same) for p in drafts if p is GraphPass.DRAFT_EXTEND]
+    if gpass is GraphPass.DRAFT_DECODE and GraphPass.DRAFT_EXTEND in drafts:
+        # Per captured token as large: scaled by the two passes' widths.
+        ratio = _pass_width(GraphPass.DRAFT_EXTEND, n, ctx.version) / _pass_width(
+            gpass, n, ctx.version)
+        return [(GraphPass.DRAFT_EXTEND, same * ratio)]
     return []
 
 

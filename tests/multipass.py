@@ -44,6 +44,7 @@ class World:
     draft_weights: float = 0.0
     spec: bool = False
     steps: int = 1
+    topk: int = 1
     draft_tokens: int = 2
     version: str = "0.5.23"
     kv_min_gib: float = 0.5
@@ -62,7 +63,7 @@ class World:
         )
         if self.spec:
             n.speculative_algorithm, n.speculative_num_steps = "EAGLE", self.steps
-            n.speculative_eagle_topk, n.speculative_num_draft_tokens = 1, self.draft_tokens
+            n.speculative_eagle_topk, n.speculative_num_draft_tokens = self.topk, self.draft_tokens
             n.max_running_requests = cap
             n.draft_weights_gib = self.draft_weights or None
         counted = self.draft_weights if version_tuple(self.version) >= (0, 5, 23) else 0.0

@@ -686,3 +686,51 @@ def test_0_5_10_draft_pool_oom_after_the_target_graphs_does_not_walk_the_bs() ->
     draft = next(i for i, r in enumerate(history) if (r.numbers.graph_pass or "").startswith(
         "draft"))
     assert draft == len(history) - 2, steps
+
+
+def _best_fraction(world: World, bs: int) -> float | None:
+    """The highest fraction on the 0.001 grid at which ``world`` is ready at graph bs ``bs``."""
+    for milli in range(950, 499, -1):
+        if world.run(LaunchParams(milli / 1000, bs)).outcome is Outcome.READY:
+            return milli / 1000
+    return None
+
+
+def test_draft_extend_after_a_draft_decode_oom_is_sized_by_sglangs_capture_widths() -> None:
+    """0.5.23, EAGLE 3 steps / topk 1 / 4 draft tokens: the draft decode graph captures
+    bs x topk tokens in each of 3 steps, the draft extend graph bs x 4 (SGLang's
+    ``resolve_num_tokens_per_req``), so extend is 4/3 of decode per bs. After an OOM in draft
+    decode the next fraction leaves room for that extend pass: ready in one relaunch."""
+    world = World(
+        pre=80.0, weights=40.0, tp=1, warmup=0.5, spec=True, steps=3, draft_tokens=4,
+        passes=(Pass(GraphPass.TARGET_VERIFY, 1.0, 0.05, 0.01),
+                Pass(GraphPass.DRAFT_DECODE, 0.0, 0.3, 0.01),
+                Pass(GraphPass.DRAFT_EXTEND, 0.0, 0.4, 0.01)),
+    )
+    run = run_multipass(world, LaunchParams(0.85, 32))
+    assert run.history[0].outcome is Outcome.OOM_GRAPH_CAPTURE
+    assert "draft_decode" == run.history[0].numbers.graph_pass
+    assert run.ready and len(run.history) == 2, [
+        (r.params.describe(), r.outcome.value, r.numbers.graph_pass) for r in run.history
+    ]
+
+
+def test_0_5_10_draft_extend_is_sized_by_steps_plus_one_not_the_tree() -> None:
+    """0.5.10, EAGLE 2 steps / topk 4 / 8 draft tokens: draft decode captures 4 x 2 = 8 tokens
+    per request, draft extend ``steps + 1`` = 3 (eagle_draft_extend_cuda_graph_runner.py
+    ``num_tokens_per_bs``). After an OOM in draft decode the extend pass is expected at 3/8 of
+    it, not as large again: ready in one relaunch at bs 32, with little KV left unused."""
+    world = World(
+        pre=100.0, weights=30.0, tp=1, warmup=0.5, spec=True, steps=2, topk=4, draft_tokens=8,
+        version="0.5.10",
+        passes=(Pass(GraphPass.TARGET_VERIFY, 1.0, 0.05, 0.01),
+                Pass(GraphPass.DRAFT_DECODE, 0.0, 0.8, 0.01),
+                Pass(GraphPass.DRAFT_EXTEND, 0.0, 0.3, 0.01)),
+    )
+    run = run_multipass(world, LaunchParams(0.75, 32))
+    assert "draft_decode" == run.history[0].numbers.graph_pass
+    assert run.ready and len(run.history) == 2, run.reason
+    last = run.history[-1].params
+    assert last.cuda_graph_max_bs == 32 and last.mem_fraction_static is not None
+    best = _best_fraction(world, 32)
+    assert best is not None and best - last.mem_fraction_static <= 0.03
