@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import IO, Any
 
 REPO = Path(__file__).resolve().parents[1]
+REPLAY = REPO / "launcher" / "sim" / "replay.py"
 if str(REPO) not in sys.path:  # tests.* helpers are not installed; run from anywhere
     sys.path.insert(0, str(REPO))
 
@@ -328,6 +329,9 @@ def build_rig(root: Path, n: int, args: argparse.Namespace) -> Rig:
     names = [f"s{i:03d}" for i in range(n)]
     model = str(model_dir("tiny-1b-sim"))
     extra = ["--skip-server-warmup"] if args.skip_warmup else []
+    # --sim replay: the lean stand-in (launcher/sim/replay.py) instead of the real sim.
+    replay_env = {"SGLANG_SIM_REPLAY_DIR": str(root / "replay")} if args.sim == "replay" else {}
+    replay_cmd = [sys.executable, "-S", str(REPLAY)]
     hosts: list[dict[str, Any]] = []
     servers: list[dict[str, Any]] = []
     run_dir_of: dict[str, Path] = {}
@@ -338,7 +342,8 @@ def build_rig(root: Path, n: int, args: argparse.Namespace) -> Rig:
         hosts.append({
             "name": "sim", "transport": "local",
             "nvidia_smi": [sys.executable, "-m", "launcher.sim.nvidia_smi"],
-            "env": {k: sim.env[k] for k in ("SGLANG_SIM_HOST", "PYTHONPATH", "no_proxy")},
+            "env": {**{k: sim.env[k] for k in ("SGLANG_SIM_HOST", "PYTHONPATH", "no_proxy")},
+                    **replay_env},
             "run_dir": str(run_dir),
         })
         for i, name in enumerate(names):
@@ -346,7 +351,8 @@ def build_rig(root: Path, n: int, args: argparse.Namespace) -> Rig:
             servers.append({
                 "name": name, "host": "sim", "model_path": model, "tp": 1, "gpus": [i],
                 "port": ports[i], "sglang_version": SIM_VERSION, "extra_args": extra,
-                "command": [sys.executable, "-m", "launcher.sim.server"],
+                "command": (replay_cmd if replay_env
+                            else [sys.executable, "-m", "launcher.sim.server"]),
             })
     else:
         h = min(args.hosts, n)
@@ -362,7 +368,9 @@ def build_rig(root: Path, n: int, args: argparse.Namespace) -> Rig:
                                    gpu_total_gib=GPU_GIB, time_scale=args.time_scale)
                 sites.append(site)
                 # The fixture's 2 s keepalive is for tests; a deployment uses the default.
-                hosts.append(site.host_entry(keepalive_interval="15s", connect_timeout="10s"))
+                entry = site.host_entry(keepalive_interval="15s", connect_timeout="10s")
+                entry["env"] = {**entry["env"], **replay_env}
+                hosts.append(entry)
         except BaseException:
             for started in sshds:
                 started.stop()
@@ -371,7 +379,8 @@ def build_rig(root: Path, n: int, args: argparse.Namespace) -> Rig:
             site = sites[i % h]
             run_dir_of[name] = site.run_dir
             servers.append(server_entry(name, site, gpus=[i // h], port=ports[i],
-                                        extra_args=extra))
+                                        extra_args=extra,
+                                        **({"command": replay_cmd} if replay_env else {})))
     config = {
         "state_dir": str(root / "state"),
         "policy": policy(args.probe_interval),
@@ -731,6 +740,7 @@ def run_one(n: int, args: argparse.Namespace, work: Path, rng: random.Random,
             deadline: float, do_log_rate: bool) -> dict[str, Any]:
     """Ramp, steady state, kills and (optionally) the log-rate ladder for one N."""
     result: dict[str, Any] = {"n": n, "transport": args.transport, "ramp": args.ramp,
+                              "sim_kind": args.sim,
                               "hosts": min(args.hosts, n) if args.transport == "ssh" else 1}
     root = work / f"{args.transport}-{n}"
     rig = build_rig(root, n, args)
@@ -1419,6 +1429,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=25)
     p.add_argument("--skip-warmup", action="store_true",
                    help="pass --skip-server-warmup to the sims (lighter start-up)")
+    p.add_argument("--sim", choices=("real", "replay"), default="real",
+                   help="real: launcher.sim.server (3 Python processes, ~28 MiB PSS each "
+                   "server); replay: launcher/sim/replay.py, one lean process replaying a "
+                   "recorded start-up of the real sim (~4 MiB)")
+    p.add_argument("--min-available-gib", type=float, default=10.0,
+                   help="do not start an N while MemAvailable is below this")
     p.add_argument("--no-baseline", action="store_true", help="skip the N=1 baseline")
     p.add_argument("--budget-minutes", type=float, default=15.0)
     p.add_argument("--seed", type=int, default=1)
@@ -1472,7 +1488,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = random.Random(args.seed)
     results: list[dict[str, Any]] = []
     reader: dict[str, float] | None = None
-    per_server_mib = 60.0  # until measured (three Python processes, a shell, a tail)
+    # Until measured: three Python processes, a shell, a tail (replay: one lean process).
+    per_server_mib = 60.0 if args.sim == "real" else 12.0
     with terminated_as_exit(), contextlib.ExitStack() as stack:
         if args.workdir is None:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-scale-")))
@@ -1500,6 +1517,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if time.monotonic() + 60 > deadline:
                     print(f"N={n}: skipped, time budget spent", flush=True)
                     results.append({"n": n, "transport": transport, "skipped": "time budget"})
+                    continue
+                if mem_available_gib() < args.min_available_gib:
+                    print(f"N={n}: skipped, {mem_available_gib():.1f} GiB available, under "
+                          f"--min-available-gib {args.min_available_gib:g}", flush=True)
+                    results.append({"n": n, "transport": transport, "skipped": "memory"})
                     continue
                 if not fits(n, per_server_mib):
                     print(f"N={n}: skipped, {n} × {per_server_mib:.0f} MiB does not fit in "
