@@ -863,7 +863,11 @@ class ServerSupervisor:
                 )
             if counts:
                 await self._post(ProbeResult(ok=ok, detail=detail))
-            await anyio.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
+            delay = p.probe_interval if ready else min(0.5, p.probe_interval)
+            if ready and self.host_follower is not None:
+                # The host's tick (never later): its servers' probes go to its agent together.
+                delay = self.host_follower.probe_delay(delay)
+            await anyio.sleep(delay)
 
     async def _probe_once(self, connect: health.Connect, deadline_s: float,
                           ) -> tuple[bool, str]:
