@@ -459,15 +459,20 @@ async def test_a_hung_server_is_found_unhealthy_through_the_agents_probes(
         policy={"probe_failures": 3},
     )
     rec = Recorder()
+    unhealthy_seen = anyio.Event()
+
+    def hook(server: str, name: str, data: dict[str, object]) -> None:
+        if name == "server.unhealthy":
+            unhealthy_seen.set()
+
     server = config.servers[0]
     sup = ServerSupervisor(config, server,
                            LocalTransport(server.host, env=config.host(server.host).env),
-                           sglang_version=SIM_VERSION, hooks=[rec])
+                           sglang_version=SIM_VERSION, hooks=[rec, hook])
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(supervise_all, [sup])
-            while not rec.has("server.unhealthy"):
-                await anyio.sleep(0.02)
+            await unhealthy_seen.wait()
             tg.cancel_scope.cancel()
     assert sup.host_follower is not None
     assert 1 == sup.host_follower.channels_opened
