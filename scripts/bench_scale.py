@@ -1336,7 +1336,7 @@ def driver_main(args: argparse.Namespace) -> int:
     from launcher.eventlog import configure
     from launcher.lifecycle import State
     from launcher.placeholders import expand_placeholders
-    from launcher.supervisor import ServerSupervisor, _Attempt, supervise_all
+    from launcher.supervisor import RunningAttempt, ServerSupervisor, supervise_all
     from launcher.transport import make_transport
     from launcher.transport.local import install_pidfd_child_watcher
 
@@ -1351,7 +1351,7 @@ def driver_main(args: argparse.Namespace) -> int:
     tracker = LagTracker(emit)
 
     class Observed(ServerSupervisor):
-        async def _on_line(self, att: _Attempt, line: str) -> None:
+        async def _on_line(self, att: RunningAttempt, line: str) -> None:
             await super()._on_line(att, line)
             tracker.observe(line)
 
