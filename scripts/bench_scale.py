@@ -755,7 +755,7 @@ def run_one(n: int, args: argparse.Namespace, work: Path, rng: random.Random,
             gave_up = batched_ramp(rig, args.batch, root, deadline)
         cli = Child(cli_argv(rig), child_env(), root / "launcher.stderr")
         children.append(cli)
-        ramp_timeout = 120 + 1.5 * n
+        ramp_timeout = args.ramp_timeout or 120 + 1.5 * n
         cli.wait(lambda: cli.settled(n - len(gave_up)), ramp_timeout)
         gave_up.update({k: v for k, v in cli.gave_up.items() if k not in cli.ready})
         result["ramp_s"] = time.monotonic() - t0
@@ -1430,6 +1430,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "`launcher up -s ... --until-ready` per --batch servers first, then one "
                    "`launcher up` adopts them all")
     p.add_argument("--batch", type=int, default=25)
+    p.add_argument("--ramp-timeout", type=float, default=0.0,
+                   help="seconds to wait for all ready (default 120 + 1.5 s per server); "
+                   "the estimate runs one server after the other before any launch, "
+                   "~1.7 s each over SSH on this machine")
     p.add_argument("--skip-warmup", action="store_true",
                    help="pass --skip-server-warmup to the sims (lighter start-up)")
     p.add_argument("--sim", choices=("real", "replay"), default="real",
