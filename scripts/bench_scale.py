@@ -47,6 +47,10 @@ and stop the sshd daemons. Each launcher's JSON events are kept next to its stde
 Memory: one sim server is three Python processes (server + scheduler holder + detokenizer
 holder, ~51 MB RSS / ~28 MB PSS together) plus its wrapper shell and a ``tail``; the script
 measures it and skips an N whose estimate exceeds 80 % of MemAvailable (saying so).
+``--sim replay`` runs launcher/sim/replay.py instead: one ~5 MiB process per server that
+replays a recorded run of the real sim (same log bytes, own pid and port, real /health), so
+that N=1000 fits; see its docstring for what it does not model. No N starts while
+MemAvailable is under ``--min-available-gib`` (10).
 """
 
 from __future__ import annotations
