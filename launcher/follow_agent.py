@@ -11,9 +11,12 @@ Protocol. The agent reads JSON commands, one per line, on stdin:
   directory D (see launcher.remote) from log byte O; its server's pid is P. K is a number the
   launcher never reuses in one agent's life.
 - ``{"op": "del", "key": K}``: stop following K (unknown keys are ignored).
-- ``{"op": "probe", "key": K, "port": P, "timeout": T}``: ``GET /health`` on 127.0.0.1:P
-  (one plain HTTP/1.1 request, only the status line read), in a thread of its own, answered
-  by one ``P`` frame for K within about T seconds.
+- ``{"op": "probes", "key": K, "items": [[K1, P1, T1], [K2, P2, T2], ...]}``: ``GET
+  /health`` on 127.0.0.1:P1, P2... (one plain HTTP/1.1 request each, only the status line
+  read), all at once in one thread of their own (non-blocking sockets, one ``poll``), Kn
+  answered within about Tn seconds, by ``P`` frames that each carry every answer ready at
+  that moment (one frame for the whole batch when the servers answer promptly). K names
+  the batch and is otherwise unused.
 
 and writes frames on stdout, each ``MAGIC kind key offset length`` (``>BBIQI``, 18 bytes)
 followed by ``length`` payload bytes:
@@ -25,8 +28,8 @@ followed by ``length`` payload bytes:
   one. Nothing more comes for K.
 - ``E`` (error): K cannot be followed (the payload says why, UTF-8); nothing more comes for K.
 - ``H`` (heartbeat, key 0): sent every HEARTBEAT_S; ``offset`` is the host's clock in ms.
-- ``P`` (probe answer): the HTTP status code (digits), ``timeout``, or the error's type
-  and message.
+- ``P`` (probe answers, key 0): one line per probe, ``Kn answer\n``, the answer being the
+  HTTP status code (digits), ``timeout``, or the error's type and message.
 
 A server is gone when its ``exit_status`` file exists, or its pid no longer runs our process
 (the start time recorded in ``pid_start`` no longer matches), exactly as the shell helpers of
@@ -39,6 +42,7 @@ followed log and reads at most CHUNK bytes per log per round, so a host with one
 server still serves the others every round.
 """
 
+import errno
 import json
 import os
 import select
@@ -47,9 +51,9 @@ import struct
 import sys
 import threading
 import time
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-VERSION = 1
+VERSION = 2
 MAGIC = 0xA5
 HEADER = struct.Struct(">BBIQI")
 CHUNK = 256 * 1024  # log bytes per D frame (and per log per round)
@@ -81,35 +85,89 @@ def _ident(pid: int, boot_id: str) -> Optional[str]:
     return "%s %s" % (boot_id, fields[19])
 
 
-def probe(port: int, timeout: float) -> bytes:
-    """GET /health on 127.0.0.1:``port``: the status code, ``timeout``, or the error."""
-    deadline = time.monotonic() + timeout
-    try:
-        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        try:
-            sock.sendall(PROBE_REQUEST)
-            head = b""
-            while b"\r\n" not in head and len(head) < 4096:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return b"timeout"
-                sock.settimeout(left)
-                data = sock.recv(4096)
-                if not data:
-                    break
-                head += data
-        finally:
-            sock.close()
-    except socket.timeout:
-        return b"timeout"
-    except OSError as exc:
-        return ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace")
+def _error(exc: OSError) -> bytes:
+    return ("%s: %s" % (type(exc).__name__, exc)).replace("\n", " ").encode("utf-8", "replace")
+
+
+def _status(head: bytes) -> bytes:
+    """The answer for what a server sent back: its status code, or what was wrong."""
     fields = head.split(b"\r\n", 1)[0].split()
     if len(fields) >= 2 and fields[0].startswith(b"HTTP/") and fields[1].isdigit():
         return fields[1]
     if not head:
         return b"RemoteProtocolError: Server disconnected without sending a response."
     return ("RemoteProtocolError: not an HTTP answer: %r" % head[:60]).encode("utf-8")
+
+
+def probe_many(items: List[Tuple[int, int, float]],
+               emit: Callable[[List[Tuple[int, bytes]]], object]) -> None:
+    """``GET /health`` on 127.0.0.1:port for every (key, port, timeout) of ``items``, all at
+    once in the calling thread: ``emit`` gets each wave of (key, answer) as they come, every
+    key exactly once, within about its ``timeout`` seconds. An answer is the status code,
+    ``timeout``, or the error's type and message (as launcher.health.probe_health words it).
+    """
+    start = time.monotonic()
+    poller = select.poll()
+    # fd -> [key, socket, bytes so far, request sent, deadline]
+    pending: Dict[int, List[Any]] = {}
+    done: List[Tuple[int, bytes]] = []
+
+    def finish(fd: int, answer: bytes) -> None:
+        state = pending.pop(fd)
+        poller.unregister(fd)
+        state[1].close()
+        done.append((state[0], answer))
+
+    for key, port, timeout in items:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        err = sock.connect_ex(("127.0.0.1", port))
+        if err not in (0, errno.EINPROGRESS):
+            sock.close()
+            done.append((key, _error(OSError(err, os.strerror(err)))))
+            continue
+        pending[sock.fileno()] = [key, sock, b"", False, start + timeout]
+        poller.register(sock.fileno(), select.POLLOUT)
+    while pending:
+        if done:
+            emit(done)
+            done = []
+        now = time.monotonic()
+        for fd in [fd for fd, state in pending.items() if state[4] <= now]:
+            finish(fd, b"timeout")
+        if not pending:
+            break
+        left = min(state[4] for state in pending.values()) - now
+        for fd, _ in poller.poll(max(1, int(left * 1000 + 1))):
+            state = pending.get(fd)
+            if state is None:
+                continue
+            sock = state[1]
+            if not state[3]:
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err:
+                    finish(fd, _error(OSError(err, os.strerror(err))))
+                    continue
+                try:
+                    sock.send(PROBE_REQUEST)  # ~100 bytes: fits a fresh socket's buffer
+                except OSError as exc:
+                    finish(fd, _error(exc))
+                    continue
+                state[3] = True
+                poller.modify(fd, select.POLLIN)
+                continue
+            try:
+                data = sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as exc:
+                finish(fd, _error(exc))
+                continue
+            state[2] += data
+            if not data or b"\r\n" in state[2] or len(state[2]) >= 4096:
+                finish(fd, _status(state[2]))
+    if done:
+        emit(done)
 
 
 def _read_text(path: str) -> Optional[str]:
@@ -159,19 +217,18 @@ class Agent(object):
             op, key = cmd["op"], int(cmd["key"])
         except (ValueError, KeyError, TypeError):
             return
-        old = self.followed.pop(key, None)
-        if old is not None:
-            old.close()
-        if op == "probe":
+        if op == "probes":
             try:
-                port, timeout = int(cmd["port"]), float(cmd["timeout"])
+                items = [(int(k), int(p), float(t)) for k, p, t in cmd["items"]]
             except (ValueError, KeyError, TypeError):
-                self.write(encode_frame(b"P", key, 0, b"malformed probe command"))
-                return
-            thread = threading.Thread(target=self._probe, args=(key, port, timeout))
+                return  # the launcher's bug: its probes time out
+            thread = threading.Thread(target=probe_many, args=(items, self._answers))
             thread.daemon = True
             thread.start()
             return
+        old = self.followed.pop(key, None)
+        if old is not None:
+            old.close()
         if op == "add":
             try:
                 self.followed[key] = Followed(key, str(cmd["dir"]), int(cmd["offset"]),
@@ -187,8 +244,9 @@ class Agent(object):
             if line.strip():
                 self.command(line)
 
-    def _probe(self, key: int, port: int, timeout: float) -> None:
-        self.write(encode_frame(b"P", key, 0, probe(port, timeout)))
+    def _answers(self, answers: List[Tuple[int, bytes]]) -> None:
+        self.write(encode_frame(b"P", 0, 0, b"".join(
+            b"%d %s\n" % (key, answer) for key, answer in answers)))
 
     def _alive(self, f: Followed, now: float) -> bool:
         """Whether f's server still runs (see the module docstring)."""

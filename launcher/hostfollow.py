@@ -55,6 +55,7 @@ SUB_FRAMES = 2  # frames queued per followed server before the reader waits for 
 SUB_WAIT_S = 5.0  # how long the reader waits for one slow follower before cutting it off
 _DEL_WAIT_S = 2.0
 _PROBE_SLACK_S = 2.0  # the frame's round trip on top of the probe's own deadline
+PROBE_LINGER_S = 0.01  # probes asked within this long go to the agent as one command
 
 # Starts the agent, or exits 127 when the host has no python3 (then follow falls back).
 _START = 'command -v python3 > /dev/null 2>&1 || exit 127; exec python3 -c "$1"'
@@ -158,6 +159,7 @@ class _Channel:
         self.duplex = duplex
         self.subs: dict[int, _Sub] = {}
         self.probes: dict[int, _Probe] = {}
+        self.batch: list[tuple[int, int, float]] = []  # probes not sent yet: key, port, timeout
         self.lock = anyio.Lock()  # one writer at a time on the agent's stdin
         self.closed = False
 
@@ -307,10 +309,12 @@ class HostFollower:
             if frame.kind in "HR":
                 continue
             if frame.kind == "P":
-                waiter = channel.probes.pop(frame.key, None)
-                if waiter is not None:
-                    waiter.answer = frame.payload
-                    waiter.done.set()
+                for line in frame.payload.splitlines():
+                    key, _, answer = line.partition(b" ")
+                    waiter = channel.probes.pop(int(key), None) if key.isdigit() else None
+                    if waiter is not None:
+                        waiter.answer = answer
+                        waiter.done.set()
                 continue
             sub = channel.subs.get(frame.key)
             if sub is None:
@@ -411,12 +415,21 @@ class HostFollower:
             # Cut off for reading too slowly (sub.resync): take it on again from here.
 
 
+    def probe_delay(self, interval: float) -> float:
+        """Seconds to this host's next probe tick, in (0, ``interval``]: the ticks are the
+        multiples of ``interval`` on the event loop's clock, so the probes of every server
+        that waits for them (same interval) fall due together and go to the agent as one
+        command, their answers come back in one frame, and the access lines they cause in
+        one round of the agent."""
+        return interval - anyio.current_time() % interval
+
     async def probe(self, port: int, deadline_s: float) -> tuple[bool, str] | None:
         """``GET /health`` on the host's 127.0.0.1:``port``, made by the agent: (whether it
         answered 200, a detail as launcher.health.probe_health gives it). No channel and no
-        socket per probe: one small frame each way on the agent's session. None when the
-        host has no agent (probe some other way). HostUnreachable (or the error that ended
-        the channel) propagates; HostKeyError too."""
+        socket per probe: the probes asked within PROBE_LINGER_S of each other go as one
+        command and their answers come back together. None when the host has no agent
+        (probe some other way). HostUnreachable (or the error that ended the channel)
+        propagates; HostKeyError too."""
         if self.unsupported:
             return None
         try:
@@ -427,9 +440,11 @@ class HostFollower:
         key = next(self._keys)
         waiter = _Probe(anyio.Event())
         channel.probes[key] = waiter
+        if not channel.batch and self._tg is not None:
+            self._tg.start_soon(self._send_probes, channel)
+        channel.batch.append((key, port, deadline_s))
         try:
-            await channel.command(op="probe", key=key, port=port, timeout=deadline_s)
-            with anyio.move_on_after(deadline_s + _PROBE_SLACK_S):
+            with anyio.move_on_after(PROBE_LINGER_S + deadline_s + _PROBE_SLACK_S):
                 await waiter.done.wait()
         finally:
             channel.probes.pop(key, None)
@@ -441,6 +456,22 @@ class HostFollower:
         if answer.isdigit():
             return int(answer) == 200, f"HTTP {int(answer)}"
         return False, answer.decode("utf-8", "replace")
+
+
+    async def _send_probes(self, channel: _Channel) -> None:
+        """After PROBE_LINGER_S, send the probes asked meanwhile as one command; if it cannot
+        be sent, each of them gets the error."""
+        await anyio.sleep(PROBE_LINGER_S)
+        batch, channel.batch = channel.batch, []
+        try:
+            await channel.command(op="probes", key=next(self._keys),
+                                  items=[list(item) for item in batch])
+        except LauncherError as exc:
+            for key, _, _ in batch:
+                waiter = channel.probes.pop(key, None)
+                if waiter is not None:
+                    waiter.error = exc
+                    waiter.done.set()
 
 
 def followers_for(transports: list[Transport]) -> dict[int, HostFollower]:

@@ -866,7 +866,11 @@ class ServerSupervisor:
             self._to_hooks(events.Probed(ok=ok, latency_s=latency, detail=detail))
             if counts:
                 await self._post(ProbeResult(ok=ok, detail=detail))
-            await self.sleep(p.probe_interval if ready else min(0.5, p.probe_interval))
+            delay = p.probe_interval if ready else min(0.5, p.probe_interval)
+            if ready and self.host_follower is not None:
+                # The host's tick (never later): its servers' probes go to its agent together.
+                delay = self.host_follower.probe_delay(delay)
+            await self.sleep(delay)
 
     async def _probe_once(self, connect: health.Connect, deadline_s: float,
                           ) -> tuple[bool, str]:

@@ -47,6 +47,10 @@ and stop the sshd daemons. Each launcher's JSON events are kept next to its stde
 Memory: one sim server is three Python processes (server + scheduler holder + detokenizer
 holder, ~51 MB RSS / ~28 MB PSS together) plus its wrapper shell and a ``tail``; the script
 measures it and skips an N whose estimate exceeds 80 % of MemAvailable (saying so).
+``--sim replay`` runs launcher/sim/replay.py instead: one ~5 MiB process per server that
+replays a recorded run of the real sim (same log bytes, own pid and port, real /health), so
+that N=1000 fits; see its docstring for what it does not model. No N starts while
+MemAvailable is under ``--min-available-gib`` (10).
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ from pathlib import Path
 from typing import IO, Any
 
 REPO = Path(__file__).resolve().parents[1]
+REPLAY = REPO / "launcher" / "sim" / "replay.py"
 if str(REPO) not in sys.path:  # tests.* helpers are not installed; run from anywhere
     sys.path.insert(0, str(REPO))
 
@@ -310,9 +315,12 @@ class Rig:
                 sshd.stop()
 
 
-def policy(probe_interval: float) -> dict[str, Any]:
-    """Generous start-up budgets (N servers start at once on 2 cores); quick restarts."""
+def policy(probe_interval: float, initial: str = "auto") -> dict[str, Any]:
+    """Generous start-up budgets (N servers start at once on 2 cores); quick restarts.
+    ``initial`` "configured" skips the memory estimate (one nvidia-smi per server, one
+    server after the other, before any launch: ~0.8 s each here)."""
     return {
+        "initial": initial,
         "probe_interval": f"{probe_interval}s",
         "start_deadline": "900s",
         "gpu_free_timeout": "120s",
@@ -329,6 +337,9 @@ def build_rig(root: Path, n: int, args: argparse.Namespace) -> Rig:
     names = [f"s{i:03d}" for i in range(n)]
     model = str(model_dir("tiny-1b-sim"))
     extra = ["--skip-server-warmup"] if args.skip_warmup else []
+    # --sim replay: the lean stand-in (launcher/sim/replay.py) instead of the real sim.
+    replay_env = {"SGLANG_SIM_REPLAY_DIR": str(root / "replay")} if args.sim == "replay" else {}
+    replay_cmd = [sys.executable, "-S", str(REPLAY)]
     hosts: list[dict[str, Any]] = []
     servers: list[dict[str, Any]] = []
     run_dir_of: dict[str, Path] = {}
@@ -339,7 +350,8 @@ def build_rig(root: Path, n: int, args: argparse.Namespace) -> Rig:
         hosts.append({
             "name": "sim", "transport": "local",
             "nvidia_smi": [sys.executable, "-m", "launcher.sim.nvidia_smi"],
-            "env": {k: sim.env[k] for k in ("SGLANG_SIM_HOST", "PYTHONPATH", "no_proxy")},
+            "env": {**{k: sim.env[k] for k in ("SGLANG_SIM_HOST", "PYTHONPATH", "no_proxy")},
+                    **replay_env},
             "run_dir": str(run_dir),
         })
         for i, name in enumerate(names):
@@ -347,7 +359,8 @@ def build_rig(root: Path, n: int, args: argparse.Namespace) -> Rig:
             servers.append({
                 "name": name, "host": "sim", "model_path": model, "tp": 1, "gpus": [i],
                 "port": ports[i], "sglang_version": SIM_VERSION, "extra_args": extra,
-                "command": [sys.executable, "-m", "launcher.sim.server"],
+                "command": (replay_cmd if replay_env
+                            else [sys.executable, "-m", "launcher.sim.server"]),
             })
     else:
         h = min(args.hosts, n)
@@ -363,7 +376,9 @@ def build_rig(root: Path, n: int, args: argparse.Namespace) -> Rig:
                                    gpu_total_gib=GPU_GIB, time_scale=args.time_scale)
                 sites.append(site)
                 # The fixture's 2 s keepalive is for tests; a deployment uses the default.
-                hosts.append(site.host_entry(keepalive_interval="15s", connect_timeout="10s"))
+                entry = site.host_entry(keepalive_interval="15s", connect_timeout="10s")
+                entry["env"] = {**entry["env"], **replay_env}
+                hosts.append(entry)
         except BaseException:
             for started in sshds:
                 started.stop()
@@ -372,10 +387,11 @@ def build_rig(root: Path, n: int, args: argparse.Namespace) -> Rig:
             site = sites[i % h]
             run_dir_of[name] = site.run_dir
             servers.append(server_entry(name, site, gpus=[i // h], port=ports[i],
-                                        extra_args=extra))
+                                        extra_args=extra,
+                                        **({"command": replay_cmd} if replay_env else {})))
     config = {
         "state_dir": str(root / "state"),
-        "policy": policy(args.probe_interval),
+        "policy": policy(args.probe_interval, args.initial),
         "hosts": hosts,
         "servers": servers,
     }
@@ -732,6 +748,7 @@ def run_one(n: int, args: argparse.Namespace, work: Path, rng: random.Random,
             deadline: float, do_log_rate: bool) -> dict[str, Any]:
     """Ramp, steady state, kills and (optionally) the log-rate ladder for one N."""
     result: dict[str, Any] = {"n": n, "transport": args.transport, "ramp": args.ramp,
+                              "sim_kind": args.sim,
                               "hosts": min(args.hosts, n) if args.transport == "ssh" else 1}
     root = work / f"{args.transport}-{n}"
     rig = build_rig(root, n, args)
@@ -743,7 +760,7 @@ def run_one(n: int, args: argparse.Namespace, work: Path, rng: random.Random,
             gave_up = batched_ramp(rig, args.batch, root, deadline)
         cli = Child(cli_argv(rig), child_env(), root / "launcher.stderr")
         children.append(cli)
-        ramp_timeout = 120 + 1.5 * n
+        ramp_timeout = args.ramp_timeout or 120 + 1.5 * n
         cli.wait(lambda: cli.settled(n - len(gave_up)), ramp_timeout)
         gave_up.update({k: v for k, v in cli.gave_up.items() if k not in cli.ready})
         result["ramp_s"] = time.monotonic() - t0
@@ -1324,7 +1341,7 @@ def driver_main(args: argparse.Namespace) -> int:
     from launcher.eventlog import configure
     from launcher.lifecycle import State
     from launcher.placeholders import expand_placeholders
-    from launcher.supervisor import ServerSupervisor, _Attempt, supervise_all
+    from launcher.supervisor import RunningAttempt, ServerSupervisor, supervise_all
     from launcher.transport import make_transport
     from launcher.transport.local import install_pidfd_child_watcher
 
@@ -1339,7 +1356,7 @@ def driver_main(args: argparse.Namespace) -> int:
     tracker = LagTracker(emit)
 
     class Observed(ServerSupervisor):
-        async def _on_line(self, att: _Attempt, line: str) -> None:
+        async def _on_line(self, att: RunningAttempt, line: str) -> None:
             await super()._on_line(att, line)
             tracker.observe(line)
 
@@ -1418,8 +1435,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "`launcher up -s ... --until-ready` per --batch servers first, then one "
                    "`launcher up` adopts them all")
     p.add_argument("--batch", type=int, default=25)
+    p.add_argument("--ramp-timeout", type=float, default=0.0,
+                   help="seconds to wait for all ready (default 120 + 1.5 s per server); "
+                   "the estimate runs one server after the other before any launch, "
+                   "~1.7 s each over SSH on this machine")
     p.add_argument("--skip-warmup", action="store_true",
                    help="pass --skip-server-warmup to the sims (lighter start-up)")
+    p.add_argument("--sim", choices=("real", "replay"), default="real",
+                   help="real: launcher.sim.server (3 Python processes, ~28 MiB PSS each "
+                   "server); replay: launcher/sim/replay.py, one lean process replaying a "
+                   "recorded start-up of the real sim (~4 MiB)")
+    p.add_argument("--initial", choices=("auto", "configured"), default="auto",
+                   help="the policy's `initial`: configured skips the per-server memory "
+                   "estimate before the launches (a shorter ramp at large N)")
+    p.add_argument("--min-available-gib", type=float, default=10.0,
+                   help="do not start an N while MemAvailable is below this")
     p.add_argument("--no-baseline", action="store_true", help="skip the N=1 baseline")
     p.add_argument("--budget-minutes", type=float, default=15.0)
     p.add_argument("--seed", type=int, default=1)
@@ -1473,7 +1503,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = random.Random(args.seed)
     results: list[dict[str, Any]] = []
     reader: dict[str, float] | None = None
-    per_server_mib = 60.0  # until measured (three Python processes, a shell, a tail)
+    # Until measured: three Python processes, a shell, a tail (replay: one lean process).
+    per_server_mib = 60.0 if args.sim == "real" else 12.0
     with terminated_as_exit(), contextlib.ExitStack() as stack:
         if args.workdir is None:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-scale-")))
@@ -1501,6 +1532,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if time.monotonic() + 60 > deadline:
                     print(f"N={n}: skipped, time budget spent", flush=True)
                     results.append({"n": n, "transport": transport, "skipped": "time budget"})
+                    continue
+                if mem_available_gib() < args.min_available_gib:
+                    print(f"N={n}: skipped, {mem_available_gib():.1f} GiB available, under "
+                          f"--min-available-gib {args.min_available_gib:g}", flush=True)
+                    results.append({"n": n, "transport": transport, "skipped": "memory"})
                     continue
                 if not fits(n, per_server_mib):
                     print(f"N={n}: skipped, {n} × {per_server_mib:.0f} MiB does not fit in "

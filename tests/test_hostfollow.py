@@ -28,6 +28,7 @@ from tests.hostile_http import HostileHttp
 from tests.simhost import free_port
 from tests.sshd import Sshd
 from tests.sshsim import SIM_VERSION, EventRecorder, Site, kill_leftovers, server_entry, ssh_config
+from tests.supervise import Recorder, SimSetup
 
 # Writes 300 numbered lines of varying length in small pieces (chunk borders fall anywhere).
 WRITER = (
@@ -353,3 +354,129 @@ async def test_the_agent_probes_health_on_the_host() -> None:
     assert (False, "no complete answer within 0.3s") == quiet
     assert refused is not None
     assert (False, "ConnectionRefusedError: [Errno 111] Connection refused") == refused
+
+
+class _RecordingDuplex:
+    """The agent's channel, with the command lines sent and the frames received kept."""
+
+    def __init__(self, inner: Duplex, sent: list[bytes], frames: list[Frame]) -> None:
+        self.inner, self.sent, self.frames = inner, sent, frames
+        self.decoder = FrameDecoder()
+
+    async def send(self, data: bytes) -> None:
+        self.sent.append(data)
+        await self.inner.send(data)
+
+    async def receive(self) -> bytes:
+        data = await self.inner.receive()
+        self.frames += self.decoder.feed(data)
+        return data
+
+
+class RecordingLocal(LocalTransport):
+    def __init__(self) -> None:
+        super().__init__("local")
+        self.sent: list[bytes] = []
+        self.frames: list[Frame] = []
+
+    @asynccontextmanager
+    async def duplex(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                     ) -> AsyncIterator[Duplex]:
+        async with super().duplex(argv, env=env) as inner:
+            yield _RecordingDuplex(inner, self.sent, self.frames)
+
+
+async def test_probes_asked_together_go_to_the_agent_as_one_command() -> None:
+    """Five servers probed at the same moment (as on a host's probe tick): one command line
+    to the agent, and each probe gets its own server's answer, its own deadline included."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = int(s.getsockname()[1])
+    transport = RecordingLocal()
+    got: dict[str, tuple[bool, str] | None] = {}
+    try:
+        with HostileHttp("huge", body_len=10) as a, HostileHttp("huge", body_len=20) as b, \
+                HostileHttp("huge", body_len=30) as c:
+            ports = {"a": (a.port, 5.0), "b": (b.port, 5.0), "c": (c.port, 5.0),
+                     "refused": (closed, 5.0), "silent": (int(silent.getsockname()[1]), 0.3)}
+            async with running(transport) as follower:
+                await follower.probe(a.port, 5.0)  # the agent is up: only the batch counts
+                before = len(transport.sent)
+
+                async def one(name: str) -> None:
+                    got[name] = await follower.probe(*ports[name])
+
+                async with anyio.create_task_group() as tg:
+                    for name in ports:
+                        tg.start_soon(one, name)
+                commands = transport.sent[before:]
+    finally:
+        silent.close()
+    assert 1 == len(commands)
+    assert b'"op": "probes"' in commands[0]
+    assert {"a": (True, "HTTP 200"), "b": (True, "HTTP 200"), "c": (True, "HTTP 200"),
+            "refused": (False, "ConnectionRefusedError: [Errno 111] Connection refused"),
+            "silent": (False, "no complete answer within 0.3s")} == got
+
+
+def test_a_batch_answers_every_probe_once() -> None:
+    """probe_many (the agent's side) answers each key exactly once, across waves."""
+    waves: list[list[tuple[int, bytes]]] = []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = int(s.getsockname()[1])
+    with HostileHttp("huge", body_len=5) as ok:
+        follow_agent.probe_many([(1, ok.port, 5.0), (2, closed, 5.0), (3, ok.port, 5.0)],
+                                waves.append)
+    answers = [a for wave in waves for a in wave]
+    assert [1, 2, 3] == sorted(k for k, _ in answers)
+    assert {1: b"200", 2: b"ConnectionRefusedError: [Errno 111] Connection refused",
+            3: b"200"} == dict(answers)
+
+
+async def test_the_probe_tick_is_shared_by_a_host_and_never_later_than_the_interval() -> None:
+    """The tick is a multiple of the interval on the loop's clock: every server of the host
+    with that interval waits for the same moment, and none waits longer than before."""
+    follower = HostFollower(LocalTransport("local"))
+    for interval in (0.3, 10.0):
+        before = anyio.current_time()
+        delay = follower.probe_delay(interval)
+        assert 0 < delay <= interval
+        due = before + delay  # a multiple of the interval, but for the time the call took
+        assert abs(due - round(due / interval) * interval) < 0.05
+
+
+async def test_a_hung_server_is_found_unhealthy_through_the_agents_probes(
+    sim: SimSetup,
+) -> None:
+    """Under supervise_all the probes go through the host's agent on the host's tick: a
+    server whose /health turns 503 after ready is still counted probe by probe and called
+    unhealthy after probe_failures in a row, with the answer's detail."""
+    config = sim.config(
+        mem_fraction_static=0.8, cuda_graph_max_bs=8,
+        faults=[{"kind": "hang_after_ready", "after_s": 1.0, "attempts": [1]}],
+        policy={"probe_failures": 3},
+    )
+    rec = Recorder()
+    unhealthy_seen = anyio.Event()
+
+    def hook(server: str, name: str, data: dict[str, object]) -> None:
+        if name == "server.unhealthy":
+            unhealthy_seen.set()
+
+    server = config.servers[0]
+    sup = ServerSupervisor(config, server,
+                           LocalTransport(server.host, env=config.host(server.host).env),
+                           sglang_version=SIM_VERSION, hooks=[rec, hook])
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(supervise_all, [sup])
+            await unhealthy_seen.wait()
+            tg.cancel_scope.cancel()
+    assert sup.host_follower is not None
+    assert 1 == sup.host_follower.channels_opened
+    [unhealthy] = rec.of("server.unhealthy")
+    assert 3 == unhealthy["consecutive_failures"]
+    assert "503" in unhealthy["detail"]
+    assert [1, 2] == [p["consecutive"] for p in rec.of("probe.failed")]
