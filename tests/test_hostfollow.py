@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from launcher import follow_agent, remote
+from launcher import events, follow_agent, remote
 from launcher.errors import HostUnreachable
 from launcher.hostfollow import Frame, FrameDecoder, FrameError, HostFollower
 from launcher.lifecycle import State
@@ -461,8 +461,8 @@ async def test_a_hung_server_is_found_unhealthy_through_the_agents_probes(
     rec = Recorder()
     unhealthy_seen = anyio.Event()
 
-    def hook(server: str, name: str, data: dict[str, object]) -> None:
-        if name == "server.unhealthy":
+    def hook(server: str, event: events.Event) -> None:
+        if isinstance(event, events.ServerUnhealthy):
             unhealthy_seen.set()
 
     server = config.servers[0]
