@@ -504,7 +504,7 @@ def plan(
                 else "detected on the host at launch",
                 "argv": cmd.argv,
                 "command": shlex.join(cmd.argv),
-                "env": cmd.masked_env(),
+                "env": _planned_env(cmd.masked_env()),
                 "params": params.as_dict(),
                 "params_source": params_source,
                 "run_dir": posixpath.normpath(f"{s.run_dir or host.run_dir}/{s.name}")
@@ -538,7 +538,10 @@ def plan(
         _say(out, f"  params   {_short_params(r['params'])}  ({r['params_source']})")
         _say(out, f"  command  {r['command']}")
         for k, v in r["env"].items():
-            _say(out, f"  env      {k}={shlex.quote(v)}")
+            if k == _ATTEMPT_ENV:  # a placeholder, not a value: shown unquoted, explained
+                _say(out, f"  env      {k}={v}  (set at launch: the attempt's number)")
+            else:
+                _say(out, f"  env      {k}={shlex.quote(v)}")
         _say(out, f"  run dir  {r['run_dir']}")
         for rank in r["ranks"][1:]:  # node 0's is the command above
             _say(out, f"  rank {rank['rank']}   on {rank['host']}: {rank['command']}")
@@ -588,6 +591,16 @@ def _print_plan_memory(first: Planned) -> None:
         out.print(bar_text(g, mfs=b.mem_fraction_static), soft_wrap=True)
     if b.gpus:
         out.print(legend(b.gpus[0]), soft_wrap=True)
+
+
+_ATTEMPT_ENV = "LAUNCHER_ATTEMPT"
+
+
+def _planned_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` as `plan` shows it: ``LAUNCHER_ATTEMPT`` is the number of the attempt `up`
+    starts (numbered on from the host's run directories, not 1), known only then: it reads
+    ``<attempt>``, like the run dir."""
+    return {k: "<attempt>" if k == _ATTEMPT_ENV else v for k, v in env.items()}
 
 
 def _plan_ranks(config: Config, s: ServerConfig, params: LaunchParams, version: str,
