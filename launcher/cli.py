@@ -639,7 +639,9 @@ def _view(snaps: list[Snapshot]) -> Table:
     for col in ("SERVER", "HOST", "STATE", "PROGRESS", "STALL LEFT", "ATTEMPT", "PARAMS",
                 "ELAPSED"):
         table.add_column(col, no_wrap=True)
-    table.add_column("NOTE", overflow="fold")
+    # NOTE alone may shrink (the others are no_wrap); its text is one line cut with an
+    # ellipsis (below): the full note is in up.log (issue 15: it folded onto four lines).
+    table.add_column("NOTE", overflow="ellipsis")
     for s in snaps:
         color = {"ready": "green", "gave_up": "red"}.get(s.state, "yellow")
         state = s.state.replace("_", " ")
@@ -650,7 +652,7 @@ def _view(snaps: list[Snapshot]) -> Table:
         note = "; ".join(n for n in (s.last_failure, s.reason) if n)
         _row(table, s.server, s.host, Text(_plain(state), style=color), _progress_text(s),
              _dur(s.stall_left_s), str(s.attempt), _labelled(s.params), _dur(s.elapsed_s),
-             note)
+             Text(_plain(note), no_wrap=True, overflow="ellipsis"))
     return table
 
 
@@ -690,8 +692,9 @@ class _LiveView:
 _EVENT_KEYS = ("attempt", "outcome", "phase", "params", "reason", "error", "delay_s",
                "silent_s", "unreachable_s", "url")
 # Shown in the log file only: probes come every second; a message to Slack (or, without a
-# webhook, to the log) repeats what the event lines above it already say.
-_QUIET_EVENTS = frozenset({events.Probed.name, "notify.message"})
+# webhook, to the log) repeats what the event lines above it already say, and so would the
+# count of messages held back as repeats (info noise, and without the kind it says nothing).
+_QUIET_EVENTS = frozenset({events.Probed.name, "notify.message", "notify.suppressed"})
 
 
 def _event_line(event: dict[str, Any]) -> Text | None:
