@@ -908,3 +908,18 @@ def test_the_clipping_limits_are_within_slack_sdks() -> None:
 
     assert notify._HEADER_MAX <= HeaderBlock.text_max_length
     assert notify._SECTION_MAX <= SectionBlock.text_max_length
+
+
+def test_a_relaunch_after_an_unrecorded_kill_names_the_kill_not_an_access_line() -> None:
+    """Issue 15: a server killed by SIGKILL while serving leaves access lines last in its log;
+    the relaunch message's error is the kill, not ``GET /health ... 200 OK``."""
+    log = (
+        "[2026-03-02 10:01:00] The server is fired up and ready to roll!\n"
+        '[2026-03-02 10:02:01] INFO:     127.0.0.1:51234 - "GET /health HTTP/1.1" 200 OK\n'
+    )
+    d = diagnose_text(log, 137)
+    died = failed(2, 0.8, 96, d.outcome.value, "ready") | {
+        "evidence": list(d.evidence[-3:]), "after_ready": True}
+    message = restart_message("llama", INFO["llama"], RESTART, last_failure=died)
+    assert message.text.endswith(". Error: killed by signal 9 (SIGKILL); no error in the log")
+    assert "GET /health" not in json.dumps(message.payload())
