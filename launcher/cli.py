@@ -504,7 +504,7 @@ def plan(
                 else "detected on the host at launch",
                 "argv": cmd.argv,
                 "command": shlex.join(cmd.argv),
-                "env": cmd.masked_env(),
+                "env": _planned_env(cmd.masked_env()),
                 "params": params.as_dict(),
                 "params_source": params_source,
                 "run_dir": posixpath.normpath(f"{s.run_dir or host.run_dir}/{s.name}")
@@ -538,7 +538,10 @@ def plan(
         _say(out, f"  params   {_short_params(r['params'])}  ({r['params_source']})")
         _say(out, f"  command  {r['command']}")
         for k, v in r["env"].items():
-            _say(out, f"  env      {k}={shlex.quote(v)}")
+            if k == _ATTEMPT_ENV:  # a placeholder, not a value: shown unquoted, explained
+                _say(out, f"  env      {k}={v}  (set at launch: the attempt's number)")
+            else:
+                _say(out, f"  env      {k}={shlex.quote(v)}")
         _say(out, f"  run dir  {r['run_dir']}")
         for rank in r["ranks"][1:]:  # node 0's is the command above
             _say(out, f"  rank {rank['rank']}   on {rank['host']}: {rank['command']}")
@@ -590,6 +593,16 @@ def _print_plan_memory(first: Planned) -> None:
         out.print(legend(b.gpus[0]), soft_wrap=True)
 
 
+_ATTEMPT_ENV = "LAUNCHER_ATTEMPT"
+
+
+def _planned_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` as `plan` shows it: ``LAUNCHER_ATTEMPT`` is the number of the attempt `up`
+    starts (numbered on from the host's run directories, not 1), known only then: it reads
+    ``<attempt>``, like the run dir."""
+    return {k: "<attempt>" if k == _ATTEMPT_ENV else v for k, v in env.items()}
+
+
 def _plan_ranks(config: Config, s: ServerConfig, params: LaunchParams, version: str,
                 secrets: dict[str, str]) -> list[dict[str, Any]]:
     """Every rank's host, command line and run dir (one entry, rank 0, for one host)."""
@@ -626,7 +639,9 @@ def _view(snaps: list[Snapshot]) -> Table:
     for col in ("SERVER", "HOST", "STATE", "PROGRESS", "STALL LEFT", "ATTEMPT", "PARAMS",
                 "ELAPSED"):
         table.add_column(col, no_wrap=True)
-    table.add_column("NOTE", overflow="fold")
+    # NOTE alone may shrink (the others are no_wrap); its text is one line cut with an
+    # ellipsis (below): the full note is in up.log (issue 15: it folded onto four lines).
+    table.add_column("NOTE", overflow="ellipsis")
     for s in snaps:
         color = {"ready": "green", "gave_up": "red"}.get(s.state, "yellow")
         state = s.state.replace("_", " ")
@@ -637,7 +652,7 @@ def _view(snaps: list[Snapshot]) -> Table:
         note = "; ".join(n for n in (s.last_failure, s.reason) if n)
         _row(table, s.server, s.host, Text(_plain(state), style=color), _progress_text(s),
              _dur(s.stall_left_s), str(s.attempt), _labelled(s.params), _dur(s.elapsed_s),
-             note)
+             Text(_plain(note), no_wrap=True, overflow="ellipsis"))
     return table
 
 
@@ -677,8 +692,9 @@ class _LiveView:
 _EVENT_KEYS = ("attempt", "outcome", "phase", "params", "reason", "error", "delay_s",
                "silent_s", "unreachable_s", "url")
 # Shown in the log file only: probes come every second; a message to Slack (or, without a
-# webhook, to the log) repeats what the event lines above it already say.
-_QUIET_EVENTS = frozenset({events.Probed.name, "notify.message"})
+# webhook, to the log) repeats what the event lines above it already say, and so would the
+# count of messages held back as repeats (info noise, and without the kind it says nothing).
+_QUIET_EVENTS = frozenset({events.Probed.name, "notify.message", "notify.suppressed"})
 
 
 def _event_line(event: dict[str, Any]) -> Text | None:

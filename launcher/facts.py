@@ -11,7 +11,21 @@ from dataclasses import dataclass
 
 from launcher.config import HostConfig, ServerConfig
 
-__all__ = ["ServerFacts", "model_name", "operator_box"]
+__all__ = ["ServerFacts", "endpoint", "model_name", "operator_box"]
+
+
+def endpoint(server: ServerConfig, host: HostConfig | None = None) -> str:
+    """``ADDRESS:PORT`` (IPv6 as ``[ADDRESS]:PORT``) where clients reach ``server`` on
+    ``host`` (its config entry): for a local host the server's listen address (loopback when
+    it listens on every address), else the host's ``address``, else the host's name.
+    The one answer for `status`, Slack and metrics alike."""
+    if host is not None and host.transport == "local":
+        address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(server.listen, server.listen)
+    elif host is not None and host.address:
+        address = host.address
+    else:
+        address = server.host
+    return f"[{address}]:{server.port}" if ":" in address else f"{address}:{server.port}"
 
 
 def model_name(server: ServerConfig) -> str:
@@ -49,17 +63,10 @@ class ServerFacts:
         cls, server: ServerConfig, host: HostConfig | None = None, sglang_version: str | None = None
     ) -> ServerFacts:
         """The facts of ``server`` on ``host`` (its config entry) running ``sglang_version``."""
-        if host is not None and host.transport == "local":
-            address = server.listen
-        elif host is not None and host.address:
-            address = host.address
-        else:
-            address = server.host
-        address = f"[{address}]" if ":" in address else address
         return cls(
             host=server.host,
             model=model_name(server),
-            endpoint=f"{address}:{server.port}",
+            endpoint=endpoint(server, host),
             gpus=",".join(str(g) for g in server.gpus) or "?",
             sglang_version=sglang_version or server.sglang_version or "?",
         )

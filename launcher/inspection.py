@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from launcher import health, remote
+from launcher import facts, health, remote
 from launcher.config import Config, ServerConfig
 from launcher.errors import AuthenticationFailed, HostUnreachable, LauncherError
 from launcher.sglang.logparse import LineSplitter, LogFollower
@@ -54,10 +54,9 @@ def iso(ts: float | None) -> str | None:
 
 
 def endpoint(config: Config, s: ServerConfig) -> str:
-    """``host:port`` where the server listens, as the host is known to launcher."""
-    h = config.host(s.host)
-    name = h.address or ("localhost" if h.transport == "local" else h.name)
-    return f"[{name}]:{s.port}" if ":" in name else f"{name}:{s.port}"
+    """``host:port`` where clients reach the server: ``facts.endpoint``, the same answer
+    Slack and metrics give."""
+    return facts.endpoint(s, config.host(s.host))
 
 
 def run_dir(config: Config, s: ServerConfig) -> str:

@@ -30,7 +30,8 @@ than ``dedupe_window_s`` ago is suppressed and counted (an alert fired that way 
 announced, so neither is its resolution), and the next message sent for that server ends
 with "(N similar suppressed)". This memory (when each kind was last sent, the counts, the
 firing alerts and their last message for reminders) lives in the ledger (``bind_store``), so a
-restarted launcher neither repeats what it just posted nor forgets what still fires.
+restarted launcher neither repeats what it just posted nor forgets what still fires; a
+notifier without a webhook (messages only logged) keeps it in the process, never in the ledger.
 
 Resource handling: the queue holds at most ``max_queue`` messages; when full the oldest is
 dropped (``notify.dropped``). Each POST is bounded by ``post_timeout_s``; each message by
@@ -482,9 +483,11 @@ class SlackNotifier:
                    suppressed=total)
 
     def _remember(self, state: NotifyState) -> None:
-        """Keep ``state`` here and in the store (a store failure is logged, not raised)."""
+        """Keep ``state`` here and in the store (a store failure is logged, not raised).
+        Without a webhook the memory stays in this process: a message that was only logged
+        must not hold back the first one a later launcher with a webhook delivers."""
         self._memory[(state.server, Kind(state.kind))] = state
-        if self._store is None:
+        if self._store is None or self.webhook_url is None:
             return
         try:
             self._store.save_notify_state(state)

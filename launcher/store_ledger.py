@@ -654,6 +654,7 @@ class Ledger:
                 f"launcher's {SCHEMA_VERSION}",
                 remedy="run the newer launcher, or move the file aside to start a new ledger",
             )
+        migrated_from: int | None = None  # the version this process found, if it migrated
         while found < SCHEMA_VERSION:
             # IMMEDIATE takes the write lock first, so two processes never run one step twice.
             conn.execute("BEGIN IMMEDIATE")
@@ -668,10 +669,12 @@ class Ledger:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            if version < SCHEMA_VERSION:
-                log.info("ledger.migrated", path=str(self.path), from_version=version,
-                         to_version=version + 1)
+            if version < SCHEMA_VERSION and migrated_from is None:
+                migrated_from = version
             found = conn.execute("PRAGMA user_version").fetchone()[0]
+        if migrated_from is not None:  # one line for all the steps, not one per step
+            log.info("ledger.migrated", path=str(self.path), from_version=migrated_from,
+                     to_version=found)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:

@@ -73,10 +73,32 @@ def test_non_zero_exit_with_nothing_recognised_is_other(status: int) -> None:
 @pytest.mark.parametrize("status", [143, -15, 137, -9])
 def test_sigterm_and_sigkill_without_an_error_are_killed(status: int) -> None:
     """Exit 143 / -15 (SIGTERM, shell or Popen style) count as killed like 137 / -9:
-    retryable, with the log's tail as evidence."""
+    retryable, with the log's tail as evidence, then a line naming the signal (the log has
+    no error line to show; issue 15: the last evidence line is what Slack calls the error)."""
     d = diagnose_text(text(CLEAN), status)
     assert (Outcome.KILLED, True, ADVICE[Outcome.KILLED]) == (d.outcome, d.retryable, d.advice)
-    assert "[2026-03-02 10:00:00 TP1] Init torch distributed begin." == d.evidence[-1]
+    signal = {143: "15 (SIGTERM)", -15: "15 (SIGTERM)", 137: "9 (SIGKILL)", -9: "9 (SIGKILL)"}
+    assert [
+        "[2026-03-02 10:00:00 TP1] Init torch distributed begin.",
+        f"killed by signal {signal[status]}; no error in the log",
+    ] == d.evidence[-2:]
+
+
+def test_a_kill_of_a_serving_server_never_shows_an_access_line_as_its_evidence() -> None:
+    """A server killed while serving ends its log with uvicorn access lines and batch
+    statistics; none of them is evidence of the kill (issue 15: Slack showed
+    ``GET /health 200 OK`` as the error)."""
+    serving = [
+        "[2026-03-02 10:00:00 TP0] Init torch distributed begin.",
+        "[2026-03-02 10:01:00] The server is fired up and ready to roll!",
+        "[2026-03-02 10:02:00 TP0] Decode batch, #running-req: 1, #token: 90, "
+        "token usage: 0.00, cuda graph: True, gen throughput (token/s): 40.12, #queue-req: 0,",
+        '[2026-03-02 10:02:01] INFO:     127.0.0.1:51234 - "GET /health HTTP/1.1" 200 OK',
+    ]
+    d = diagnose_text(text(serving), 137)
+    assert Outcome.KILLED == d.outcome
+    assert "killed by signal 9 (SIGKILL); no error in the log" == d.evidence[-1]
+    assert not [line for line in d.evidence if "GET /health" in line or "Decode batch" in line]
 
 
 # -- value errors ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@ the give-up reason read as written."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import time
@@ -13,6 +14,7 @@ from typing import Any
 import pexpect
 import pyte
 import pytest
+from rich.console import Console
 
 from launcher import cli
 from launcher.params import LaunchParams
@@ -223,3 +225,26 @@ def test_the_last_failure_in_a_few_words() -> None:
     assert "#2 OOM in draft extend capture, bs 32" == failure_note(2, oom, None)
     hang = AttemptRecord(LaunchParams(0.7, 32), Outcome.HANG, Phase.WEIGHTS, Numbers())
     assert "#1 hang in weights" == failure_note(1, hang, LaunchParams(0.7, 32))
+
+
+def test_the_note_stays_on_one_line_cut_with_an_ellipsis() -> None:
+    """Issue 15: a long note folded onto up to four lines of the live table; it is one line,
+    cut with an ellipsis, and the other columns keep their text."""
+    note = ("attempt 1: oom_graph_capture in cuda_graph: torch.OutOfMemoryError: CUDA out of "
+            "memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB")
+    snap = Snapshot(server="sim0", host="simhost", state="starting", phase=None, progress=None,
+                    attempt=2, params="mem_fraction_static=0.844 cuda_graph_max_bs=256",
+                    elapsed_s=61.0, pid=None, last_failure=note)
+    console = Console(record=True, width=120, file=io.StringIO())
+    console.print(cli._view([snap]))
+    _header, row = console.export_text().splitlines()  # one row: one line
+    assert row.split()[:6] == ["sim0", "simhost", "starting", "2", "mfs=0.844", "bs=256"]
+    assert row.rstrip().endswith("…") and "attempt 1: oom_graph_capture" in row
+
+
+def test_held_back_slack_messages_stay_out_of_the_live_view() -> None:
+    """Issue 15: ``notify.suppressed`` (info, no kind shown) showed in the live view; it goes
+    to up.log only, like the messages themselves."""
+    assert cli._event_line({"event": "notify.suppressed", "server": "sim0", "kind": "restart",
+                            "suppressed": 2, "level": "info"}) is None
+    assert cli._event_line({"event": "notify.dropped", "server": "sim0", "level": "warning"})

@@ -663,6 +663,31 @@ async def test_dedupe_and_firing_alerts_survive_a_restart(
     assert texts(sink)[3].endswith("Reminder: still firing after 1h2m.")
 
 
+async def test_a_message_only_logged_does_not_hold_back_a_delivered_one(
+    sink: HttpSink, client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """Issue 15: a launcher without a webhook logs its messages; once a webhook is added, the
+    next launcher on the same ledger posts the same alert at once, not after the window."""
+    clock = FakeClock()
+    gave_up = {"reason": "oom_weights in weights", "attempt": 2, "attempts": 2, "history": []}
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger, capture_logs() as logs:
+        logged_only = SlackNotifier(None, servers_info=INFO, clock=clock, config_path=CONFIG,
+                                    box=BOX)
+        logged_only.bind_store(ledger)
+        logged_only("llama", ev.from_dict("server.gave_up", gave_up))
+        logged_only("llama", ev.from_dict("server.gave_up", gave_up))  # held back in-process
+    assert 1 == len(events(logs, "notify.message"))
+    assert 1 == logged_only.suppressed
+    clock.now += 120
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+        delivering = make(sink, client, clock)
+        delivering.bind_store(ledger)
+        await deliver(delivering, [("llama", "server.gave_up", gave_up)])
+    assert [":x: [FIRING] llama gave up"] == [
+        r.json()["blocks"][0]["text"]["text"] for r in sink.requests]
+    assert 0 == delivering.suppressed
+
+
 async def test_a_payload_slack_would_reject_is_posted_as_text(
     sink: HttpSink, client: httpx.AsyncClient
 ) -> None:
@@ -883,3 +908,18 @@ def test_the_clipping_limits_are_within_slack_sdks() -> None:
 
     assert notify._HEADER_MAX <= HeaderBlock.text_max_length
     assert notify._SECTION_MAX <= SectionBlock.text_max_length
+
+
+def test_a_relaunch_after_an_unrecorded_kill_names_the_kill_not_an_access_line() -> None:
+    """Issue 15: a server killed by SIGKILL while serving leaves access lines last in its log;
+    the relaunch message's error is the kill, not ``GET /health ... 200 OK``."""
+    log = (
+        "[2026-03-02 10:01:00] The server is fired up and ready to roll!\n"
+        '[2026-03-02 10:02:01] INFO:     127.0.0.1:51234 - "GET /health HTTP/1.1" 200 OK\n'
+    )
+    d = diagnose_text(log, 137)
+    died = failed(2, 0.8, 96, d.outcome.value, "ready") | {
+        "evidence": list(d.evidence[-3:]), "after_ready": True}
+    message = restart_message("llama", INFO["llama"], RESTART, last_failure=died)
+    assert message.text.endswith(". Error: killed by signal 9 (SIGKILL); no error in the log")
+    assert "GET /health" not in json.dumps(message.payload())

@@ -72,11 +72,11 @@ def test_status_after_a_relaunch_counts_restarts_and_labels_params(sim: SimSetup
     assert 0 == result.returncode, result.stderr
     head, row = table(result.stdout)
     assert ["NAME", "HOST", "STATE", "ENDPOINT", "ATTEMPT", "RESTARTS", "PARAMS", "AGE"] == head
-    assert [SERVER, "simhost", "ready", f"localhost:{sim.port}", "2", "1"] == row[:6], row
+    assert [SERVER, "simhost", "ready", f"127.0.0.1:{sim.port}", "2", "1"] == row[:6], row
     assert row[6] == "mfs=0.844 bs=256" and row[7].endswith("s"), row
 
     [data] = json.loads(run_cli("status", str(config), "--json").stdout)
-    assert ("ready", 2, 1, f"localhost:{sim.port}") == (
+    assert ("ready", 2, 1, f"127.0.0.1:{sim.port}") == (
         data["state"], data["attempt"], data["restarts"], data["endpoint"])
     started = datetime.fromisoformat(data["started_at"])
     assert started.tzinfo is not None and data["started_at"].endswith("Z")
@@ -120,7 +120,7 @@ def test_status_shows_gave_up_and_exited(sim: SimSetup) -> None:
     assert 0 == run_cli("down", str(other)).returncode
     stopped = run_cli("status", str(other))
     assert 3 == stopped.returncode
-    assert ["exited (137)", "localhost:" + str(sim.port), "2"] == table(stopped.stdout)[1][2:5]
+    assert ["exited (137)", "127.0.0.1:" + str(sim.port), "2"] == table(stopped.stdout)[1][2:5]
 
 
 def test_unreachable_host_error_goes_under_the_table(sim: SimSetup) -> None:

@@ -40,6 +40,7 @@ from launcher.sglang.logparse import (
     Signature,
     Traceback,
     fill_error_figures,
+    is_routine,
     split_records,
 )
 from launcher.sglang.outcome import Confidence, Diagnosis, Outcome
@@ -139,6 +140,7 @@ RETRYABLE = frozenset(
 KILLED_STATUSES = frozenset({137, -9, 143, -15})  # SIGKILL / SIGTERM, shell or Popen style
 _LOST_STATUS = 255  # ssh without a waiting shell reports a killed command this way
 _ARGPARSE_STATUS = 2
+_SIGNAL_NAMES = {9: "SIGKILL", 15: "SIGTERM"}
 _MAX_EVIDENCE = 6
 
 _OOM_BY_PHASE = {
@@ -319,6 +321,18 @@ def _tail_evidence(follower: LogFollower, n: int = 3) -> list[str]:
     return lines[-n:]
 
 
+def _kill_evidence(follower: LogFollower, exit_status: int | None) -> list[str]:
+    """Evidence for a kill that the log does not record: the tail without routine traffic
+    (access lines, batch statistics: a serving server's last lines say nothing of its end),
+    then a line saying what happened, so that whoever shows the last line as "the error"
+    shows the kill and not ``GET /health 200 OK``."""
+    lines = [line for line in follower.last_lines if line.strip() and not is_routine(line)]
+    signal = abs(exit_status) % 128 if exit_status is not None else None
+    name = _SIGNAL_NAMES.get(signal) if signal is not None else None
+    what = f"killed by signal {signal} ({name})" if name else "killed"
+    return [*lines[-2:], f"{what}; no error in the log"]
+
+
 def _diagnosis(
     outcome: Outcome,
     phase: Phase | None,
@@ -453,7 +467,7 @@ def diagnose(
         return verdict(outcome, [line for r in follow_ons for line in r.evidence], phase=phase)
     killed_lines = [r.evidence[0] for r in records if Signature.KILLED in r.signatures]
     if killed_lines or exit_status in KILLED_STATUSES:
-        return verdict(Outcome.KILLED, killed_lines or _tail_evidence(follower))
+        return verdict(Outcome.KILLED, killed_lines or _kill_evidence(follower, exit_status))
     if follower.ready_line is not None:
         return verdict(Outcome.READY, [follower.ready_line])
     if hints.serving and exit_status is None:  # an excerpt from a server that was serving

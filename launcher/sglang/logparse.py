@@ -60,6 +60,7 @@ __all__ = [
     "Source",
     "Traceback",
     "fill_error_figures",
+    "is_routine",
     "match_signatures",
     "parse_line",
     "parse_oom",
@@ -796,6 +797,12 @@ def _cannot_matter(p: ParsedLine) -> bool:
     if p.source is Source.SGLANG:
         return p.message.startswith(_BATCH_STATS)
     return p.source is Source.UVICORN and _ACCESS_LINE.match(p.message) is not None
+
+
+def is_routine(line: str) -> bool:
+    """Whether ``line`` is routine traffic of a serving server (an uvicorn access line or
+    SGLang's batch statistics): never an error, so never shown as one."""
+    return _cannot_matter(parse_line(line))
 
 
 def graph_pass_of(message: str, *, speculative: bool) -> GraphPass:

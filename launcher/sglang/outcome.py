@@ -141,7 +141,9 @@ class Diagnosis:
     outcome: Outcome
     phase: Phase
     numbers: Numbers = field(default_factory=Numbers)
-    evidence: list[str] = field(default_factory=list)  # the decisive log lines, verbatim
+    # The decisive log lines, verbatim; for a kill the log does not record, its last lines
+    # that are not routine traffic and then one line of launcher's own saying so.
+    evidence: list[str] = field(default_factory=list)
     retryable: bool = False  # whether a relaunch (possibly with new params) can help
     advice: str = ""
     rank: str | None = None  # e.g. "TP1" when the decisive line came from one rank

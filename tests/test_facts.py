@@ -1,0 +1,34 @@
+"""One endpoint for a server, whoever shows it (issue 15: `status` said ``localhost:30123``
+while Slack and metrics said ``127.0.0.1:30123``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher import inspection
+from launcher.config import config_from_dict
+from launcher.facts import ServerFacts
+
+
+@pytest.mark.parametrize(
+    ("host", "listen", "expected"),
+    [
+        ({"name": "box", "transport": "local"}, "127.0.0.1", "127.0.0.1:30123"),
+        ({"name": "box", "transport": "local"}, "0.0.0.0", "127.0.0.1:30123"),
+        ({"name": "box", "transport": "local"}, "::", "[::1]:30123"),
+        ({"name": "box", "address": "10.0.0.5"}, "0.0.0.0", "10.0.0.5:30123"),
+        ({"name": "box", "address": "fd00::5"}, "0.0.0.0", "[fd00::5]:30123"),
+    ],
+)
+def test_status_slack_and_metrics_name_one_endpoint(
+    host: dict[str, str], listen: str, expected: str
+) -> None:
+    config = config_from_dict({
+        "hosts": [host],
+        "servers": [{"name": "s", "host": "box", "model_path": "/m", "gpus": [0],
+                     "port": 30123, "listen": listen}],
+    }, environ={})
+    server = config.servers[0]
+    shown = (inspection.endpoint(config, server),
+             ServerFacts.of(server, config.host("box")).endpoint)
+    assert (expected, expected) == shown
