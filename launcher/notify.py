@@ -322,8 +322,9 @@ class SlackNotifier:
         self._wake: anyio.Event | None = None
         self._done: anyio.Event | None = None
         self._scope: anyio.CancelScope | None = None
-        self._failures: dict[str, list[dict[str, Any]]] = {}
-        self._ready: dict[str, dict[str, Any]] = {}  # the last server.ready data per server
+        # Per server: its last attempt.failed events (at most _FAILURES_KEPT), its last ready.
+        self._failures: dict[str, list[events.AttemptFailed]] = {}
+        self._ready: dict[str, events.ServerReady] = {}
         self._memory: dict[tuple[str, Kind], NotifyState] = {}
         self._store: StateStore | None = None
 
@@ -379,45 +380,39 @@ class SlackNotifier:
                 )
 
     def _observe(self, server: str, event: events.Event) -> list[Message]:
-        # The messages are built from (and remembered as) the events' plain data.
-        data = event.to_dict()
         if isinstance(event, events.RouterReady):  # ``server`` is the router's name
-            return [router_ready_message(server, data, origin=self.origin)]
+            return [router_ready_message(server, event, origin=self.origin)]
         info = self.servers_info.get(server, _UNKNOWN)
         failures = self._failures.setdefault(server, [])
         origin = self.origin
-        ready = self._ready.get(server, {})
+        ready = self._ready.get(server)
         match event:
             case events.AttemptFailed():
-                failures.append(data)
+                failures.append(event)
                 del failures[:-_FAILURES_KEPT]
                 return []
             case events.ServerAdopted():
-                return [adopted_message(server, info, data, origin=origin)] if (
+                return [adopted_message(server, info, event, origin=origin)] if (
                     self.announce_adoption) else []
             case events.ServerReady():
-                self._ready[server] = data
-                resolved = self._resolve(server, info, data)
+                self._ready[server] = event
+                resolved = self._resolve(server, info, event)
                 if resolved is not None:
                     return resolved
                 if event.adopted:
                     return []  # found running by a restarted launcher: not a fresh "ready"
-                return [ready_message(server, info, data, failures=failures, origin=origin)]
+                return [ready_message(server, info, event, failures=failures, origin=origin)]
             case events.ServerGaveUp():
-                return [gave_up_message(server, info, data, failures=failures, origin=origin)]
+                return [gave_up_message(server, info, event, failures=failures, origin=origin)]
             case events.ServerUnhealthy():
-                attempt = ready.get("attempt")
-                return [unhealthy_message(
-                    server, info, data, params=ready.get("params"),
-                    resolved=ready.get("resolved"),
-                    attempt=attempt if isinstance(attempt, int) else None, origin=origin)]
+                return [unhealthy_message(server, info, event, ready=ready, origin=origin)]
             case events.RestartScheduled():
                 last = failures[-1] if failures else None
-                return [restart_message(server, info, data, last_failure=last,
-                                        resolved=ready.get("resolved"), origin=origin)]
+                return [restart_message(server, info, event, last_failure=last, ready=ready,
+                                        origin=origin)]
         return []
 
-    def _resolve(self, server: str, info: ServerInfo, data: Mapping[str, Any]
+    def _resolve(self, server: str, info: ServerInfo, event: events.ServerReady
                  ) -> list[Message] | None:
         """The RESOLVED messages for ``server``'s firing alerts (ending them), or None when
         none fires. An alert that was never announced (suppressed) resolves silently."""
@@ -435,7 +430,7 @@ class SlackNotifier:
             self._remember(replace(memory, firing_since=None, announced=False, payload={}))
             if announced:
                 firing_s = None if since is None else now - since
-                out.append(resolved_message(server, kind, info, data, firing_s=firing_s,
+                out.append(resolved_message(server, kind, info, event, firing_s=firing_s,
                                             origin=self.origin))
             else:
                 self._count_suppressed(server, kind, Kind.RESOLVED)

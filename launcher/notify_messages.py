@@ -1,4 +1,4 @@
-"""The Slack messages for the person on call, built from an event's data: ready, resolved,
+"""The Slack messages for the person on call, built from typed events: ready, resolved,
 gave up, unhealthy, relaunched, adopted, reminders, router ready. Pure: each ``*_message``
 function returns a ``Message`` (the notification text and Block Kit blocks, clipped to
 Slack's limits) and nothing here touches the network, the clock or the store.
@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
+from launcher import events
 from launcher.durations import format_duration
 from launcher.facts import ServerFacts
 from launcher.params import LaunchParams
@@ -100,21 +101,20 @@ _NOWHERE = Origin()
 def ready_message(
     server: str,
     info: ServerInfo,
-    data: Mapping[str, Any],
+    event: events.ServerReady,
     *,
-    failures: Sequence[Mapping[str, Any]] = (),
+    failures: Sequence[events.AttemptFailed] = (),
     origin: Origin = _NOWHERE,
 ) -> Message:
     """The message for ``server.ready`` with nothing firing.
 
-    ``data`` is the event's data (attempt, seconds, params, resolved, history); ``failures``
-    the server's ``attempt.failed`` data in order, used to number failed attempts whose
-    history entry has no number and to fill their "auto" params with what SGLang printed.
+    ``failures`` are the server's ``attempt.failed`` events in order, used to fill the "auto"
+    params of each failed attempt in the history with what SGLang printed.
     """
-    params = _params(data.get("params"), data.get("resolved"))
-    attempt = _attempt_no(data)
-    seconds = _duration(data.get("seconds"))
-    ledger = _ledger(data.get("history"), failures)
+    params = _params(event.params, event.resolved)
+    attempt = _attempt_no(event.attempt)
+    seconds = _duration(event.seconds)
+    ledger = _ledger(event.history, failures)
     text = f"{server} is ready on {info.host} ({info.model}) with {params}, attempt {attempt}, "
     text += f"{seconds} to ready"
     if ledger:
@@ -125,24 +125,24 @@ def ready_message(
     ]
     if ledger:
         blocks.append(_section("*Failed attempts*\n" + "\n".join(f"• {_esc(x)}" for x in ledger)))
-    return _message(server, Kind.READY, text, blocks, origin, data.get("attempt"))
+    return _message(server, Kind.READY, text, blocks, origin, event.attempt)
 
 
 def resolved_message(
     server: str,
     alert: Kind,
     info: ServerInfo,
-    data: Mapping[str, Any],
+    event: events.ServerReady,
     *,
     firing_s: float | None,
     origin: Origin = _NOWHERE,
 ) -> Message:
     """``[RESOLVED] <title>``: the alert ``alert`` of ``server`` ends, as ``server.ready``
-    (``data``) came; ``firing_s`` how long it fired (None: unknown)."""
+    (``event``) came; ``firing_s`` how long it fired (None: unknown)."""
     title = alert_title(server, alert)
-    params = _params(data.get("params"), data.get("resolved"))
-    attempt = _attempt_no(data)
-    seconds = _duration(data.get("seconds"))
+    params = _params(event.params, event.resolved)
+    attempt = _attempt_no(event.attempt)
+    seconds = _duration(event.seconds)
     fired = _duration(firing_s)
     text = (f"[RESOLVED] {title}: ready again on {info.host} ({info.model}) with {params}, "
             f"attempt {attempt}")
@@ -152,27 +152,22 @@ def resolved_message(
         _header(f":large_green_circle: [RESOLVED] {title}"),
         _facts(info, params, attempt, ("Time to ready", seconds), ("Fired for", fired)),
     ]
-    return _message(server, Kind.RESOLVED, text, blocks, origin, data.get("attempt"),
-                    alert=alert)
+    return _message(server, Kind.RESOLVED, text, blocks, origin, event.attempt, alert=alert)
 
 
-def _attempt_no(data: Mapping[str, Any]) -> str:
+def _attempt_no(number: int | None) -> str:
     """"#N": the host's attempt number, as in the run directory, the ledger and status."""
-    number = data.get("attempt")
-    if isinstance(number, int) and not isinstance(number, bool):
-        return f"#{number}"
-    return "?"
+    return "?" if number is None else f"#{number}"
 
 
-def router_ready_message(router: str, data: Mapping[str, Any], *,
+def router_ready_message(router: str, event: events.RouterReady, *,
                          origin: Origin = _NOWHERE) -> Message:
     """The message for ``router.ready`` (``[[routers]]``): it names the router, where it
     listens and the servers behind it (registered as each one is ready)."""
-    where = f"{data.get('host', '?')}:{data.get('port', '?')}"
-    servers = data.get("servers")
-    behind = ", ".join(str(s) for s in servers) if isinstance(servers, list) else "?"
-    seconds = _duration(data.get("seconds"))
-    attempt = _attempt_no(data)
+    where = f"{event.host}:{event.port}"
+    behind = ", ".join(event.servers)
+    seconds = _duration(event.seconds)
+    attempt = _attempt_no(event.attempt)
     text = (f"router {router} is ready on {where} (attempt {attempt}, {seconds} to ready); "
             f"its workers: {behind}, each registered once ready")
     blocks = [
@@ -185,60 +180,58 @@ def router_ready_message(router: str, data: Mapping[str, Any], *,
 
 
 def adopted_message(
-    server: str, info: ServerInfo, data: Mapping[str, Any], *, origin: Origin = _NOWHERE
+    server: str, info: ServerInfo, event: events.ServerAdopted, *, origin: Origin = _NOWHERE
 ) -> Message:
     """The message for ``server.adopted`` (only sent when ``announce_adoption``): a restarted
     launcher found the server running and supervises it again; nothing was relaunched."""
-    params = _params(data.get("params"))
-    attempt = _attempt_no(data)
-    pid = data.get("pid", "?")
-    text = (f"{server} adopted on {info.host} ({info.model}): attempt {attempt} (pid {pid}) "
-            f"is still running with {params}; supervising it again, nothing relaunched")
+    params = _params(event.params)
+    attempt = _attempt_no(event.attempt)
+    text = (f"{server} adopted on {info.host} ({info.model}): attempt {attempt} "
+            f"(pid {event.pid}) is still running with {params}; supervising it again, "
+            "nothing relaunched")
     blocks = [_header(f":link: {server} adopted"), _facts(info, params, attempt)]
-    return _message(server, Kind.ADOPTED, text, blocks, origin, data.get("attempt"))
+    return _message(server, Kind.ADOPTED, text, blocks, origin, event.attempt)
 
 
 def gave_up_message(
     server: str,
     info: ServerInfo,
-    data: Mapping[str, Any],
+    event: events.ServerGaveUp,
     *,
-    failures: Sequence[Mapping[str, Any]] = (),
+    failures: Sequence[events.AttemptFailed] = (),
     origin: Origin = _NOWHERE,
 ) -> Message:
     """``[FIRING] <server> gave up``: reason, ledger, and the last failure's evidence lines and
-    advice (from ``failures[-1]``, the server's last ``attempt.failed`` data)."""
+    advice (from ``failures[-1]``, the server's last ``attempt.failed``)."""
     title = alert_title(server, Kind.GAVE_UP)
-    attempts = data.get("attempts", "?")
-    ledger = _ledger(data.get("history"), failures)
-    last = failures[-1] if failures else {}
+    ledger = _ledger(event.history, failures)
+    last = failures[-1] if failures else None
     evidence = _evidence(last)
-    reason = str(data.get("reason") or "unknown reason")
+    reason = event.reason or "unknown reason"
     if evidence:
         # The reason quotes the decisive line ("… (log: LINE)"); the evidence shows it already.
         reason = _unquoted(reason, evidence)
-    advice = str(last.get("advice") or data.get("advice") or "")
+    advice = last.advice if last is not None else ""
     if advice and advice in reason:
         advice = ""  # the reason already says it (a fatal verdict's reason is its advice)
-    params = _params(last.get("params") or _last_params(data.get("history")),
-                     last.get("numbers"))
-    last_no = _attempt_no(data)
-    text = f"[FIRING] {title} on {info.host} ({info.model}) after {attempts} attempt(s)"
-    text += f" (last {last_no})" if last_no != "?" else ""
+    # The params of the last attempt in the history, "auto" filled from its failure's numbers.
+    params = _params(event.history[-1].params if event.history else None,
+                     last.numbers if last is not None else None)
+    last_no = _attempt_no(event.attempt)
+    text = f"[FIRING] {title} on {info.host} ({info.model}) after {event.attempts} attempt(s)"
+    text += f" (last {last_no})"
     text += f": {reason}"
     if evidence:
         text += f". Last evidence: {evidence[-1]}"
     blocks = [
         _header(f"{_EMOJI[Kind.GAVE_UP]} [FIRING] {title}"),
-        _facts(info, params, last_no, ("Attempts", str(attempts))),
+        _facts(info, params, last_no, ("Attempts", str(event.attempts))),
         _section(f"*Reason*\n{_esc(reason)}"),
     ]
     if ledger:
         blocks.append(_section("*Attempts*\n" + "\n".join(f"• {_esc(x)}" for x in ledger)))
-    if evidence:
-        what = f"{last.get('outcome', '?')} in {last.get('phase', '?')}"
-        if "attempt" in last:
-            what = f"attempt #{last['attempt']}: {what}"
+    if evidence and last is not None:
+        what = f"attempt #{last.attempt}: {last.outcome.value} in {last.phase.value}"
         blocks.append(_section(f"*Evidence* ({_esc(what)})\n{_code(evidence)}"))
     if advice:
         # A fix SGLang's error prescribes ends the advice as a config snippet: a code block.
@@ -247,7 +240,7 @@ def gave_up_message(
         if snippet:
             code = _esc(snippet).replace("```", "'''")
             blocks.append(_section(f"*Config change*\n```{code}```"))
-    return _message(server, Kind.GAVE_UP, text, blocks, origin, data.get("attempt"))
+    return _message(server, Kind.GAVE_UP, text, blocks, origin, event.attempt)
 
 
 _CONFIG_CHANGE = " Config change:\n"  # sglang.classify puts a prescribed fix's TOML after it
@@ -256,24 +249,24 @@ _CONFIG_CHANGE = " Config change:\n"  # sglang.classify puts a prescribed fix's 
 def unhealthy_message(
     server: str,
     info: ServerInfo,
-    data: Mapping[str, Any],
+    event: events.ServerUnhealthy,
     *,
-    params: Mapping[str, Any] | None = None,
-    resolved: Mapping[str, Any] | None = None,
-    attempt: int | None = None,
+    ready: events.ServerReady | None = None,
     origin: Origin = _NOWHERE,
 ) -> Message:
-    """``[FIRING] <server> is unhealthy``: failed /health probes after ready. ``params``,
-    ``resolved`` and ``attempt`` are those of the server's last ready (None: unknown)."""
+    """``[FIRING] <server> is unhealthy``: failed /health probes after ready. ``ready`` is the
+    server's last ``server.ready`` (what was serving: params, resolved, attempt; None:
+    unknown)."""
     title = alert_title(server, Kind.UNHEALTHY)
-    count = data.get("consecutive_failures", "?")
-    detail = str(data.get("detail") or "")
-    what = f"{count} failed health probes in a row" + (f" (last: {detail})" if detail else "")
+    detail = event.detail
+    what = (f"{event.consecutive_failures} failed health probes in a row"
+            + (f" (last: {detail})" if detail else ""))
     text = f"[FIRING] {title} on {info.host} ({info.model}): {what}"
-    number = _attempt_no({"attempt": attempt})
+    attempt = ready.attempt if ready is not None else None
+    params = _params(ready.params, ready.resolved) if ready is not None else _params(None)
     blocks = [
         _header(f"{_EMOJI[Kind.UNHEALTHY]} [FIRING] {title}"),
-        _facts(info, _params(params, resolved), number),
+        _facts(info, params, _attempt_no(attempt)),
         _section(_esc(what)),
     ]
     return _message(server, Kind.UNHEALTHY, text, blocks, origin, attempt)
@@ -282,42 +275,42 @@ def unhealthy_message(
 def restart_message(
     server: str,
     info: ServerInfo,
-    data: Mapping[str, Any],
+    event: events.RestartScheduled,
     *,
-    last_failure: Mapping[str, Any] | None = None,
-    resolved: Mapping[str, Any] | None = None,
+    last_failure: events.AttemptFailed | None = None,
+    ready: events.ServerReady | None = None,
     origin: Origin = _NOWHERE,
 ) -> Message:
     """``[FIRING] <server> relaunched after ready``: the server failed after ready and is
-    relaunched with the last good params; ``last_failure`` (its ``attempt.failed`` data) says
-    why, with the decisive log line; the event's ``restarts_left`` what the budget allows."""
+    relaunched with the last good params; ``last_failure`` (its ``attempt.failed``) says why,
+    with the decisive log line; the event's ``restarts_left`` what the budget allows. ``ready``
+    (the server's last ``server.ready``) gives the values SGLang resolved for "auto" params."""
     title = alert_title(server, Kind.RESTART)
-    params = _params(data.get("params"), resolved)
-    delay = _duration(data.get("delay_s"))
-    failed = data.get("attempt", (last_failure or {}).get("attempt"))
-    budget = _budget(data)
+    params = _params(event.params, ready.resolved if ready is not None else None)
+    delay = _duration(event.delay_s)
+    budget = _budget(event)
     why = ""
     error = ""
-    if last_failure:
-        why = f"{last_failure.get('outcome', '?')} in {last_failure.get('phase', '?')}"
+    if last_failure is not None:
+        why = f"{last_failure.outcome.value} in {last_failure.phase.value}"
         lines = _evidence(last_failure)
         error = lines[-1] if lines else ""
     text = f"[FIRING] {title} on {info.host} ({info.model})"
     text += f" after {why}" if why else ""
     text += f": relaunching in {delay} with {params}"
-    text += f"; {budget}" if budget != "?" else ""
+    text += f"; {budget}"
     if error:
         text += f". Error: {error}"
     blocks = [
         _header(f"{_EMOJI[Kind.RESTART]} [FIRING] {title}"),
-        _facts(info, params, _attempt_no({"attempt": failed}), ("Relaunch in", delay),
+        _facts(info, params, _attempt_no(event.attempt), ("Relaunch in", delay),
                ("Restart budget", budget)),
     ]
     if why:
         blocks.append(_section(f"*Failure*\n{_esc(why)}"))
     if error:
         blocks.append(_section(f"*Error*\n{_code([error])}"))
-    return _message(server, Kind.RESTART, text, blocks, origin, failed)
+    return _message(server, Kind.RESTART, text, blocks, origin, event.attempt)
 
 
 def reminder(message: Message, firing_s: float) -> Message:
@@ -332,19 +325,16 @@ def reminder(message: Message, firing_s: float) -> Message:
     return replace(message, blocks=blocks).with_note(note)
 
 
-def _budget(data: Mapping[str, Any]) -> str:
-    left, budget, window = (data.get("restarts_left"), data.get("restart_budget"),
-                            data.get("restart_window_s"))
-    if not isinstance(left, int) or not isinstance(budget, int):
-        return "?"
-    per = f" per {_duration(window)}" if _duration(window) != "?" else ""
-    return f"{left} of {budget} restarts{per} left"
+def _budget(event: events.RestartScheduled) -> str:
+    window = _duration(event.restart_window_s)
+    per = f" per {window}" if window != "?" else ""
+    return f"{event.restarts_left} of {event.restart_budget} restarts{per} left"
 
 
 def _message(server: str, kind: Kind, text: str, blocks: list[dict[str, Any]], origin: Origin,
-             attempt: Any, *, alert: Kind | None = None) -> Message:
+             attempt: int | None, *, alert: Kind | None = None) -> Message:
     """The message with the logs line (when the attempt is known) and who sent it."""
-    if isinstance(attempt, int) and not isinstance(attempt, bool):
+    if attempt is not None:
         command = shlex.join(["launcher", "logs", origin.config, server, "--attempt",
                               str(attempt)])
         blocks.append(_section(f"*Logs*\n{_code([command])}"))
@@ -369,10 +359,10 @@ def _facts(info: ServerInfo, params: str, attempt: str, *more: tuple[str, str]
     return _fields(*pairs)
 
 
-def _evidence(failure: Mapping[str, Any]) -> list[str]:
+def _evidence(failure: events.AttemptFailed | None) -> list[str]:
     """A failure's evidence lines, clipped, each once (TP ranks print the same error)."""
-    lines = []
-    for line in failure.get("evidence") or []:
+    lines: list[str] = []
+    for line in failure.evidence if failure is not None else ():
         clipped = _clip(str(line).strip(), _EVIDENCE_LINE_MAX)
         if clipped and clipped not in lines:
             lines.append(clipped)
@@ -388,33 +378,28 @@ def _unquoted(reason: str, evidence: Sequence[str]) -> str:
     return head if any(e.startswith(line) for e in evidence) else reason
 
 
-def _last_params(history: Any) -> Any:
-    if isinstance(history, Sequence) and history and isinstance(history[-1], Mapping):
-        return history[-1].get("params")
-    return None
-
-
-def _params(value: Any, resolved: Any = None) -> str:
+def _params(value: LaunchParams | None,
+            resolved: LaunchParams | Mapping[str, Any] | None = None) -> str:
     """``value`` (event params) described; a param left to SGLang (None) shows the value
-    ``resolved`` (what SGLang printed: ``resolved`` or ``numbers`` data) marked "(auto)"."""
-    if not isinstance(value, Mapping):
+    ``resolved`` holds (what SGLang printed: a ready's ``resolved``, or a failure's
+    ``numbers``) marked "(auto)"."""
+    if value is None:
         return "unknown params"
-    mfs, bs = value.get("mem_fraction_static"), value.get("cuda_graph_max_bs")
-    try:
-        params = LaunchParams.from_extras(
-            None if mfs is None else float(mfs), None if bs is None else int(bs), dict(value)
-        )
-    except (TypeError, ValueError):
-        return f"mem_fraction_static={mfs} cuda_graph_max_bs={bs}"
-    auto = []
-    if isinstance(resolved, Mapping):
+    if isinstance(resolved, LaunchParams):
+        r_mfs: Any = resolved.mem_fraction_static
+        r_bs: Any = resolved.cuda_graph_max_bs
+    elif resolved is not None:
         r_mfs, r_bs = resolved.get("mem_fraction_static"), resolved.get("cuda_graph_max_bs")
-        if params.mem_fraction_static is None and _number(r_mfs):
-            params = replace(params, mem_fraction_static=float(r_mfs))
-            auto.append("mem_fraction_static")
-        if params.cuda_graph_max_bs is None and _number(r_bs):
-            params = replace(params, cuda_graph_max_bs=int(r_bs))
-            auto.append("cuda_graph_max_bs")
+    else:
+        r_mfs = r_bs = None
+    params = value
+    auto = []
+    if params.mem_fraction_static is None and _number(r_mfs):
+        params = replace(params, mem_fraction_static=float(r_mfs))
+        auto.append("mem_fraction_static")
+    if params.cuda_graph_max_bs is None and _number(r_bs):
+        params = replace(params, cuda_graph_max_bs=int(r_bs))
+        auto.append("cuda_graph_max_bs")
     text = params.describe()
     for name in auto:
         text = re.sub(rf"\b{name}=(\S+)", rf"{name}=\1 (auto)", text, count=1)
@@ -434,32 +419,16 @@ def _duration(value: Any) -> str:
     return format_duration(float(round(seconds)) if seconds >= 1 else seconds)
 
 
-def _ledger(history: Any, failures: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per failed attempt of ``history``, numbered when ``failures`` lines up, with
-    "auto" params filled from what that attempt's log showed (its failure's numbers)."""
-    if not isinstance(history, Sequence) or isinstance(history, str):
-        return []
-    entries = [h for h in history if isinstance(h, Mapping)]
-    # Every history record comes with one attempt.failed, so the last len(history) failures
-    # are the same attempts; number them only when outcome and phase agree pairwise.
-    # Entries carry their attempt number (the supervisor's history does); older data did not.
-    numbers: list[Any] = [h.get("attempt") for h in entries]
-    if entries and None in numbers and len(failures) >= len(entries):
-        tail = failures[len(failures) - len(entries) :]
-        if all(
-            f.get("outcome") == h.get("outcome") and f.get("phase") == h.get("phase")
-            for f, h in zip(tail, entries, strict=True)
-        ):
-            numbers = [f.get("attempt") for f in tail]
-    seen = {f.get("attempt"): f.get("numbers") for f in failures if f.get("attempt") is not None}
-    lines = []
-    for number, entry in zip(numbers, entries, strict=True):
-        prefix = f"#{number} " if number is not None else ""
-        resolved = seen.get(number) if number is not None else None
-        lines.append(
-            f"{prefix}{_params(entry.get('params'), resolved)} → {entry.get('outcome', '?')}"
-            f" in {entry.get('phase', '?')}"
-        )
+def _ledger(history: Sequence[events.HistoryEntry],
+            failures: Sequence[events.AttemptFailed]) -> list[str]:
+    """One line per failed attempt of ``history``, numbered as the host numbers attempts,
+    with "auto" params filled from what that attempt's log showed (its failure's numbers)."""
+    seen = {f.attempt: f.numbers for f in failures}
+    lines = [
+        f"#{entry.attempt} {_params(entry.params, seen.get(entry.attempt))} → "
+        f"{entry.outcome.value} in {entry.phase.value}"
+        for entry in history
+    ]
     if len(lines) > _LEDGER_MAX:
         earlier = len(lines) - _LEDGER_MAX
         lines = [f"… {earlier} earlier attempt(s)", *lines[-_LEDGER_MAX:]]

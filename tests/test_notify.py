@@ -694,7 +694,7 @@ async def test_a_payload_slack_would_reject_is_posted_as_text(
     """Blocks that break Slack's limits (slack_sdk's models say so) are not posted: the text is,
     and notify.invalid_blocks says why."""
     notifier = make(sink, client, FakeClock())
-    message = ready_message("llama", INFO["llama"], READY)
+    message = ready_message("llama", INFO["llama"], ev.from_dict("server.ready", READY))
     too_many = {"type": "section", "fields": [{"type": "mrkdwn", "text": "x"}] * 11}
     with capture_logs() as logs:
         async with anyio.create_task_group() as tg:
@@ -717,16 +717,23 @@ def test_every_message_carries_the_facts_and_fits_slack() -> None:
     ready = READY | {"params": auto, "resolved": {"mem_fraction_static": 0.812,
                                                   "cuda_graph_max_bs": 48}}
     died = failed(3, 0.78, 96, "hang", "ready")
+    ready_event = ev.from_dict("server.ready", ready)
+    died_event = ev.from_dict("attempt.failed", died)
     messages = [
-        ready_message(name, info, ready, origin=origin),
-        resolved_message(name, Kind.UNHEALTHY, info, ready, firing_s=75.0, origin=origin),
-        gave_up_message(name, info, {"reason": "r" * 5000, "attempt": 3, "attempts": 3},
-                        failures=[died], origin=origin),
-        unhealthy_message(name, info, {"consecutive_failures": 3}, params=auto,
-                          resolved=ready["resolved"], attempt=3, origin=origin),
-        restart_message(name, info, RESTART | {"params": auto, "attempt": 3}, last_failure=died,
-                        resolved=ready["resolved"], origin=origin),
-        adopted_message(name, info, {"pid": 1, "attempt": 3, "params": READY["params"]},
+        ready_message(name, info, ready_event, origin=origin),
+        resolved_message(name, Kind.UNHEALTHY, info, ready_event, firing_s=75.0, origin=origin),
+        gave_up_message(name, info, ev.from_dict("server.gave_up", {
+                            "reason": "r" * 5000, "attempt": 3, "attempts": 3, "history": []}),
+                        failures=[died_event], origin=origin),
+        unhealthy_message(name, info, ev.from_dict("server.unhealthy", {
+                              "consecutive_failures": 3, "detail": ""}),
+                          ready=ready_event, origin=origin),
+        restart_message(name, info, ev.from_dict("restart.scheduled",
+                                                 RESTART | {"params": auto, "attempt": 3}),
+                        last_failure=died_event, ready=ready_event, origin=origin),
+        adopted_message(name, info, ev.from_dict("server.adopted", {
+                            "pid": 1, "attempt": 3, "params": READY["params"],
+                            "started_at": None}),
                         origin=origin),
     ]
     for message in messages:
@@ -843,15 +850,18 @@ def test_redactor_masks_longest_first_deep_and_in_slack_escaped_form() -> None:
     )
 
 
-def test_ledger_is_unnumbered_when_failures_do_not_line_up_and_is_capped() -> None:
-    """Without matching attempt.failed data the ledger is plain; past 15 entries it elides."""
-    history = [record(0.9 - i * 0.01, None, "oom_kv_cache", "kv_cache") for i in range(20)]
-    message = ready_message("qwen", INFO["qwen"], READY | {"history": history})
+def test_ledger_without_failures_keeps_auto_params_and_is_capped() -> None:
+    """Without attempt.failed data an "auto" param stays auto (numbered by the history's own
+    attempt numbers: a typed history entry always carries one); past 15 entries it elides."""
+    history = [record(0.9 - i * 0.01, None, "oom_kv_cache", "kv_cache", attempt=i + 1)
+               for i in range(20)]
+    message = ready_message("qwen", INFO["qwen"],
+                            ev.from_dict("server.ready", READY | {"history": history}))
     ledger = message.blocks[2]["text"]["text"].split("\n")
     assert "*Failed attempts*" == ledger[0]
     assert "• … 5 earlier attempt(s)" == ledger[1]
     assert (
-        "• mem_fraction_static=0.850 cuda_graph_max_bs=auto → oom_kv_cache in kv_cache"
+        "• #6 mem_fraction_static=0.850 cuda_graph_max_bs=auto → oom_kv_cache in kv_cache"
         == (ledger[2])
     )
     assert 17 == len(ledger)
@@ -870,7 +880,8 @@ def test_ready_numbers_attempts_as_the_host_does() -> None:
     stale = [failed(2, 0.9, None, "oom_graph_capture", "cuda_graph"),
              failed(3, 0.9, None, "oom_graph_capture", "cuda_graph")]
 
-    message = ready_message("llama", INFO["llama"], data, failures=stale)
+    message = ready_message("llama", INFO["llama"], ev.from_dict("server.ready", data),
+                            failures=[ev.from_dict("attempt.failed", f) for f in stale])
 
     assert ", attempt #6, 7m12s to ready. Failed attempts: #4 mem_fraction_static=0.880" in (
         message.text)
@@ -920,6 +931,7 @@ def test_a_relaunch_after_an_unrecorded_kill_names_the_kill_not_an_access_line()
     d = diagnose_text(log, 137)
     died = failed(2, 0.8, 96, d.outcome.value, "ready") | {
         "evidence": list(d.evidence[-3:]), "after_ready": True}
-    message = restart_message("llama", INFO["llama"], RESTART, last_failure=died)
+    message = restart_message("llama", INFO["llama"], ev.from_dict("restart.scheduled", RESTART),
+                              last_failure=ev.from_dict("attempt.failed", died))
     assert message.text.endswith(". Error: killed by signal 9 (SIGKILL); no error in the log")
     assert "GET /health" not in json.dumps(message.payload())
