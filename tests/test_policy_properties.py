@@ -7,6 +7,7 @@ simulate -> observed -> next_params (``run_policy``) until ready or give-up.
 from __future__ import annotations
 
 import math
+import os
 import random
 
 from hypothesis import example, given, settings
@@ -23,8 +24,14 @@ from tests.multipass import run_policy as run_multipass
 
 # derandomize: CI runs the same 300 examples every time, plus the explicit examples. A narrow
 # case random search once found (a 0.957-0.968 window at bs 4 on a 58 GiB GPU, docs/testing.md)
-# is pinned with @example below.
-FAST = settings(max_examples=300, deadline=None, derandomize=True)
+# is pinned with @example below. scripts/mutation reruns these tests for every mutant: it loads
+# its hypothesis profile "mutation" and sets LAUNCHER_HYPOTHESIS_PROFILE=mutation, and then the
+# example count comes from that profile (an explicit max_examples here would override it).
+FAST = (
+    settings(deadline=None, derandomize=True)
+    if os.environ.get("LAUNCHER_HYPOTHESIS_PROFILE") == "mutation"
+    else settings(max_examples=300, deadline=None, derandomize=True)
+)
 FAILED_MEMORY = frozenset(
     {
         Outcome.OOM_GRAPH_CAPTURE,

@@ -1,0 +1,471 @@
+"""Contract tests of the OOM policy (issue 18): each states one rule of ``launcher.policy`` and
+checks it with numbers worked out by hand from the rule (the module docstring's formulas and
+SGLang's own figures), never copied from what the code returned.
+
+Module constants (``KV_CUSHION``, ``KV_GROWTH``, ``ROUNDING_GIB``, ``DEFAULT_STEP_GIB``) are not
+mutated by mutmut; the tests below are placed so that another value of them changes a result.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.errors import PolicyError
+from launcher.params import LaunchParams
+from launcher.policy import (
+    ASSUMED_GRAPH_BS,
+    ASSUMED_MEM_FRACTION,
+    AttemptRecord,
+    Bounds,
+    Decision,
+    capture_oom_ladder,
+    next_params,
+    resolve_params,
+)
+from launcher.sglang.outcome import Numbers, Outcome
+from launcher.sglang.phases import Phase
+
+CAPTURE = (Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH)
+TOO_SMALL = (Outcome.KV_TOO_SMALL, Phase.KV_CACHE)
+WARMUP = (Outcome.OOM_RUNTIME, Phase.WARMUP)
+HANG = (Outcome.HANG, Phase.WEIGHTS)
+READY = (Outcome.READY, Phase.READY)
+
+
+def rec(params: LaunchParams, kind: tuple[Outcome, Phase], **numbers: object) -> AttemptRecord:
+    return AttemptRecord(params, kind[0], kind[1], Numbers(**numbers))  # type: ignore[arg-type]
+
+
+def nxt(*history: AttemptRecord, bounds: Bounds | None = None, **kw: str | int) -> Decision:
+    return next_params(history[0].params, bounds or Bounds(), list(history), **kw)  # type: ignore[arg-type]
+
+
+def proposal(decision: Decision) -> tuple[float, int]:
+    """(mem_fraction_static, cuda_graph_max_bs) of a decision that did not give up."""
+    assert decision.params is not None, decision.reason
+    mfs, bs = decision.params.mem_fraction_static, decision.params.cuda_graph_max_bs
+    assert mfs is not None and bs is not None
+    return mfs, bs
+
+
+# --- Bounds validation -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        Bounds(0.5, 1.0),  # the ceiling may be 1 itself
+        Bounds(0.001, 0.002),  # any floor above 0, below the ceiling
+        Bounds(graph_bs_floor=1, max_attempts=1),  # the smallest legal bs floor and attempts
+    ],
+)
+def test_legal_bounds_are_accepted(bounds: Bounds) -> None:
+    """Bounds with 0 < floor < ceiling <= 1, graph_bs_floor >= 1 and max_attempts >= 1 are
+    accepted by next_params and capture_oom_ladder."""
+    assert next_params(LaunchParams(0.6, 8), bounds, []).params == LaunchParams(0.6, 8)
+    capture_oom_ladder(LaunchParams(0.6, 8), bounds, gpu_total_gib=None, tp=1,
+                       sglang_version="0.5.23")
+
+
+@pytest.mark.parametrize(
+    ("floor", "ceiling"), [(0.0, 0.9), (-0.1, 0.9), (0.8, 0.8), (0.9, 0.8), (0.5, 1.001)]
+)
+def test_fraction_bounds_outside_0_floor_ceiling_1_are_refused(
+    floor: float, ceiling: float
+) -> None:
+    """The fractions must satisfy 0 < floor < ceiling <= 1: otherwise a PolicyError names both
+    values and the [policy] keys to fix, from next_params and capture_oom_ladder alike."""
+    bounds = Bounds(floor, ceiling)
+    message = (f"bounds need 0 < mem_fraction_floor ({floor}) < mem_fraction_ceiling "
+               f"({ceiling}) <= 1")
+    for call in (
+        lambda: next_params(LaunchParams(), bounds, []),
+        lambda: capture_oom_ladder(LaunchParams(), bounds, gpu_total_gib=80.0, tp=1,
+                                   sglang_version="0.5.23"),
+    ):
+        with pytest.raises(PolicyError) as caught:
+            call()
+        assert caught.value.args == (message,)
+        assert caught.value.remedy == "fix [policy] mem_fraction_floor / mem_fraction_ceiling"
+
+
+@pytest.mark.parametrize(("bs_floor", "attempts"), [(0, 6), (1, 0), (-1, -1)])
+def test_graph_bs_floor_and_max_attempts_below_1_are_refused(bs_floor: int, attempts: int) -> None:
+    """graph_bs_floor and max_attempts must be at least 1; the error names both values."""
+    with pytest.raises(PolicyError) as caught:
+        next_params(LaunchParams(), Bounds(graph_bs_floor=bs_floor, max_attempts=attempts), [])
+    assert caught.value.args == (
+        f"bounds need graph_bs_floor >= 1 and max_attempts >= 1, got {bs_floor} and {attempts}",
+    )
+    assert caught.value.remedy == "fix [policy] graph_bs_floor / max_attempts"
+
+
+# --- the fraction an auto launch ran with, from the pool figures ------------------------------
+
+
+def test_auto_fraction_is_derived_from_the_pool_figures_when_the_log_prints_none() -> None:
+    """SGLang's pool takes mfs x pre and leaves (1 - mfs) x pre: with ``Load weight begin``
+    avail 80.00 and ``Memory pool end`` avail 12.30, an auto launch ran at 1 - 12.30/80.00 =
+    0.84625, i.e. 0.846 on the policy's thousandths grid (not 0.8462 or 0.8463)."""
+    numbers = Numbers(pre_load_avail_gib=80.0, pool_end_avail_gib=12.3, total_gib=93.0)
+    assert resolve_params(LaunchParams(None, 64), numbers) == (0.846, 64)
+    # Another pair, so that no single ratio can pass by accident: 1 - 30/50 = 0.4.
+    assert resolve_params(LaunchParams(None, 8), Numbers(
+        pre_load_avail_gib=50.0, pool_end_avail_gib=30.0)) == (0.4, 8)
+
+
+def test_the_pool_figures_do_not_override_an_explicit_or_printed_fraction() -> None:
+    """An explicit fraction wins over everything; then the server_args dump's value; the pool
+    figures only stand in when neither is known."""
+    pool = dict(pre_load_avail_gib=80.0, pool_end_avail_gib=12.3)
+    assert resolve_params(LaunchParams(0.7, 64), Numbers(**pool)) == (0.7, 64)  # type: ignore[arg-type]
+    printed = Numbers(mem_fraction_static=0.81, **pool)  # type: ignore[arg-type]
+    assert resolve_params(LaunchParams(None, 64), printed) == (0.81, 64)
+
+
+@pytest.mark.parametrize(
+    "numbers",
+    [
+        Numbers(pre_load_avail_gib=80.0),  # no pool end: nothing to derive
+        Numbers(pool_end_avail_gib=12.3),  # no pre-load figure
+        Numbers(pre_load_avail_gib=0.0, pool_end_avail_gib=12.3),  # a zero pre-load says nothing
+    ],
+)
+def test_without_both_pool_figures_the_fraction_is_sglangs_fallback(numbers: Numbers) -> None:
+    """Half a pair (or a pre-load of 0) derives nothing: with no GPU size either, SGLang's
+    unknown-GPU values (0.88, 160) are what an auto launch ran with."""
+    assert resolve_params(LaunchParams(), numbers) == (ASSUMED_MEM_FRACTION, ASSUMED_GRAPH_BS)
+
+
+def test_a_derived_fraction_is_the_one_the_policy_steps_down_from() -> None:
+    """An auto launch that OOMed in capture without any OOM figures: the policy steps down by
+    SGLang's 0.05 from the fraction the pool figures imply (0.846 -> 0.796), not from the auto
+    table's value."""
+    numbers = dict(pre_load_avail_gib=80.0, pool_end_avail_gib=12.3, total_gib=93.0,
+                   cuda_graph_max_bs=64)
+    decision = nxt(rec(LaunchParams(), CAPTURE, **numbers))
+    assert proposal(decision) == (0.796, 64)
+    assert decision.reason.endswith("fraction 0.846→0.796, graph bs 64 kept")
+
+
+# --- attempts are counted since the last ready one ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kinds", "max_attempts", "gives_up"),
+    [
+        ([HANG, HANG], 2, True),  # two attempts, none ready: the budget of 2 is spent
+        ([HANG], 2, False),
+        ([HANG, READY, HANG], 2, False),  # one attempt since the ready one
+        ([HANG, READY, HANG, HANG], 2, True),  # two since the ready one
+        ([HANG, HANG, HANG, READY, HANG], 2, False),  # earlier failures do not count
+        ([READY, HANG, HANG], 3, False),
+        ([READY, READY, HANG, HANG, HANG], 3, True),
+    ],
+)
+def test_max_attempts_counts_the_attempts_since_the_last_ready_one(
+    kinds: list[tuple[Outcome, Phase]], max_attempts: int, gives_up: bool
+) -> None:
+    """A ready attempt resets the count: the policy gives up once ``max_attempts`` attempts
+    have run since the last ready one (or since the start), and says how many."""
+    p = LaunchParams(0.8, 32)
+    decision = nxt(*(rec(p, kind) for kind in kinds), bounds=Bounds(max_attempts=max_attempts))
+    if gives_up:
+        assert decision.params is None
+        assert decision.reason == (
+            f"gave up after {max_attempts} attempts (max_attempts), last hang at "
+            f"{LaunchParams(0.8, 32).describe()}; raise [policy] max_attempts, or the model "
+            "needs more GPUs (higher tp) or a quantized model"
+        )
+    else:
+        assert decision == Decision(p, "hang: retry with the same settings")
+
+
+# --- kv too small: SGLang's minimum or the weights, plus KV_CUSHION ------------------------------
+
+
+def test_kv_too_small_goes_to_the_stated_minimum_plus_the_cushion() -> None:
+    """0.5.23 states the minimum viable fraction: the next one is that plus KV_CUSHION (0.02),
+    rounded up to a thousandth: 0.648 + 0.02 = 0.668 (0.688 with a 0.04 cushion, 0.649 with
+    none), the graph bs kept."""
+    decision = nxt(rec(LaunchParams(0.6, 32), TOO_SMALL, min_mem_fraction=0.648))
+    assert proposal(decision) == (0.668, 32)
+    assert decision.reason == (
+        "KV cache too small, SGLang's minimum 0.6480; fraction 0.600→0.668, graph bs 32 kept"
+    )
+
+
+def test_kv_too_small_without_a_minimum_goes_to_the_weights_plus_a_cushion_of_pre() -> None:
+    """0.5.6 says only "Not enough memory". The pool is mfs x pre - weights: weights 50.00
+    (pre-load 80.00 less 30.00 after load) leave -2.00 GiB at 0.60. The next fraction leaves
+    KV_CUSHION x pre = 1.60 GiB: (50.00 + 1.60) / 80.00 = 0.645."""
+    decision = nxt(rec(LaunchParams(0.6, 32), TOO_SMALL, pre_load_avail_gib=80.0,
+                       post_weights_avail_gib=30.0))
+    assert proposal(decision) == (0.645, 32)
+    assert decision.reason == "KV cache too small; fraction 0.600→0.645, graph bs 32 kept"
+
+
+def test_the_weights_figure_may_come_from_the_load_lines_mem_usage() -> None:
+    """Without the avail figure after load, ``Load weight end ... mem usage`` is the weights:
+    (50.00 + 0.02 x 80.00) / 80.00 = 0.645 again."""
+    decision = nxt(rec(LaunchParams(0.6, 32), TOO_SMALL, pre_load_avail_gib=80.0,
+                       weights_gib=50.0))
+    assert proposal(decision) == (0.645, 32)
+
+
+def test_kv_too_small_takes_the_higher_of_the_minimum_and_the_weights_rule() -> None:
+    """Both figures known: whichever needs more. Minimum 0.630 + 0.02 = 0.650 beats the
+    weights' 0.645; minimum 0.600 + 0.02 = 0.620 does not."""
+    weights = dict(pre_load_avail_gib=80.0, post_weights_avail_gib=30.0)
+    assert proposal(nxt(rec(LaunchParams(0.55, 32), TOO_SMALL, min_mem_fraction=0.63,
+                            **weights))) == (0.65, 32)
+    assert proposal(nxt(rec(LaunchParams(0.55, 32), TOO_SMALL, min_mem_fraction=0.60,
+                            **weights))) == (0.645, 32)
+
+
+@pytest.mark.parametrize(("ratio", "expected"), [(None, 0.686), (0.5, 0.678)])
+def test_a_hybrids_cushion_grows_with_its_state_share(ratio: float | None, expected: float) -> None:
+    """A hybrid's state cache takes r / (1 + r) of the pool first, so its cushion is
+    KV_CUSHION x (1 + r): with SGLang's default r = 0.9, 0.648 + 0.038 = 0.686; with r = 0.5
+    from the params, 0.648 + 0.030 = 0.678."""
+    p = LaunchParams(0.6, 32, mamba_full_memory_ratio=ratio)
+    assert proposal(nxt(rec(p, TOO_SMALL, min_mem_fraction=0.648, mamba_cache_size=100))) == (
+        expected, 32)
+
+
+def test_kv_too_small_stays_below_the_ceiling_and_gives_up_above_it() -> None:
+    """The cushion never takes the fraction above the ceiling: minimum 0.94 + 0.02 is capped at
+    the ceiling 0.95; a minimum of 0.95 itself leaves nothing, which gives up naming the
+    bound."""
+    assert proposal(nxt(rec(LaunchParams(0.9, 32), TOO_SMALL, min_mem_fraction=0.94))) == (
+        0.95, 32)
+    decision = nxt(rec(LaunchParams(0.9, 32), TOO_SMALL, min_mem_fraction=0.95))
+    assert decision.params is None
+    assert decision.reason == (
+        "the KV cache needs mem_fraction_static > 0.95, above the ceiling 0.950: the weights "
+        "leave too little room; the model needs more GPUs (higher tp) or a quantized model"
+    )
+
+
+# --- runtime (warmup) OOM: the deficit, without a warmup guess ------------------------------
+
+
+def test_warmup_oom_lowers_the_fraction_by_its_deficit_and_margin() -> None:
+    """Warmup tried 1.20 GiB with 0.40 free of 50.00 (no capture figures): it needs 0.80 GiB
+    more plus the margin max(0.1, 0.25% x 50) = 0.125: 0.85 - 0.925 / 50 = 0.8315 -> 0.831.
+    The same figures without the pre-load line, over the GPU size (total 50.00), give the
+    same. No warmup guess is added: the warmup's own figure is in the deficit."""
+    p = LaunchParams(0.85, 32)
+    for where in ("pre_load_avail_gib", "total_gib"):
+        decision = nxt(rec(p, WARMUP, tried_gib=1.2, free_gib=0.4, **{where: 50.0}))
+        assert proposal(decision) == (0.831, 32)
+
+
+def test_capture_oom_without_pre_load_adds_the_warmup_guess_to_its_deficit() -> None:
+    """A capture OOM with the same figures comes before warmup, so the warmup guess
+    (2% of 50 = 1.00 GiB) is added: 0.85 - (0.80 + 0.125 + 1.00) / 50 = 0.8115 -> 0.811."""
+    decision = nxt(rec(LaunchParams(0.85, 32), CAPTURE, tried_gib=1.2, free_gib=0.4,
+                       total_gib=50.0))
+    assert proposal(decision) == (0.811, 32)
+    assert decision.reason == (
+        "capture OOM: needed 1.20 GiB, 0.40 free of ? pre-load; fraction 0.850→0.811, "
+        "graph bs 32 kept"
+    )
+
+
+def test_a_pool_found_too_small_is_grown_kv_growth_fold_before_a_bs_is_chosen() -> None:
+    """After a KV pool of 1.60 GiB proved too small (0.52 x 80.00 - 40.00 weights), a useful
+    pool is KV_GROWTH (4) times that, 6.40 GiB: a fraction >= 0.58. The graph model (a capture
+    OOM at 0.60 / bs 32 that tried 23.80 GiB with 4.80 free) estimates about 0.562 at bs 8,
+    a pool of about 5 GiB, too little; at bs 4 about 0.599. So the bs drops to 4 rather than
+    propose the smaller pool (a growth of 2 would have accepted bs 8)."""
+    weights = dict(pre_load_avail_gib=80.0, post_weights_avail_gib=40.0)
+    oom = rec(LaunchParams(0.6, 32), CAPTURE, tried_gib=23.8, free_gib=4.8, **weights)
+    small = rec(LaunchParams(0.52, 8), TOO_SMALL, **weights)
+    mfs, bs = proposal(nxt(oom, small))
+    assert bs == 4
+    assert mfs * 80.0 - 40.0 >= 4 * (0.52 * 80.0 - 40.0)
+    assert mfs < 0.6  # below the fraction that OOMed in capture
+
+
+def test_kv_too_small_with_pre_load_but_no_weights_figure_rises_to_the_auto_level() -> None:
+    """Too small at 0.60 with only the pre-load figure (58.00 GiB on a 62.00 GiB GPU, SGLang
+    0.5.6, bs 64, tp 1): the KV need is unknown, so the next fraction keeps after the pool
+    only what SGLang's auto rule keeps for this GPU. The rule reserves 512 + 8192 x 1.5 +
+    64 x 2 + 1024/8 = 13056 MiB (> 60 GiB: chunk 8192), auto 1 - 13056/63488 = 0.794, keeping
+    62 x 0.206 = 12.772 GiB: 1 - 12.772/58 = 0.7798 -> 0.779, above the plain 0.05 step."""
+    decision = nxt(rec(LaunchParams(0.6, 64), TOO_SMALL, pre_load_avail_gib=58.0,
+                       total_gib=62.0), sglang_version="0.5.6")
+    assert proposal(decision) == (0.779, 64)
+
+
+def test_kv_too_small_with_no_figures_steps_up_by_sglangs_advice() -> None:
+    """No pre-load, no weights, no minimum: up by STEP_FRACTION (0.05), 0.60 -> 0.65, even
+    when the GPU size is known (the auto level needs the pre-load figure)."""
+    decision = nxt(rec(LaunchParams(0.6, 64), TOO_SMALL, total_gib=62.0), sglang_version="0.5.6")
+    assert proposal(decision) == (0.65, 64)
+
+
+# --- weight-load OOMs: the reasons name the figures ---------------------------------------------
+
+
+def test_weights_oom_reason_names_the_load_figures_and_tp() -> None:
+    """A weight-load OOM gives up with the log's figures to two decimals and the tp."""
+    p = LaunchParams(0.8, 32)
+    decision = nxt(AttemptRecord(p, Outcome.OOM_WEIGHTS, Phase.WEIGHTS, Numbers(
+        tried_gib=1.1, free_gib=0.4, pre_load_avail_gib=78.0)), tp=4)
+    assert decision == Decision(None, (
+        "weights do not fit: loading needed 1.10 GiB more with 0.40 free of 78.00 pre-load "
+        "per GPU at tp=4; mem-fraction cannot help, the model needs more GPUs (higher tp) or a "
+        "quantized model"))
+
+
+def test_init_oom_reason_names_the_free_memory_and_the_gpu_size() -> None:
+    """An OOM before weight load: other processes hold the GPU; unknown figures show as ?."""
+    p = LaunchParams(0.8, 32)
+    decision = nxt(AttemptRecord(p, Outcome.OOM_WEIGHTS, Phase.INIT, Numbers(
+        tried_gib=1.0, free_gib=0.25, total_gib=80.0)))
+    assert decision == Decision(None, (
+        "out of memory before weight load (0.25 GiB free of 80.00): other processes hold the "
+        "GPU; free it, or the model needs more GPUs (higher tp) or a quantized model"))
+    bare = nxt(AttemptRecord(p, Outcome.OOM_WEIGHTS, Phase.INIT, Numbers()))
+    assert bare.reason.startswith("out of memory before weight load (? GiB free of ?)")
+
+
+# --- hybrid state cache too small: SGLang's order of knobs --------------------------------------
+
+
+def hybrid(params: LaunchParams, **numbers: object) -> AttemptRecord:
+    return AttemptRecord(params, Outcome.HYBRID_STATE_TOO_SMALL, Phase.KV_CACHE,
+                         Numbers(**numbers))  # type: ignore[arg-type]
+
+
+def test_hybrid_doubles_a_configured_mamba_cache_size_and_makes_the_fraction_explicit() -> None:
+    """A configured max_mamba_cache_size is doubled first (24 -> 48); an auto fraction becomes
+    the value the log printed; the reason quotes the size SGLang allocated."""
+    p = LaunchParams(None, 48, max_mamba_cache_size=24)
+    decision = nxt(hybrid(p, mamba_cache_size=30, mem_fraction_static=0.8))
+    assert decision == Decision(
+        LaunchParams(0.8, 48, max_mamba_cache_size=48),
+        "hybrid state cache too small (max_mamba_cache_size=30); max_mamba_cache_size 24→48",
+    )
+
+
+@pytest.mark.parametrize(
+    ("bs", "running", "new_running", "new_bs"),
+    [(64, 21, 10, 10), (None, 21, 10, None), (64, 9, 8, 8), (4, 40, 20, 4)],
+)
+def test_hybrid_halves_the_running_requests_down_to_8_and_caps_the_graph_bs(
+    bs: int | None, running: int, new_running: int, new_bs: int | None
+) -> None:
+    """Without a configured cache size, max_running_requests (here from the log) is halved,
+    rounding down, never below MIN_RUNNING_REQUESTS (8); an explicit graph bs is capped by it
+    (an auto one stays auto); the fraction is kept, made explicit."""
+    decision = nxt(hybrid(LaunchParams(None, bs), max_running_requests=running,
+                          mem_fraction_static=0.8))
+    assert decision == Decision(
+        LaunchParams(0.8, new_bs, max_running_requests=new_running),
+        f"hybrid state cache too small; max_running_requests {running}→{new_running}, "
+        "fraction 0.800 kept",
+    )
+
+
+@pytest.mark.parametrize(("mfs", "new"), [(0.6, 0.65), (0.93, 0.95), (0.949, 0.95)])
+def test_hybrid_at_8_running_requests_raises_the_fraction_to_the_ceiling(
+    mfs: float, new: float
+) -> None:
+    """At 8 running requests (or none known, without speculative decoding) the fraction goes
+    up by STEP_FRACTION (0.05), capped at the ceiling 0.95."""
+    for p in (LaunchParams(mfs, 8, max_running_requests=8), LaunchParams(mfs, 8)):
+        decision = nxt(hybrid(p, mamba_cache_size=5))
+        assert decision == Decision(
+            LaunchParams(new, 8, max_running_requests=p.max_running_requests),
+            f"hybrid state cache too small (max_mamba_cache_size=5); fraction {mfs:.3f}→"
+            f"{new:.3f}",
+        )
+
+
+def test_hybrid_at_the_ceiling_gives_up() -> None:
+    """At the ceiling with 8 running requests nothing is left to turn: give up."""
+    decision = nxt(hybrid(LaunchParams(0.95, 8, max_running_requests=8)))
+    assert decision == Decision(None, (
+        "hybrid state cache too small at mem_fraction_static 0.950, the ceiling, with "
+        "max_running_requests 8; the model needs more GPUs (higher tp) or a quantized model"))
+
+
+def test_auto_params_resolve_from_the_callers_gpu_size_when_the_log_has_none() -> None:
+    """Without a GPU size in the log, the caller's ``gpu_total_gib`` feeds SGLang's auto rules:
+    80 GiB at tp 4 on 0.5.6 is bs 512 (tp >= 4, 60-160 GiB); SGLang reserves 512 + 8192 x 1.5
+    + 512 x 2 + 4/8 x 1024 = 14336 MiB, so the fraction is (81920 - 14336) / 81920 = 0.825."""
+    assert resolve_params(LaunchParams(), Numbers(), gpu_total_gib=80.0, tp=4,
+                          sglang_version="0.5.6") == (0.825, 512)
+
+
+def test_a_ready_or_transient_relaunch_keeps_explicit_params_over_printed_ones() -> None:
+    """Explicit params are relaunched as they are (a printed value only fills an auto one)."""
+    p = LaunchParams(0.8, 32)
+    for kind in (READY, HANG):
+        shown = rec(p, kind, mem_fraction_static=0.7, cuda_graph_max_bs=16)
+        assert nxt(shown).params == p
+        assert nxt(rec(p, kind)).params == p
+    half = rec(LaunchParams(None, 32), READY, mem_fraction_static=0.7, cuda_graph_max_bs=16)
+    assert nxt(half).params == LaunchParams(0.7, 32)
+
+
+# --- the graph model's figures, rounding included ----------------------------------------------
+#
+# SGLang prints GiB to two decimals, so each figure may be up to ROUNDING_GIB (0.005) off; the
+# policy counts every figure in the direction that needs more memory. On a pre-load of 100 GiB
+# (margin 0.25, warmup guess 2.00) with the pool ending at 20.00 and capture beginning at
+# ``start``, the estimate at bs 32 (8 captured sizes) is 1 - need / 100 with
+#     need = hidden + graphs(32) + warmup + 0.25,  hidden = max(0, 20.00 - start - 0.005).
+# Each pair of cases puts ``need`` at exactly 23.30 GiB (0.767: one more hundredth of a GiB
+# anywhere and it is 0.766) and at 23.31 (0.766: one hundredth less and it is 0.767).
+_POOL = dict(pre_load_avail_gib=100.0, post_weights_avail_gib=60.0, pool_end_avail_gib=20.0,
+             total_gib=110.0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "figures", "expected"),
+    [
+        # First capture step failed: graphs = (tried + 0.005) + 8 x DEFAULT_STEP_GIB (0.02);
+        # start 19.99: hidden 0.005; need = 0.005 + 20.885 + 0.16 + 2.25 = 23.30.
+        (CAPTURE, dict(graph_begin_avail_gib=19.99, tried_gib=20.88, free_gib=19.5), 0.767),
+        (CAPTURE, dict(graph_begin_avail_gib=19.99, tried_gib=20.89, free_gib=19.5), 0.766),
+        # Step 5 of 8 failed: c = tried + 0.005 = 0.505; the four steps before consumed
+        # start - last + 0.01, of which 4 x tried were later steps: a x 32 = 20 - last + 0.01
+        # - 2; graphs = a x 32 + 8c; need = 19.01 - last + 4.04 + 2.25 = 24.30 - last.
+        (CAPTURE, dict(graph_begin_avail_gib=20.0, graph_last_avail_gib=1.0, graph_last_bs=8,
+                       graph_steps_done=4, graph_steps_total=8, tried_gib=0.5, free_gib=0.3),
+         0.767),
+        (CAPTURE, dict(graph_begin_avail_gib=20.0, graph_last_avail_gib=0.99, graph_last_bs=8,
+                       graph_steps_done=4, graph_steps_total=8, tried_gib=0.5, free_gib=0.3),
+         0.766),
+        # The same from the pool-end figure alone (0.5.6 prints no capture begin line).
+        (CAPTURE, dict(graph_last_avail_gib=1.0, graph_last_bs=8, graph_steps_done=4,
+                       graph_steps_total=8, tried_gib=0.5, free_gib=0.3), 0.767),
+        # Warmup OOM after all graphs: graphs = start - free + 0.01 exactly, warmup = tried +
+        # 0.005; start 19.99 (hidden 0.005): need = 0.005 + 19.60 + 3.445 + 0.25 = 23.30.
+        (WARMUP, dict(graph_begin_avail_gib=19.99, graph_last_avail_gib=0.5, graph_last_bs=1,
+                      graph_steps_done=8, graph_steps_total=8, tried_gib=3.44, free_gib=0.4),
+         0.767),
+        (WARMUP, dict(graph_begin_avail_gib=19.99, graph_last_avail_gib=0.5, graph_last_bs=1,
+                      graph_steps_done=8, graph_steps_total=8, tried_gib=3.45, free_gib=0.4),
+         0.766),
+    ],
+)
+def test_graph_model_counts_each_printed_figure_at_its_rounding_bound(
+    kind: tuple[Outcome, Phase], figures: dict[str, float], expected: float
+) -> None:
+    """The estimate at an unchanged bs from one OOM's figures, to the thousandth."""
+    decision = nxt(rec(LaunchParams(0.8, 32), kind, **_POOL, **figures))
+    assert proposal(decision) == (expected, 32)
+
+
+def test_a_later_step_oom_without_the_progress_figure_falls_back_to_the_deficit() -> None:
+    """Without the last progress bar's free memory the first step's size is unknown: the plain
+    deficit rule, 0.80 - (0.50 - 0.30 + 0.25 margin + 2.00 warmup guess) / 100 = 0.7755 ->
+    0.775."""
+    figures = dict(graph_begin_avail_gib=20.0, graph_last_bs=8, graph_steps_done=4,
+                   graph_steps_total=8, tried_gib=0.5, free_gib=0.3)
+    assert proposal(nxt(rec(LaunchParams(0.8, 32), CAPTURE, **_POOL, **figures))) == (0.775, 32)
