@@ -469,3 +469,118 @@ def test_a_later_step_oom_without_the_progress_figure_falls_back_to_the_deficit(
     figures = dict(graph_begin_avail_gib=20.0, graph_last_bs=8, graph_steps_done=4,
                    graph_steps_total=8, tried_gib=0.5, free_gib=0.3)
     assert proposal(nxt(rec(LaunchParams(0.8, 32), CAPTURE, **_POOL, **figures))) == (0.775, 32)
+
+
+@pytest.mark.parametrize(("before", "ceiling"), [((), 0.95), ((0.9,), 0.899)])
+def test_once_a_real_pool_proved_too_small_the_most_the_brackets_allow_is_tried(
+    before: tuple[float, ...], ceiling: float
+) -> None:
+    """Too small at 0.63 with weights 50.00 of 80.00: the pool was 0.63 x 80 - 50 = 0.40 GiB,
+    more than nothing, so the KV need is unknown: the next fraction is the most the brackets
+    allow, the ceiling 0.95, or just below a fraction that OOMed in capture at that bs (0.90)."""
+    weights = dict(pre_load_avail_gib=80.0, post_weights_avail_gib=30.0)
+    history = [rec(LaunchParams(m, 32), CAPTURE) for m in before]
+    history.append(rec(LaunchParams(0.63, 32), TOO_SMALL, **weights))
+    assert proposal(nxt(*history)) == (ceiling, 32)
+
+
+def test_capture_oom_ladder_resolves_auto_params_with_the_given_tp_and_version() -> None:
+    """``launcher plan``'s ladder for an auto start on an 80 GiB GPU at tp 4 on 0.5.6: SGLang's
+    auto values there are bs 512 and 0.825 (see above), then 0.05 lower per capture OOM until
+    max_attempts (6) attempts have run."""
+    ladder = capture_oom_ladder(LaunchParams(), Bounds(), gpu_total_gib=80.0, tp=4,
+                                sglang_version="0.5.6")
+    assert ladder == [LaunchParams(m, 512) for m in (0.775, 0.725, 0.675, 0.625, 0.575)]
+
+
+# --- the reasons a decision gives --------------------------------------------------------------
+
+
+def test_reasons_name_the_oom_its_figures_and_the_change() -> None:
+    """A memory decision's reason names the kind of OOM, the log's figures to two decimals
+    (with the capture start for a capture OOM), and the fraction and bs change."""
+    capture = rec(LaunchParams(0.8, 32), CAPTURE, **_POOL, graph_begin_avail_gib=19.99,
+                  tried_gib=20.88, free_gib=19.5)
+    assert nxt(capture).reason == (
+        "capture OOM: needed 20.88 GiB, 19.50 free of 100.00 pre-load, 19.99 free when capture "
+        "began; fraction 0.800→0.767, graph bs 32 kept")
+    warmup = rec(LaunchParams(0.8, 32), WARMUP, **_POOL, graph_begin_avail_gib=19.99,
+                 graph_last_avail_gib=0.5, graph_last_bs=1, graph_steps_done=8,
+                 graph_steps_total=8, tried_gib=3.44, free_gib=0.4)
+    assert nxt(warmup).reason == (
+        "warmup OOM: needed 3.44 GiB, 0.40 free of 100.00 pre-load; fraction 0.800→0.767, "
+        "graph bs 32 kept")
+    pool = rec(LaunchParams(0.8, 32), (Outcome.OOM_KV_CACHE, Phase.KV_CACHE))
+    assert nxt(pool).reason == (
+        "KV-pool OOM: needed ? GiB, ? free of ? pre-load; fraction 0.800→0.750, graph bs 32 kept")
+    halved = rec(LaunchParams(0.5, 32), CAPTURE)
+    assert nxt(halved).reason == (
+        "capture OOM: needed ? GiB, ? free of ? pre-load; fraction 0.500→0.500, graph bs 32→16")
+
+
+def test_no_open_bracket_at_the_bs_floor_gives_up_naming_both_bounds() -> None:
+    """Too small at 0.700 and a capture OOM at 0.701, both at the bs floor 1: the reason gives
+    the KV bound, the graph bound and the floor."""
+    small = rec(LaunchParams(0.7, 1), TOO_SMALL)
+    oom = rec(LaunchParams(0.701, 1), CAPTURE)
+    assert nxt(small, oom) == Decision(None, (
+        "no mem_fraction_static fits even at cuda_graph_max_bs=1: the KV cache needs > 0.7, "
+        "graphs and warmup OOM at >= 0.701 (floor 0.500); the model needs more GPUs (higher "
+        "tp) or a quantized model, or disable CUDA graphs"))
+
+
+def test_the_gpu_size_for_auto_rules_comes_from_any_earlier_attempt() -> None:
+    """A capture OOM without figures after an attempt whose log showed an 80 GiB GPU: the auto
+    params are resolved for that GPU (0.5.23, tp 1: bs 256; reserved 512 + 12288 + 512 + 128
+    + 400 = 13840 MiB, (81920 - 13840) / 81920 = 0.831), then lowered by 0.05."""
+    auto = LaunchParams()
+    shown = rec(auto, HANG, total_gib=80.0)
+    assert proposal(nxt(shown, rec(auto, CAPTURE))) == (0.781, 256)
+    assert proposal(nxt(rec(auto, CAPTURE, total_gib=80.0), rec(auto, CAPTURE))) == (0.781, 256)
+
+
+@pytest.mark.parametrize(
+    ("bs", "floor", "new_bs"), [(32, 1, 16), (20, 1, 8), (33, 1, 16), (10, 6, 6), (7, 6, 6)]
+)
+def test_at_the_fraction_floor_the_graph_bs_halves_to_a_captured_size(
+    bs: int, floor: int, new_bs: int
+) -> None:
+    """A capture OOM without figures at the fraction floor (0.50) keeps the fraction and takes
+    the largest size SGLang captures (1, 2, 4, 8, 12, 16, 24, ...) at or below half the bs,
+    never below the bs floor."""
+    decision = nxt(rec(LaunchParams(0.5, bs), CAPTURE), bounds=Bounds(graph_bs_floor=floor))
+    assert proposal(decision) == (0.5, new_bs)
+
+
+def test_at_the_fraction_floor_and_the_bs_floor_the_policy_gives_up() -> None:
+    """Nothing is left below (0.50, bs floor 6): give up, naming both bounds."""
+    decision = nxt(rec(LaunchParams(0.5, 6), CAPTURE), bounds=Bounds(graph_bs_floor=6))
+    assert decision == Decision(None, (
+        "no mem_fraction_static fits even at cuda_graph_max_bs=6: the KV cache needs > 0.499, "
+        "graphs and warmup OOM at >= 0.5 (floor 0.500); the model needs more GPUs (higher tp) "
+        "or a quantized model, or disable CUDA graphs"))
+
+
+# --- speculative decoding: the graph bs above the running-request cap captures nothing ----------
+
+
+def test_spec_capture_oom_keeps_a_graph_bs_above_the_cap_while_the_fraction_moves() -> None:
+    """Under EAGLE SGLang caps running requests at 48 and captures graphs only up to that: a
+    configured bs 128 is searched as 48 and, while only the fraction moves, left as it was."""
+    decision = nxt(rec(LaunchParams(0.7, 128), CAPTURE, speculative_algorithm="EAGLE"))
+    assert decision == Decision(LaunchParams(0.65, 128), (
+        "capture OOM: needed ? GiB, ? free of ? pre-load; fraction 0.700→0.650, graph bs 48 "
+        "kept; speculative params unchanged"))
+
+
+@pytest.mark.parametrize(("running", "new_bs"), [(None, 24), (20, 8), (100, 48)])
+def test_spec_capture_oom_at_the_floor_halves_from_the_running_request_cap(
+    running: int | None, new_bs: int
+) -> None:
+    """At the fraction floor the bs halves from what SGLang captures: min(bs, cap), the cap
+    being max_running_requests when set, else 48 under speculative decoding."""
+    p = LaunchParams(0.5, 128, max_running_requests=running)
+    decision = nxt(rec(p, CAPTURE, speculative_algorithm="EAGLE"))
+    assert decision.params == LaunchParams(0.5, new_bs, max_running_requests=running)
+    assert decision.reason.endswith(f"graph bs {min(128, running or 48)}→{new_bs}; speculative "
+                                    "params unchanged")
