@@ -584,3 +584,80 @@ def test_spec_capture_oom_at_the_floor_halves_from_the_running_request_cap(
     assert decision.params == LaunchParams(0.5, new_bs, max_running_requests=running)
     assert decision.reason.endswith(f"graph bs {min(128, running or 48)}→{new_bs}; speculative "
                                     "params unchanged")
+
+
+# --- the OOM's own deficit bounds the fraction at an unchanged bs -------------------------------
+
+
+def test_at_an_unchanged_bs_the_fraction_falls_by_at_least_the_ooms_deficit() -> None:
+    """The first capture step tried 5.00 GiB with 1.00 free: whatever the graph model says
+    (here it would allow 0.799, just under the failed 0.80), the same bs needs 4.00 GiB more
+    than the attempt had, so the fraction falls by at least 4.00 / 100: 0.76."""
+    figures = dict(graph_begin_avail_gib=20.0, tried_gib=5.0, free_gib=1.0)
+    decision = nxt(rec(LaunchParams(0.8, 32), CAPTURE, **_POOL, **figures))
+    assert proposal(decision) == (0.76, 32)
+
+
+
+def test_a_first_step_oom_at_bs_1_still_sizes_the_graphs() -> None:
+    """At bs 1 the failed first step is the whole slope (15.005 GiB per bs): the model allows
+    just under the failed 0.80, and the deficit (15.00 - 14.00 = 1.00 GiB of 100) caps it at
+    0.79. Without the slope it would be the plain deficit rule, 0.8 - 3.25/100 = 0.767."""
+    figures = dict(graph_begin_avail_gib=20.0, tried_gib=15.0, free_gib=14.0)
+    assert proposal(nxt(rec(LaunchParams(0.8, 1), CAPTURE, **_POOL, **figures))) == (0.79, 1)
+
+
+@pytest.mark.parametrize(
+    ("figures", "expected"),
+    [
+        # The capture begin line (19.50), not the pool end (20.00), is where the graphs
+        # start: hidden 20 - 19.50 - 0.005 = 0.495; a x 32 = 19.50 - 1.00 + 0.01 - 4 x 0.50;
+        # need = 0.495 + 16.51 + 8 x 0.505 + 2.25 = 23.295 -> 0.767 (0.762 from the pool end).
+        (dict(graph_begin_avail_gib=19.5, graph_last_avail_gib=1.0), 0.767),
+        # The steps before used less than the later steps' tried sizes account for: the first
+        # step is taken as 0 GiB, never negative: hidden 20 - 5 - 0.005 = 14.995; consumed
+        # 5.00 - 2.50 + 0.01 = 2.51, less 4 x 0.50 leaves 0.51 GiB for the first step;
+        # need = 14.995 + 0.51 + 4.04 + 2.25 = 21.795 -> 0.782.
+        (dict(graph_begin_avail_gib=5.0, graph_last_avail_gib=2.5), 0.782),
+    ],
+)
+def test_later_step_oom_sizes_the_first_step_from_the_capture_begin(
+    figures: dict[str, float], expected: float
+) -> None:
+    """A capture OOM at step 5 of 8 (tried 0.50 with 0.30 free, pre-load 100, pool end 20)."""
+    steps = dict(graph_last_bs=8, graph_steps_done=4, graph_steps_total=8, tried_gib=0.5,
+                 free_gib=0.3)
+    decision = nxt(rec(LaunchParams(0.8, 32), CAPTURE, **_POOL, **steps, **figures))
+    assert proposal(decision) == (expected, 32)
+
+
+@pytest.mark.parametrize("figures", [dict(tried_gib=2.0), dict(free_gib=2.0)])
+def test_half_an_oom_message_is_no_deficit(figures: dict[str, float]) -> None:
+    """Only "Tried to allocate" or only "free" (a cut message) gives no deficit: SGLang's
+    fixed 0.05 step, 0.80 -> 0.75, even with the GPU size known."""
+    decision = nxt(rec(LaunchParams(0.8, 32), CAPTURE, total_gib=80.0, **figures))
+    assert proposal(decision) == (0.75, 32)
+
+
+def test_a_step_below_the_floor_stops_at_the_floor_and_halves_the_bs() -> None:
+    """A capture OOM without figures at 0.52: 0.47 would cross the floor 0.50, so the bs
+    halves (32 -> 16) and the fraction stops at the floor."""
+    assert proposal(nxt(rec(LaunchParams(0.52, 32), CAPTURE))) == (0.5, 16)
+
+
+def test_a_single_open_thousandth_at_the_bs_is_taken() -> None:
+    """Too small at 0.699 and a capture OOM at 0.701 at bs 32 leave exactly 0.700 open there:
+    it is proposed at bs 32 (the bs is not halved while a fraction is open)."""
+    oom = rec(LaunchParams(0.701, 32), CAPTURE)
+    small = rec(LaunchParams(0.699, 32), TOO_SMALL)
+    assert proposal(nxt(oom, small)) == (0.7, 32)
+
+
+def test_halving_takes_a_bs_where_a_single_thousandth_is_open() -> None:
+    """Too small at 0.699 (bs 32), a capture OOM at 0.701 from bs 16 and one at 0.72 at bs 32:
+    0.67 would be below the KV bound, so the bs halves; at 16 only 0.700 is open, and that is
+    enough: (0.700, 16), not a smaller bs."""
+    small = rec(LaunchParams(0.699, 32), TOO_SMALL)
+    oom16 = rec(LaunchParams(0.701, 16), CAPTURE)
+    oom32 = rec(LaunchParams(0.72, 32), CAPTURE)
+    assert proposal(nxt(small, oom16, oom32)) == (0.7, 16)
