@@ -661,3 +661,59 @@ def test_halving_takes_a_bs_where_a_single_thousandth_is_open() -> None:
     oom16 = rec(LaunchParams(0.701, 16), CAPTURE)
     oom32 = rec(LaunchParams(0.72, 32), CAPTURE)
     assert proposal(nxt(small, oom16, oom32)) == (0.7, 16)
+
+
+# --- multi-pass capture: which passes are still to come ----------------------------------------
+
+
+def pass_oom(params: LaunchParams, gpass: str, **numbers: object) -> AttemptRecord:
+    """A first-step capture OOM in ``gpass`` (tried 5.00, 1.00 free), the only pass begun,
+    on a pre-load of 100 with weights 40 and the pool ending at 20.00."""
+    figures: dict[str, object] = dict(
+        _POOL, graph_pass=gpass, graph_begin_avail_gib=20.0, graph_first_begin_avail_gib=20.0,
+        graph_passes_begun=1, tried_gib=5.0, free_gib=1.0)
+    figures.update(numbers)
+    return rec(params, CAPTURE, **figures)
+
+
+def test_a_plain_decode_pass_oom_expects_no_later_pass() -> None:
+    """Without speculative decoding the decode pass is the last: everything since capture
+    began is needed again (20.00 - 1.00), plus the 5.005 tried and the 7 remaining steps at
+    0.02, two roundings, the warmup guess 2.00 and the margin 0.25: need 26.405 of 100, so
+    0.73595 -> 0.735 at the same bs."""
+    decision = nxt(pass_oom(LaunchParams(0.8, 32), "target_decode"), sglang_version="0.5.23")
+    assert proposal(decision) == (0.735, 32)
+
+
+def verify_fraction(steps: int, *, env: tuple[tuple[str, str], ...] = (),
+                    version: str = "0.5.23", shown_first: bool = False) -> float:
+    """The next fraction after an EAGLE target-verify capture OOM (see pass_oom)."""
+    p = LaunchParams(0.8, 32, env=env)
+    spec = dict(speculative_algorithm="EAGLE", speculative_num_steps=steps)
+    if shown_first:  # an earlier attempt showed the speculative settings, this one did not
+        history = [rec(p, HANG, **spec), pass_oom(p, "target_verify")]
+    else:
+        history = [pass_oom(p, "target_verify", **spec)]
+    return proposal(nxt(*history, sglang_version=version))[0]
+
+
+def test_the_draft_decode_pass_is_expected_only_with_more_than_one_step() -> None:
+    """SGLang captures the draft decode graphs only with --speculative-num-steps > 1: after a
+    target-verify OOM one step leaves room for one guessed later pass (draft extend), two or
+    three steps for two, so the fraction is lower, and the same for 2 and 3."""
+    one, two, three = (verify_fraction(s) for s in (1, 2, 3))
+    assert one > two == three
+
+
+def test_the_draft_extend_pass_is_not_expected_once_turned_off_on_0_5_23() -> None:
+    """With SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 0.5.23 captures no draft extend graph, so
+    less is reserved for later passes; 0.5.10 has no such switch and reserves the same."""
+    off = (("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "1"),)
+    assert verify_fraction(3, env=off) > verify_fraction(3)
+    assert verify_fraction(3, env=off, version="0.5.10") == verify_fraction(3, version="0.5.10")
+
+
+def test_speculative_decoding_shown_by_any_attempt_counts_for_later_passes() -> None:
+    """A log that lacks the server_args dump is still read as speculative when an earlier
+    attempt of the server showed it: the same decision as if it had shown it itself."""
+    assert verify_fraction(3, shown_first=True) == verify_fraction(3)
