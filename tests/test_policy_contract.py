@@ -717,3 +717,14 @@ def test_speculative_decoding_shown_by_any_attempt_counts_for_later_passes() -> 
     """A log that lacks the server_args dump is still read as speculative when an earlier
     attempt of the server showed it: the same decision as if it had shown it itself."""
     assert verify_fraction(3, shown_first=True) == verify_fraction(3)
+
+
+@pytest.mark.parametrize(("version", "expected"), [("0.5.23", 0.67), ("0.5.10", 0.645)])
+def test_draft_weights_count_in_the_kv_bound_from_0_5_23(version: str, expected: float) -> None:
+    """0.5.23 counts the draft model's weights in the static budget: too small at 0.60 with
+    weights 50.00 and draft weights 2.00 of 80.00 goes to (50 + 2 + 1.60) / 80 = 0.67; 0.5.10
+    loads the draft outside it, (50 + 1.60) / 80 = 0.645."""
+    decision = nxt(rec(LaunchParams(0.6, 32), TOO_SMALL, pre_load_avail_gib=80.0,
+                       post_weights_avail_gib=30.0, draft_weights_gib=2.0,
+                       speculative_algorithm="EAGLE"), sglang_version=version)
+    assert proposal(decision) == (expected, 32)
