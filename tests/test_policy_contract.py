@@ -728,3 +728,40 @@ def test_draft_weights_count_in_the_kv_bound_from_0_5_23(version: str, expected:
                        post_weights_avail_gib=30.0, draft_weights_gib=2.0,
                        speculative_algorithm="EAGLE"), sglang_version=version)
     assert proposal(decision) == (expected, 32)
+
+
+@pytest.mark.parametrize(
+    ("figures", "expected"),
+    [
+        # Capture figures above the (1 - 0.80) x 100 = 20 GiB SGLang leaves are capped at it:
+        # the same as a capture that began at 20.00 (0.735 above).
+        (dict(graph_begin_avail_gib=25.0, graph_first_begin_avail_gib=25.0), 0.735),
+        # Capture began at 19.50: 0.495 GiB of the headroom was gone before it (hidden), then
+        # 19.50 - 1.00 + 5.005 + 0.14 + 0.01 + 2.25 needed: 26.40 of 100 -> 0.736.
+        (dict(graph_begin_avail_gib=19.5, graph_first_begin_avail_gib=19.5), 0.736),
+        # Only the first begin line's figure: the failing pass is taken to begin there.
+        (dict(graph_begin_avail_gib=None), 0.735),
+    ],
+)
+def test_a_pass_oom_counts_from_where_capture_began(
+    figures: dict[str, object], expected: float
+) -> None:
+    """A first-step OOM in the plain decode pass, with different capture-begin figures."""
+    decision = nxt(pass_oom(LaunchParams(0.8, 32), "target_decode", **figures),
+                   sglang_version="0.5.23")
+    assert proposal(decision) == (expected, 32)
+
+
+def test_a_warmup_oom_in_a_log_with_passes_takes_the_graphs_as_measured() -> None:
+    """Warmup failed after the decode pass began at 20.00 and left 1.00 free: the graphs took
+    19.00 GiB (+ 0.01 rounding); the warmup itself is unknown without a "Tried" figure, so the
+    2.00 guess stands: need 19.01 + 2.00 + 0.25 = 21.26 -> 0.7874 -> 0.787. (A capture OOM
+    without "Tried" has no pass figures to fit: SGLang's 0.05 step.)"""
+    decision = nxt(pass_oom(LaunchParams(0.8, 32), "target_decode", tried_gib=None),
+                   sglang_version="0.5.23")
+    assert proposal(decision) == (0.75, 32)  # a capture OOM without "Tried": SGLang's step
+    warmup = AttemptRecord(LaunchParams(0.8, 32), Outcome.OOM_RUNTIME, Phase.WARMUP, Numbers(
+        **_POOL, graph_pass="target_decode", graph_begin_avail_gib=20.0,  # type: ignore[arg-type]
+        graph_first_begin_avail_gib=20.0, graph_passes_begun=1, graph_passes_ended=1,
+        free_gib=1.0))
+    assert proposal(nxt(warmup, sglang_version="0.5.23")) == (0.787, 32)
