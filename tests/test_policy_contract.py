@@ -765,3 +765,25 @@ def test_a_warmup_oom_in_a_log_with_passes_takes_the_graphs_as_measured() -> Non
         graph_first_begin_avail_gib=20.0, graph_passes_begun=1, graph_passes_ended=1,
         free_gib=1.0))
     assert proposal(nxt(warmup, sglang_version="0.5.23")) == (0.787, 32)
+
+
+def test_a_draft_decode_oom_counts_every_pass_since_capture_began_and_the_one_to_come() -> None:
+    """EAGLE on 0.5.23 (3 steps, bs 32: 20 captured sizes), pre-load 100 at 0.80: target
+    prefill began at 20.00, target verify at 18.00, draft decode at 10.00, whose first step
+    tried 3.00 GiB with 2.50 free. By the rule: everything since the first pass began is
+    needed again (20.00 - 2.50 = 17.50), plus the tried 3.005 and the pass's 19 remaining
+    steps (0.38), plus the draft extend pass still to come (LATER_PASS_SHARE 1.0 of the draft
+    decode pass's first step, 3.385 - 20 x 0.02 = 2.985, and its 20 steps, 0.40), and two
+    roundings: 24.28 GiB of graphs. With warmup 2.00 and margin 0.25: 1 - 26.53/100 -> 0.734.
+
+    With the floor at 0.76 the bs drops: the prefill pass (2.00) and what was gone before the
+    failing pass began (7.50) stay, the decode-like passes' first steps (verify 7.60, draft
+    decode 2.985, draft extend 2.985) scale by 24/32, and 3 passes x 16 sizes x 0.02 are
+    steps: 9.51 + 10.1775 + 0.96 = 20.6475, so 1 - 22.8975/100 -> 0.771 at bs 24."""
+    begins = [("target_prefill", 20.0), ("target_verify", 18.0), ("draft_decode", 10.0)]
+    oom = pass_oom(LaunchParams(0.8, 32), "draft_decode", graph_begins=begins,
+                   graph_begin_avail_gib=10.0, graph_passes_begun=3, tried_gib=3.0,
+                   free_gib=2.5, speculative_algorithm="EAGLE", speculative_num_steps=3)
+    assert proposal(nxt(oom, sglang_version="0.5.23")) == (0.734, 32)
+    floor = Bounds(mem_fraction_floor=0.76)
+    assert proposal(nxt(oom, sglang_version="0.5.23", bounds=floor)) == (0.771, 24)
