@@ -8,6 +8,8 @@ mutated by mutmut; the tests below are placed so that another value of them chan
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from launcher.errors import PolicyError
@@ -787,3 +789,36 @@ def test_a_draft_decode_oom_counts_every_pass_since_capture_began_and_the_one_to
     assert proposal(nxt(oom, sglang_version="0.5.23")) == (0.734, 32)
     floor = Bounds(mem_fraction_floor=0.76)
     assert proposal(nxt(oom, sglang_version="0.5.23", bounds=floor)) == (0.771, 24)
+
+
+def draft_decode_oom(**numbers: object) -> AttemptRecord:
+    """The draft-decode OOM of the test above."""
+    begins = [("target_prefill", 20.0), ("target_verify", 18.0), ("draft_decode", 10.0)]
+    figures: dict[str, object] = dict(
+        graph_begins=begins, graph_begin_avail_gib=10.0, graph_passes_begun=3, tried_gib=3.0,
+        free_gib=2.5, speculative_algorithm="EAGLE", speculative_num_steps=3)
+    figures.update(numbers)
+    return pass_oom(LaunchParams(0.8, 32), "draft_decode", **figures)
+
+
+def test_after_a_draft_decode_oom_with_draft_extend_off_no_pass_is_expected() -> None:
+    """With SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 on 0.5.23 the draft decode pass is the
+    last: the 2.985 + 0.40 GiB guessed for draft extend above are not reserved:
+    need 26.53 - 3.385 = 23.145 of 100 -> 0.768."""
+    off = (("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "1"),)
+    oom = draft_decode_oom()
+    oom = replace(oom, params=replace(oom.params, env=off))
+    assert proposal(nxt(oom, sglang_version="0.5.23")) == (0.768, 32)
+
+
+def test_an_earlier_oom_that_saw_fewer_passes_does_not_add_its_guesses() -> None:
+    """An earlier OOM in the target verify pass (first step tried 15.00) guessed the draft
+    passes at a quarter of its 14.985 GiB first step each. The later draft-decode OOM saw
+    them: only what the earlier one saw itself (18.395 GiB) counts, below the later fit's
+    24.28, so the decision is the later OOM's alone."""
+    verify = pass_oom(LaunchParams(0.8, 32), "target_verify",
+                      graph_begins=[("target_prefill", 20.0), ("target_verify", 18.0)],
+                      graph_begin_avail_gib=18.0, graph_passes_begun=2, tried_gib=15.0,
+                      free_gib=17.0, speculative_algorithm="EAGLE", speculative_num_steps=3)
+    later = draft_decode_oom()
+    assert nxt(verify, later, sglang_version="0.5.23") == nxt(later, sglang_version="0.5.23")
