@@ -822,3 +822,12 @@ def test_an_earlier_oom_that_saw_fewer_passes_does_not_add_its_guesses() -> None
                       free_gib=17.0, speculative_algorithm="EAGLE", speculative_num_steps=3)
     later = draft_decode_oom()
     assert nxt(verify, later, sglang_version="0.5.23") == nxt(later, sglang_version="0.5.23")
+
+
+def test_a_pass_oom_without_the_free_figure_falls_back_to_the_first_step_slope() -> None:
+    """Without "free" the passes cannot be split: the failed first step (5.005 GiB at bs 32,
+    plus 8 x 0.02 steps) is the graph model, as in a log without passes: 1 - (5.165 + 2.25) /
+    100 = 0.926 would fit, capped just below the failed 0.80 (no deficit is known)."""
+    decision = nxt(pass_oom(LaunchParams(0.8, 32), "target_decode", free_gib=None),
+                   sglang_version="0.5.23")
+    assert proposal(decision) == (0.799, 32)
