@@ -831,3 +831,19 @@ def test_a_pass_oom_without_the_free_figure_falls_back_to_the_first_step_slope()
     decision = nxt(pass_oom(LaunchParams(0.8, 32), "target_decode", free_gib=None),
                    sglang_version="0.5.23")
     assert proposal(decision) == (0.799, 32)
+
+
+def test_a_later_step_oom_in_a_pass_scales_what_the_pass_held() -> None:
+    """The plain decode pass (began at 20.00 of a 100 pre-load at 0.80) failed its second of
+    8 steps trying 0.50 with 0.30 free. By the rule: what the pass held (20.00 - 0.30 =
+    19.70), the tried 0.505 and the 6 remaining steps of that size (3.03), plus two
+    roundings: 23.245 GiB, so 1 - 25.495/100 -> 0.745 at bs 32. Of that, the 8 steps at the
+    tried size (4.04) less 8 default steps (0.16) stay fixed (3.89 with the roundings); the
+    rest, 19.195, is the first step and scales with the bs. With the floor at 0.77, at bs 24:
+    3.89 + 19.195 x 24/32 + 7 x 0.02 = 18.42625, 1 - 20.67625/100 -> 0.793."""
+    oom = pass_oom(LaunchParams(0.8, 32), "target_decode", graph_steps_done=1,
+                   graph_steps_total=8, graph_last_avail_gib=1.0, graph_last_bs=24,
+                   tried_gib=0.5, free_gib=0.3)
+    assert proposal(nxt(oom, sglang_version="0.5.23")) == (0.745, 32)
+    floor = Bounds(mem_fraction_floor=0.77)
+    assert proposal(nxt(oom, sglang_version="0.5.23", bounds=floor)) == (0.793, 24)
