@@ -847,3 +847,20 @@ def test_a_later_step_oom_in_a_pass_scales_what_the_pass_held() -> None:
     assert proposal(nxt(oom, sglang_version="0.5.23")) == (0.745, 32)
     floor = Bounds(mem_fraction_floor=0.77)
     assert proposal(nxt(oom, sglang_version="0.5.23", bounds=floor)) == (0.793, 24)
+
+
+def test_on_0_5_10_the_draft_weights_and_pool_between_the_passes_are_not_graph_memory() -> None:
+    """0.5.10 loads the draft's weights (1.00) and pool (2.00) between the target verify pass
+    (began 20.00) and the draft decode pass (began 12.00), whose first step tried 10.00 with
+    3.00 free (EAGLE, 3 steps, bs 32: 20 sizes). Graphs: the verify pass 20 - 12 - 3 = 5.00
+    (first step 4.60 + 20 steps), the draft weights 1.00, the draft pass 12 - 3 = 9.00 gone
+    plus 10.005 tried and 19 steps (0.38), draft extend to come as much again as the draft
+    decode first step (9.985) and 20 steps, two roundings: 35.78. The pool is 2.00 at 0.80,
+    i.e. 0.05 GiB per GiB of the target's pool (80 - 40), so at m it takes 0.05 (100 m - 40):
+    (1 - m) 100 >= 35.78 + 2.00 + 0.25 + 0.05 (100 m - 40) gives m <= 63.97/105 -> 0.609."""
+    begins = [("target_verify", 20.0), ("draft_decode", 12.0)]
+    oom = pass_oom(LaunchParams(0.8, 32), "draft_decode", graph_begins=begins,
+                   graph_begin_avail_gib=12.0, graph_passes_begun=2, graph_passes_ended=1,
+                   tried_gib=10.0, free_gib=3.0, draft_weights_gib=1.0, draft_kv_gib=2.0,
+                   speculative_algorithm="EAGLE", speculative_num_steps=3)
+    assert proposal(nxt(oom, sglang_version="0.5.10")) == (0.609, 32)
