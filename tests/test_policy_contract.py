@@ -864,3 +864,15 @@ def test_on_0_5_10_the_draft_weights_and_pool_between_the_passes_are_not_graph_m
                    tried_gib=10.0, free_gib=3.0, draft_weights_gib=1.0, draft_kv_gib=2.0,
                    speculative_algorithm="EAGLE", speculative_num_steps=3)
     assert proposal(nxt(oom, sglang_version="0.5.10")) == (0.609, 32)
+
+
+def test_a_graph_estimate_below_the_kv_bound_bisects_between_the_brackets() -> None:
+    """A capture OOM at 0.60 / bs 32 (first step tried 23.80 with 4.80 free, weights 40.00 of
+    80.00) makes even the optimistic estimate at bs 1 about 0.650, below 0.651, the bound a
+    kv_too_small at 0.65 set: the estimate is wrong and says nothing. The KV figures ask for
+    4 x the 12.00 GiB pool found too small, (40 + 48) / 80 = 1.10, above the ceiling, so the
+    next try bisects the open bracket at bs 1: (0.651 + 0.950 + 0.001) / 2 -> 0.801."""
+    weights = dict(pre_load_avail_gib=80.0, post_weights_avail_gib=40.0)
+    oom = rec(LaunchParams(0.6, 32), CAPTURE, tried_gib=23.8, free_gib=4.8, **weights)
+    small = rec(LaunchParams(0.65, 8), TOO_SMALL, **weights)
+    assert proposal(nxt(oom, small)) == (0.801, 1)
