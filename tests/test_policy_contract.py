@@ -876,3 +876,22 @@ def test_a_graph_estimate_below_the_kv_bound_bisects_between_the_brackets() -> N
     oom = rec(LaunchParams(0.6, 32), CAPTURE, tried_gib=23.8, free_gib=4.8, **weights)
     small = rec(LaunchParams(0.65, 8), TOO_SMALL, **weights)
     assert proposal(nxt(oom, small)) == (0.801, 1)
+
+
+@pytest.mark.parametrize(
+    ("total", "expected"),
+    [
+        # 150 GiB: margin 0.25% x 150 = 0.375, warmup guess min(2.5, 2% x 150 = 3.0) = 2.5:
+        # 0.85 - (0.80 + 0.375 + 2.5) / 150 = 0.8255 -> 0.825.
+        (150.0, 0.825),
+        # 20 GiB: margin max(0.1, 0.05) = 0.1, warmup guess max(0.5, 0.4) = 0.5:
+        # 0.85 - (0.80 + 0.1 + 0.5) / 20 = 0.78.
+        (20.0, 0.78),
+    ],
+)
+def test_margin_and_warmup_guess_are_bounded(total: float, expected: float) -> None:
+    """The safety margin is 0.25% of the memory but at least 0.1 GiB; the warmup guess 2% but
+    within 0.5-2.5 GiB (a capture OOM over the GPU size, tried 1.20 with 0.40 free)."""
+    decision = nxt(rec(LaunchParams(0.85, 32), CAPTURE, tried_gib=1.2, free_gib=0.4,
+                       total_gib=total))
+    assert proposal(decision) == (expected, 32)
