@@ -895,3 +895,12 @@ def test_margin_and_warmup_guess_are_bounded(total: float, expected: float) -> N
     decision = nxt(rec(LaunchParams(0.85, 32), CAPTURE, tried_gib=1.2, free_gib=0.4,
                        total_gib=total))
     assert proposal(decision) == (expected, 32)
+
+
+def test_a_small_warmup_figure_is_taken_as_printed() -> None:
+    """A warmup OOM that tried only 0.50 GiB (0.40 free): the warmup need is 0.505, not a
+    floor. Graphs 19.99 - 0.40 + 0.01 = 19.60, hidden 0.005: need = 0.005 + 19.60 + 0.505 +
+    0.25 = 20.36 of 100 -> 0.796."""
+    figures = dict(graph_begin_avail_gib=19.99, graph_last_avail_gib=0.5, graph_last_bs=1,
+                   graph_steps_done=8, graph_steps_total=8, tried_gib=0.5, free_gib=0.4)
+    assert proposal(nxt(rec(LaunchParams(0.8, 32), WARMUP, **_POOL, **figures))) == (0.796, 32)
