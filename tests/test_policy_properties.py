@@ -7,6 +7,7 @@ simulate -> observed -> next_params (``run_policy``) until ready or give-up.
 from __future__ import annotations
 
 import math
+import os
 import random
 
 from hypothesis import example, given, settings
@@ -23,8 +24,15 @@ from tests.multipass import run_policy as run_multipass
 
 # derandomize: CI runs the same 300 examples every time, plus the explicit examples. A narrow
 # case random search once found (a 0.957-0.968 window at bs 4 on a 58 GiB GPU, docs/testing.md)
-# is pinned with @example below.
-FAST = settings(max_examples=300, deadline=None, derandomize=True)
+# is pinned with @example below. scripts/mutation reruns these tests for every mutant: it loads
+# its hypothesis profile "mutation" and sets LAUNCHER_HYPOTHESIS_PROFILE=mutation, and then the
+# example count comes from that profile (an explicit max_examples here would override it).
+MUTATION = os.environ.get("LAUNCHER_HYPOTHESIS_PROFILE") == "mutation"
+FAST = (
+    settings(deadline=None, derandomize=True)
+    if MUTATION
+    else settings(max_examples=300, deadline=None, derandomize=True)
+)
 FAILED_MEMORY = frozenset(
     {
         Outcome.OOM_GRAPH_CAPTURE,
@@ -244,9 +252,11 @@ def test_multipass_capture_converges_where_a_setting_fits(case: tuple[World, Lau
 
 def test_multipass_mean_attempts_after_a_first_failure_is_at_most_two() -> None:
     """Over a fixed sample of feasible multi-pass worlds that fail first, the mean number of
-    attempts after the first failure is <= 2.0 (the issue's target)."""
+    attempts after the first failure is <= 2.0 (the issue's target). Under scripts/mutation,
+    which reruns it for every mutant: every fourth world (13 of the 67 that count; mean 1.08,
+    1.25 over all)."""
     counts: list[int] = []
-    for seed in range(400):
+    for seed in range(0, 400, 4 if MUTATION else 1):
         w, initial = make_world(random.Random(seed))
         if w.run(initial).outcome is Outcome.READY:
             continue
@@ -255,5 +265,5 @@ def test_multipass_mean_attempts_after_a_first_failure_is_at_most_two() -> None:
         run = run_multipass(w, initial)
         assert run.ready, (seed, run.reason)
         counts.append(run.after_first_failure)
-    assert len(counts) >= 50
+    assert len(counts) >= (12 if MUTATION else 50)
     assert sum(counts) / len(counts) <= 2.0, counts
