@@ -226,10 +226,6 @@ class _Context:
     cap: int | None = None  # graphs are captured only up to this bs (None: no known cap)
     draft_extend_off: bool = False  # SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 in the last params
 
-    def effective_bs(self, bs: int) -> int:
-        """The largest bs SGLang really captures at graph max ``bs``."""
-        return bs if self.cap is None else max(1, min(bs, self.cap))
-
 
 @dataclass
 class _Facts:
