@@ -319,15 +319,25 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
                 log.exception("systemd.status_failed")
 
     async def file_keys() -> None:
-        """The observation key of servers the first attempt's choice read no facts for."""
-        for s, version in keys.unkeyed:
+        """The observation key of servers the first attempt's choice read no facts for,
+        FIRST_ATTEMPTS_PER_HOST at a time per host."""
+        limiters = {s.host: anyio.CapacityLimiter(FIRST_ATTEMPTS_PER_HOST)
+                    for s, _ in keys.unkeyed}
+
+        async def file_key(s: ServerConfig, version: str) -> None:
             try:
-                context = await context_of(transports[s.host], config.host(s.host), s, version)
+                async with limiters[s.host]:
+                    context = await context_of(transports[s.host], config.host(s.host), s,
+                                               version)
             except LauncherError as exc:  # HostKeyError: the supervisor reports it
                 log.info("fleet.key_unknown", server=s.name, error=str(exc)[:200])
-                continue
+                return
             if context is not None:
                 recorder.set_context(s.name, context)
+
+        async with anyio.create_task_group() as tg:
+            for s, version in keys.unkeyed:
+                tg.start_soon(file_key, s, version)
 
     try:
         async with anyio.create_task_group() as tg:
