@@ -20,10 +20,11 @@ from launcher import events, remote
 from launcher.config import Config, ServerConfig
 from launcher.errors import LauncherError, WontFit
 from launcher.facts import ServerFacts
-from launcher.firstattempt import plan_first_attempt
+from launcher.firstattempt import Planned, plan_first_attempt
 from launcher.fleet import context_of
 from launcher.lifecycle import State
 from launcher.metrics import Metrics
+from launcher.modelfacts import GpuReadsOnce
 from launcher.notify import SlackNotifier
 from launcher.params import LaunchParams
 from launcher.ranks import MultiNodeSupervisor
@@ -169,26 +170,64 @@ class _Keys:
     unkeyed: list[tuple[ServerConfig, str]] = field(default_factory=list)
 
 
+# First-attempt estimates run at once for different servers, at most this many per host:
+# each holds one exec session at a time, and the SSH transport keeps 8 per connection, so
+# the estimates fit one connection with room for the host's other commands.
+FIRST_ATTEMPTS_PER_HOST = 4
+
+
+async def _first_attempt(config: Config, s: ServerConfig, transport: Transport,
+                         ledger: Ledger, opts: Options) -> tuple[str, str, Planned]:
+    """One server's SGLang version, fingerprint and first attempt."""
+    version = await sglang_version_of(s, transport)
+    fp = fingerprint(s, config.host(s.host), version)
+    configured = s.launch_params()
+    initial, why = initial_params(ledger, fp, configured, opts.fresh)
+    first = await plan_first_attempt(
+        config, s, transport, version, configured,
+        warm=None if initial is configured else (initial, why), configured_reason=why,
+        ledger=ledger)
+    return version, fp, first
+
+
 async def _first_attempts(config: Config, servers: list[ServerConfig],
                           transports: dict[str, Transport], ledger: Ledger, opts: Options,
                           ) -> tuple[list[_Plan], dict[str, str], _Keys]:
     """Per server: (server, version, first params, why) and its fingerprint. Raises WontFit
-    for the servers the estimate refuses (unless ``opts.force`` or already running)."""
+    for the servers the estimate refuses (unless ``opts.force`` or already running).
+
+    The servers are estimated concurrently (FIRST_ATTEMPTS_PER_HOST at a time per host), and
+    each distinct nvidia-smi query runs once per host (``GpuReadsOnce``): the GPUs do not
+    change before the first launch. The results, their order and the errors are those of
+    estimating one server after the other: when some servers' estimates raise, the first
+    such server's exception (in ``servers`` order) is raised once all have finished."""
     log = structlog.get_logger("launcher")
     fingerprints: dict[str, str] = {}
     keys = _Keys()
     plans: list[_Plan] = []
     refused: list[tuple[str, str]] = []
-    for s in servers:
-        version = await sglang_version_of(s, transports[s.host])
-        fp = fingerprint(s, config.host(s.host), version)
+    reads = {s.host: GpuReadsOnce(transports[s.host], config.host(s.host).nvidia_smi)
+             for s in servers}
+    limiters = {host: anyio.CapacityLimiter(FIRST_ATTEMPTS_PER_HOST) for host in reads}
+    outcomes: list[tuple[str, str, Planned] | Exception | None] = [None] * len(servers)
+
+    async def one(i: int, s: ServerConfig) -> None:
+        try:
+            async with limiters[s.host]:
+                outcomes[i] = await _first_attempt(config, s, reads[s.host], ledger, opts)
+        except Exception as exc:  # raised below, in server order; cancellation goes through
+            outcomes[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i, s in enumerate(servers):
+            tg.start_soon(one, i, s)
+    for outcome in outcomes:
+        if isinstance(outcome, Exception):
+            raise outcome
+    for s, outcome in zip(servers, outcomes, strict=True):
+        assert outcome is not None and not isinstance(outcome, Exception)
+        version, fp, first = outcome
         fingerprints[s.name] = fp
-        configured = s.launch_params()
-        initial, why = initial_params(ledger, fp, configured, opts.fresh)
-        first = await plan_first_attempt(
-            config, s, transports[s.host], version, configured,
-            warm=None if initial is configured else (initial, why), configured_reason=why,
-            ledger=ledger)
         if first.observation is not None:
             keys.contexts[s.name] = first.observation
         else:  # its key is read beside the supervision (launch not delayed)
@@ -280,15 +319,25 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
                 log.exception("systemd.status_failed")
 
     async def file_keys() -> None:
-        """The observation key of servers the first attempt's choice read no facts for."""
-        for s, version in keys.unkeyed:
+        """The observation key of servers the first attempt's choice read no facts for,
+        FIRST_ATTEMPTS_PER_HOST at a time per host."""
+        limiters = {s.host: anyio.CapacityLimiter(FIRST_ATTEMPTS_PER_HOST)
+                    for s, _ in keys.unkeyed}
+
+        async def file_key(s: ServerConfig, version: str) -> None:
             try:
-                context = await context_of(transports[s.host], config.host(s.host), s, version)
+                async with limiters[s.host]:
+                    context = await context_of(transports[s.host], config.host(s.host), s,
+                                               version)
             except LauncherError as exc:  # HostKeyError: the supervisor reports it
                 log.info("fleet.key_unknown", server=s.name, error=str(exc)[:200])
-                continue
+                return
             if context is not None:
                 recorder.set_context(s.name, context)
+
+        async with anyio.create_task_group() as tg:
+            for s, version in keys.unkeyed:
+                tg.start_soon(file_key, s, version)
 
     try:
         async with anyio.create_task_group() as tg:

@@ -26,7 +26,7 @@ from launcher.calibration import Correction, Match, describe
 from launcher.config import Config, ServerConfig
 from launcher.errors import RemoteCommandError, TransportError
 from launcher.fleet import gpu_model, learned
-from launcher.modelfacts import Facts, read_facts
+from launcher.modelfacts import Facts, GpuReadsOnce, read_facts
 from launcher.params import LaunchParams
 from launcher.sglang.budget import (
     DEFAULT_COEFFICIENTS,
@@ -170,6 +170,8 @@ async def estimate_servers(config: Config, servers: list[ServerConfig], *,
     per server, the ledger's last good params and why, which the next `up` starts with (they
     win, as in `up`)."""
     transports = {s.host: make_transport(config.host(s.host)) for s in servers}
+    # one nvidia-smi query per host, not per server (the GPUs do not change meanwhile)
+    reads = {h: GpuReadsOnce(t, config.host(h).nvidia_smi) for h, t in transports.items()}
     out: dict[str, Planned] = {}
     path = ledger_path(config.state_dir)
     ledger = Ledger(path) if path.exists() else None
@@ -178,7 +180,7 @@ async def estimate_servers(config: Config, servers: list[ServerConfig], *,
             configured = s.launch_params()
             with anyio.move_on_after(timeout):
                 out[s.name] = await plan_first_attempt(
-                    config, s, transports[s.host], s.sglang_version or DEFAULT_VERSION,
+                    config, s, reads[s.host], s.sglang_version or DEFAULT_VERSION,
                     configured, warm=(warm or {}).get(s.name), always_estimate=True,
                     ledger=ledger)
             if s.name not in out:

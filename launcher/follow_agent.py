@@ -36,6 +36,16 @@ A server is gone when its ``exit_status`` file exists, or its pid no longer runs
 launcher.remote decide. Once gone, the agent waits up to SETTLE_S for ``exit_status`` (the
 wrapper writes it right after reaping the server), sends the rest of the log, then ``X``.
 
+Cost per round (one every POLL_S, hundreds of servers per agent): a round must stay cheap so
+that an exit is seen within a round even on a loaded host. Every round, each live server's
+pid is checked with ``kill(pid, 0)`` (one syscall; a server that exited is reaped by its
+wrapper at once, so this is what sees almost every death). ``exit_status`` and the pid's
+start time (a reused pid) are looked at every PID_CHECK_S; ``pid_start`` is read once (the
+wrapper writes it before the launch returns, and it never changes). A log is read every round
+while it grows; after a round that found nothing new its next read waits twice as long as
+the last one, up to QUIET_MAX_S, and it is read every round again as soon as a read finds
+bytes. A gone server's log is always read to its end before ``X``.
+
 Resource handling: the agent exits when its stdin closes or its stdout breaks (the channel
 was closed or lost), so a reconnect never leaves one behind; it opens one file descriptor per
 followed log and reads at most CHUNK bytes per log per round, so a host with one flooding
@@ -58,8 +68,9 @@ MAGIC = 0xA5
 HEADER = struct.Struct(">BBIQI")
 CHUNK = 256 * 1024  # log bytes per D frame (and per log per round)
 MAX_PAYLOAD = 1 << 20  # the largest payload a frame may announce (the reader's sanity check)
-POLL_S = 0.1  # how often logs are looked at while nothing arrives on stdin
-PID_CHECK_S = 0.5  # how often a live server's pid is checked (exit_status is checked each poll)
+POLL_S = 0.1  # how often the agent looks at its servers while nothing arrives on stdin
+PID_CHECK_S = 0.5  # how often a live server's exit_status and pid start time are checked
+QUIET_MAX_S = 0.8  # the longest a quiet log goes unread (its reads back off up to this)
 SETTLE_S = 2.0  # how long a gone server's exit_status is waited for
 HEARTBEAT_S = 2.0
 KINDS = b"RDXEHP"
@@ -189,6 +200,9 @@ class Followed(object):
         self.fd: Optional[int] = None
         self.gone_at: Optional[float] = None  # monotonic time the server was seen gone
         self.next_pid_check = 0.0
+        self.recorded: Optional[str] = None  # pid_start, once read
+        self.next_read = 0.0  # when the log is read next (reads back off while it is quiet)
+        self.quiet_s = 0.0  # the wait before the next read of a quiet log
 
     def close(self) -> None:
         if self.fd is not None:
@@ -249,12 +263,8 @@ class Agent(object):
             b"%d %s\n" % (key, answer) for key, answer in answers)))
 
     def _alive(self, f: Followed, now: float) -> bool:
-        """Whether f's server still runs (see the module docstring)."""
-        if os.path.exists(os.path.join(f.dir, "exit_status")):
-            return False
-        if now < f.next_pid_check:
-            return True
-        f.next_pid_check = now + PID_CHECK_S
+        """Whether f's server still runs (see the module docstring: the pid every round, the
+        rest every PID_CHECK_S)."""
         if f.pid <= 1:
             return False
         try:
@@ -263,11 +273,17 @@ class Agent(object):
             return False
         except PermissionError:
             pass
-        recorded = _read_text(os.path.join(f.dir, "pid_start"))
-        if recorded is None:
+        if now < f.next_pid_check:
+            return True
+        f.next_pid_check = now + PID_CHECK_S
+        if os.path.exists(os.path.join(f.dir, "exit_status")):
             return False
+        if f.recorded is None:
+            f.recorded = _read_text(os.path.join(f.dir, "pid_start"))
+            if f.recorded is None:
+                return False
         ident = _ident(f.pid, self.boot_id)
-        return ident is None or ident == recorded
+        return ident is None or ident == f.recorded
 
     def _send_log(self, f: Followed, limit: int) -> int:
         """Send up to ``limit`` bytes of f's log from its offset; how many were sent."""
@@ -297,7 +313,13 @@ class Agent(object):
                 if f.gone_at is None and not self._alive(f, now):
                     f.gone_at = now
                 if f.gone_at is None:
-                    busy = self._send_log(f, CHUNK) == CHUNK or busy
+                    if now >= f.next_read:
+                        sent = self._send_log(f, CHUNK)
+                        busy = sent == CHUNK or busy
+                        # read every round while it grows; back off while it is quiet
+                        f.quiet_s = 0.0 if sent else min(QUIET_MAX_S,
+                                                         max(POLL_S, 2 * f.quiet_s))
+                        f.next_read = now + f.quiet_s
                     continue
                 status = _read_text(os.path.join(f.dir, "exit_status"))
                 if status is None and now - f.gone_at < SETTLE_S:

@@ -14,9 +14,12 @@ host stays :class:`~launcher.errors.HostUnreachable` (transient, the caller deci
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any
+
+import anyio
 
 from launcher.config import HostConfig, ServerConfig
 from launcher.errors import LogFormatError, RemoteCommandError
@@ -36,12 +39,13 @@ from launcher.sglang.budget import (
     estimate,
     weight_bytes_from_index,
 )
-from launcher.transport.base import Transport
+from launcher.transport.base import CommandResult, Transport
 
 __all__ = [
     "MAX_CONFIG",
     "MAX_INDEX",
     "Facts",
+    "GpuReadsOnce",
     "read_facts",
     "read_gpus",
     "read_model",
@@ -141,6 +145,59 @@ async def read_gpus(transport: Transport, nvidia_smi: Sequence[str],
                              "total memory")
         out.append(GpuFacts(i, g.total_mib / 1024, (g.used_mib or 0) / 1024))
     return out
+
+
+class GpuReadsOnce:
+    """A Transport for one host's first-attempt estimates that runs each distinct nvidia-smi
+    query (an argv starting with ``nvidia_smi``) once and answers every later identical
+    query with the same :class:`CommandResult` (exit status and output, failed or not).
+
+    Every other call goes to ``inner`` as it is. Concurrent identical queries wait for the
+    first (one lock per argv). A query that raises (host unreachable, timeout) is not
+    remembered: the next caller runs it again, so errors reach each caller as they did
+    without the wrapper. Meant for the estimates made before any launch (the GPUs' use does
+    not change between them); the supervisor's preflight keeps reading nvidia-smi itself.
+    ``aclose`` does not close ``inner`` (its owner does).
+    """
+
+    def __init__(self, inner: Transport, nvidia_smi: Sequence[str]) -> None:
+        self.inner = inner
+        self._prefix = list(nvidia_smi)
+        self._results: dict[tuple[str, ...], CommandResult] = {}
+        self._locks: dict[tuple[str, ...], anyio.Lock] = {}
+        self.queries = 0  # nvidia-smi commands actually run (for tests and benchmarks)
+
+    @property
+    def host_name(self) -> str:
+        return self.inner.host_name
+
+    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
+                  env: Mapping[str, str] | None = None, timeout: float | None = 30.0,
+                  check: bool = False) -> CommandResult:
+        n = len(self._prefix)
+        if (not n or list(argv[:n]) != self._prefix or stdin is not None or env is not None
+                or check):
+            return await self.inner.run(argv, stdin=stdin, env=env, timeout=timeout,
+                                        check=check)
+        key = tuple(argv)
+        lock = self._locks.setdefault(key, anyio.Lock())
+        async with lock:
+            cached = self._results.get(key)
+            if cached is None:
+                self.queries += 1
+                cached = await self.inner.run(argv, timeout=timeout)
+                self._results[key] = cached
+            return cached
+
+    def stream(self, argv: Sequence[str], *,
+               env: Mapping[str, str] | None = None) -> AsyncIterator[bytes]:
+        return self.inner.stream(argv, env=env)
+
+    def forward_port(self, remote_port: int) -> AbstractAsyncContextManager[int]:
+        return self.inner.forward_port(remote_port)
+
+    async def aclose(self) -> None:
+        """Nothing: ``inner`` belongs to the caller."""
 
 
 def _flags(argv: Sequence[str]) -> dict[str, str]:

@@ -10,18 +10,26 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
+from launcher import daemon
 from launcher.cli import EXIT_GAVE_UP, EXIT_OK, EXIT_WONT_FIT
 from launcher.config import config_from_dict
+from launcher.errors import WontFit
+from launcher.firstattempt import plan_first_attempt
 from launcher.modelfacts import MAX_CONFIG, Facts, read_gpus, read_model, server_shape
 from launcher.params import LaunchParams
 from launcher.sglang.budget import GIB, GpuFacts, NoEstimate, choose
 from launcher.sim.memory import simulate
 from launcher.sim.server import scenario_from_argv
+from launcher.store import Ledger
+from launcher.transport.base import CommandResult
 from launcher.transport.local import LocalTransport
 from tests.simhost import make_sim_host, model_dir
 from tests.supervise import SimSetup, cli_argv, cli_env, json_lines, run_cli
@@ -301,3 +309,81 @@ def test_the_cold_estimate_starts_the_sim_models_on_attempt_1(
         version, ["--model-path", server.model_path, "--tp-size", str(tp), *extra], gib)
     trace = simulate(scenario, choice.params)
     assert trace.ok, (choice.reason, trace.failure)
+
+
+# --- `up`'s estimate pass: concurrent, one nvidia-smi query per host -------------------------
+
+
+class _Recording:
+    """A Transport that runs every command on ``inner`` and records the nvidia-smi ones and
+    how many commands were in flight at once."""
+
+    def __init__(self, inner: LocalTransport, smi: list[str]) -> None:
+        self.inner, self.smi = inner, smi
+        self.smi_calls: list[tuple[str, ...]] = []
+        self.in_flight = self.most_in_flight = 0
+
+    @property
+    def host_name(self) -> str:
+        return self.inner.host_name
+
+    async def run(self, argv: Sequence[str], **kw: Any) -> CommandResult:
+        if list(argv[:len(self.smi)]) == self.smi:
+            self.smi_calls.append(tuple(argv))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            return await self.inner.run(argv, **kw)
+        finally:
+            self.in_flight -= 1
+
+    def stream(self, argv: Sequence[str], **kw: Any) -> AsyncIterator[bytes]:
+        return self.inner.stream(argv, **kw)
+
+    def forward_port(self, remote_port: int) -> AbstractAsyncContextManager[int]:
+        return self.inner.forward_port(remote_port)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_up_estimates_a_hosts_servers_at_once_with_one_nvidia_smi_query_each(
+        tmp_path: Path) -> None:
+    """Six servers on one host: the same first attempts as one at a time, but each nvidia-smi
+    query (memory, names) runs once for the host, and the estimates overlap (at most
+    FIRST_ATTEMPTS_PER_HOST at once)."""
+    host = make_sim_host(tmp_path, gpu_count=6)
+    smi = [sys.executable, "-m", "launcher.sim.nvidia_smi"]
+    cfg = config_from_dict({
+        "state_dir": str(tmp_path / "state"),
+        "hosts": [{"name": "h", "transport": "local", "nvidia_smi": smi, "env": host.env}],
+        "servers": [{"name": f"s{i}", "host": "h", "tp": 1, "gpus": [i], "port": 30000 + i,
+                     "model_path": str(model_dir("llama-70b-sim" if i == 5 else "tiny-1b-sim")),
+                     "sglang_version": "0.5.10"} for i in range(6)],
+    }, environ={})
+    (tmp_path / "state").mkdir()
+
+    async def one_at_a_time(t: _Recording, ledger: Ledger) -> list[Any]:
+        return [await plan_first_attempt(cfg, s, t, "0.5.10", s.launch_params(), ledger=ledger)
+                for s in cfg.servers]
+
+    with Ledger(tmp_path / "state" / "ledger.sqlite") as ledger:
+        alone = _Recording(LocalTransport("h", host.env), smi)
+        expected = anyio.run(one_at_a_time, alone, ledger)
+        together = _Recording(LocalTransport("h", host.env), smi)
+        with pytest.raises(WontFit) as refused:  # s5's 128 GiB of weights fit no GPU
+            anyio.run(daemon._first_attempts, cfg, cfg.servers, {"h": together}, ledger,
+                      daemon.Options())
+        plans, _, keys = anyio.run(daemon._first_attempts, cfg, cfg.servers[:5],
+                                   {"h": together}, ledger, daemon.Options())
+    assert [p.refused for p in expected] == [False] * 5 + [True]
+    assert refused.value.servers == ["s5"]
+    assert expected[5].reason in str(refused.value)
+    assert [(s.name, params, why) for s, _, params, why in plans] == [
+        (s.name, p.params, p.reason) for s, p in zip(cfg.servers, expected[:5], strict=False)]
+    assert keys.contexts == {s.name: p.observation for s, p in zip(cfg.servers, expected[:5],
+                                                                   strict=False)}
+    assert len(alone.smi_calls) == 12  # memory and names, per server
+    assert len(together.smi_calls) == 4  # memory and names, per pass (two passes)
+    assert len(set(together.smi_calls)) == 2
+    assert 1 < together.most_in_flight <= daemon.FIRST_ATTEMPTS_PER_HOST

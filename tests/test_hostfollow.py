@@ -4,9 +4,11 @@ real sshd (a cut connection, more servers than MaxSessions)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
@@ -104,6 +106,72 @@ def test_the_agent_applies_commands_in_pieces_and_ignores_malformed_ones(tmp_pat
     assert [Frame("E", 6, 0, b"malformed add command")] == FrameDecoder().feed(b"".join(sent))
     agent.feed(b'{"op": "del", "key": 5}\n')
     assert {} == agent.followed
+
+
+def test_a_quiet_log_is_read_less_often_and_an_exit_is_seen_in_the_next_round(
+        tmp_path: Path) -> None:
+    """The agent's rounds stay cheap with many servers: a log that stopped growing is read on
+    a backoff (at most QUIET_MAX_S apart, every byte still sent once and in order, and every
+    round again once it grows), while the pid is checked every round: a dead server is seen
+    in the round after its death, whatever the backoffs."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "pid_start").write_text(follow_agent._ident(child.pid, "b") or "")
+        log = tmp_path / "log"
+        log.write_bytes(b"a\n")
+        sent: list[bytes] = []
+        now = [0.0]
+        agent = follow_agent.Agent(sent.append, clock=lambda: now[0], boot_id="b")
+        agent.feed(json.dumps({"op": "add", "key": 1, "dir": str(tmp_path), "offset": 0,
+                               "pid": child.pid}).encode() + b"\n")
+
+        def rounds_until_sent(step: float, limit: float) -> float:
+            """Run a round every ``step`` s of the clock until a frame goes out."""
+            start = now[0]
+            while not sent and now[0] - start < limit:
+                now[0] += step
+                agent.round()
+            return now[0] - start
+
+        agent.round()
+        assert [Frame("D", 1, 0, b"a\n")] == FrameDecoder().feed(b"".join(sent))
+        for _ in range(40):  # four quiet seconds: the reads back off
+            now[0] += follow_agent.POLL_S
+            agent.round()
+        assert agent.followed[1].quiet_s == follow_agent.QUIET_MAX_S
+        sent.clear()
+        with log.open("ab") as fh:
+            fh.write(b"b\n")
+        waited = rounds_until_sent(follow_agent.POLL_S, 5.0)
+        assert waited <= follow_agent.QUIET_MAX_S + 1e-9
+        assert [Frame("D", 1, 2, b"b\n")] == FrameDecoder().feed(b"".join(sent))
+        sent.clear()
+        with log.open("ab") as fh:
+            fh.write(b"c\n")
+        now[0] += follow_agent.POLL_S
+        assert agent.followed[1].quiet_s == 0.0
+        agent.round()  # it grew last time: read in the very next round
+        assert [Frame("D", 1, 4, b"c\n")] == FrameDecoder().feed(b"".join(sent))
+        for _ in range(40):
+            now[0] += follow_agent.POLL_S
+            agent.round()
+        sent.clear()
+        with log.open("ab") as fh:
+            fh.write(b"d\n")
+        child.kill()
+        child.wait()
+        now[0] += follow_agent.POLL_S
+        agent.round()  # gone in this round; exit_status is waited for up to SETTLE_S
+        assert 1 in agent.followed and agent.followed[1].gone_at == now[0]
+        assert [] == sent
+        now[0] += follow_agent.SETTLE_S
+        agent.round()
+        assert [Frame("D", 1, 6, b"d\n"), Frame("X", 1, 8, b"-")] == FrameDecoder().feed(
+            b"".join(sent))
+        assert {} == agent.followed
+    finally:
+        child.kill()
+        child.wait()
 
 
 # -- the agent on real processes ---------------------------------------------------------------
