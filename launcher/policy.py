@@ -84,9 +84,9 @@ from launcher.sglang.phases import GraphPass, Phase
 from launcher.sglang.prescribe import prescription
 from launcher.sglang.versions import (
     DEFAULT_VERSION,
+    DRAFT_EXTEND_FULL_WIDTH_FROM,
     DRAFT_EXTEND_SWITCH_FROM,
     ONE_STATIC_BUDGET_FROM,
-    Version,
     at_least,
 )
 
@@ -120,9 +120,6 @@ DRAFT_IN_BUDGET_FROM = ONE_STATIC_BUDGET_FROM
 # decode as much again per captured token (``_pass_width``). A wrong guess costs one attempt,
 # whose log then has that pass's own figures.
 LATER_PASS_SHARE = {"same_model": 1.0, "draft_after_target": 0.25}
-# SGLang sizes the draft-extend graph by the whole draft tree (--speculative-num-draft-tokens)
-# from 0.5.23 (spec_utils.resolve_num_tokens_per_req); 0.5.10 by steps + 1.
-DRAFT_EXTEND_FULL_WIDTH_FROM: Version = (0, 5, 23)
 # Capture passes whose size does not depend on the decode graph bs: the prefill graphs are
 # captured per token count (cuda_graph_setup.py, 0.5.23), not per request.
 PREFILL_PASSES = frozenset({GraphPass.TARGET_PREFILL, GraphPass.DRAFT_PREFILL})

@@ -229,6 +229,23 @@ def test_seed_mtp_fits_at_a_lower_fraction_or_batch_size(version: str) -> None:
     assert 0.45 < low < 0.55 and 0.63 < high < 0.64
 
 
+def test_draft_extend_runs_steps_plus_one_tokens_on_0_5_10_and_the_draft_tree_on_0_5_23(
+) -> None:
+    """SGLang 0.5.10 captures the draft-extend graph at steps + 1 tokens per request
+    (eagle_draft_extend_cuda_graph_runner.py:92, ``num_tokens_per_bs``); 0.5.23 at the whole
+    draft tree, --speculative-num-draft-tokens (spec_utils.resolve_num_tokens_per_req). With
+    3 steps, topk 2 and 6 draft tokens at bs 32: 0.01 x 32 x 4 on 0.5.10, 0.01 x 32 x 6 on
+    0.5.23 (plus the 0.005 overhead in the first step)."""
+    spec = SpecScenario(
+        "EAGLE", num_steps=3, topk=2, num_draft_tokens=6, draft_graph_gib_per_token=0.01
+    )
+    for version, width in (("0.5.10", 4), ("0.5.23", 6)):
+        s = MemoryScenario(gpu_total_gib=80, weights_gib=10, graph_gib_per_bs=0.1,
+                           graph_overhead_gib=0, spec=spec, sglang_version=version)
+        extend = next(p for p in s.graph_passes(32) if p.name == "draft_extend")
+        assert pytest.approx(0.01 * 32 * width + 0.005) == extend.allocations[0][1], version
+
+
 def test_disabling_draft_extend_graph_skips_the_pass_on_0_5_23_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -11,6 +11,7 @@ __all__ = [
     "AUTO_TABLE_2_FROM",
     "DECODE_SPELLING_FROM",
     "DEFAULT_VERSION",
+    "DRAFT_EXTEND_FULL_WIDTH_FROM",
     "DRAFT_EXTEND_SWITCH_FROM",
     "GATED_LAUNCH_FROM",
     "MAMBA_RADIX_SPELLING_FROM",
@@ -44,6 +45,10 @@ AUTO_TABLE_2_FROM: Version = (0, 5, 15)
 SPEC_V2_ENV_REMOVED_FROM: Version = (0, 5, 23)
 # SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH exists (environ.py); 0.5.10 lacks it.
 DRAFT_EXTEND_SWITCH_FROM: Version = (0, 5, 23)
+# The draft-extend CUDA graph runs the whole draft tree per request,
+# --speculative-num-draft-tokens (spec_utils.resolve_num_tokens_per_req); 0.5.10 runs
+# steps + 1 (eagle_draft_extend_cuda_graph_runner.py:92, num_tokens_per_bs).
+DRAFT_EXTEND_FULL_WIDTH_FROM: Version = (0, 5, 23)
 # --gated-launch-port (arg_groups/fields/parallel.py, distributed/gated_launch.py); 0.5.10 lacks it.
 GATED_LAUNCH_FROM: Version = (0, 5, 23)
 # One static budget: the draft's weights load right after the target's and count in

@@ -56,7 +56,12 @@ from launcher.sglang.autoargs import (
 from launcher.sglang.budget import mamba_cache_slots, mamba_slot_ratio
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
-from launcher.sglang.versions import DEFAULT_VERSION, ONE_STATIC_BUDGET_FROM, at_least
+from launcher.sglang.versions import (
+    DEFAULT_VERSION,
+    DRAFT_EXTEND_FULL_WIDTH_FROM,
+    ONE_STATIC_BUDGET_FROM,
+    at_least,
+)
 
 
 @dataclass(frozen=True)
@@ -236,7 +241,8 @@ class MemoryScenario:
     def draft_passes(self, max_bs: int, cap: int | None = None) -> list[GraphPass]:
         """The draft's capture passes: 0.5.23's draft prefill (prefill shapes, per-shape cost
         only), draft decode (steps > 1; ``bs x topk`` tokens per step, all steps in one graph),
-        then draft extend (``bs x num_draft_tokens``)."""
+        then draft extend (``bs x num_draft_tokens`` from 0.5.23, ``bs x (steps + 1)`` on 0.5.10:
+        ``DRAFT_EXTEND_FULL_WIDTH_FROM``)."""
         spec = self.spec
         if spec is None or not self.capture_graphs:
             return []
@@ -256,8 +262,11 @@ class MemoryScenario:
             first = g * top * spec.topk * spec.num_steps
             passes.append(_pass("draft_decode", sizes, spec.topk, first, over))
         if spec.draft_extend_graph:
-            first = g * top * spec.num_draft_tokens
-            passes.append(_pass("draft_extend", sizes, spec.num_draft_tokens, first, over))
+            width = (spec.num_draft_tokens
+                     if at_least(self.sglang_version, DRAFT_EXTEND_FULL_WIDTH_FROM)
+                     else spec.num_steps + 1)
+            first = g * top * width
+            passes.append(_pass("draft_extend", sizes, width, first, over))
         return passes
 
     def graph_passes(self, max_bs: int, cap: int | None = None) -> list[GraphPass]:
