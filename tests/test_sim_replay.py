@@ -32,6 +32,21 @@ def test_numbers_are_swapped_only_whole() -> None:
         "pid=1234 [1234] 12345 123456 x1234", "1234", "<P>")
 
 
+def test_a_number_split_across_pipe_reads_is_still_marked() -> None:
+    """A loaded machine splits the sim's output anywhere; the recording cuts each read back to
+    its last whole line, so a port cut in two ("...:33" | "109 ...") is still marked, and the
+    last chunk keeps an unfinished line; every chunk keeps its place (``ready`` indexes them)."""
+    chunks = [[0.1, b"Uvicorn running on http://127.0.0.1:33"],
+              [0.2, b"109 (Press CTRL+C to quit)\nStarted server process [4242]\nta"],
+              [0.3, b"il"]]
+    text = replay.recorded_text(chunks, pid=4242, port=33109)
+    assert "".join(s for _, s in text) == (
+        f"Uvicorn running on http://127.0.0.1:{replay.PORT_MARK} (Press CTRL+C to quit)\n"
+        f"Started server process [{replay.PID_MARK}]\ntail")
+    assert [0.1, 0.2, 0.3] == [at for at, _ in text]
+    assert "" == text[0][1]
+
+
 def test_stamps_at_line_starts_are_renewed_and_nothing_else() -> None:
     now = time.mktime((2030, 1, 2, 3, 4, 5, 0, 0, -1)) + 0.25
     text = ("[2026-12-01 21:00:31] Load weight begin.\n"

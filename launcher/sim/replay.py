@@ -146,6 +146,26 @@ def restamp(text: str, at_line_start: bool, now: float) -> tuple[str, bool]:
 # -- recording ---------------------------------------------------------------------------
 
 
+def recorded_text(chunks: list[list[Any]], pid: int, port: int, whole: int | None = None,
+                  ) -> list[list[Any]]:
+    """The recorded ``[at, bytes]`` chunks as ``[at, text]`` (as many, in order: ``ready``
+    indexes them) with ``pid`` and ``port`` marked for the replays. Pipe reads split lines
+    anywhere (a loaded machine splits "127.0.0.1:33" | "109 "), and a number cut in two would
+    not be swapped: each chunk is cut back to its last whole line, the rest carried into the
+    next one; chunk ``whole`` (the one that showed the ready line) and the last are not cut."""
+    out = []
+    pending = b""
+    for i, (at, data) in enumerate(chunks):
+        data = pending + data
+        last = i == len(chunks) - 1 or i == whole
+        cut = len(data) if last else data.rfind(b"\n") + 1
+        data, pending = data[:cut], data[cut:]
+        s = data.decode("utf-8", "surrogateescape")
+        s = swap_number(swap_number(s, str(pid), PID_MARK), str(port), PORT_MARK)
+        out.append([round(at, 4), s])
+    return out
+
+
 def _free_port() -> int:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -222,17 +242,14 @@ def record(flags: list[str], environ: Mapping[str, str],
             proc.wait()
         proc.stdout.close()
 
-    def text(chunks: list[list[Any]]) -> list[list[Any]]:
-        out = []
-        for at, data in chunks:
-            s = data.decode("utf-8", "surrogateescape")
-            s = swap_number(swap_number(s, str(proc.pid), PID_MARK), str(port), PORT_MARK)
-            out.append([round(at, 4), s])
-        return out
 
     return {
-        "format": FORMAT, "key": key_of(flags, environ), "startup": text(startup),
-        "ready": ready, "start_exit": start_exit, "shutdown": text(shutdown), "stop": stop,
+        "format": FORMAT, "key": key_of(flags, environ),
+        "startup": recorded_text(startup, proc.pid, port,
+                                 whole=None if ready is None else ready - 1),
+        "ready": ready,
+        "start_exit": start_exit, "shutdown": recorded_text(shutdown, proc.pid, port),
+        "stop": stop,
     }
 
 
