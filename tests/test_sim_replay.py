@@ -143,11 +143,13 @@ def test_a_replay_writes_the_recorded_run_serves_health_and_shuts_down_as_sglang
     recordings = list((tmp_path / "recordings").glob("replay-*.marshal"))
     assert 1 == len(recordings)
     for proc, port, log in zip(procs, ports, logs, strict=True):
+        # The recorded lines after the ready line (uvicorn's) come at their recorded offsets,
+        # a few ms later: wait for them before the access line is to be the last one.
+        _wait(functools.partial(_has, log, f"Uvicorn running on http://127.0.0.1:{port} "), 10)
         assert 200 == _health(port)
         _wait(functools.partial(_has, log, "GET /health HTTP/1.1"), 10)
         text = log.read_text(errors="replace")
         assert f"Started server process [{proc.pid}]" in text
-        assert f"Uvicorn running on http://127.0.0.1:{port} " in text
         assert '"GET /health HTTP/1.1" 200 OK' in text.splitlines()[-1]
         follower = LogFollower()
         for line in LineSplitter().feed(text.encode()):
