@@ -124,7 +124,7 @@ from launcher.sglang.autoargs import (
 from launcher.sglang.budget import (
     DEFAULT_COEFFICIENTS,
     GIB,
-    SOURCE_SHAPED_COEFFICIENTS,
+    HIDDEN_ONLY_COEFFICIENTS,
     Coefficients,
     Estimate,
     GpuFacts,
@@ -230,9 +230,9 @@ GPUS = (
 )
 VERSIONS = ("0.5.10", "0.5.23")
 # --prior: the cold prior the estimator starts from (budget.Coefficients)
-PRIORS: dict[str, Coefficients] = {"hidden": DEFAULT_COEFFICIENTS,
-                                   "source": SOURCE_SHAPED_COEFFICIENTS}
-_prior = ["hidden"]  # set once by main_estimator
+PRIORS: dict[str, Coefficients] = {"hidden": HIDDEN_ONLY_COEFFICIENTS,
+                                   "source": DEFAULT_COEFFICIENTS}
+_prior = ["source"]  # set once by main_estimator
 EXPLICIT_BS = (8, 16, 32, 48, 64, 96, 128, 160, 256, 384, 512)
 
 
@@ -601,9 +601,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags ``bench_oom.py --estimator`` takes besides its own --n/--seed/..."""
     parser.add_argument("--curve", type=int, default=100,
                         help="with --estimator: scenarios in the learning-curve table (100)")
-    parser.add_argument("--prior", choices=sorted(PRIORS), default="hidden",
-                        help="with --estimator: the cold prior (hidden: the default "
-                        "Coefficients; source: budget.SOURCE_SHAPED_COEFFICIENTS)")
+    parser.add_argument("--prior", choices=sorted(PRIORS), default="source",
+                        help="with --estimator: the cold prior (source: the default, "
+                        "budget.DEFAULT_COEFFICIENTS; hidden: the earlier hidden-only "
+                        "budget.HIDDEN_ONLY_COEFFICIENTS)")
 
 
 if __name__ == "__main__":

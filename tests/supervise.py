@@ -1,7 +1,7 @@
 """Test helpers for supervising simulated SGLang servers on the local transport.
 
     sim = SimSetup.create(tmp_path)
-    config = sim.config(model="llama-70b-sim", tp=2, mem_fraction_static=0.88)
+    config = sim.config(model="llama-70b-sim", tp=2, mem_fraction_static=0.99)
     result = await supervise(config, until=lambda rec: rec.has("server.ready"))
     ...
     sim.cleanup()          # what the ``sim`` fixture of the test modules does at teardown

@@ -16,6 +16,7 @@ from launcher.sglang.autoargs import auto_cuda_graph_max_bs, prefill_graph_token
 from launcher.sglang.budget import (
     DEFAULT_COEFFICIENTS,
     GIB,
+    HIDDEN_ONLY_COEFFICIENTS,
     MIN_MARGIN_GIB,
     SOURCE_SHAPED_COEFFICIENTS,
     Coefficients,
@@ -242,8 +243,8 @@ def test_graph_bytes_per_token_are_replicated_plus_sharded_over_tp() -> None:
 
 def test_prefill_bytes_per_token_shard_the_layer_not_the_residual() -> None:
     """Warmup activations per chunk token: 4 x hidden of residual stream (replicated) + one
-    layer's transients / tp; with a fixed chunk, the source-shaped estimate is chunk x that,
-    the default's chunk x 2.5e-8 GiB x hidden at any tp."""
+    layer's transients / tp; with a fixed chunk, the source-shaped estimate (the default) is
+    chunk x that, the hidden-only prior's chunk x 2.5e-8 GiB x hidden at any tp."""
     m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
     assert m.prefill_bytes_per_token(1) == 4 * 2 * 8192 + 3 * 2 * 28672  # 237568
     assert m.prefill_bytes_per_token(2) == 4 * 2 * 8192 + 3 * 2 * 14336  # 151552
@@ -252,13 +253,15 @@ def test_prefill_bytes_per_token_shard_the_layer_not_the_residual() -> None:
     src = estimate(m, w, h100s(2), shape, coeffs=SOURCE_SHAPED_COEFFICIENTS)
     assert src.activations_gib() == pytest.approx(4096 * 151_552 / GIB)
     assert estimate(m, w, h100s(2), shape).activations_gib() == pytest.approx(
-        4096 * 2.5e-8 * 8192)
+        4096 * 151_552 / GIB)
+    hidden = estimate(m, w, h100s(2), shape, coeffs=HIDDEN_ONLY_COEFFICIENTS)
+    assert hidden.activations_gib() == pytest.approx(4096 * 2.5e-8 * 8192)
 
 
 def test_the_source_shaped_graph_prior_is_14_times_the_tensors_and_shrinks_with_tp() -> None:
     """llama-70b-sim, 0.5.10, bs 8 (captures [1, 2, 4, 8]): 0.5 + 14 x bytes x 8 / GiB +
     1.6e-7 x 8192 x 80 x 4; from tp 2 to tp 4 the per-token term loses only half of the
-    sharded bytes (86016 + 32000) / 2, while the hidden-only default does not move."""
+    sharded bytes (86016 + 32000) / 2, while the hidden-only prior does not move."""
     m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
 
     def graphs(tp: int, coeffs: Coefficients) -> float:
@@ -269,7 +272,10 @@ def test_the_source_shaped_graph_prior_is_14_times_the_tensors_and_shrinks_with_
     src = SOURCE_SHAPED_COEFFICIENTS
     assert graphs(2, src) == pytest.approx(0.5 + 14 * 391_984 * 8 / GIB + 0.4194304)
     assert graphs(2, src) - graphs(4, src) == pytest.approx(14 * 59_008 * 8 / GIB)
-    assert graphs(2, DEFAULT_COEFFICIENTS) == pytest.approx(graphs(4, DEFAULT_COEFFICIENTS))
+    assert graphs(2, DEFAULT_COEFFICIENTS) == pytest.approx(graphs(2, src))
+    hidden = HIDDEN_ONLY_COEFFICIENTS
+    assert graphs(2, hidden) == pytest.approx(0.5 + 4e-6 * 8192 * 8 + 0.4194304)
+    assert graphs(2, hidden) == pytest.approx(graphs(4, hidden))
 
 
 def test_mla_layer_transients_follow_the_absorbed_path() -> None:
@@ -293,7 +299,7 @@ def test_graph_memory_grows_with_draft_tokens_and_is_capped_by_running_requests(
     plain = estimate(m, w, h100s(2), ServerShape(tp=2), coeffs=c)
     spec = estimate(m, w, h100s(2), ServerShape(tp=2, spec=SpecShape("EAGLE", 3, 1, 4)),
                     draft=facts("llama-70b-sim"), draft_weights=WeightFacts(GIB), coeffs=c)
-    per_token = c.graph_gib_per_token_hidden * 8192
+    per_token = 14 * 391_984 / GIB  # the source-shaped prior at tp 2 (hand-computed above)
     assert plain.graphs_gib(256) == pytest.approx(per_token * 256)
     assert spec.graphs_gib(256) == pytest.approx(per_token * 48 * 4)
 
@@ -301,11 +307,11 @@ def test_graph_memory_grows_with_draft_tokens_and_is_capped_by_running_requests(
 def test_graph_memory_has_sglangs_fixed_half_gib_once_per_capture() -> None:
     """The cold prior counts SGLang's 512 MiB ``reserved_mem`` base (attention-backend buffers
     allocated after the KV pool) once, whatever the bs. Hand-computed: llama-70b-sim (hidden
-    8192, 80 layers), tp 2, 0.5.10, bs 8 captures [1, 2, 4, 8]:
-    0.5 + 4e-6 x 8192 x 8 + 1.6e-7 x 8192 x 80 x 4 = 0.5 + 0.262144 + 0.4194304."""
+    8192, 80 layers, 391,984 tensor bytes per captured token at tp 2), tp 2, 0.5.10, bs 8
+    captures [1, 2, 4, 8]: 0.5 + 14 x 391,984 x 8 / GiB + 1.6e-7 x 8192 x 80 x 4."""
     m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
     e = estimate(m, w, h100s(2), ServerShape(tp=2, sglang_version="0.5.10"))
-    assert e.graphs_gib(8) == pytest.approx(0.5 + 0.262144 + 0.4194304)
+    assert e.graphs_gib(8) == pytest.approx(0.5 + 14 * 391_984 * 8 / GIB + 0.4194304)
     without = estimate(m, w, h100s(2), ServerShape(tp=2, sglang_version="0.5.10"),
                        coeffs=Coefficients(graph_fixed_gib=0.0))
     for bs in (1, 8, 64, 256):
@@ -334,11 +340,18 @@ def test_moe_layers_add_fused_moe_caches_per_routed_token() -> None:
     assert dense.moe_bytes_per_token(1) == 0
     shape = ServerShape(tp=1, sglang_version="0.5.10", chunked_prefill_size=8192)
     w = WeightFacts(61_064_245_248)
-    e_moe = estimate(moe, w, h100s(1), shape)
-    e_dense = estimate(dense, w, h100s(1), shape)
+    # the hidden-only prior prices both models' other tensors alike, so the difference is the
+    # MoE term alone (the default's prefill tensors also differ: no dense MLP in the MoE model)
+    e_moe = estimate(moe, w, h100s(1), shape, coeffs=HIDDEN_ONLY_COEFFICIENTS)
+    e_dense = estimate(dense, w, h100s(1), shape, coeffs=HIDDEN_ONLY_COEFFICIENTS)
     assert e_moe.activations_gib() - e_dense.activations_gib() == pytest.approx(
         8192 * 69_632 / GIB)
     assert e_moe.graphs_gib(8) - e_dense.graphs_gib(8) == pytest.approx(8 * 69_632 / GIB)
+    # the default: one layer's transients are the attention's, 2 x 128 x (2 x 32 + 2 x 4) =
+    # 18,432 bytes, against the dense MLP's 3 x 2 x 8192 (intermediate 4 x hidden) = 49,152
+    src_moe, src_dense = estimate(moe, w, h100s(1), shape), estimate(dense, w, h100s(1), shape)
+    assert src_moe.activations_gib() - src_dense.activations_gib() == pytest.approx(
+        8192 * (69_632 + 18_432 - 49_152) / GIB)
 
 
 def test_0510_draft_pool_in_the_headroom_grows_with_the_fraction() -> None:
@@ -408,15 +421,18 @@ def test_choice_keeps_the_stated_margin_and_is_the_highest_fraction_that_does() 
 
 
 def test_configured_fields_are_kept_unless_the_policy_says_estimate() -> None:
+    """The demo's configured 0.99 / 256 leaves 0.78 GiB of headroom for about 7 GiB of
+    estimated graphs and activations: kept, and said to fail; 0.88 / 256 is said to fit."""
     e = estimate(facts("llama-70b-sim"), weights("llama-70b-sim"), h100s(2), ServerShape(tp=2))
-    kept = choose(e, LaunchParams(0.88, 256))
-    assert kept.params == LaunchParams(0.88, 256) and kept.feasible
+    kept = choose(e, LaunchParams(0.99, 256))
+    assert kept.params == LaunchParams(0.99, 256) and kept.feasible
     assert "expected to fail: cuda_graph" in kept.reason
+    assert "kept (expected to fit" in choose(e, LaunchParams(0.88, 256)).reason
     only_bs = choose(e, LaunchParams(None, 32))
     assert only_bs.params.cuda_graph_max_bs == 32 and only_bs.changed == ("mem_fraction_static",)
     assert only_bs.budget.fits
-    override = choose(e, LaunchParams(0.88, 256), override=True)
-    assert override.params != LaunchParams(0.88, 256) and override.budget.fits
+    override = choose(e, LaunchParams(0.99, 256), override=True)
+    assert override.params != LaunchParams(0.99, 256) and override.budget.fits
 
 
 def test_weights_that_cannot_fit_are_refused_with_the_fix() -> None:

@@ -104,7 +104,7 @@ def test_demo_config_loads() -> None:
     )
     assert f"{configs}/../run/demo" == host.run_dir
     assert {"SGLANG_SIM_HOST": f"{configs}/sim/host.json"} == host.env
-    assert (f"{configs}/sim/models/llama-70b-sim", [0, 1], 30123, 0.88, 256, "0.5.23") == (
+    assert (f"{configs}/sim/models/llama-70b-sim", [0, 1], 30123, 0.99, 256, "0.5.23") == (
         server.model_path,
         server.gpus,
         server.port,

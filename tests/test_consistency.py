@@ -81,7 +81,7 @@ def test_attempts_tell_one_story_across_a_crash_an_adoption_and_a_relaunch(
     sim: SimSetup,
 ) -> None:
     metrics_port = free_port()
-    data = sim.data(model="llama-70b-sim", tp=2, mem_fraction_static=0.95,
+    data = sim.data(model="llama-70b-sim", tp=2, mem_fraction_static=0.99,
                     cuda_graph_max_bs=512, faults=[{"kind": "nccl_error", "attempts": [2]}])
     data["metrics"] = {"listen": f"127.0.0.1:{metrics_port}"}
     config = sim.write_toml(data)

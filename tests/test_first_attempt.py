@@ -105,14 +105,14 @@ def _llama(sim: SimSetup, **kw: object) -> dict[str, object]:
 def test_configured_params_would_oom_but_the_estimate_is_ready_on_attempt_1(
     sim: SimSetup,
 ) -> None:
-    """llama-70b at tp2 on two H100s: 0.88 / bs 256 OOMs in capture (the demo). With
+    """llama-70b at tp2 on two H100s: 0.99 / bs 256 OOMs in capture (the demo). With
     ``[policy] initial = "estimate"`` the first attempt is the estimate's and reaches ready;
     attempt.started says why."""
     scenario, _ = scenario_from_argv(
         "0.5.23", ["--model-path", str(model_dir("llama-70b-sim")), "--tp-size", "2"], 79.19)
-    assert not simulate(scenario, LaunchParams(0.88, 256)).ok
+    assert not simulate(scenario, LaunchParams(0.99, 256)).ok
 
-    data = _llama(sim, mem_fraction_static=0.88, cuda_graph_max_bs=256,
+    data = _llama(sim, mem_fraction_static=0.99, cuda_graph_max_bs=256,
                   policy={"initial": "estimate"})
     config = sim.write_toml(data)
     up = run_cli("up", str(config), "--until-ready", "--log-format", "json", timeout=90)
@@ -124,7 +124,7 @@ def test_configured_params_would_oom_but_the_estimate_is_ready_on_attempt_1(
     assert started and started[0]["attempt"] == 1
     assert started[0]["why"].startswith("estimate: mem_fraction_static=")
     params = started[0]["params"]
-    assert (params["mem_fraction_static"], params["cuda_graph_max_bs"]) != (0.88, 256)
+    assert (params["mem_fraction_static"], params["cuda_graph_max_bs"]) != (0.99, 256)
     assert f"--mem-fraction-static {params['mem_fraction_static']}" in sim.cmd(1)
     assert simulate(scenario, LaunchParams(params["mem_fraction_static"],
                                            params["cuda_graph_max_bs"])).ok
@@ -204,7 +204,7 @@ def test_plan_without_facts_says_why(sim: SimSetup, tmp_path: Path) -> None:
 def test_diagnose_draws_the_failed_attempt_with_the_pass_and_the_deficit(tmp_path: Path) -> None:
     host = make_sim_host(tmp_path, gpu_count=2)
     code, log = host.run("--model-path", str(model_dir("llama-70b-sim")), "--tp-size", "2",
-                         "--mem-fraction-static", "0.88", "--cuda-graph-max-bs-decode", "256",
+                         "--mem-fraction-static", "0.99", "--cuda-graph-max-bs-decode", "256",
                          "--port", "0", timeout=60)
     assert code != 0
     path = tmp_path / "oom.log"

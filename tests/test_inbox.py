@@ -36,7 +36,7 @@ async def test_a_failure_cleanup_and_relaunch_go_through_an_inbox_of_one(
 ) -> None:
     """A capture OOM, its cleanup, the GPU wait and the relaunch to ready all pass through an
     inbox of one event."""
-    config = sim.config(model="llama-70b-sim", tp=2, mem_fraction_static=0.88,
+    config = sim.config(model="llama-70b-sim", tp=2, mem_fraction_static=0.99,
                         cuda_graph_max_bs=256)
 
     result = await supervise(config, until=ready_or_done, options={"inbox_size": 1})

@@ -58,3 +58,59 @@ def test_mla_projections_and_router_are_replicated_on_every_rank() -> None:
     assert s.replicated_gib == pytest.approx(rep)
     assert s.weights_per_rank_gib == pytest.approx((s.weights_gib - rep) / 8 + rep)
     assert s.weights_per_rank_gib == pytest.approx(72.33, abs=0.01)  # the seeds' figure
+
+
+# --- decode graphs and warmup per rank: SGLang's tensors (docs/benchmarks.md, tp round) ----
+# llama-70b-sim (hidden 8192, intermediate 28672, vocab 32000, bf16), per captured token:
+# whole on every rank: input_ids, positions, out_cache_loc (3 x 8), mrope_positions (3 x 8),
+# input_embeds (2 x 8192), next_token_logits_buffer (4 x 32000, fp32), the residual stream
+# (4 x 2 x 8192): 209,968; split by tp: the MLP's gate_up + SiluAndMul (3 x 2 x 28672, larger
+# than the attention's) and the lm_head output (2 x 32000): 236,032; at tp > 1 the
+# all-gathered logits (2 x 32000). The pool is 4.57 x the tensors (the one real capture
+# figure, 0.93 GB at bs 160 for Qwen2.5-7B at tp 1, context 32768: 4.57 x 1,061,936 x 160 +
+# 160 x 32768 x 4 + 24 graphs x 8 MiB), plus the attention backend's int32 graph state per
+# token of context (FlashInfer cuda_graph_kv_indices).
+LLAMA_WHOLE, LLAMA_SPLIT, LLAMA_GATHERED = 209_968, 236_032, 64_000
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_decode_graph_pool_per_token_is_sglangs_tensors_whole_plus_split_over_tp(tp: int) -> None:
+    s = scenario("llama-70b-sim", tp)
+    tensors = LLAMA_WHOLE + LLAMA_SPLIT / tp + (LLAMA_GATHERED if tp > 1 else 0)
+    assert s.graph_gib_per_bs * GIB == pytest.approx(4.57 * tensors + 4096 * 4)
+    assert s.graph_overhead_gib == 8 / 1024  # SGLang's own 8 MiB per graph (memory_hook)
+    if tp == 2:  # the tensors test_budget.py writes out for the estimator
+        assert LLAMA_WHOLE + LLAMA_SPLIT / 2 + LLAMA_GATHERED == 391_984
+
+
+def test_the_real_capture_figure_sets_the_pool_factor() -> None:
+    """Qwen2.5-7B (hidden 3584, intermediate 18944, vocab 152064) at tp 1, bs 160 (24 graphs),
+    context 32768: the pool factor 4.57 gives back the 0.93 GB that SGLang logged
+    (tests/fixtures/real_logs/gh11949_warmup_403_proxy.log, ``mem usage=0.93 GB``)."""
+    whole = 3 * 8 + 3 * 8 + 2 * 3584 + 4 * 152064 + 4 * 2 * 3584
+    split = 3 * 2 * 18944 + 2 * 152064
+    graph = 4.57 * (whole + split) * 160 + 160 * 32768 * 4 + 24 * 8 * (1 << 20)
+    assert graph / GIB == pytest.approx(0.93, abs=0.005)
+
+
+def test_graph_state_grows_with_the_context_length() -> None:
+    short = scenario("llama-70b-sim", 2, "--context-length", "2048")
+    long = scenario("llama-70b-sim", 2)
+    assert (long.graph_gib_per_bs - short.graph_gib_per_bs) * GIB == pytest.approx(2048 * 4)
+
+
+@pytest.mark.parametrize(("tp", "chunk"), [(1, 8192), (2, 8192), (2, 4096), (8, 2048)])
+def test_warmup_is_a_chunk_of_prefill_tensors(tp: int, chunk: int) -> None:
+    """A prefill chunk's tokens x (the residual stream, 4 x 2 x 8192, whole + one layer's MLP
+    transients, 3 x 2 x 28672, over tp): logits only for each request's last token."""
+    s = scenario("llama-70b-sim", tp, "--chunked-prefill-size", str(chunk))
+    assert s.warmup_gib * GIB == pytest.approx(chunk * (65_536 + 172_032 / tp))
+
+
+def test_tiny_model_tensors() -> None:
+    """tiny-1b-sim (Llama-3.2-1B: hidden 2048, intermediate 8192, vocab 128256) at tp 1:
+    whole 48 + 2 x 2048 + 4 x 128256 + 8 x 2048 = 533,552, split 6 x 8192 + 2 x 128256 =
+    305,664; warmup 8 x 2048 + 6 x 8192 per token."""
+    s = scenario("tiny-1b-sim", 1, "--chunked-prefill-size", "4096")
+    assert s.graph_gib_per_bs * GIB == pytest.approx(4.57 * (533_552 + 305_664) + 131072 * 4)
+    assert s.warmup_gib * GIB == pytest.approx(4096 * (16_384 + 49_152))

@@ -156,7 +156,7 @@ async def test_capture_oom_backs_off_to_ready_over_ssh(
     port = free_port()
     config = ssh_config(tmp_path, [site.host_entry()], [server_entry(
         "llm", site, model="llama-70b-sim", gpus=[0, 1], port=port,
-        mem_fraction_static=0.88, cuda_graph_max_bs=256,
+        mem_fraction_static=0.99, cuda_graph_max_bs=256,
     )])
     events = EventRecorder()
     async with ssh_transports(config) as transports:
@@ -172,9 +172,9 @@ async def test_capture_oom_backs_off_to_ready_over_ssh(
     assert State.READY == final
     assert [(1, "oom_graph_capture", "cuda_graph")] == failed
     assert [started[1]] == [e.data["params"] for e in events.named("policy.decided")]
-    assert {"mem_fraction_static": 0.88, "cuda_graph_max_bs": 256} == started[0]
+    assert {"mem_fraction_static": 0.99, "cuda_graph_max_bs": 256} == started[0]
     assert 2 == len(started)
-    assert started[1]["mem_fraction_static"] < 0.88
+    assert started[1]["mem_fraction_static"] < 0.99
     assert ready is not None
     assert 2 == ready.data["attempts"]
     assert started[1] == ready.data["params"]

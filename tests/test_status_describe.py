@@ -164,7 +164,7 @@ def test_describe_shows_attempts_evidence_and_memory(sim: SimSetup) -> None:
         fields["Config"], fields["State"], fields["Attempt"], fields["Restarts"],
         fields["Run dir"])
     assert fields["Command"] == sim.cmd(2).strip()
-    assert "--mem-fraction-static 0.844" in fields["Command"]
+    assert "--mem-fraction-static 0.95 " in fields["Command"]
     assert "Evidence (attempt 1, oom_graph_capture):" in text
     assert "Capture cuda graph failed: CUDA out of memory" in text
     assert "attempt 1 ended: oom_graph_capture in cuda_graph" in text

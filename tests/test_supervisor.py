@@ -66,7 +66,7 @@ async def test_capture_oom_then_ready_with_the_policys_params(sim: SimSetup) -> 
     """The demo's capture OOM: one failed attempt with its numbers, the policy's params
     launched (in the 0.5.23 flag dialect) and ready on attempt 2."""
     config = sim.config(
-        model="llama-70b-sim", tp=2, mem_fraction_static=0.88, cuda_graph_max_bs=256
+        model="llama-70b-sim", tp=2, mem_fraction_static=0.99, cuda_graph_max_bs=256
     )
     result = await supervise(config, until=ready_or_done)
     rec = result.events
@@ -74,7 +74,7 @@ async def test_capture_oom_then_ready_with_the_policys_params(sim: SimSetup) -> 
     assert State.READY == result.supervisor.state, result.events.summary()
     started = rec.of("attempt.started")
     assert [1, 2] == [s["attempt"] for s in started]
-    assert {"mem_fraction_static": 0.88, "cuda_graph_max_bs": 256} == started[0]["params"]
+    assert {"mem_fraction_static": 0.99, "cuda_graph_max_bs": 256} == started[0]["params"]
     [failed] = rec.of("attempt.failed")
     assert "oom_graph_capture" == failed["outcome"]
     assert "cuda_graph" == failed["phase"]
@@ -82,11 +82,11 @@ async def test_capture_oom_then_ready_with_the_policys_params(sim: SimSetup) -> 
     numbers = failed["numbers"]
     assert 79.19 == numbers["total_gib"]
     assert numbers["tried_gib"] > numbers["free_gib"]
-    assert 0.88 == numbers["mem_fraction_static"] and 256 == numbers["cuda_graph_max_bs"]
+    assert 0.99 == numbers["mem_fraction_static"] and 256 == numbers["cuda_graph_max_bs"]
     assert any("Capture cuda graph failed" in line for line in failed["evidence"])
     [decided] = rec.of("policy.decided")
     assert started[1]["params"] == decided["params"]
-    assert decided["params"]["mem_fraction_static"] < 0.88
+    assert decided["params"]["mem_fraction_static"] < 0.99
     [ready] = rec.of("server.ready")
     assert (2, 2, False) == (ready["attempt"], ready["attempts"], ready["adopted"])
     assert decided["params"] == ready["params"]
@@ -357,7 +357,7 @@ async def test_gpu_held_after_a_failure_waits_then_relaunches(sim: SimSetup) -> 
     # The release comes after two GPU checks; each check runs nvidia-smi, which a loaded
     # machine may take seconds to answer: the wait's bound must not be what is tested here.
     config = sim.config(
-        model="llama-70b-sim", tp=2, mem_fraction_static=0.88, cuda_graph_max_bs=256,
+        model="llama-70b-sim", tp=2, mem_fraction_static=0.99, cuda_graph_max_bs=256,
         policy={"gpu_free_timeout": "60s"},
     )
     async with anyio.create_task_group() as tg:

@@ -69,7 +69,9 @@ figures are for one GPU of the server. The formulas and where each comes from in
   prior, which the ledger's observations correct.
 - the tensors behind the per-token graph and warmup costs, per rank (replicated + sharded / tp):
   :meth:`ModelFacts.graph_bytes_per_token`, :meth:`ModelFacts.prefill_bytes_per_token`;
-  :data:`SOURCE_SHAPED_COEFFICIENTS` prices them instead of the default hidden-only prior.
+  the default prior (:data:`DEFAULT_COEFFICIENTS`, also :data:`SOURCE_SHAPED_COEFFICIENTS`)
+  prices them; :data:`HIDDEN_ONLY_COEFFICIENTS` is the earlier hidden-only prior, kept for the
+  benchmark's comparison.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ __all__ = [
     "DEFAULT_MARGIN",
     "DEFAULT_MIN_KV_TOKENS",
     "GIB",
+    "HIDDEN_ONLY_COEFFICIENTS",
     "KV_SHARE",
     "SOURCE_SHAPED_COEFFICIENTS",
     "Budget",
@@ -544,23 +547,23 @@ class Coefficients:
     on one rank: replicated + sharded / tp); the per-graph term is GiB per graph per unit of
     ``hidden_size x layers``, the draft's terms GiB per token per unit of hidden; the warmup per
     chunked-prefill token is ``warmup_gib_per_token_hidden x hidden + warmup_bytes_scale x``
-    :meth:`ModelFacts.prefill_bytes_per_token`. The default is the hidden-only prior;
-    :data:`SOURCE_SHAPED_COEFFICIENTS` is the source-shaped one (docs/memory.md says why it is
-    not the default yet)."""
+    :meth:`ModelFacts.prefill_bytes_per_token`. The defaults are the source-shaped prior (the
+    per-token terms from SGLang's tensors only); :data:`HIDDEN_ONLY_COEFFICIENTS` is the
+    earlier hidden-only one (docs/memory.md)."""
 
     context_gib: float = 1.0  # CUDA context + NCCL buffers before weights, tp 1
     context_gib_per_extra_rank: float = 0.1
-    # The hidden-only per-token prior (GiB per captured token per unit of hidden, not divided
-    # by tp): 2.5 times the one real capture figure (0.93 GB at bs 160 for a 7B at tp 1) and
-    # above the shipped simulated models' graph costs.
-    graph_gib_per_token_hidden: float = 4e-6
-    # The source-shaped per-token prior: this many times ``ModelFacts.graph_bytes_per_token``
-    # (0 in the default). The one real capture figure
-    # (tests/fixtures/real_logs/gh11949_warmup_403_proxy.log) is about 6 times the tensors
-    # (Qwen2.5-7B: 1.06 MB per token, 0.16 GiB at bs 160: per-graph and allocator costs are
-    # not in them); 14 keeps the hidden-only prior's level for that model (4e-6 x 3584 GiB =
-    # 15.4 MB per token); the shape across models and tp comes from the source.
-    graph_bytes_scale: float = 0.0
+    # The hidden-only per-token term (GiB per captured token per unit of hidden, not divided by
+    # tp; 0 in the default): HIDDEN_ONLY_COEFFICIENTS sets it to 4e-6, 2.5 times the one real
+    # capture figure (0.93 GB at bs 160 for a 7B at tp 1).
+    graph_gib_per_token_hidden: float = 0.0
+    # The source-shaped per-token prior: this many times ``ModelFacts.graph_bytes_per_token``.
+    # The one real capture figure (tests/fixtures/real_logs/gh11949_warmup_403_proxy.log) is
+    # about 6 times the tensors (Qwen2.5-7B: 1.06 MB per token, 0.16 GiB at bs 160: per-graph
+    # and allocator costs are not in them); 14 keeps the hidden-only prior's level for that
+    # model (4e-6 x 3584 GiB = 15.4 MB per token); the shape across models and tp comes from
+    # the source.
+    graph_bytes_scale: float = 14.0
     graph_overhead_gib_per_layer_hidden: float = 1.6e-7
     # Fixed per capture, whatever the model: SGLang's own auto fraction reserves 512 MiB of
     # "constant meta data (e.g., from attention backend)" (server_args.py ``reserved_mem = 512``,
@@ -572,11 +575,13 @@ class Coefficients:
     draft_graph_overhead_gib: float = 0.01
     prefill_graph_gib_per_shape: float = 8 / 1024  # memory_hook: 8 MiB per prefill shape
     mla_prefill_graph_gib: float = 1.5  # memory_hook: 1.5 GiB for MLA prefill graphs
-    warmup_gib_per_token_hidden: float = 2.5e-8  # 26.8 bytes per unit of hidden, any tp
+    # The hidden-only warmup term (0 in the default; HIDDEN_ONLY_COEFFICIENTS: 2.5e-8, 26.8
+    # bytes per unit of hidden, any tp).
+    warmup_gib_per_token_hidden: float = 0.0
     # The source-shaped warmup prior: the prefill tensors themselves
-    # (``ModelFacts.prefill_bytes_per_token``; 0 in the default). The hidden-only prior is 0.5-1.6
-    # times them at tp 1 on bench_estimator's catalogue: about the same level, without tp's shape.
-    warmup_bytes_scale: float = 0.0
+    # (``ModelFacts.prefill_bytes_per_token``). The hidden-only term is 0.5-1.6 times them at
+    # tp 1 on bench_estimator's catalogue: about the same level, without tp's shape.
+    warmup_bytes_scale: float = 1.0
     # Scale factors a calibration may set from observations (1.0: the prior as is).
     weights_scale: float = 1.0
     graphs_scale: float = 1.0
@@ -587,12 +592,14 @@ class Coefficients:
 
 
 DEFAULT_COEFFICIENTS = Coefficients()
-# The per-token graph and warmup costs as SGLang's tensors lay them out (replicated + sharded /
-# tp), instead of hidden-only. Not the default: the demo's llama-70b-sim has simulated graph
-# costs (0.03 GiB per bs at tp 2) that this prior does not cover (docs/memory.md).
-SOURCE_SHAPED_COEFFICIENTS = Coefficients(
-    graph_gib_per_token_hidden=0.0, graph_bytes_scale=14.0,
-    warmup_gib_per_token_hidden=0.0, warmup_bytes_scale=1.0,
+# The default prior by its shape: the per-token graph and warmup costs as SGLang's tensors lay
+# them out (replicated + sharded / tp).
+SOURCE_SHAPED_COEFFICIENTS = DEFAULT_COEFFICIENTS
+# The earlier default, per-token costs growing with hidden only and ignoring tp: kept for
+# scripts/bench_oom.py --estimator --prior hidden (docs/benchmarks.md compares the two).
+HIDDEN_ONLY_COEFFICIENTS = Coefficients(
+    graph_gib_per_token_hidden=4e-6, graph_bytes_scale=0.0,
+    warmup_gib_per_token_hidden=2.5e-8, warmup_bytes_scale=0.0,
 )
 
 

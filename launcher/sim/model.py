@@ -12,8 +12,27 @@ The model's ``"sim"`` object::
                           launcher.sglang.budget.ModelFacts needs; otherwise SGLang's cell
                           size is computed from the HF keys (MLA is not sharded by tp)
     graph_gib_per_bs      per rank: activation pool of the largest decode graph, per bs
+                          (per captured token); or, SGLang-shaped, from the tensor keys below
+    graph_bytes_whole     optional, bytes per captured token every rank holds whole (the
+                          runner's input buffers, the fp32 logits buffer, the residual stream)
+    graph_bytes_split     optional, bytes per captured token at tp 1 that tp divides (one
+                          layer's transients, the lm_head output)
+    graph_bytes_gathered  optional, bytes per captured token a rank holds only at tp > 1 (the
+                          all-gathered logits)
+    graph_pool_factor     optional: the graph pool's bytes per tensor byte (the caching
+                          allocator and the graphs' private pool, set from a real capture
+                          figure). With the graph_bytes_* keys, graph_gib_per_bs is
+                          ``factor x (whole + split / tp + gathered [tp > 1]) + context x 4``
+                          bytes per captured token: the last term is the attention backend's
+                          graph state (FlashInfer's ``cuda_graph_kv_indices``, FA3's page
+                          table: int32, the top graph's tokens x the context length)
     graph_overhead_gib    per rank, per captured graph
-    warmup_gib            per rank: activations of the warmup prefill
+    warmup_gib            per rank: activations of the warmup prefill; or, SGLang-shaped:
+    warmup_bytes_whole    optional, bytes per prefill token every rank holds (the residual
+                          stream)
+    warmup_bytes_split    optional, bytes per prefill token at tp 1 that tp divides (one layer's
+                          transients). With both, warmup_gib is a chunked-prefill chunk's
+                          tokens x (whole + split / tp)
     min_kv_tokens         a smaller pool is "Not enough memory"
     shard_gib             checkpoint shard size (whole model)
     context_gib           optional, per rank: CUDA context + NCCL before weights (default 1.0)
@@ -44,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.params import LaunchParams
+from launcher.sglang.autoargs import auto_chunked_prefill_size
 from launcher.sglang.budget import (
     GIB,
     ModelFacts,
@@ -61,8 +81,14 @@ _SIM_KEYS = {
     "weights_gib",
     "kv_gib_per_1k_tokens",
     "graph_gib_per_bs",
+    "graph_bytes_whole",
+    "graph_bytes_split",
+    "graph_bytes_gathered",
+    "graph_pool_factor",
     "graph_overhead_gib",
     "warmup_gib",
+    "warmup_bytes_whole",
+    "warmup_bytes_split",
     "min_kv_tokens",
     "shard_gib",
     "context_gib",
@@ -397,6 +423,32 @@ def kv_gib_per_1k(
     return target, draft * 1000 / GIB
 
 
+# The attention backend's CUDA-graph state per captured token and context position: int32
+# (FlashInfer ``init_cuda_graph_state``: ``cuda_graph_kv_indices`` of ``max_num_tokens x
+# max_context_len``; FA3: ``page_table`` of ``max_bs x max_num_pages`` at page size 1).
+ATTN_GRAPH_STATE_BYTES = 4
+
+
+def graph_gib_per_token(sim: dict[str, float], tp: int, context_len: int) -> float | None:
+    """Per rank, GiB per captured token of the decode graphs' pool, SGLang-shaped, from the
+    model's ``graph_bytes_*`` truths (None without them): ``graph_pool_factor x (whole + split
+    / tp + gathered at tp > 1)`` plus the attention backend's graph state."""
+    if "graph_bytes_whole" not in sim:
+        return None
+    tensors = (sim["graph_bytes_whole"] + sim.get("graph_bytes_split", 0.0) / tp
+               + (sim.get("graph_bytes_gathered", 0.0) if tp > 1 else 0.0))
+    per_token = sim.get("graph_pool_factor", 1.0) * tensors + ATTN_GRAPH_STATE_BYTES * context_len
+    return per_token / GIB
+
+
+def warmup_gib_for(sim: dict[str, float], tp: int, chunk: int) -> float | None:
+    """Per rank, the warmup prefill's activations, SGLang-shaped, from the model's
+    ``warmup_bytes_*`` truths (None without them): a chunk's tokens x (whole + split / tp)."""
+    if "warmup_bytes_whole" not in sim:
+        return None
+    return chunk * (sim["warmup_bytes_whole"] + sim.get("warmup_bytes_split", 0.0) / tp) / GIB
+
+
 def scenario_for(
     model: ModelSpec,
     gpu_total_gib: float,
@@ -456,6 +508,14 @@ def scenario_for(
             mamba_full_memory_ratio=flags.mamba_full_memory_ratio or 0.9,
             disable_radix_cache=flags.disable_radix_cache,
         )
+    context_len = (
+        (flags.context_length if flags is not None else None) or model.max_position_embeddings
+    )
+    chunk = flags.chunked_prefill_size if flags is not None else None
+    graph_per_bs = graph_gib_per_token(s, tp, context_len)
+    warmup = warmup_gib_for(
+        s, tp, chunk if chunk and chunk > 0 else auto_chunked_prefill_size(gpu_total_gib, version)
+    )
     return MemoryScenario(
         gpu_total_gib=gpu_total_gib,
         weights_gib=s["weights_gib"],
@@ -464,9 +524,13 @@ def scenario_for(
         context_gib=s.get("context_gib", base.context_gib),
         kv_gib_per_1k_tokens=kv_target,
         min_kv_tokens=int(s.get("min_kv_tokens", base.min_kv_tokens)),
-        graph_gib_per_bs=s.get("graph_gib_per_bs", base.graph_gib_per_bs),
+        graph_gib_per_bs=(
+            graph_per_bs
+            if graph_per_bs is not None
+            else s.get("graph_gib_per_bs", base.graph_gib_per_bs)
+        ),
         graph_overhead_gib=s.get("graph_overhead_gib", base.graph_overhead_gib),
-        warmup_gib=s.get("warmup_gib", base.warmup_gib),
+        warmup_gib=warmup if warmup is not None else s.get("warmup_gib", base.warmup_gib),
         shard_gib=s.get("shard_gib", base.shard_gib),
         sglang_version=version,
         prefill_graph_gib=s.get("prefill_graph_gib", 0.0),
@@ -479,9 +543,7 @@ def scenario_for(
             if spec is not None
             else (flags.max_running_requests if flags is not None else None)
         ),
-        context_len=(
-            (flags.context_length if flags is not None else None) or model.max_position_embeddings
-        ),
+        context_len=context_len,
         capture_graphs=not (flags is not None and flags.disable_cuda_graph),
         mla=model.mla,
         replicated_gib=model.facts.replicated_bytes(tp) / GIB if model.facts is not None else 0.0,
