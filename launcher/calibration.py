@@ -487,7 +487,8 @@ class CalibratedEstimate(Estimate):
             # only the measurements of no bigger settings was tried: 2-5 points fewer first
             # attempts ready in scripts/bench_estimator.py for 0.001 less fraction error.)
             # Above the largest measured bs the fit knows nothing of the growth with bs (all
-            # its points may share one bs): the measured figure grows as the prior does.
+            # its points may share one bs): the measured figure, less the fitted fixed part
+            # (which does not grow), grows as the prior does.
             out = max(self.graphs_fixed_gib + super().graphs_gib(bs), self.graphs_measured_gib)
             if self.graphs_measured_bs and bs > self.graphs_measured_bs:
                 prior = replace(self, coeffs=replace(self.coeffs,
@@ -495,7 +496,8 @@ class CalibratedEstimate(Estimate):
                 at = Estimate.graphs_gib(prior, self.graphs_measured_bs)
                 if at > 0:
                     grown = Estimate.graphs_gib(prior, bs) / at
-                    out = max(out, self.graphs_measured_gib * grown)
+                    fixed = min(self.graphs_fixed_gib, self.graphs_measured_gib)
+                    out = max(out, fixed + (self.graphs_measured_gib - fixed) * grown)
             return out
         scaled = super().graphs_gib(max(bs, self.graphs_measured_bs))
         return max(scaled, self.graphs_measured_gib)

@@ -14,6 +14,7 @@ import pytest
 from launcher.calibration import (
     ALL_PASSES,
     COLD_MARGIN,
+    Correction,
     CostGuess,
     KeyedObservation,
     Match,
@@ -182,3 +183,19 @@ def test_a_fixed_part_of_graph_memory_is_fitted_from_observations_far_apart() ->
     # terms): the median measurement bounds it, an upper bound of the truth
     assert 1.5 + 0.5 * new.graphs_gib(64) < fixed.graphs_gib(64) == pytest.approx(
         correction.graph_measured_gib)
+
+
+def test_above_the_measured_bs_only_the_growing_part_of_the_measurement_grows() -> None:
+    """A fit with a fixed part of 1.0 GiB and a small proportional factor, measured at 3.0 GiB
+    at bs 64: at bs 256 the answer is the fixed part plus the rest of the measurement grown
+    as the prior grows from 64 to 256 (the fit alone, 1.0 + 0.01 x prior, is below it); at
+    the measured bs the measurement."""
+    e = est(QWEN3_8B, 16_381_470_720, 1)
+    c = Correction(graph={ALL_PASSES: 0.01}, graph_default=0.01, graph_bs=64,
+                   graph_measured_gib=3.0, graph_fitted=True, graph_fixed_gib=1.0,
+                   observations=3, match=Match.EXACT)
+    fixed = apply(e, c)
+    grown = e.graphs_gib(256) / e.graphs_gib(64)
+    assert grown > 1.5
+    assert fixed.graphs_gib(256) == pytest.approx(1.0 + 2.0 * grown)
+    assert fixed.graphs_gib(64) == pytest.approx(3.0)
