@@ -73,7 +73,7 @@ def test_status_after_a_relaunch_counts_restarts_and_labels_params(sim: SimSetup
     head, row = table(result.stdout)
     assert ["NAME", "HOST", "STATE", "ENDPOINT", "ATTEMPT", "RESTARTS", "PARAMS", "AGE"] == head
     assert [SERVER, "simhost", "ready", f"127.0.0.1:{sim.port}", "2", "1"] == row[:6], row
-    assert row[6] == "mfs=0.844 bs=256" and row[7].endswith("s"), row
+    assert row[6] == "mfs=0.95 bs=256" and row[7].endswith("s"), row
 
     [data] = json.loads(run_cli("status", str(config), "--json").stdout)
     assert ("ready", 2, 1, f"127.0.0.1:{sim.port}") == (
