@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from launcher.sglang.classify import diagnose_text
 from launcher.sglang.outcome import Outcome
 from launcher.sim.memory import simulate
+from launcher.sim.observe import observed
 from launcher.sim.server import scenario_from_argv
 from tests.simhost import READY_LINE, SimHost, free_port, make_sim_host, model_dir, split_output
 
@@ -185,15 +187,28 @@ def test_0_5_23_not_enough_memory_for_the_state_cache(pro6000: SimHost) -> None:
         "(4) use GPUs with more memory."
     ) in out
     assert "Scheduler hit an exception: Traceback" in out and "Mamba Cache is allocated" not in out
+    # The benchmark's reading of the trace is the classifier's reading of this log.
+    outcome, _, numbers = observed(scenario, simulate(scenario, params))
+    d = diagnose_text(out, code)
+    assert Outcome.HYBRID_STATE_TOO_SMALL == outcome == d.outcome
+    assert (numbers.mamba_cache_size, numbers.mamba_per_req_mib) == (
+        d.numbers.mamba_cache_size, d.numbers.mamba_per_req_mib
+    )
 
 
 def test_0_5_23_state_cache_too_small_to_serve(pro6000: SimHost) -> None:
     """--max-mamba-cache-size below the slots per request (5: extra_buffer with overlap) leaves
     no request: 0.5.23's "too small to serve any requests" with its figures."""
-    code, out = pro6000.run(
-        *qwen("--max-mamba-cache-size", "4"), "--port", str(free_port()), version="0.5.23"
-    )
+    argv = qwen("--max-mamba-cache-size", "4")
+    code, out = pro6000.run(*argv, "--port", str(free_port()), version="0.5.23")
     assert -signal.SIGKILL == code
+    scenario, params = scenario_from_argv("0.5.23", argv, PRO6000)
+    outcome, _, numbers = observed(scenario, simulate(scenario, params))
+    d = diagnose_text(out, code)
+    assert Outcome.HYBRID_STATE_TOO_SMALL == outcome == d.outcome
+    # The Mamba line comes with the pool, after this check: neither reading has its figures.
+    assert (4, None) == (numbers.mamba_cache_size, numbers.mamba_state_gib)
+    assert (4, None) == (d.numbers.mamba_cache_size, d.numbers.mamba_state_gib)
     assert (
         "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any "
         "requests. max_mamba_cache_size=4, mamba_ratio=5, resulting max_num_reqs=0. Try: "

@@ -81,7 +81,10 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
     draft_begin, draft_end = trace.draft_begin_free_gib, trace.draft_post_weights_free_gib
     if draft_begin is not None and draft_end is not None:  # the draft's "Load weight end"
         numbers.draft_weights_gib = _gib(draft_begin - draft_end)
-    if trace.mamba is not None:  # "Mamba Cache is allocated. max_mamba_cache_size: N, ..."
+    # "Mamba Cache is allocated. max_mamba_cache_size: N, ..." is printed when the pool is
+    # built, after resolve_max_num_reqs: never before "too small to serve any requests".
+    printed = fail is None or fail.kind != "hybrid_too_small"
+    if trace.mamba is not None and printed:
         numbers.mamba_cache_size = trace.mamba.max_mamba_cache_size
         numbers.mamba_state_gib = _gib(trace.mamba.total_gib)
     if trace.kv_pool_gib is not None and trace.kv_pool_gib > 0:
@@ -116,6 +119,10 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
     if fail is None:
         return Outcome.READY, Phase.READY, numbers
     outcome, phase = fail.outcome, fail.phase
+    if fail.kind in ("hybrid_state_memory", "hybrid_too_small"):
+        # The simulated server prints 0.5.23's own RuntimeError for these, which the classifier
+        # reads as hybrid_state_too_small (not as the generic "Not enough memory").
+        outcome = Outcome.HYBRID_STATE_TOO_SMALL
     if fail.draft and trace.passes and not scenario.new_order:
         # 0.5.10 loads the draft's weights and pool after the target's graphs; phases only
         # move forward, so the classifier reads that OOM in the capture phase (checked against
