@@ -196,6 +196,26 @@ def test_0_5_23_not_enough_memory_for_the_state_cache(pro6000: SimHost) -> None:
     )
 
 
+def test_0_5_23_sizes_the_state_cache_before_it_checks_the_rest(pro6000: SimHost) -> None:
+    """Below the weights' share (0.50: rest < 0) 0.5.23 fails in ``_handle_max_mamba_cache``
+    (K <= 0, "Not enough GPU memory for hybrid ...") before its "Loaded weights leave no GPU
+    memory" check (kv_cache_configurator.py:3039-3058); with --max-mamba-cache-size set, K is
+    that value and the rest check fails instead, with its stated minimum."""
+    auto = qwen(mfs="0.50")
+    code, out = pro6000.run(*auto, "--port", str(free_port()), version="0.5.23")
+    assert -signal.SIGKILL == code
+    assert "RuntimeError: Not enough GPU memory for hybrid" in out
+    assert "Loaded weights leave no GPU memory" not in out
+    d = diagnose_text(out, code)
+    assert Outcome.HYBRID_STATE_TOO_SMALL == d.outcome and (d.numbers.mamba_cache_size or 0) <= 0
+    sized = qwen("--max-mamba-cache-size", "40", mfs="0.50")
+    scenario, params = scenario_from_argv("0.5.23", sized, PRO6000)
+    fail = simulate(scenario, params).failure
+    assert fail is not None and (Outcome.KV_TOO_SMALL, None) == (fail.outcome, fail.kind)
+    code, out = pro6000.run(*sized, "--port", str(free_port()), version="0.5.23")
+    assert "ValueError: Loaded weights leave no GPU memory for the KV cache" in out
+
+
 def test_0_5_23_state_cache_too_small_to_serve(pro6000: SimHost) -> None:
     """--max-mamba-cache-size below the slots per request (5: extra_buffer with overlap) leaves
     no request: 0.5.23's "too small to serve any requests" with its figures."""
