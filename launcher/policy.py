@@ -912,7 +912,9 @@ def _state_cache_growth(p: LaunchParams, n: Numbers, ctx: _Context) -> tuple[flo
         return None
     strategy = n.mamba_strategy if n.mamba_strategy not in (None, "auto") else "extra_buffer"
     slots = mamba_slot_ratio(strategy or "extra_buffer", overlap=True)
-    d = (n.speculative_num_draft_tokens or 0) if (ctx.spec or n.speculative) else 0
+    # Draft tokens: the dump's, else SGLang's auto shape (3, 1, 4).
+    spec = ctx.spec or n.speculative
+    d = (n.speculative_num_draft_tokens or SPEC_AUTO_STEPS + 1) if spec else 0
     if n.mamba_per_req_mib is None or n.mamba_per_req_mib <= 0:
         return None
     per_req = n.mamba_per_req_mib / 1024

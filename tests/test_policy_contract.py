@@ -379,6 +379,8 @@ def test_hybrid_never_touches_the_running_requests_or_the_graph_bs(
         (256.0, -10, 4, "auto", 0.95),
         # K = 30 of 40: (40 - 30 + 1) x 0.25 x 1.8 x 1.9 / 0.9 / 100 = 0.1045 -> 0.605
         (256.0, 30, 4, "extra_buffer", 0.605),
+        # speculative, draft tokens not in the dump: SGLang's auto 4, the same 0.605
+        (256.0, 30, 0, "extra_buffer", 0.605),
     ],
 )
 def test_hybrid_state_error_raises_the_fraction_to_hold_eight_requests(
@@ -390,7 +392,8 @@ def test_hybrid_state_error_raises_the_fraction_to_hold_eight_requests(
     numbers = {"mamba_cache_size": k, "mamba_per_req_mib": per_req_mib,
                "pre_load_avail_gib": 100.0, "mamba_strategy": strategy}
     if spec_tokens is not None:
-        numbers |= {"speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": spec_tokens}
+        numbers |= {"speculative_algorithm": "EAGLE",
+                    "speculative_num_draft_tokens": spec_tokens or None}
     decision = nxt(hybrid(LaunchParams(0.5, 32), **numbers))
     assert decision.params == LaunchParams(new, 32)
 
