@@ -88,6 +88,7 @@ from launcher.sglang.versions import (
     DEFAULT_VERSION,
     DRAFT_EXTEND_FULL_WIDTH_FROM,
     DRAFT_EXTEND_SWITCH_FROM,
+    MAMBA_RADIX_SPELLING_FROM,
     ONE_STATIC_BUDGET_FROM,
     at_least,
 )
@@ -393,7 +394,7 @@ def _learn(history: Sequence[AttemptRecord], ctx: _Context, bounds: Bounds) -> _
                 facts.weights = n.weights_gib
         if n.draft_weights_gib and at_least(ctx.version, DRAFT_IN_BUDGET_FROM):
             facts.draft_weights = n.draft_weights_gib
-        if n.mamba_strategy is not None or n.mamba_cache_size is not None:
+        if _shows_hybrid(rec, ctx.version):
             facts.mamba_ratio = rec.params.mamba_full_memory_ratio or MAMBA_FULL_MEMORY_RATIO
     a_values: list[float] = []
     fits: list[tuple[tuple[bool, int, int], _PassFit]] = []
@@ -854,6 +855,24 @@ def _same(rec: AttemptRecord) -> LaunchParams:
     mfs = p.mem_fraction_static if p.mem_fraction_static is not None else n.mem_fraction_static
     bs = p.cuda_graph_max_bs if p.cuda_graph_max_bs is not None else n.cuda_graph_max_bs
     return replace(p, mem_fraction_static=mfs, cuda_graph_max_bs=bs)
+
+
+def _shows_hybrid(rec: AttemptRecord, version: str) -> bool:
+    """Whether an attempt shows a hybrid (Mamba / linear-attention) model: a ``Mamba Cache is
+    allocated`` line or a state-cache error, a Mamba knob in its params, or a strategy in the
+    args dump that only a hybrid resolves to. The dump's strategy alone is no sign: 0.5.10
+    turns ``auto`` into ``no_buffer`` for every model (server_args.py:964-967), and from the
+    new spelling on ``auto`` stays for models without Mamba state (0.5.23
+    arg_groups/overrides.py ``_mamba_radix_cache_resolution`` returns nothing for them)."""
+    n, p = rec.numbers, rec.params
+    if n.mamba_cache_size is not None or rec.outcome is Outcome.HYBRID_STATE_TOO_SMALL:
+        return True
+    if (p.mamba_strategy, p.max_mamba_cache_size, p.mamba_full_memory_ratio) != (None,) * 3:
+        return True
+    shown = n.mamba_strategy
+    if shown is None or shown == "auto":
+        return False
+    return at_least(version, MAMBA_RADIX_SPELLING_FROM) or shown != "no_buffer"
 
 
 def _hybrid_decision(last: AttemptRecord, mfs: float, bounds: Bounds, ctx: _Context) -> Decision:

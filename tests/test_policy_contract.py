@@ -235,6 +235,32 @@ def test_a_hybrids_cushion_grows_with_its_state_share(ratio: float | None, expec
         expected, 32)
 
 
+@pytest.mark.parametrize(
+    ("version", "shown", "expected"),
+    [
+        ("0.5.10", "no_buffer", 0.668),  # every model's dump: server_args.py:964-967
+        ("0.5.10", "extra_buffer", 0.686),
+        ("0.5.23", "auto", 0.668),  # kept for models without Mamba state
+        ("0.5.23", "no_buffer", 0.686),  # only a hybrid resolves auto
+        ("0.5.23", None, 0.668),
+    ],
+)
+def test_only_a_strategy_a_hybrid_resolves_to_makes_the_hybrid_cushion(
+    version: str, shown: str | None, expected: float
+) -> None:
+    """The args dump always carries the Mamba strategy: 0.5.10 turns ``auto`` into
+    ``no_buffer`` for every model, 0.5.23 keeps ``auto`` for non-hybrids. Only a value a hybrid
+    resolves to (or a Mamba line, or a Mamba knob in the params) gets the hybrid cushion
+    (0.648 + 0.038); a plain model keeps 0.648 + 0.02."""
+    p = LaunchParams(0.6, 32)
+    decision = nxt(rec(p, TOO_SMALL, min_mem_fraction=0.648, mamba_strategy=shown),
+                   sglang_version=version)
+    assert proposal(decision) == (expected, 32)
+    knob = LaunchParams(0.6, 32, mamba_strategy="no_buffer")
+    assert proposal(nxt(rec(knob, TOO_SMALL, min_mem_fraction=0.648, mamba_strategy=shown),
+                        sglang_version=version))[0] == 0.686
+
+
 def test_kv_too_small_stays_below_the_ceiling_and_gives_up_above_it() -> None:
     """The cushion never takes the fraction above the ceiling: minimum 0.94 + 0.02 is capped at
     the ceiling 0.95; a minimum of 0.95 itself leaves nothing, which gives up naming the

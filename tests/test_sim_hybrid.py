@@ -191,8 +191,13 @@ def test_0_5_23_not_enough_memory_for_the_state_cache(pro6000: SimHost) -> None:
     outcome, _, numbers = observed(scenario, simulate(scenario, params))
     d = diagnose_text(out, code)
     assert Outcome.HYBRID_STATE_TOO_SMALL == outcome == d.outcome
-    assert (numbers.mamba_cache_size, numbers.mamba_per_req_mib) == (
-        d.numbers.mamba_cache_size, d.numbers.mamba_per_req_mib
+    # The args dump is the resolved one, as SGLang logs it (engine.py:311 resolved_dict()).
+    fields = ("mamba_cache_size", "mamba_per_req_mib", "speculative_num_draft_tokens",
+              "max_running_requests", "mamba_strategy")
+    assert [getattr(numbers, k) for k in fields] == [getattr(d.numbers, k) for k in fields]
+    assert (4, 48, "extra_buffer") == (
+        d.numbers.speculative_num_draft_tokens, d.numbers.max_running_requests,
+        d.numbers.mamba_strategy,
     )
 
 
