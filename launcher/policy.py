@@ -51,10 +51,11 @@ the fraction falls by at least the OOM's own deficit (``tried - free``). Under s
 decoding the graph bs is searched below the running-request cap (48 unless set), the speculative
 shape is never touched, and the levers go fraction, then graph bs, then (0.5.23, ``[policy]
 allow_disable_draft_extend_graph``) ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1``. Hybrid
-state-cache errors follow SGLang's message: a configured ``max_mamba_cache_size`` doubled, else
-``max_running_requests`` halved, else the fraction raised. A fix SGLang's error names is applied
-once with ``[policy] apply_prescribed_fixes`` (``launcher.sglang.prescribe``). A relaunch keeps
-every knob it does not change.
+state-cache errors (0.5.23): a configured ``max_mamba_cache_size`` doubled, else the fraction
+raised until the state cache holds ``MIN_RUNNING_REQUESTS`` requests (SGLang's sizing never
+reads ``max_running_requests`` there, whatever its message suggests first). A fix SGLang's
+error names is applied once with ``[policy] apply_prescribed_fixes``
+(``launcher.sglang.prescribe``). A relaunch keeps every knob it does not change.
 
 Facts are kept as brackets, in thousandths: a fraction too small at any bs bounds all lower
 fractions out; an OOM at (mfs, bs) bounds out every (>= mfs, >= bs). A proposal is always
@@ -79,6 +80,7 @@ from launcher.sglang.autoargs import (
     capture_bs_list,
     captured_sizes,
 )
+from launcher.sglang.budget import mamba_slot_ratio
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import GraphPass, Phase
 from launcher.sglang.prescribe import prescription
@@ -86,6 +88,7 @@ from launcher.sglang.versions import (
     DEFAULT_VERSION,
     DRAFT_EXTEND_FULL_WIDTH_FROM,
     DRAFT_EXTEND_SWITCH_FROM,
+    MAMBA_RADIX_SPELLING_FROM,
     ONE_STATIC_BUDGET_FROM,
     at_least,
 )
@@ -123,8 +126,8 @@ LATER_PASS_SHARE = {"same_model": 1.0, "draft_after_target": 0.25}
 # Capture passes whose size does not depend on the decode graph bs: the prefill graphs are
 # captured per token count (cuda_graph_setup.py, 0.5.23), not per request.
 PREFILL_PASSES = frozenset({GraphPass.TARGET_PREFILL, GraphPass.DRAFT_PREFILL})
-# Hybrid state-cache errors: max_running_requests is halved down to this before the fraction
-# is raised instead.
+# Hybrid state-cache errors: the fraction is raised until the state cache holds this many
+# requests' slots.
 MIN_RUNNING_REQUESTS = 8
 # SGLang's default --mamba-full-memory-ratio (server_args, 0.5.10 and 0.5.23).
 MAMBA_FULL_MEMORY_RATIO = 0.9
@@ -391,7 +394,7 @@ def _learn(history: Sequence[AttemptRecord], ctx: _Context, bounds: Bounds) -> _
                 facts.weights = n.weights_gib
         if n.draft_weights_gib and at_least(ctx.version, DRAFT_IN_BUDGET_FROM):
             facts.draft_weights = n.draft_weights_gib
-        if n.mamba_strategy is not None or n.mamba_cache_size is not None:
+        if _shows_hybrid(rec, ctx.version):
             facts.mamba_ratio = rec.params.mamba_full_memory_ratio or MAMBA_FULL_MEMORY_RATIO
     a_values: list[float] = []
     fits: list[tuple[tuple[bool, int, int], _PassFit]] = []
@@ -854,14 +857,52 @@ def _same(rec: AttemptRecord) -> LaunchParams:
     return replace(p, mem_fraction_static=mfs, cuda_graph_max_bs=bs)
 
 
-def _hybrid_decision(last: AttemptRecord, mfs: float, bounds: Bounds, ctx: _Context) -> Decision:
-    """A hybrid state-cache error: the knobs in the order SGLang's message names them.
+def _shows_hybrid(rec: AttemptRecord, version: str) -> bool:
+    """Whether an attempt shows a hybrid (Mamba / linear-attention) model: a ``Mamba Cache is
+    allocated`` line or a state-cache error, a Mamba knob in its params, or a strategy in the
+    args dump that only a hybrid resolves to. The dump's strategy alone is no sign: 0.5.10
+    turns ``auto`` into ``no_buffer`` for every model (server_args.py:964-967), and from the
+    new spelling on ``auto`` stays for models without Mamba state (0.5.23
+    arg_groups/overrides.py ``_mamba_radix_cache_resolution`` returns nothing for them)."""
+    n, p = rec.numbers, rec.params
+    if n.mamba_cache_size is not None or rec.outcome is Outcome.HYBRID_STATE_TOO_SMALL:
+        return True
+    if (p.mamba_strategy, p.max_mamba_cache_size, p.mamba_full_memory_ratio) != (None,) * 3:
+        return True
+    shown = n.mamba_strategy
+    if shown is None or shown == "auto":
+        return False
+    return at_least(version, MAMBA_RADIX_SPELLING_FROM) or shown != "no_buffer"
 
-    0.5.23: "Try: (1) reduce --max-running-requests, (2) increase --mem-fraction-static, (3)
-    reduce --speculative-num-draft-tokens" (the last is never touched: the speculative shape
-    is the experiment). A ``--max-mamba-cache-size`` the config set is the first suspect: it
-    is doubled. Then the running requests are halved down to ``MIN_RUNNING_REQUESTS``, then
-    the fraction is raised by ``STEP_FRACTION`` up to the ceiling.
+
+def _hybrid_decision(last: AttemptRecord, mfs: float, bounds: Bounds, ctx: _Context) -> Decision:
+    """A 0.5.23 hybrid state-cache error ("Not enough GPU memory for hybrid (mamba/linear-
+    attention) state cache" or "... state cache is too small to serve any requests").
+
+    SGLang's message says "Try: (1) reduce --max-running-requests, (2) increase
+    --mem-fraction-static, (3) reduce --speculative-num-draft-tokens", but its sizing reads no
+    running-request count where these errors can fire (0.5.23 kv_cache_configurator.py):
+    ``_handle_max_mamba_cache`` (l.3229-3399) takes the slot count K from a configured
+    ``--max-mamba-cache-size``, or (radix cache off) from ``--max-running-requests`` itself,
+    which is at least 1, or else from ``rest x r / (1 + r)`` alone (r =
+    ``--mamba-full-memory-ratio``); "not enough" is K <= 0. ``resolve_max_num_reqs``
+    (l.3119-3160) serves ``min(requests, K // slots per request)`` and is "too small" only when
+    ``K // slots`` is 0. So lowering the running requests cannot cure either; this never does.
+
+    - A configured ``--max-mamba-cache-size`` is the slot count: it is doubled.
+    - Else the fraction is raised until K holds ``MIN_RUNNING_REQUESTS`` requests' slots: K
+      grows by one per ``per_req x (1 + D / slots)`` (D the draft tokens; ``per_req`` without
+      speculative decoding) of state budget, i.e. per ``(1 + r) / r`` times that of rest, which
+      grows by ``pre`` per unit of fraction. The figures are "Not enough"'s K and
+      ``mamba_cache_per_req``, ``Load weight begin``'s ``pre`` and the server_args dump's
+      strategy (slots per request, ``budget.mamba_slot_ratio``; ``auto`` resolves to
+      ``extra_buffer`` with overlap, 5).
+    - Without those figures (0.5.23 prints no per-request size with "too small", and its
+      ``Mamba Cache is allocated`` line only after that check), the fraction is raised by
+      ``STEP_FRACTION``.
+
+    Capped at the ceiling; at the ceiling already, give up. The speculative shape is never
+    touched (it is the experiment).
     """
     p, n = last.params, last.numbers
     head = "hybrid state cache too small"
@@ -871,25 +912,40 @@ def _hybrid_decision(last: AttemptRecord, mfs: float, bounds: Bounds, ctx: _Cont
         new = p.max_mamba_cache_size * 2
         return Decision(replace(p, mem_fraction_static=mfs, max_mamba_cache_size=new),
                         f"{head}; max_mamba_cache_size {p.max_mamba_cache_size}→{new}")
-    running = p.max_running_requests or n.max_running_requests
-    if running is None and ctx.spec:
-        running = SPEC_RUNNING_REQUESTS
-    if running is not None and running > MIN_RUNNING_REQUESTS:
-        new = max(MIN_RUNNING_REQUESTS, running // 2)
-        bs = p.cuda_graph_max_bs
-        return Decision(
-            replace(p, mem_fraction_static=mfs, max_running_requests=new,
-                    cuda_graph_max_bs=None if bs is None else min(bs, new)),
-            f"{head}; max_running_requests {running}→{new}, fraction {mfs:.3f} kept",
-        )
-    target = _down(mfs + STEP_FRACTION)
     ceiling = _down(bounds.mem_fraction_ceiling)
     if _down(mfs) >= ceiling:
-        return Decision(None, f"{head} at mem_fraction_static {mfs:.3f}, the ceiling, with "
-                        f"max_running_requests {running}; the model {_MORE_HARDWARE}")
+        return Decision(None, f"{head} at mem_fraction_static {mfs:.3f}, the ceiling; the "
+                        f"model {_MORE_HARDWARE}")
+    grow = _state_cache_growth(p, n, ctx)
+    target, why = (_up(mfs + grow[0]), grow[1]) if grow else (_down(mfs + STEP_FRACTION), "")
     new_mfs = _f(min(target, ceiling))
     return Decision(replace(p, mem_fraction_static=new_mfs),
-                    f"{head}; fraction {mfs:.3f}→{new_mfs:.3f}")
+                    f"{head}; fraction {mfs:.3f}→{new_mfs:.3f}{why}")
+
+
+def _state_cache_growth(p: LaunchParams, n: Numbers, ctx: _Context) -> tuple[float, str] | None:
+    """The fraction a hybrid state cache needs to hold ``MIN_RUNNING_REQUESTS`` requests'
+    slots, and the reason's words; None without the figures (see ``_hybrid_decision``)."""
+    k, pre = n.mamba_cache_size, n.pre_load_avail_gib
+    if k is None or pre is None or pre <= 0:
+        return None
+    strategy = n.mamba_strategy if n.mamba_strategy not in (None, "auto") else "extra_buffer"
+    slots = mamba_slot_ratio(strategy or "extra_buffer", overlap=True)
+    # Draft tokens: the dump's, else SGLang's auto shape (3, 1, 4).
+    spec = ctx.spec or n.speculative
+    d = (n.speculative_num_draft_tokens or SPEC_AUTO_STEPS + 1) if spec else 0
+    if n.mamba_per_req_mib is None or n.mamba_per_req_mib <= 0:
+        return None
+    per_req = n.mamba_per_req_mib / 1024
+    slot = per_req * (1 + d / slots)
+    ratio = p.mamba_full_memory_ratio or MAMBA_FULL_MEMORY_RATIO
+    need = slots * MIN_RUNNING_REQUESTS
+    # K is a floor: one slot more covers the fraction it dropped.
+    rest = (need - k + 1) * slot * (1 + ratio) / ratio
+    return rest / pre, (
+        f" (state for {MIN_RUNNING_REQUESTS} requests: {need} slots of "
+        f"{slot * 1024:.0f} MiB; SGLang sizes it without max_running_requests)"
+    )
 
 
 def _weights_reason(n: Numbers, phase: Phase, tp: int) -> str:

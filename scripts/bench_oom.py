@@ -125,7 +125,10 @@ from launcher.sim.observe import observed
 
 EXPLICIT_BS = (8, 16, 32, 48, 64, 96, 128, 160, 256, 384, 512)
 OOMS = frozenset({Outcome.OOM_GRAPH_CAPTURE, Outcome.OOM_RUNTIME, Outcome.OOM_KV_CACHE})
-FIXABLE = OOMS | {Outcome.KV_TOO_SMALL}  # memory outcomes a fraction / bs change can fix
+# Memory outcomes a fraction / bs change can fix; 0.5.23's hybrid state-cache errors too
+# ("increase --mem-fraction-static", kv_cache_configurator.py:3154, 3394).
+TOO_SMALL = frozenset({Outcome.KV_TOO_SMALL, Outcome.HYBRID_STATE_TOO_SMALL})
+FIXABLE = OOMS | TOO_SMALL
 
 # Targets of issue 6.
 TARGET_ATTEMPTS_AFTER_FAILURE = 2.0
@@ -338,7 +341,7 @@ def step_rule(step: float, halve_bs: bool) -> Decide:
         bs = last.numbers.cuda_graph_max_bs
         if mfs is None or bs is None:  # the server_args dump is always in the simulated log
             return None
-        if last.outcome is Outcome.KV_TOO_SMALL:
+        if last.outcome in TOO_SMALL:
             new_mfs, new_bs = mfs + step, bs
         elif last.outcome in OOMS:
             new_mfs = mfs - step
@@ -606,7 +609,7 @@ def rows_for(results: dict[str, list[Scored]], n_cases: int) -> list[Row]:
         return pct(sum(x.bs_ratio is not None and x.bs_ratio < 1 for x in chosen), len(chosen))
 
     oom = frozenset(OOMS)
-    kv = frozenset({Outcome.KV_TOO_SMALL})
+    kv = TOO_SMALL
     return [
         ("converged, all scenarios", col(lambda xs: pct(sum(x.ready for x in xs), n_cases)), ""),
         (
@@ -648,7 +651,7 @@ def rows_for(results: dict[str, list[Scored]], n_cases: int) -> list[Row]:
         ("  first was an OOM (capture/warmup)", col(after(oom)), ""),
         ("    capture OOM", col(after(frozenset({Outcome.OOM_GRAPH_CAPTURE}))), ""),
         ("    warmup OOM", col(after(frozenset({Outcome.OOM_RUNTIME}))), ""),
-        ("  first was kv_too_small", col(after(kv)), ""),
+        ("  first was kv_too_small / hybrid state", col(after(kv)), ""),
         (
             "infeasible: attempts spent (mean/p95/max)",
             col(lambda xs: stats([x.attempts for x in xs if not x.truth.feasible], 2)),
@@ -660,7 +663,7 @@ def rows_for(results: dict[str, list[Scored]], n_cases: int) -> list[Row]:
             f"<= {TARGET_HEADROOM}",
         ),
         ("  first was an OOM", col(headroom(oom)), ""),
-        ("  first was kv_too_small", col(headroom(kv)), ""),
+        ("  first was kv_too_small / hybrid state", col(headroom(kv)), ""),
         ("  in GiB (mean/p95/max)", col(headroom(FIXABLE, gib=True)), ""),
         (
             "KV headroom left, first-try ready",
@@ -740,7 +743,8 @@ def bench_scored(
         f"scenarios {len(cases)}: feasible {feasible} (first attempt ready "
         f"{firsts[Outcome.READY]}; failed with a memory outcome {failed_first}: capture OOM "
         f"{firsts[Outcome.OOM_GRAPH_CAPTURE]}, warmup OOM {firsts[Outcome.OOM_RUNTIME]}, "
-        f"kv_too_small {firsts[Outcome.KV_TOO_SMALL]}; of these, no fraction fits at the "
+        f"kv_too_small {firsts[Outcome.KV_TOO_SMALL]}, hybrid state cache "
+        f"{firsts[Outcome.HYBRID_STATE_TOO_SMALL]}; of these, no fraction fits at the "
         f"starting graph bs {no_window})",
         f"  infeasible {len(cases) - feasible}: weights do not load {why['weights']}, no KV pool "
         f"even at the ceiling {why['kv']}, graphs + warmup leave no window at any bs "

@@ -27,8 +27,10 @@ from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import GraphPass, Phase
 from launcher.sim.memory import MemoryScenario, SpecScenario, simulate
 from launcher.sim.observe import observed, run_policy
+from launcher.sim.server import scenario_from_argv
 from tests.multipass import Pass, World
 from tests.multipass import run_policy as run_multipass
+from tests.simhost import model_dir
 
 CAPTURE = (Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH)
 TOO_SMALL = (Outcome.KV_TOO_SMALL, Phase.KV_CACHE)
@@ -512,14 +514,39 @@ def hybrid_record(params: LaunchParams, **numbers: object) -> AttemptRecord:
     return AttemptRecord(params, Outcome.HYBRID_STATE_TOO_SMALL, Phase.KV_CACHE, n)
 
 
-def test_hybrid_state_error_lowers_running_requests_then_raises_the_fraction() -> None:
-    """SGLang's order: (1) reduce --max-running-requests (48 under spec), (2) raise the fraction."""
-    p = LaunchParams(0.56, 48)
-    first = next_params(p, Bounds(), [hybrid_record(p)]).params
-    assert first == LaunchParams(0.56, 24, max_running_requests=24)
-    low = LaunchParams(0.56, 8, max_running_requests=8)
-    second = next_params(p, Bounds(), [hybrid_record(low)]).params
-    assert second == LaunchParams(round(0.56 + STEP_FRACTION, 3), 8, max_running_requests=8)
+def test_hybrid_state_error_raises_the_fraction_and_never_the_running_requests() -> None:
+    """0.5.23's "Not enough GPU memory for hybrid ... state cache" (K = -3, 146.25 MB per
+    request, pre 93.88, 0.56, MTP with 4 draft tokens, extra_buffer: 5 slots per request).
+    SGLang sizes K from ``rest x 0.9 / 1.9`` alone (kv_cache_configurator.py:3347-3380), so
+    halving max_running_requests (what its message says first) would fail again. The fraction
+    rises until K holds 8 requests: (40 + 3 + 1) slots x 146.25 MiB x (1 + 4/5) x 1.9 / 0.9
+    = 23.88 GiB of rest, / 93.88 = 0.2544: 0.56 -> 0.815; nothing else changes."""
+    text = (SEED_LOGS / "v0523_hybrid_state_too_small_mtp.log").read_text()
+    d = diagnose_text(text, -9)
+    p = LaunchParams(0.56, None)
+    rec = AttemptRecord(p, d.outcome, d.phase, d.numbers)
+    decision = next_params(p, Bounds(), [rec], sglang_version="0.5.23")
+    assert decision.params == LaunchParams(0.815, None)
+    assert "SGLang sizes it without max_running_requests" in decision.reason
+
+
+def test_seed_qwen_hybrid_state_error_is_ready_in_one_relaunch_with_its_running_requests() -> None:
+    """The seeds' Qwen3.6-27B hybrid + MTP (simulated, 0.5.23, one RTX PRO 6000) at 0.56: the
+    state-cache error, then ready at the raised fraction with 8 or more running requests and
+    max_running_requests untouched (halving it, 48 -> 24 -> 12 -> 8, changed nothing here)."""
+    argv = ["--model-path", str(model_dir("qwen3.6-27b-sim")), "--speculative-algorithm",
+            "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4", "--mem-fraction-static", "0.56"]
+    scenario, params = scenario_from_argv("0.5.23", argv, 94.97)
+    for halved in ("24", "12", "8"):
+        same = simulate(*scenario_from_argv("0.5.23", [*argv, "--max-running-requests", halved],
+                                            94.97))
+        assert same.failure is not None and "hybrid_state_memory" == same.failure.kind
+    history = run_policy(scenario, params, Bounds())
+    assert [Outcome.HYBRID_STATE_TOO_SMALL, Outcome.READY] == [r.outcome for r in history]
+    assert all(r.params.max_running_requests is None for r in history)
+    ready = simulate(scenario, history[-1].params)
+    assert ready.max_running_requests is not None and ready.max_running_requests >= 8
 
 
 def test_hybrid_state_error_doubles_a_configured_mamba_cache_size_first() -> None:

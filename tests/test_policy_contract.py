@@ -235,6 +235,32 @@ def test_a_hybrids_cushion_grows_with_its_state_share(ratio: float | None, expec
         expected, 32)
 
 
+@pytest.mark.parametrize(
+    ("version", "shown", "expected"),
+    [
+        ("0.5.10", "no_buffer", 0.668),  # every model's dump: server_args.py:964-967
+        ("0.5.10", "extra_buffer", 0.686),
+        ("0.5.23", "auto", 0.668),  # kept for models without Mamba state
+        ("0.5.23", "no_buffer", 0.686),  # only a hybrid resolves auto
+        ("0.5.23", None, 0.668),
+    ],
+)
+def test_only_a_strategy_a_hybrid_resolves_to_makes_the_hybrid_cushion(
+    version: str, shown: str | None, expected: float
+) -> None:
+    """The args dump always carries the Mamba strategy: 0.5.10 turns ``auto`` into
+    ``no_buffer`` for every model, 0.5.23 keeps ``auto`` for non-hybrids. Only a value a hybrid
+    resolves to (or a Mamba line, or a Mamba knob in the params) gets the hybrid cushion
+    (0.648 + 0.038); a plain model keeps 0.648 + 0.02."""
+    p = LaunchParams(0.6, 32)
+    decision = nxt(rec(p, TOO_SMALL, min_mem_fraction=0.648, mamba_strategy=shown),
+                   sglang_version=version)
+    assert proposal(decision) == (expected, 32)
+    knob = LaunchParams(0.6, 32, mamba_strategy="no_buffer")
+    assert proposal(nxt(rec(knob, TOO_SMALL, min_mem_fraction=0.648, mamba_strategy=shown),
+                        sglang_version=version))[0] == 0.686
+
+
 def test_kv_too_small_stays_below_the_ceiling_and_gives_up_above_it() -> None:
     """The cushion never takes the fraction above the ceiling: minimum 0.94 + 0.02 is capped at
     the ceiling 0.95; a minimum of 0.95 itself leaves nothing, which gives up naming the
@@ -353,23 +379,60 @@ def test_hybrid_doubles_a_configured_mamba_cache_size_and_makes_the_fraction_exp
     )
 
 
-@pytest.mark.parametrize(
-    ("bs", "running", "new_running", "new_bs"),
-    [(64, 21, 10, 10), (None, 21, 10, None), (64, 9, 8, 8), (4, 40, 20, 4)],
-)
-def test_hybrid_halves_the_running_requests_down_to_8_and_caps_the_graph_bs(
-    bs: int | None, running: int, new_running: int, new_bs: int | None
+@pytest.mark.parametrize(("bs", "running"), [(64, 21), (None, 21), (64, 9), (4, 40)])
+def test_hybrid_never_touches_the_running_requests_or_the_graph_bs(
+    bs: int | None, running: int
 ) -> None:
-    """Without a configured cache size, max_running_requests (here from the log) is halved,
-    rounding down, never below MIN_RUNNING_REQUESTS (8); an explicit graph bs is capped by it
-    (an auto one stays auto); the fraction is kept, made explicit."""
+    """Without a configured cache size SGLang's state-cache sizing does not read
+    max_running_requests (here from the log): it is left alone, the graph bs too; without the
+    error's figures the fraction rises by STEP_FRACTION (0.05), made explicit."""
     decision = nxt(hybrid(LaunchParams(None, bs), max_running_requests=running,
                           mem_fraction_static=0.8))
     assert decision == Decision(
-        LaunchParams(0.8, new_bs, max_running_requests=new_running),
-        f"hybrid state cache too small; max_running_requests {running}→{new_running}, "
-        "fraction 0.800 kept",
+        LaunchParams(0.85, bs), "hybrid state cache too small; fraction 0.800→0.850"
     )
+
+
+@pytest.mark.parametrize(
+    ("per_req_mib", "k", "spec_tokens", "strategy", "new"),
+    [
+        # (5 x 8 - 0 + 1) x 0.5 GiB x 1.9 / 0.9 / 100 = 0.4328 -> 0.5 + 0.4328 = 0.933
+        (512.0, 0, None, "extra_buffer", 0.933),
+        # no_buffer: 3 slots per request: (24 + 1) x 0.5 x 1.9 / 0.9 / 100 = 0.2639 -> 0.764
+        (512.0, 0, None, "no_buffer", 0.764),
+        # 4 draft tokens: a slot is 0.25 x (1 + 4/5) GiB: (40 + 10 + 1) x 0.45 x 1.9 / 0.9
+        # / 100 = 0.4845 -> capped at the ceiling 0.95
+        (256.0, -10, 4, "auto", 0.95),
+        # K = 30 of 40: (40 - 30 + 1) x 0.25 x 1.8 x 1.9 / 0.9 / 100 = 0.1045 -> 0.605
+        (256.0, 30, 4, "extra_buffer", 0.605),
+        # speculative, draft tokens not in the dump: SGLang's auto 4, the same 0.605
+        (256.0, 30, 0, "extra_buffer", 0.605),
+    ],
+)
+def test_hybrid_state_error_raises_the_fraction_to_hold_eight_requests(
+    per_req_mib: float, k: int, spec_tokens: int | None, strategy: str, new: float
+) -> None:
+    """Slots per request by strategy (extra_buffer with overlap 5, no_buffer 3; auto is
+    extra_buffer), a slot's state ``per_req x (1 + D / slots)`` with D draft tokens, the rest
+    ``(1 + 0.9) / 0.9`` times the state, over pre (100 GiB); rounded up, capped at 0.95."""
+    numbers = {"mamba_cache_size": k, "mamba_per_req_mib": per_req_mib,
+               "pre_load_avail_gib": 100.0, "mamba_strategy": strategy}
+    if spec_tokens is not None:
+        numbers |= {"speculative_algorithm": "EAGLE",
+                    "speculative_num_draft_tokens": spec_tokens or None}
+    decision = nxt(hybrid(LaunchParams(0.5, 32), **numbers))
+    assert decision.params == LaunchParams(new, 32)
+
+
+def test_hybrid_state_error_uses_the_configured_mamba_full_memory_ratio() -> None:
+    """The state cache gets ``r / (1 + r)`` of the rest: with r = 1.9, (40 - 4 + 1) x 0.5 x
+    1.8 x 2.9 / 1.9 / 100 = 0.5083 above 0.2 -> 0.709 (0.903 at the default 0.9)."""
+    numbers = {"mamba_cache_size": 4, "mamba_per_req_mib": 512.0, "pre_load_avail_gib": 100.0,
+               "mamba_strategy": "extra_buffer", "speculative_algorithm": "EAGLE",
+               "speculative_num_draft_tokens": 4}
+    assert nxt(hybrid(LaunchParams(0.2, 32), **numbers)).params == LaunchParams(0.903, 32)
+    ratio = LaunchParams(0.2, 32, mamba_full_memory_ratio=1.9)
+    assert nxt(hybrid(ratio, **numbers)).params == replace(ratio, mem_fraction_static=0.709)
 
 
 @pytest.mark.parametrize(("mfs", "new"), [(0.6, 0.65), (0.93, 0.95), (0.949, 0.95)])
@@ -391,8 +454,8 @@ def test_hybrid_at_the_ceiling_gives_up() -> None:
     """At the ceiling with 8 running requests nothing is left to turn: give up."""
     decision = nxt(hybrid(LaunchParams(0.95, 8, max_running_requests=8)))
     assert decision == Decision(None, (
-        "hybrid state cache too small at mem_fraction_static 0.950, the ceiling, with "
-        "max_running_requests 8; the model needs more GPUs (higher tp) or a quantized model"))
+        "hybrid state cache too small at mem_fraction_static 0.950, the ceiling; the model "
+        "needs more GPUs (higher tp) or a quantized model"))
 
 
 def test_auto_params_resolve_from_the_callers_gpu_size_when_the_log_has_none() -> None:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from launcher.config import Config
+from launcher.config import Config, config_from_dict
 from launcher.lifecycle import State
-from tests.supervise import SimSetup, supervise
+from tests.supervise import SERVER, SimSetup, run_cli, supervise
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,10 +38,10 @@ sys.exit(1)
 """
 
 
-def _config(sim: SimSetup, apply: bool) -> Config:
+def _data(sim: SimSetup, apply: bool) -> dict[str, Any]:
     wrapper = sim.root / "sglang_0510_hybrid.py"
     wrapper.write_text(WRAPPER.format(log=LOG.read_text()))
-    return sim.config(
+    return sim.data(
         policy={"apply_prescribed_fixes": apply},
         server={
             "sglang_version": "0.5.10",
@@ -48,6 +49,10 @@ def _config(sim: SimSetup, apply: bool) -> Config:
             "env": {"SGLANG_SIM_VERSION": "0.5.10"},
         },
     )
+
+
+def _config(sim: SimSetup, apply: bool) -> Config:
+    return config_from_dict(_data(sim, apply), environ={})
 
 
 async def test_prescribed_fix_is_applied_once_and_recorded(sim: SimSetup) -> None:
@@ -77,3 +82,14 @@ async def test_prescribed_fix_is_only_advised_by_default(sim: SimSetup) -> None:
     assert 'mamba_strategy = "extra_buffer"' in failed["advice"]
     assert 'env = { SGLANG_ENABLE_SPEC_V2 = "1" }' in failed["advice"]
     assert "apply_prescribed_fixes" in result.events.of("server.gave_up")[0]["reason"]
+
+
+def test_up_prints_the_prescribed_fix_as_a_config_snippet(sim: SimSetup) -> None:
+    """`launcher up` (a real subprocess) gives up with exit 4 and prints SGLang's fix in
+    0.5.10's dialect as the TOML to paste into the server's entry."""
+    config = sim.write_toml(_data(sim, False))
+    done = run_cli("up", str(config), "--until-ready", timeout=50)
+    assert 4 == done.returncode, done.stderr
+    assert f"{SERVER} gave up: " in done.stderr
+    assert '[[servers]]\nmamba_strategy = "extra_buffer"\nenv = { SGLANG_ENABLE_SPEC_V2 = "1" }' \
+        in done.stderr, done.stderr

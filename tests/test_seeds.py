@@ -12,7 +12,8 @@ host with the seeds' hardware and numbers, on SGLang 0.5.10 and 0.5.23.
   ``extra_buffer`` under the default overlap schedule); a forced ``no_buffer`` fails
   ``validate_mamba_no_buffer`` ("Try to set disable_overlap_schedule=True."), whose fix is
   ``--disable-overlap-schedule``. With ``[policy] apply_prescribed_fixes`` the fix is applied
-  once and the server comes up.
+  once and the server comes up. The same model at 0.56 on 0.5.23 meets the state-cache error
+  and comes up after one relaunch with its running requests untouched.
 
 The expected outcomes come from the seeds and the issue (launcher issue 9), not from what
 launcher's classifier or policy say.
@@ -219,3 +220,23 @@ async def test_qwen_hybrid_prescribed_fix_applied_once_then_ready(
         assert "no_buffer" == _flag(cmd, "--mamba-radix-cache-strategy")
         assert "--mamba-scheduler-strategy" not in words
         assert "--disable-overlap-schedule" in words
+
+
+async def test_qwen_hybrid_state_cache_error_then_ready_with_its_running_requests(
+    rig: SimSetup,
+) -> None:
+    """The seed's Qwen3.6-27B + MTP on 0.5.23 (auto strategy) at 0.56: SGLang's "Not enough GPU
+    memory for hybrid (mamba/linear-attention) state cache" (kv_cache_configurator.py:3394),
+    then one relaunch at a higher fraction, ready; no --max-running-requests is added (0.5.23
+    sizes the state cache without it) and the MTP parameters are unchanged."""
+    config = rig.config(model="qwen3.6-27b-sim", tp=1, mem_fraction_static=0.56,
+                        server=_server("0.5.23", QWEN_MTP_FLAGS))
+    result = await supervise(config, until=ready_or_done, timeout=60)
+    rec = result.events
+    assert State.READY == result.supervisor.state, rec.summary()
+    assert [1, 2] == rig.attempts()
+    assert "RuntimeError: Not enough GPU memory for hybrid" in rig.log(1)
+    cmd = rig.cmd(2)
+    assert float(_flag(cmd, "--mem-fraction-static") or 0) > 0.56
+    assert "--max-running-requests" not in shlex.split(cmd)
+    assert {f: _flag(cmd, f) for f in QWEN_MTP_FLAGS} == QWEN_MTP_FLAGS, cmd

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from launcher.sglang.classify import diagnose_text
 from launcher.sglang.outcome import Outcome
 from launcher.sim.memory import simulate
+from launcher.sim.observe import observed
 from launcher.sim.server import scenario_from_argv
 from tests.simhost import READY_LINE, SimHost, free_port, make_sim_host, model_dir, split_output
 
@@ -185,15 +187,53 @@ def test_0_5_23_not_enough_memory_for_the_state_cache(pro6000: SimHost) -> None:
         "(4) use GPUs with more memory."
     ) in out
     assert "Scheduler hit an exception: Traceback" in out and "Mamba Cache is allocated" not in out
+    # The benchmark's reading of the trace is the classifier's reading of this log.
+    outcome, _, numbers = observed(scenario, simulate(scenario, params))
+    d = diagnose_text(out, code)
+    assert Outcome.HYBRID_STATE_TOO_SMALL == outcome == d.outcome
+    # The args dump is the resolved one, as SGLang logs it (engine.py:311 resolved_dict()).
+    fields = ("mamba_cache_size", "mamba_per_req_mib", "speculative_num_draft_tokens",
+              "max_running_requests", "mamba_strategy")
+    assert [getattr(numbers, k) for k in fields] == [getattr(d.numbers, k) for k in fields]
+    assert (4, 48, "extra_buffer") == (
+        d.numbers.speculative_num_draft_tokens, d.numbers.max_running_requests,
+        d.numbers.mamba_strategy,
+    )
+
+
+def test_0_5_23_sizes_the_state_cache_before_it_checks_the_rest(pro6000: SimHost) -> None:
+    """Below the weights' share (0.50: rest < 0) 0.5.23 fails in ``_handle_max_mamba_cache``
+    (K <= 0, "Not enough GPU memory for hybrid ...") before its "Loaded weights leave no GPU
+    memory" check (kv_cache_configurator.py:3039-3058); with --max-mamba-cache-size set, K is
+    that value and the rest check fails instead, with its stated minimum."""
+    auto = qwen(mfs="0.50")
+    code, out = pro6000.run(*auto, "--port", str(free_port()), version="0.5.23")
+    assert -signal.SIGKILL == code
+    assert "RuntimeError: Not enough GPU memory for hybrid" in out
+    assert "Loaded weights leave no GPU memory" not in out
+    d = diagnose_text(out, code)
+    assert Outcome.HYBRID_STATE_TOO_SMALL == d.outcome and (d.numbers.mamba_cache_size or 0) <= 0
+    sized = qwen("--max-mamba-cache-size", "40", mfs="0.50")
+    scenario, params = scenario_from_argv("0.5.23", sized, PRO6000)
+    fail = simulate(scenario, params).failure
+    assert fail is not None and (Outcome.KV_TOO_SMALL, None) == (fail.outcome, fail.kind)
+    code, out = pro6000.run(*sized, "--port", str(free_port()), version="0.5.23")
+    assert "ValueError: Loaded weights leave no GPU memory for the KV cache" in out
 
 
 def test_0_5_23_state_cache_too_small_to_serve(pro6000: SimHost) -> None:
     """--max-mamba-cache-size below the slots per request (5: extra_buffer with overlap) leaves
     no request: 0.5.23's "too small to serve any requests" with its figures."""
-    code, out = pro6000.run(
-        *qwen("--max-mamba-cache-size", "4"), "--port", str(free_port()), version="0.5.23"
-    )
+    argv = qwen("--max-mamba-cache-size", "4")
+    code, out = pro6000.run(*argv, "--port", str(free_port()), version="0.5.23")
     assert -signal.SIGKILL == code
+    scenario, params = scenario_from_argv("0.5.23", argv, PRO6000)
+    outcome, _, numbers = observed(scenario, simulate(scenario, params))
+    d = diagnose_text(out, code)
+    assert Outcome.HYBRID_STATE_TOO_SMALL == outcome == d.outcome
+    # The Mamba line comes with the pool, after this check: neither reading has its figures.
+    assert (4, None) == (numbers.mamba_cache_size, numbers.mamba_state_gib)
+    assert (4, None) == (d.numbers.mamba_cache_size, d.numbers.mamba_state_gib)
     assert (
         "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any "
         "requests. max_mamba_cache_size=4, mamba_ratio=5, resulting max_num_reqs=0. Try: "

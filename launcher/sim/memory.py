@@ -614,7 +614,11 @@ def simulate(s: MemoryScenario, params: LaunchParams) -> StartupTrace:
     post_w = free
     rest = post_w - pre * (1 - mfs)
     mamba: MambaAlloc | None = None
-    if s.hybrid is not None and rest > 0:
+    # 0.5.23 sizes the state cache before it checks the rest (kv_cache_configurator.py:3039-3044:
+    # ``_handle_max_mamba_cache(rest_memory)``, then ``if rest_memory <= 0``), so an auto-sized
+    # cache with no rest fails with "Not enough GPU memory for hybrid ..." (K <= 0), not with
+    # "Loaded weights leave no GPU memory"; 0.5.10 reaches its "Not enough memory" either way.
+    if s.hybrid is not None and (rest > 0 or s.new_order):
         mamba, rest, fail = _mamba_sizing(s, rest)
         if fail is not None:
             if fail.kind is None:

@@ -15,7 +15,7 @@ from launcher.params import LaunchParams
 from launcher.policy import AttemptRecord, Bounds, next_params
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import Phase
-from launcher.sglang.versions import STATED_MINIMUM_FROM, at_least
+from launcher.sglang.versions import MAMBA_RADIX_SPELLING_FROM, STATED_MINIMUM_FROM, at_least
 from launcher.sim.memory import MemoryScenario, StartupTrace, simulate
 
 # 0.5.23's kv_cache_configurator says "Loaded weights leave no GPU memory ... minimum viable =
@@ -40,9 +40,10 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
       pass's last progress line, which SGLang prints before each capture step (``graph_last_*``,
       ``graph_steps_done`` = the steps finished before it, ``graph_steps_total`` = its sizes);
     - speculative decoding (server_args dump): algorithm, steps, topk, draft tokens and the
-      resolved ``max_running_requests``; a hybrid model's resolved ``mamba_strategy``; the
-      draft's ``Load weight end`` (``draft_weights_gib``) and the ``Mamba Cache is allocated``
-      line (``mamba_cache_size``, ``mamba_state_gib``) once printed; the capture passes
+      resolved ``max_running_requests``; the resolved ``mamba_strategy`` (from 0.5.10 on,
+      every model); the draft's ``Load weight end`` (``draft_weights_gib``) and the ``Mamba
+      Cache is allocated`` line (``mamba_cache_size``, ``mamba_state_gib``) once printed; the
+      capture passes
       (``graph_pass`` of the last begin line, ``graph_first_begin_avail_gib``,
       ``graph_passes_begun``, every begin line's ``graph_begins``, the ``end`` lines'
       ``graph_passes_ended``); the draft pool's ``KV Cache is allocated`` line
@@ -69,8 +70,14 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         numbers.max_running_requests = spec.max_running_requests
     elif scenario.max_running_requests is not None:
         numbers.max_running_requests = scenario.max_running_requests
+    # The dump always carries the strategy: 0.5.10 resolves ``auto`` to ``no_buffer`` for
+    # every model (server_args.py:964-967); later versions keep ``auto`` for non-hybrids.
     if scenario.hybrid is not None:
         numbers.mamba_strategy = scenario.hybrid.strategy
+    elif at_least(scenario.sglang_version, MAMBA_RADIX_SPELLING_FROM):
+        numbers.mamba_strategy = "auto"
+    elif at_least(scenario.sglang_version, (0, 5, 10)):
+        numbers.mamba_strategy = "no_buffer"
     pre = trace.pre_load_free_gib
     if fail is None or fail.phase is not Phase.INIT:
         numbers.pre_load_avail_gib = _gib(pre)
@@ -81,7 +88,10 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
     draft_begin, draft_end = trace.draft_begin_free_gib, trace.draft_post_weights_free_gib
     if draft_begin is not None and draft_end is not None:  # the draft's "Load weight end"
         numbers.draft_weights_gib = _gib(draft_begin - draft_end)
-    if trace.mamba is not None:  # "Mamba Cache is allocated. max_mamba_cache_size: N, ..."
+    # "Mamba Cache is allocated. max_mamba_cache_size: N, ..." is printed when the pool is
+    # built, after resolve_max_num_reqs: never before "too small to serve any requests".
+    printed = fail is None or fail.kind != "hybrid_too_small"
+    if trace.mamba is not None and printed:
         numbers.mamba_cache_size = trace.mamba.max_mamba_cache_size
         numbers.mamba_state_gib = _gib(trace.mamba.total_gib)
     if trace.kv_pool_gib is not None and trace.kv_pool_gib > 0:
@@ -116,6 +126,10 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
     if fail is None:
         return Outcome.READY, Phase.READY, numbers
     outcome, phase = fail.outcome, fail.phase
+    if fail.kind in ("hybrid_state_memory", "hybrid_too_small"):
+        # The simulated server prints 0.5.23's own RuntimeError for these, which the classifier
+        # reads as hybrid_state_too_small (not as the generic "Not enough memory").
+        outcome = Outcome.HYBRID_STATE_TOO_SMALL
     if fail.draft and trace.passes and not scenario.new_order:
         # 0.5.10 loads the draft's weights and pool after the target's graphs; phases only
         # move forward, so the classifier reads that OOM in the capture phase (checked against

@@ -235,6 +235,22 @@ class Server:
             ]
         else:
             graph = [("disable_cuda_graph", f.disable_cuda_graph), ("cuda_graph_max_bs", self.bs)]
+        # SGLang logs the resolved arguments (0.5.23 engine.py:311 ``resolved_dict()``; 0.5.10
+        # the ServerArgs after __post_init__): the speculative shape as resolved (topk 1 forces
+        # steps + 1 draft tokens) and the Mamba strategy as resolved, in the version's key.
+        spec, hybrid = self.spec, self.hybrid
+        resolved: list[tuple[str, Any]] = []
+        if d.since(0, 5, 10):
+            resolved = [
+                ("speculative_num_steps", spec.steps if spec else None),
+                ("speculative_eagle_topk", spec.topk if spec else None),
+                ("speculative_num_draft_tokens", spec.draft_tokens if spec else None),
+                (
+                    "mamba_radix_cache_strategy" if d.since(0, 5, 23)
+                    else "mamba_scheduler_strategy",
+                    hybrid.strategy if hybrid else "auto",
+                ),
+            ]
         return [
             ("model_path", f.model_path),
             ("tokenizer_path", f.model_path),
@@ -248,7 +264,8 @@ class Server:
             ("quantization", f.quantization),
             ("kv_cache_dtype", f.kv_cache_dtype),
             ("mem_fraction_static", self.mfs),
-            ("max_running_requests", f.max_running_requests),
+            # Resolved: speculative decoding's reset to 48 happens before the dump.
+            ("max_running_requests", spec.max_running_requests if spec else f.max_running_requests),
             ("max_total_tokens", f.max_total_tokens),
             ("chunked_prefill_size", self.chunk),
             ("max_prefill_tokens", MAX_PREFILL_TOKENS),
@@ -269,6 +286,7 @@ class Server:
             ("served_model_name", f.served_model_name),
             ("attention_backend", f.attention_backend or "fa3"),
             ("speculative_algorithm", f.speculative_algorithm),
+            *resolved,
             *graph,
             ("enable_torch_compile", f.enable_torch_compile),
             ("torch_compile_max_bs", f.torch_compile_max_bs),
