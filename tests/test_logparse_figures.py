@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from launcher.sglang import logparse
 from launcher.sglang.logparse import (
     MAX_FAILURES,
@@ -34,7 +36,7 @@ from launcher.sglang.logparse import (
     split_records,
 )
 from launcher.sglang.outcome import Numbers
-from launcher.sglang.phases import Phase
+from launcher.sglang.phases import GraphPass, Phase
 
 REAL = Path(__file__).parent / "fixtures" / "real_logs"
 
@@ -630,3 +632,80 @@ def test_the_single_cg_draft_extend_pass_is_read_begin_to_end() -> None:
     assert ("draft_extend", 1, 1, {"draft_extend": 0.62}) == (
         n.graph_pass, n.graph_passes_begun, n.graph_passes_ended, n.graph_mem_gib
     )
+
+
+_USAGE = "mem usage=0.50 GB, avail mem=8.50 GB."
+_USAGE_0510 = "Time elapsed: 3.21 s. mem usage=0.50 GB. avail mem=8.50 GB."
+
+
+@pytest.mark.parametrize(
+    ("begin", "end", "speculative", "gpass"),
+    [
+        # 0.5.10 model_runner.py:2446/2460, :2566/2574; eagle_worker.py:250/257, :265/272;
+        # multi_layer_eagle_draft_extend_cuda_graph_runner.py:683/698
+        ("Capture cuda graph begin. This can take up to several minutes. avail mem=9.00 GB",
+         f"Capture cuda graph end. {_USAGE_0510}", False, GraphPass.TARGET_DECODE),
+        ("Capture cuda graph begin. This can take up to several minutes. avail mem=9.00 GB",
+         f"Capture cuda graph end. {_USAGE_0510}", True, GraphPass.TARGET_VERIFY),
+        ("Capture piecewise CUDA graph begin. avail mem=9.00 GB",
+         f"Capture piecewise CUDA graph end. {_USAGE_0510}", False, GraphPass.TARGET_PREFILL),
+        ("Capture draft cuda graph begin. This can take up to several minutes. "
+         "avail mem=9.00 GB",
+         f"Capture draft cuda graph end. {_USAGE_0510}", True, GraphPass.DRAFT_DECODE),
+        ("Capture draft extend cuda graph begin. This can take up to several minutes. "
+         "avail mem=9.00 GB",
+         f"Capture draft extend cuda graph end. {_USAGE_0510}", True, GraphPass.DRAFT_EXTEND),
+        ("Capture draft extend cuda graph begin (step 2). This can take up to several minutes. "
+         "avail mem=9.00 GB",
+         f"Capture draft extend cuda graph end. {_USAGE_0510}", True, GraphPass.DRAFT_EXTEND),
+        # 0.5.23 cuda_graph_setup.py:685/696, :759/788; eagle_worker_v2.py:515/533, :634/654;
+        # multi_layer_eagle_draft_extend_cuda_graph_runner.py:632/641, :1025/1039;
+        # uno_worker_v2.py:166/187
+        ("Capture target prefill CUDA graph begin. backend=breakable, num_tokens=[64], "
+         "avail mem=9.00 GB",
+         f"Capture target prefill CUDA graph end. elapsed=1.00 s, {_USAGE}", True,
+         GraphPass.TARGET_PREFILL),
+        ("Capture draft prefill CUDA graph begin. backend=breakable, num_tokens=[64], "
+         "avail mem=9.00 GB",
+         f"Capture draft prefill CUDA graph end. elapsed=1.00 s, {_USAGE}", True,
+         GraphPass.DRAFT_PREFILL),
+        ("Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+         "avail mem=9.00 GB",
+         f"Capture target decode CUDA graph end. bs=[1, 2], elapsed=1.00 s, {_USAGE}", False,
+         GraphPass.TARGET_DECODE),
+        ("Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=4, "
+         "avail mem=9.00 GB",
+         f"Capture target verify CUDA graph end. bs=[1, 2], elapsed=1.00 s, {_USAGE}", True,
+         GraphPass.TARGET_VERIFY),
+        ("Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+         "bs=[1, 2], avail mem=9.00 GB",
+         f"Capture draft decode CUDA graph end. elapsed=1.00 s, {_USAGE}", True,
+         GraphPass.DRAFT_DECODE),
+        ("Capture draft extend CUDA graph begin. backend=full, num_tokens_per_req=4, "
+         "bs=[1, 2], avail mem=9.00 GB",
+         f"Capture draft extend CUDA graph end. elapsed=1.00 s, {_USAGE}", True,
+         GraphPass.DRAFT_EXTEND),
+        ("Capture draft extend CUDA graph begin. step=1, avail mem=9.00 GB",
+         f"Capture draft extend CUDA graph end. step=1, elapsed=1.00 s, {_USAGE}", True,
+         GraphPass.DRAFT_EXTEND),
+        ("Capture single-CG draft extend begin. This can take several minutes. "
+         "avail mem=9.00 GB",
+         f"Capture single-CG draft extend end. elapsed=1.00 s, {_USAGE}", True,
+         GraphPass.DRAFT_EXTEND),
+        ("Capture UNO tree draft CUDA graph begin. num_tokens_per_req=4, avail mem=9.00 GB",
+         f"Capture UNO tree draft CUDA graph end. elapsed=1.00 s, {_USAGE}", True,
+         GraphPass.DRAFT_DECODE),
+    ],
+)
+def test_every_end_line_names_the_pass_its_begin_line_opened(
+    begin: str, end: str, speculative: bool, gpass: GraphPass
+) -> None:
+    """Each pass's memory is filed under its pass whether its begin line was read (the
+    rank's current pass) or lost (the end line names the pass itself): every begin/end pair
+    SGLang prints names the same pass."""
+    prefix = "[2026-06-17 19:53:00 TP0] "
+    dump = [SPEC_DUMP_0510] if speculative else []
+    with_begin = feed([*dump, prefix + begin, prefix + end])[0].numbers
+    end_only = feed([*dump, prefix + end])[0].numbers
+    assert {gpass.value: 0.5} == with_begin.graph_mem_gib == end_only.graph_mem_gib
+    assert gpass.value == with_begin.graph_pass
