@@ -437,21 +437,19 @@ def parse_oom(text: str) -> OomFigures | None:
     77.80 GiB already allocated; 3.06 MiB free; ...)``.
     """
     tried = _OOM_TRIED.search(text)
-    new = _OOM_NEW.search(text)
-    old = None if new else _OOM_OLD.search(text)
-    if tried is None and new is None and old is None:
+    capacity = _OOM_NEW.search(text) or _OOM_OLD.search(text)  # same groups, same order
+    if tried is None and capacity is None:
         return None
-    figures = OomFigures(tried_gib=parse_size_gib(*tried.groups()) if tried else None)
-    for m in (new, old):
-        if m is not None:
-            gpu, total_n, total_u, free_n, free_u = m.groups()
-            return OomFigures(
-                tried_gib=figures.tried_gib,
-                free_gib=parse_size_gib(free_n, free_u),
-                total_gib=parse_size_gib(total_n, total_u),
-                gpu=int(gpu),
-            )
-    return figures
+    tried_gib = parse_size_gib(*tried.groups()) if tried else None
+    if capacity is None:
+        return OomFigures(tried_gib=tried_gib)
+    gpu, total_n, total_u, free_n, free_u = capacity.groups()
+    return OomFigures(
+        tried_gib=tried_gib,
+        free_gib=parse_size_gib(free_n, free_u),
+        total_gib=parse_size_gib(total_n, total_u),
+        gpu=int(gpu),
+    )
 
 
 _NUM = r"(\d+(?:\.\d+)?)"
@@ -648,9 +646,12 @@ def _exception_line(text: str) -> tuple[str, str] | None:
     in the middle of a traceback is not taken for its end.
     """
     m = _EXC_LINE.match(text)
-    if m is None or (m.group(2) is None and not m.group(1).endswith(_EXC_SUFFIXES)):
+    if m is None:
         return None
-    return m.group(1), m.group(3) or ""
+    name, colon, message = m.groups()
+    if colon is None and not name.endswith(_EXC_SUFFIXES):
+        return None
+    return name, message or ""
 
 
 _MAX_FRAMES = 200
