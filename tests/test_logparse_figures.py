@@ -166,11 +166,13 @@ def test_weights_are_the_largest_over_ranks_and_avail_the_smallest() -> None:
 
 def test_a_ranks_phase_never_moves_back() -> None:
     """A draft model's "Load weight begin" after the target's pool leaves the rank in
-    KV_CACHE (0.5.10 allocates the draft after the target, model_runner.py:1075)."""
+    KV_CACHE (0.5.10 loads the draft after the target's pool: model_runner.py:1075, :1247,
+    memory_pool.py:696)."""
     follower, _ = feed([
         "[2026-06-17 19:51:19 TP1] Load weight begin. avail mem=93.40 GB",
         load_end("TP1", "DeepseekV3ForCausalLM", "55.83", "37.57"),
-        kv_line("TP1", "Full", 1444864, "12.00", "12.00"),
+        "[2026-06-17 19:52:42 TP1] KV Cache is allocated. #tokens: 1444864, "
+        "K size: 12.00 GB, V size: 12.00 GB",
         "[2026-06-17 19:52:32 TP1] Load weight begin. avail mem=31.83 GB",
     ])
     assert Phase.KV_CACHE is follower.phase_of("TP1")
