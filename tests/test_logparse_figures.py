@@ -346,11 +346,13 @@ def test_args_key_reads_every_name_in_both_dump_spellings() -> None:
 # -- OOM figures --------------------------------------------------------------------------------
 
 
-def test_capacity_without_the_tried_size_still_gives_figures() -> None:
-    """Real gh23769:4 (a reflowed OOM message): the capacity line alone gives free, total and
-    GPU, with no tried size."""
-    line = real_line("gh23769_dsv4_eagle_2node_capture_oom_reflowed.log", 4)
-    assert OomFigures(None, 200.75 / 1024, 140.06, 0) == parse_oom(line)
+def test_each_line_of_a_reflowed_oom_message_gives_its_own_figures() -> None:
+    """Real gh23769 (an OOM message reflowed one sentence per line): the capacity line alone
+    gives free, total and GPU; the "Tried to allocate" line alone gives the tried size."""
+    name = "gh23769_dsv4_eagle_2node_capture_oom_reflowed.log"
+    assert OomFigures(None, 200.75 / 1024, 140.06, 0) == parse_oom(real_line(name, 4))
+    assert OomFigures(tried_gib=672 / 1024) == parse_oom(real_line(name, 2))
+    assert parse_oom(real_line(name, 1)) is None  # "CUDA out of memory." states no figure
 
 
 def test_the_first_oom_figures_are_kept_and_an_overwrite_replaces_them() -> None:
