@@ -437,21 +437,19 @@ def parse_oom(text: str) -> OomFigures | None:
     77.80 GiB already allocated; 3.06 MiB free; ...)``.
     """
     tried = _OOM_TRIED.search(text)
-    new = _OOM_NEW.search(text)
-    old = None if new else _OOM_OLD.search(text)
-    if tried is None and new is None and old is None:
+    capacity = _OOM_NEW.search(text) or _OOM_OLD.search(text)  # same groups, same order
+    if tried is None and capacity is None:
         return None
-    figures = OomFigures(tried_gib=parse_size_gib(*tried.groups()) if tried else None)
-    for m in (new, old):
-        if m is not None:
-            gpu, total_n, total_u, free_n, free_u = m.groups()
-            return OomFigures(
-                tried_gib=figures.tried_gib,
-                free_gib=parse_size_gib(free_n, free_u),
-                total_gib=parse_size_gib(total_n, total_u),
-                gpu=int(gpu),
-            )
-    return figures
+    tried_gib = parse_size_gib(*tried.groups()) if tried else None
+    if capacity is None:
+        return OomFigures(tried_gib=tried_gib)
+    gpu, total_n, total_u, free_n, free_u = capacity.groups()
+    return OomFigures(
+        tried_gib=tried_gib,
+        free_gib=parse_size_gib(free_n, free_u),
+        total_gib=parse_size_gib(total_n, total_u),
+        gpu=int(gpu),
+    )
 
 
 _NUM = r"(\d+(?:\.\d+)?)"
@@ -648,9 +646,12 @@ def _exception_line(text: str) -> tuple[str, str] | None:
     in the middle of a traceback is not taken for its end.
     """
     m = _EXC_LINE.match(text)
-    if m is None or (m.group(2) is None and not m.group(1).endswith(_EXC_SUFFIXES)):
+    if m is None:
         return None
-    return m.group(1), m.group(3) or ""
+    name, colon, message = m.groups()
+    if colon is None and not name.endswith(_EXC_SUFFIXES):
+        return None
+    return name, message or ""
 
 
 _MAX_FRAMES = 200
@@ -751,7 +752,12 @@ _CAPTURE_BS_LIST = re.compile(r"\bbs[= ]?\[([\d, ]*)\]")
 _POOL_END = re.compile(r"^Memory pool end\. avail mem=" + _F)
 _GRAPH_BEGIN = re.compile(r"(?i)^capture .*?(?:graph|single-CG draft extend) begin\b")
 _AVAIL = re.compile(r"avail mem=" + _F)
-_GRAPH_END = re.compile(r"(?i)^capture .*?graph end\..*?mem usage=" + _F + r".*?avail mem=" + _F)
+# "Capture ... graph end. ... mem usage=X GB, avail mem=Y GB.", and 0.5.23's "Capture single-CG
+# draft extend end." (multi_layer_eagle_draft_extend_cuda_graph_runner.py:1039), as at begin.
+_GRAPH_END = re.compile(
+    r"(?i)^capture .*?(?:graph|single-CG draft extend) end\..*?mem usage=" + _F
+    + r".*?avail mem=" + _F
+)
 _GRAPH_BAR = re.compile(
     r"^(?:Capturing batches|Capturing num tokens|Capturing prefill shape|Compiling num tokens)"
     r" \(([^)]*)\):.*?\|\s*(\d+)/(\d+)"
@@ -770,6 +776,10 @@ READY_TEXT = "The server is fired up and ready to roll!"
 _GLUED_PREFIX = re.compile(
     r"(?<=it/s\]|s/it\])(?=\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{3})?(?: [A-Z][A-Z_]*\d+)*\] )"
 )
+
+# The key of a line without a rank prefix in the follower's per-rank tables (TP=1, the main
+# process); a rank prefix is never empty.
+_NO_RANK = ""
 
 # Figure -> (Numbers field, take the largest over ranks rather than the smallest). Each
 # rank's *first* value is used: later ones belong to a draft model (speculative decoding).
@@ -812,14 +822,15 @@ def graph_pass_of(message: str, *, speculative: bool) -> GraphPass:
     graph, which is the target *verify* graph when speculative decoding is on.
     """
     m = _PASS_WORDS.match(message)
-    role, kind = (m.group(1), m.group(2)) if m else (None, None)
-    low = message.lower()
-    if m is None:
+    if m is not None:
+        draft, kind = m.group(1) == "draft", m.group(2)
+    else:
         # piecewise (0.5.10 prefill), "single-CG draft extend", "Frozen-KV MTP draft", "UNO
         # tree draft"
-        role = "draft" if " draft" in low else "target"
+        low = message.lower()
+        draft = " draft" in low
         kind = "extend" if "extend" in low else "prefill" if "piecewise" in low else None
-    if role == "draft":
+    if draft:
         if kind == "prefill":
             return GraphPass.DRAFT_PREFILL
         return GraphPass.DRAFT_EXTEND if kind == "extend" else GraphPass.DRAFT_DECODE
@@ -964,16 +975,17 @@ class LogFollower:
         for ev in events:
             if isinstance(ev, ReadyLine):
                 self._failures.clear()
-                continue
-            if isinstance(ev, FailureSignature):
+            elif isinstance(ev, FailureSignature):
                 if ev.kind is Signature.PORT_IN_USE and self.port_in_use is None:
                     self.port_in_use = ev
-                if ev.in_traceback:  # the Traceback event carries it
-                    continue
-            elif not isinstance(ev, Traceback):
-                continue
-            if len(self._failures) < MAX_FAILURES:
-                self._failures.append(ev)
+                if not ev.in_traceback:  # else the Traceback event carries it
+                    self._keep_failure(ev)
+            elif isinstance(ev, Traceback):
+                self._keep_failure(ev)
+
+    def _keep_failure(self, failure: Traceback | FailureSignature) -> None:
+        if len(self._failures) < MAX_FAILURES:
+            self._failures.append(failure)
 
     # -- tracebacks ------------------------------------------------------------------------
 
@@ -1084,7 +1096,7 @@ class LogFollower:
             kind = _WEIGHT_TYPE.search(msg)
             if kind is not None and _DRAFT_TYPE.search(kind.group(1)):
                 # The draft model (speculative decoding): not a second target.
-                self._draft_weights[rank or ""] = float(m.group(2))
+                self._draft_weights[rank or _NO_RANK] = float(m.group(2))
                 self.numbers.draft_weights_gib = max(self._draft_weights.values())
             else:
                 enter(Phase.KV_CACHE)
@@ -1103,12 +1115,9 @@ class LogFollower:
                 if self.numbers.kv_tokens is None:
                     self.numbers.kv_tokens = int(m.group(1))
                 self._kv_pool(msg[: m.start()].strip(), m, rank)
-                sizes = zip(
-                    (Figure.KV_K_SIZE, Figure.KV_V_SIZE, Figure.KV_SIZE),
-                    m.groups()[1:],
-                    strict=True,
-                )
-                for name, value in sizes:
+                k, v, kv = m.group(2, 3, 4)
+                for name, value in ((Figure.KV_K_SIZE, k), (Figure.KV_V_SIZE, v),
+                                    (Figure.KV_SIZE, kv)):
                     if value is not None:
                         figure(name, value)
             elif m := _POOL_END.match(msg):
@@ -1123,7 +1132,7 @@ class LogFollower:
             if self.numbers.max_running_requests is None:
                 self.numbers.max_running_requests = int(m.group(1))
         elif m := _GRAPH_END.match(msg):
-            key = rank or ""
+            key = rank or _NO_RANK
             self._rank_ends[key] = self._rank_ends.get(key, 0) + 1
             self.numbers.graph_passes_ended = max(self._rank_ends.values())
             figure(Figure.GRAPH_END_USAGE, m.group(1))
@@ -1176,7 +1185,7 @@ class LogFollower:
         target = _FIGURE_FIELDS.get(name)
         if target is not None:
             firsts = self._firsts[name]
-            firsts.setdefault(rank or "", gib)
+            firsts.setdefault(rank or _NO_RANK, gib)
             field_name, largest = target
             values = firsts.values()
             setattr(self.numbers, field_name, max(values) if largest else min(values))
@@ -1189,7 +1198,7 @@ class LogFollower:
         A new pass's figures (its begin avail, the progress bar's) start afresh, so that a
         failure is measured against the pass it happened in, not the first one.
         """
-        key = rank or ""
+        key = rank or _NO_RANK
         count = self._rank_pass.get(key, (0, None))[0] + 1
         self._rank_pass[key] = (count, avail)
         self._rank_pass_name[key] = graph_pass_of(msg, speculative=self.numbers.speculative)
@@ -1219,7 +1228,7 @@ class LogFollower:
         """A ``Capture ... graph end. ... mem usage=X`` line: what the rank's current pass
         took. Each (rank, pass)'s first figure counts; a pass's figure is the largest over
         ranks (the budget must hold on every GPU)."""
-        key = rank or ""
+        key = rank or _NO_RANK
         name = self._rank_pass_name.get(key)
         if name is None:  # the begin line was lost: the end line names the pass as well
             name = graph_pass_of(msg.replace(" end.", " begin."),
@@ -1237,7 +1246,7 @@ class LogFollower:
         second pool of a label it has already shown is the draft model's (speculative
         decoding allocates the draft's pool after the target's, in both 0.5.10 and 0.5.23).
         """
-        key = rank or ""
+        key = rank or _NO_RANK
         gib = sum(float(v) for v in m.groups()[1:] if v is not None)
         labels = self._kv_labels.setdefault(key, set())
         n = self.numbers
