@@ -71,9 +71,10 @@ ADVICE: dict[Outcome, str] = {
         "(above the minimum SGLang states, if it states one), or use more GPUs"
     ),
     Outcome.HYBRID_STATE_TOO_SMALL: (
-        "the hybrid (Mamba/linear-attention) state cache does not fit: lower "
-        "--max-running-requests, raise --mem-fraction-static, or raise "
-        "--mamba-full-memory-ratio / --max-mamba-cache-size"
+        "the hybrid (Mamba/linear-attention) state cache does not fit: raise "
+        "--mem-fraction-static, or set a larger --max-mamba-cache-size / "
+        "--mamba-full-memory-ratio (SGLang's message also suggests a lower "
+        "--max-running-requests, but on 0.5.23 the state cache's size does not depend on it)"
     ),
     Outcome.PORT_IN_USE: (
         "a port is taken (HTTP, an internal port or torch distributed): stop what holds it "
