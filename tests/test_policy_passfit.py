@@ -267,3 +267,29 @@ def test_a_draft_extend_pass_seen_is_left_out_when_the_switch_turns_it_off() -> 
               tried_gib=2.0, free_gib=1.5, **EAGLE3)
     assert decide(oom, "0.5.23", SWITCH).params == LaunchParams(0.792, 32, env=(OFF,))
     assert decide(oom, "0.5.23", NO_SWITCH).params == LaunchParams(0.791, 32)
+
+
+def test_draft_extend_to_come_is_scaled_by_the_configured_steps() -> None:
+    """EAGLE on 0.5.23 with 2 steps, topk 1 and 4 draft tokens: draft decode captures 1 x 2
+    tokens per request, draft extend 4, so extend is expected at twice the decode pass's
+    first step. Prefill began at 20.00, verify at 18.00, draft decode at 10.00 (first step
+    tried 3.00, 2.50 free): fixed 2.00 + 7.50 + 0.01 = 9.51; first steps verify 7.60, draft
+    decode 2.985, draft extend 2 x 2.985 = 5.97; 3 x 20 steps 1.20. Graphs 27.265, need
+    29.515: 0.70485 -> 0.704."""
+    oom = rec(CAPTURE, graph_pass="draft_decode", graph_first_begin_avail_gib=20.0,
+              graph_begin_avail_gib=10.0, graph_passes_begun=3,
+              graph_begins=[("target_prefill", 20.0), ("target_verify", 18.0),
+                            ("draft_decode", 10.0)],
+              tried_gib=3.0, free_gib=2.5, speculative_algorithm="EAGLE",
+              speculative_num_steps=2, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    assert proposal(decide(oom, "0.5.23")) == (0.704, 32)
+
+
+def test_a_pass_oom_at_graph_bs_1_scales_its_first_step_by_1() -> None:
+    """Plain decoding at graph max bs 1 (one captured size): the decode pass began at 20.00 and
+    its only step tried 5.00 with 1.00 free. At bs 1 the graphs are 19.00 gone + 5.005 (first
+    step 4.985 and one 0.02 step) + 0.01 = 24.015, need 26.265: 0.73735 -> 0.737."""
+    oom = rec(CAPTURE, LaunchParams(0.8, 1), graph_pass="target_decode",
+              graph_first_begin_avail_gib=20.0, graph_begin_avail_gib=20.0,
+              graph_passes_begun=1, tried_gib=5.0, free_gib=1.0)
+    assert proposal(decide(oom, "0.5.23")) == (0.737, 1)
