@@ -120,6 +120,10 @@ def _prepare(module: str, tests: list[str], work: Path) -> None:
     # fixed seed keeps the property tests' verdicts reproducible.
     with (work / "tests" / "conftest.py").open("a") as conftest:
         conftest.write(_PROFILE)
+    # Each mutant's tests run in a process forked from mutmut's fork server. pytest's
+    # unraisableexception plugin runs gc.collect() at the end of every session, which in a
+    # forked child walks (and copies) the whole inherited heap: without it (and xdist, unused)
+    # a killed mutant of the policy costs about 0.26 s of CPU instead of 0.45 s.
     config = "\n".join([
         "",
         "[tool.mutmut]",
@@ -127,7 +131,7 @@ def _prepare(module: str, tests: list[str], work: Path) -> None:
         f"only_mutate = {_toml_list([module])}",
         f"pytest_add_cli_args_test_selection = {_toml_list(tests)}",
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "--hypothesis-seed=0",'
-        ' "--hypothesis-profile=mutation"]',
+        ' "--hypothesis-profile=mutation", "-p", "no:unraisableexception", "-p", "no:xdist"]',
         "use_git_change_detection = false",
         "",
     ])
