@@ -293,3 +293,79 @@ def test_a_pass_oom_at_graph_bs_1_scales_its_first_step_by_1() -> None:
               graph_first_begin_avail_gib=20.0, graph_begin_avail_gib=20.0,
               graph_passes_begun=1, tried_gib=5.0, free_gib=1.0)
     assert proposal(decide(oom, "0.5.23")) == (0.737, 1)
+
+
+@pytest.mark.parametrize(
+    ("draft_tokens", "shape", "expected"),
+    [
+        (2, 256, 0.759),  # 32 x 2 tokens against 256: r = 0.25
+        (None, 256, 0.756),  # SGLang's auto 4 draft tokens: 32 x 4 / 256 = 0.5
+        (None, 64, 0.75),  # 128 tokens against 64: as large, never larger (r = 1)
+    ],
+)
+def test_after_a_failed_prefill_first_step_the_passes_to_come_scale_by_their_tokens(
+    draft_tokens: int | None, shape: int, expected: float
+) -> None:
+    """EAGLE 3 steps on 0.5.23: the target prefill pass began at 20.00, its bar showed 19.70
+    at the ``shape``-token graph, and that first step failed trying 0.50 with 0.20 free
+    (one size to capture). Fixed: 19.50 missing beyond the static buffers, prefill 0.30 +
+    0.505 = 0.805, 0.01: 20.315. The verify pass to come runs 32 x draft tokens against the
+    prefill shape: r = min(1, 32 x tokens / shape) of 0.805, the two draft passes a quarter
+    of that each: 1.2075 r; 3 passes x 20 steps 1.20. Need 23.765 + 1.2075 r: r = 0.25 ->
+    24.0669 -> 0.759; r = 0.5 -> 24.3688 -> 0.756; r = 1 -> 24.9725 -> 0.750."""
+    oom = rec(CAPTURE, graph_pass="target_prefill", graph_first_begin_avail_gib=20.0,
+              graph_begin_avail_gib=20.0, graph_passes_begun=1, graph_last_avail_gib=19.7,
+              graph_last_bs=shape, graph_steps_done=0, graph_steps_total=1, tried_gib=0.5,
+              free_gib=0.2, speculative_num_draft_tokens=draft_tokens, **EAGLE3)
+    assert proposal(decide(oom, "0.5.23")) == (expected, 32)
+
+
+def test_after_a_failed_later_prefill_step_the_passes_to_come_are_as_large() -> None:
+    """As above, but the prefill pass failed its second (last) step: it held 20.00 - 0.20 =
+    19.80 and tried 0.505, 20.305 in all, fixed; the passes to come are not scaled by tokens
+    (the failing shape is not the first): verify 20.305, the draft passes 5.07625 each,
+    30.4575 scaled. At bs 32 that needs 20.315 + 30.4575 + 1.20 + 2.25 = 54.2225 (0.457,
+    below the floor 0.50); at bs 24 (16 sizes) 20.315 + 22.843125 + 0.96 + 2.25 = 46.368125:
+    0.53632 -> 0.536."""
+    oom = rec(CAPTURE, graph_pass="target_prefill", graph_first_begin_avail_gib=20.0,
+              graph_begin_avail_gib=20.0, graph_passes_begun=1, graph_last_avail_gib=0.6,
+              graph_last_bs=256, graph_steps_done=1, graph_steps_total=2, tried_gib=0.5,
+              free_gib=0.2, **EAGLE3)
+    assert proposal(decide(oom, "0.5.23")) == (0.536, 24)
+
+
+def test_an_oom_at_the_last_step_of_a_pass_has_no_steps_left() -> None:
+    """The plain decode pass (began 20.00) failed its 8th and last step trying 0.50 with 0.30
+    free: no step remains. It held 19.70 and needs 0.505 more: 20.205, of which the 8 steps
+    at the tried size (4.04) less 8 default steps (0.16) stay fixed, 3.88 (3.89 with the
+    roundings), and 16.165 is the first step. Graphs 3.89 + 16.165 + 0.16 = 20.215, need
+    22.465: 0.77535 -> 0.775."""
+    oom = rec(CAPTURE, graph_pass="target_decode", graph_first_begin_avail_gib=20.0,
+              graph_begin_avail_gib=20.0, graph_passes_begun=1, graph_steps_done=7,
+              graph_steps_total=8, graph_last_avail_gib=0.6, graph_last_bs=1, tried_gib=0.5,
+              free_gib=0.3)
+    assert proposal(decide(oom, "0.5.23")) == (0.775, 32)
+
+
+# --- the KV bound from the weights figure ------------------------------------------------------
+
+
+@pytest.mark.parametrize("post_weights", [4.99, 4.98])
+def test_weights_above_the_ceiling_by_a_printed_hundredth_give_up(post_weights: float) -> None:
+    """The weights are a difference of two printed figures, each within 0.005: 100.00 -
+    4.99 = 95.01 may be 95.00, so a pool needs more than (95.01 - 0.01) / 100 = 0.950, above
+    the ceiling 0.95: give up (also at 95.02). A kv_too_small at 0.90 is the attempt."""
+    small = rec((Outcome.KV_TOO_SMALL, Phase.KV_CACHE), LaunchParams(0.9, 32),
+                post_weights_avail_gib=post_weights)
+    assert decide(small, "0.5.23") == Decision(
+        None, "the KV cache needs mem_fraction_static > 0.95, above the ceiling 0.950: the "
+        "weights leave too little room; the model needs more GPUs (higher tp) or a quantized "
+        "model")
+
+
+def test_weights_at_the_ceiling_within_the_rounding_still_try_the_ceiling() -> None:
+    """100.00 - 5.00 = 95.00 may be 94.99: a pool above (95.00 - 0.01) / 100 = 0.9499 may
+    exist at 0.950, so the policy tries the ceiling (the cushion's 0.97 is above it)."""
+    small = rec((Outcome.KV_TOO_SMALL, Phase.KV_CACHE), LaunchParams(0.9, 32),
+                post_weights_avail_gib=5.0)
+    assert proposal(decide(small, "0.5.23")) == (0.95, 32)
