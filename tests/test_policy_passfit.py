@@ -369,3 +369,46 @@ def test_weights_at_the_ceiling_within_the_rounding_still_try_the_ceiling() -> N
     small = rec((Outcome.KV_TOO_SMALL, Phase.KV_CACHE), LaunchParams(0.9, 32),
                 post_weights_avail_gib=5.0)
     assert proposal(decide(small, "0.5.23")) == (0.95, 32)
+
+
+def test_when_even_without_draft_extend_no_useful_pool_is_estimated_the_optimistic_fit_decides(
+) -> None:
+    """The draft-decode OOM of the switch test above with weights 79.00: the KV bound is
+    (79.00 - 0.01) / 100 -> 0.790, a useful pool wants 0.81. With draft extend, even without
+    the guesses (1 - 25.275/100 -> 0.747) the estimate is below the KV bound, so it says
+    nothing and the brackets are bisected: (0.790 + 0.799 + 0.001) / 2 -> 0.795. Without
+    draft extend the estimate without the guesses is 1 - 20.895/100 -> 0.791, inside the
+    brackets: with the switch allowed that is proposed, with the graph off."""
+    oom = rec(CAPTURE, graph_pass="draft_decode", graph_first_begin_avail_gib=20.0,
+              graph_begin_avail_gib=10.0, graph_passes_begun=3, post_weights_avail_gib=21.0,
+              graph_begins=[("target_prefill", 20.0), ("target_verify", 18.0),
+                            ("draft_decode", 10.0)],
+              tried_gib=3.0, free_gib=2.5, **EAGLE3)
+    assert decide(oom, "0.5.23", SWITCH).params == LaunchParams(0.791, 32, env=(OFF,))
+    assert decide(oom, "0.5.23", NO_SWITCH).params == LaunchParams(0.795, 32)
+
+
+# --- speculative decoding: the graph bs is searched at the running-request cap -----------------
+
+
+@pytest.mark.parametrize("dump_shown_first", [True, False])
+def test_a_graph_bs_above_the_spec_cap_is_fitted_at_the_cap_and_kept_as_launched(
+    dump_shown_first: bool
+) -> None:
+    """EAGLE caps the captured graphs at 48 running requests: graph max bs 160 captures 48. A
+    first-step capture OOM (no pass names) tried 25.00 with 19.99 free: the slope is 25.005 /
+    48 per bs, so at 48 the graphs are 25.005 + 10 steps x 0.02 = 25.205; with 0.005 gone
+    before capture, warmup 2.00 and margin 0.25 the need is 27.46: 0.7254 -> 0.725 (the
+    deficit allows 0.749). The graph bs stays 160 as launched, or as the dump showed an
+    auto one (made explicit). Speculative decoding shown only by an earlier attempt's dump
+    counts the same."""
+    figures: dict[str, object] = dict(tried_gib=25.0, free_gib=19.99)
+    if dump_shown_first:
+        params = LaunchParams(0.8, 160)
+        history = [rec((Outcome.HANG, Phase.WEIGHTS), params, **EAGLE3),
+                   rec(CAPTURE, params, **figures)]
+    else:
+        params = LaunchParams(0.8, None)
+        history = [rec(CAPTURE, params, cuda_graph_max_bs=160, **figures, **EAGLE3)]
+    decision = next_params(params, Bounds(), history, sglang_version="0.5.23")
+    assert decision.params == LaunchParams(0.725, 160)
