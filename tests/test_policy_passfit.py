@@ -412,3 +412,30 @@ def test_a_graph_bs_above_the_spec_cap_is_fitted_at_the_cap_and_kept_as_launched
         history = [rec(CAPTURE, params, cuda_graph_max_bs=160, **figures, **EAGLE3)]
     decision = next_params(params, Bounds(), history, sglang_version="0.5.23")
     assert decision.params == LaunchParams(0.725, 160)
+
+
+# --- which attempts bound the fraction ----------------------------------------------------------
+
+
+def test_a_hang_is_no_memory_fact() -> None:
+    """A hang at 0.70 says nothing about memory: after it the plain decode pass's OOM at 0.80
+    (began 20.00, first step tried 5.00 with 1.00 free) goes to 0.735 as on its own (19.00
+    gone, 5.005 + 7 x 0.02 - 0.16 first step, 0.16 steps, 0.01: 24.155, need 26.405), above
+    the fraction that hung."""
+    hang = rec((Outcome.HANG, Phase.WEIGHTS), LaunchParams(0.7, 32))
+    oom = rec(CAPTURE, graph_pass="target_decode", graph_first_begin_avail_gib=20.0,
+              graph_begin_avail_gib=20.0, graph_passes_begun=1, tried_gib=5.0, free_gib=1.0)
+    decision = next_params(hang.params, Bounds(), [hang, oom], sglang_version="0.5.23")
+    assert proposal(decision) == (0.735, 32)
+
+
+def test_a_kv_pool_oom_rules_its_fraction_out_at_every_graph_bs() -> None:
+    """The KV pool is allocated before any graph: an OOM allocating it at 0.90 rules out 0.90
+    and above at every graph bs, down to 1. With the fraction floor at 0.91 nothing is left:
+    give up naming both bounds at the bs floor."""
+    oom = rec((Outcome.OOM_KV_CACHE, Phase.KV_CACHE), LaunchParams(0.9, 32), tried_gib=2.0,
+              free_gib=1.0)
+    assert decide(oom, "0.5.23", Bounds(mem_fraction_floor=0.91)) == Decision(
+        None, "no mem_fraction_static fits even at cuda_graph_max_bs=1: the KV cache needs > "
+        "0.909, graphs and warmup OOM at >= 0.9 (floor 0.910); the model needs more GPUs "
+        "(higher tp) or a quantized model, or disable CUDA graphs")
