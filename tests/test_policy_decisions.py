@@ -43,10 +43,13 @@ def fixed(p: LaunchParams) -> LaunchParams:
 
 
 def test_a_prescribed_fix_is_applied_naming_it() -> None:
+    """Also after earlier attempts at other settings (a hang at 0.70): none ran the fix."""
     p = LaunchParams(0.8, 32)
     bad = AttemptRecord(p, Outcome.BAD_ARGUMENT, Phase.INIT, MAMBA_SPEC)
-    assert next_params(p, APPLY, [bad], sglang_version="0.5.10") == Decision(
-        fixed(p), f"applying the fix SGLang's error prescribes: {FIX}")
+    hang = AttemptRecord(LaunchParams(0.7, 32), Outcome.HANG, Phase.WEIGHTS, Numbers())
+    for history in ([bad], [hang, bad]):
+        assert next_params(p, APPLY, history, sglang_version="0.5.10") == Decision(
+            fixed(p), f"applying the fix SGLang's error prescribes: {FIX}")
 
 
 def test_a_prescribed_fix_any_earlier_attempt_ran_is_not_applied_again() -> None:
