@@ -110,3 +110,21 @@ def test_an_oom_with_draft_extend_on_does_not_bound_settings_with_it_off() -> No
                 free_gib=1.0))
     decision = next_params(on.params, Bounds(), [on, off], sglang_version="0.5.23")
     assert decision.params == LaunchParams(0.735, 32, env=(OFF,))
+
+
+# --- a graph estimate below the KV bound ------------------------------------------------------
+
+
+def test_the_bisection_of_the_open_bracket_rounds_its_midpoint_down() -> None:
+    """As ``test_a_graph_estimate_below_the_kv_bound_bisects_between_the_brackets`` (a capture
+    OOM at 0.60 / bs 32 whose optimistic estimate at bs 1 is about 0.650; weights 40.00 of
+    80.00), but the pool was found too small at 0.651: the KV bound is 0.652 and 4 x the
+    12.08 GiB pool is above the ceiling, so the bracket 0.652-0.950 is bisected: (652 + 950 +
+    1) // 2 = 801 thousandths, the middle thousandth rounded down."""
+    weights = dict(pre_load_avail_gib=80.0, post_weights_avail_gib=40.0)
+    oom = AttemptRecord(LaunchParams(0.6, 32), Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH,
+                        Numbers(tried_gib=23.8, free_gib=4.8, **weights))
+    small = AttemptRecord(LaunchParams(0.651, 8), Outcome.KV_TOO_SMALL, Phase.KV_CACHE,
+                          Numbers(**weights))
+    decision = next_params(oom.params, Bounds(), [oom, small])
+    assert decision.params == LaunchParams(0.801, 1)
