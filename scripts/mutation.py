@@ -40,7 +40,10 @@ WORK = ROOT / ".mutation"
 MODULES: dict[str, list[str]] = {
     "launcher/lifecycle.py": ["tests/test_lifecycle*.py"],
     "launcher/policy.py": ["tests/test_policy*.py"],
-    "launcher/sglang/classify.py": ["tests/test_classify*.py", "tests/test_logparse*.py"],
+    # The real-log corpus and the evidence tests state most of what classify decides on real
+    # logs (its newer code is reached by no other file).
+    "launcher/sglang/classify.py": ["tests/test_classify*.py", "tests/test_logparse*.py",
+                                    "tests/test_real_logs.py", "tests/test_evidence.py"],
     "launcher/sglang/logparse.py": ["tests/test_logparse*.py", "tests/test_classify*.py"],
 }
 
@@ -115,6 +118,9 @@ def _prepare(module: str, tests: list[str], work: Path) -> None:
     shutil.copytree(ROOT / "launcher", work / "launcher",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    # tests/test_real_logs.py loads scripts/diagnosis_report.py.
+    shutil.copytree(ROOT / "scripts", work / "scripts",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     # A failing example is enough to kill a mutant: the scratch copy's conftest registers a
     # hypothesis profile without the shrink phase (often the slowest part of a failure). A
     # fixed seed keeps the property tests' verdicts reproducible.
@@ -128,6 +134,7 @@ def _prepare(module: str, tests: list[str], work: Path) -> None:
         "",
         "[tool.mutmut]",
         'source_paths = ["launcher"]',
+        'also_copy = ["scripts/"]',
         f"only_mutate = {_toml_list([module])}",
         f"pytest_add_cli_args_test_selection = {_toml_list(tests)}",
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "--hypothesis-seed=0",'
