@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import assert_never
 
 from launcher import events
 from launcher.backoff import RestartBackoff
@@ -330,8 +329,9 @@ class ServerMachine:
             return self._stop(event)
         if self.state.terminal and not isinstance(event, Start):
             return []  # late events after the end (a probe in flight, a follower exiting)
-        # A match with assert_never, not getattr dispatch: mypy then checks that every event
-        # of the Event union has its handler. Each handler takes only what it reads (the event,
+        # A match, not getattr dispatch: mypy then checks that every event of the Event union
+        # has its handler (a missing case leaves a path without a return, a mypy error, so no
+        # unreachable ``case _`` is needed). Each handler takes only what it reads (the event,
         # ``now``): an argument a handler ignores would be a value no test can pin.
         match event:
             case Unknown():
@@ -370,8 +370,6 @@ class ServerMachine:
                 return self._on_DeadlineExceeded()
             case HostRefused():
                 return self._on_HostRefused(event)
-            case _:
-                assert_never(event)
 
     @property
     def pending(self) -> Diagnosis | None:
@@ -475,7 +473,7 @@ class ServerMachine:
     def _on_FatalLineSeen(self, event: FatalLineSeen) -> list[Action]:
         if not self.state.running:
             return []
-        return self._fail(event.diagnosis, kill_reason=event.diagnosis.outcome.value)
+        return self._fail(event.diagnosis)  # killed with the outcome as reason
 
     def _on_Exited(self, event: Exited) -> list[Action]:
         if self.state is State.CLEANING_UP:
@@ -486,7 +484,7 @@ class ServerMachine:
             Emit(events.ProcessDied(exit_status=event.status, phase=_ph(self),
                                     attempt=self.attempt))
         ]
-        return died + self._fail(event.diagnosis, kill_reason="")
+        return died + self._fail(event.diagnosis)
 
     def _on_Stalled(self, event: Stalled) -> list[Action]:
         if not self.state.running or self.state is State.READY:
@@ -543,8 +541,6 @@ class ServerMachine:
             case AfterCleanup.RETRY:
                 self.state = State.WAITING_FOR_GPUS
                 return [WaitForGpus()]
-            case _:
-                assert_never(self._after_cleanup)
 
     def _on_GpusFree(self, event: GpusFree, now: float) -> list[Action]:
         if self.state is not State.WAITING_FOR_GPUS:
@@ -568,7 +564,7 @@ class ServerMachine:
         return [RunPreflight()]
 
     def _on_DeadlineExceeded(self) -> list[Action]:
-        if self.state in (State.READY, State.BACKING_OFF) or self.state.terminal:
+        if self.state in (State.READY, State.BACKING_OFF):  # (``handle`` drops it once terminal)
             return []
         if self.was_ready:
             return []  # cleaning up after a failure while serving: not a start-up
@@ -593,8 +589,8 @@ class ServerMachine:
         self.probe_failures = 0
         self._pending = None
         if self._after_cleanup is AfterCleanup.GIVE_UP:
+            # ``_give_up_reason`` is read only under GIVE_UP, which sets it: left as it is.
             self._after_cleanup = AfterCleanup.RETRY
-            self._give_up_reason = ""
 
     def _launch(self, now: float) -> list[Action]:
         assert self.params is not None
@@ -635,8 +631,9 @@ class ServerMachine:
             ))
         ]
 
-    def _fail(self, diag: Diagnosis, *, kill_reason: str) -> list[Action]:
-        """Record the attempt's failure and start cleaning up."""
+    def _fail(self, diag: Diagnosis, *, kill_reason: str = "") -> list[Action]:
+        """Record the attempt's failure and start cleaning up: kill it with ``kill_reason``, or
+        with the outcome's name when none is given."""
         assert self.params is not None
         outcome, retryable = diag.outcome, diag.retryable
         if outcome is Outcome.OOM_WEIGHTS and diag.confidence is Confidence.WEAK:
@@ -676,7 +673,8 @@ class ServerMachine:
 
     def _after_failure(self, now: float) -> list[Action]:
         diag = self._pending
-        assert diag is not None and self.params is not None
+        assert diag is not None
+        assert self.params is not None
         self._pending = None  # handled: a later GPU wait is a preflight's, not this failure's
         if self.was_ready:  # relaunch with the last good params under restart backoff
             delay = self.restart.on_failure(now)

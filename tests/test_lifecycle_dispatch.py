@@ -1,9 +1,10 @@
-"""The state machine's dispatch and its ``Unknown`` state, event by event.
+"""The state machine's dispatch, its ``Unknown`` state, and payloads the contract tests leave open.
 
 Written from the mutation run of issue 18 (docs/testing.md, "State machine, this round"):
-what an ``Unknown`` event (the host's attempts could not be listed) does in each state, and
-which events a terminal machine ignores. Pure: no I/O, times are passed in. Whole actions and
-whole event payloads are asserted.
+what an ``Unknown`` event (the host's attempts could not be listed) does in each state, which
+events a terminal machine ignores, where the first attempt's params came from, start-up
+times that do not begin at 0, and the rank a stall names. Pure: no I/O, times are passed in.
+Whole actions and whole typed event payloads are asserted.
 """
 
 from __future__ import annotations
@@ -18,19 +19,25 @@ from launcher.backoff import Jitter, RestartBackoff
 from launcher.errors import IllegalTransition
 from launcher.lifecycle import (
     Adopted,
+    BackoffElapsed,
     CleanedUp,
     Emit,
     Event,
     Exited,
+    GpusFree,
     HostRefused,
+    Kill,
+    Launch,
     Launched,
     Limits,
+    PhaseSeen,
     PreflightBlocked,
     PreflightPassed,
     ProbeResult,
     ReadyLineSeen,
     RunPreflight,
     ServerMachine,
+    Stalled,
     Start,
     State,
     StopRequested,
@@ -38,16 +45,17 @@ from launcher.lifecycle import (
 )
 from launcher.params import LaunchParams
 from launcher.policy import Bounds
-from launcher.sglang.outcome import Diagnosis, Outcome
+from launcher.sglang.outcome import Confidence, Diagnosis, Outcome
 from launcher.sglang.phases import Phase
 
 INITIAL = LaunchParams(0.70, 32)
 LISTING = "cannot list its attempts on gpu1: ssh: connect timed out"
 
 
-def machine() -> ServerMachine:
+def machine(initial_reason: str = "") -> ServerMachine:
     return ServerMachine(
         initial=INITIAL,
+        initial_reason=initial_reason,
         limits=Limits(bounds=Bounds(0.5, 0.95, 1, 6)),
         restart=RestartBackoff(10.0, 600.0, 1800.0, 3, 3600.0, jitter=Jitter.NONE),
     )
@@ -180,3 +188,57 @@ def test_terminal_machine_ignores_late_unknown_and_host_refusal(late: Event, kil
     assert (State.STOPPED, "stop requested") == (m.state, m.reason)
     assert [] == m.handle(late, 3)
     assert (State.STOPPED, "stop requested") == (m.state, m.reason)
+
+
+# --- payloads ----------------------------------------------------------------------------
+
+ESTIMATE = "estimate: weights 61.2 GiB of 80 GiB per GPU"
+
+
+def test_only_the_first_attempt_says_where_its_params_came_from() -> None:
+    """The first attempt's attempt.started carries ``initial_reason``; a relaunch with the same
+    params after a failure (here a restart after ready) does not repeat it."""
+    m = machine(initial_reason=ESTIMATE)
+    m.handle(Start(), 0)
+    assert [Emit(events.AttemptStarted(attempt=1, params=INITIAL, why=ESTIMATE)),
+            Launch(1, INITIAL)] == m.handle(PreflightPassed(), 1)
+    m.handle(Launched(pid=100), 1)
+    m.handle(ReadyLineSeen(), 2)
+    m.handle(ProbeResult(ok=True), 3)
+    m.handle(Exited(status=137, diagnosis=Diagnosis(Outcome.KILLED, Phase.READY,
+                                                    retryable=True)), 50)
+    m.handle(CleanedUp(), 51)
+    m.handle(GpusFree(), 52)
+    m.handle(BackoffElapsed(), 70)
+    assert [Emit(events.AttemptStarted(attempt=2, params=INITIAL, why=None)),
+            Launch(2, INITIAL)] == m.handle(PreflightPassed(), 71)
+
+
+def test_ready_times_count_from_the_start_and_from_the_attempt() -> None:
+    """server.ready's ``seconds`` run from Start, ``attempt_seconds`` from the launch, on a
+    clock that does not begin at 0 (rounded to 2 decimals)."""
+    m = machine()
+    m.handle(Start(), 1000.0)
+    m.handle(PreflightPassed(), 1010.25)
+    m.handle(Launched(pid=100), 1011.0)
+    m.handle(ReadyLineSeen(), 1040.0)
+    assert [Emit(events.ServerReady(
+        attempt=1, attempts=1, seconds=50.5, attempt_seconds=40.25, adopted=False,
+        params=INITIAL, history=(),
+    ))] == m.handle(ProbeResult(ok=True), 1050.5)
+
+
+def test_a_stall_on_one_node_says_which() -> None:
+    """A multi-node stall names the rank that went silent in the failure's advice."""
+    m = machine()
+    _init(m)
+    m.handle(PhaseSeen(Phase.WEIGHTS), 1)
+    assert [
+        Emit(events.StallDetected(phase=Phase.WEIGHTS, silent_s=300.46, attempt=1)),
+        Emit(events.AttemptFailed(
+            attempt=1, outcome=Outcome.HANG, confidence=Confidence.DECISIVE,
+            phase=Phase.WEIGHTS, numbers={}, retryable=True, after_ready=False, evidence=(),
+            advice="no log progress for 300s in weights on node 1 (TP8-15)",
+        )),
+        Kill("stall"),
+    ] == m.handle(Stalled(silent_s=300.456, where="node 1 (TP8-15)"), 301)
