@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import assert_never
 
 from launcher import events
 from launcher.backoff import RestartBackoff
@@ -327,50 +326,50 @@ class ServerMachine:
     def handle(self, event: Event, now: float) -> list[Action]:
         """Apply ``event`` at time ``now``; return what the supervisor must do next."""
         if isinstance(event, StopRequested):
-            return self._stop(event, now)
+            return self._stop(event)
         if self.state.terminal and not isinstance(event, Start):
             return []  # late events after the end (a probe in flight, a follower exiting)
-        # A match with assert_never, not getattr dispatch: mypy then checks that every event
-        # of the Event union has its handler.
+        # A match, not getattr dispatch: mypy then checks that every event of the Event union
+        # has its handler (a missing case leaves a path without a return, a mypy error, so no
+        # unreachable ``case _`` is needed). Each handler takes only what it reads (the event,
+        # ``now``): an argument a handler ignores would be a value no test can pin.
         match event:
             case Unknown():
-                return self._on_Unknown(event, now)
+                return self._on_Unknown(event)
             case Start():
                 return self._on_Start(event, now)
             case PreflightPassed():
                 return self._on_PreflightPassed(event, now)
             case PreflightBlocked():
-                return self._on_PreflightBlocked(event, now)
+                return self._on_PreflightBlocked(event)
             case Launched():
-                return self._on_Launched(event, now)
+                return self._on_Launched(event)
             case Adopted():
                 return self._on_Adopted(event, now)
             case PhaseSeen():
-                return self._on_PhaseSeen(event, now)
+                return self._on_PhaseSeen(event)
             case ReadyLineSeen():
-                return self._on_ReadyLineSeen(event, now)
+                return self._on_ReadyLineSeen()
             case FatalLineSeen():
-                return self._on_FatalLineSeen(event, now)
+                return self._on_FatalLineSeen(event)
             case Exited():
-                return self._on_Exited(event, now)
+                return self._on_Exited(event)
             case Stalled():
-                return self._on_Stalled(event, now)
+                return self._on_Stalled(event)
             case ProbeResult():
                 return self._on_ProbeResult(event, now)
             case CleanedUp():
-                return self._on_CleanedUp(event, now)
+                return self._on_CleanedUp(event)
             case GpusFree():
                 return self._on_GpusFree(event, now)
             case GpuWaitTimedOut():
-                return self._on_GpuWaitTimedOut(event, now)
+                return self._on_GpuWaitTimedOut(event)
             case BackoffElapsed():
                 return self._on_BackoffElapsed(event, now)
             case DeadlineExceeded():
-                return self._on_DeadlineExceeded(event, now)
+                return self._on_DeadlineExceeded()
             case HostRefused():
-                return self._on_HostRefused(event, now)
-            case _:
-                assert_never(event)
+                return self._on_HostRefused(event)
 
     @property
     def pending(self) -> Diagnosis | None:
@@ -389,7 +388,7 @@ class ServerMachine:
     def _illegal(self, event: Event) -> IllegalTransition:
         return IllegalTransition(f"{type(event).__name__} in state {self.state.value}")
 
-    def _on_Unknown(self, event: Unknown, now: float) -> list[Action]:
+    def _on_Unknown(self, event: Unknown) -> list[Action]:
         if self.state not in (State.IDLE, State.UNKNOWN):
             raise self._illegal(event)
         first = self.state is State.IDLE
@@ -411,7 +410,7 @@ class ServerMachine:
             raise self._illegal(event)
         return self._launch(now)
 
-    def _on_PreflightBlocked(self, event: PreflightBlocked, now: float) -> list[Action]:
+    def _on_PreflightBlocked(self, event: PreflightBlocked) -> list[Action]:
         if self.state is not State.PREFLIGHT:
             raise self._illegal(event)
         if event.transient:
@@ -419,7 +418,7 @@ class ServerMachine:
             return [Emit(events.GpuWaiting(reason=event.reason)), WaitForGpus()]
         return self._give_up(f"preflight: {event.reason}")
 
-    def _on_Launched(self, event: Launched, now: float) -> list[Action]:
+    def _on_Launched(self, event: Launched) -> list[Action]:
         if self.state is State.CLEANING_UP:
             # A stop with kill (or the deadline) came while the launch ran: the kill in
             # progress waits for the launch to finish and stops this very process.
@@ -448,9 +447,9 @@ class ServerMachine:
                                       started_at=event.started_wall))
         ]
 
-    def _on_PhaseSeen(self, event: PhaseSeen, now: float) -> list[Action]:
+    def _on_PhaseSeen(self, event: PhaseSeen) -> list[Action]:
         if event.phase is Phase.READY:
-            return self._on_ReadyLineSeen(ReadyLineSeen(), now)
+            return self._on_ReadyLineSeen()
         target = _PHASE_STATE[event.phase]
         if not self.state.running or self.state is State.READY:
             return []  # phases only matter during start-up
@@ -461,7 +460,7 @@ class ServerMachine:
         self.state = target
         return [Emit(events.PhaseEntered(phase=event.phase, attempt=self.attempt))]
 
-    def _on_ReadyLineSeen(self, event: ReadyLineSeen, now: float) -> list[Action]:
+    def _on_ReadyLineSeen(self) -> list[Action]:
         if not self.state.running or self.state is State.READY or self.ready_line:
             return []  # the ready line arrives as a phase and as a line: probe once
         self.ready_line = True
@@ -471,12 +470,12 @@ class ServerMachine:
             actions.append(Emit(events.PhaseEntered(phase=Phase.WARMUP, attempt=self.attempt)))
         return [*actions, StartProbing()]
 
-    def _on_FatalLineSeen(self, event: FatalLineSeen, now: float) -> list[Action]:
+    def _on_FatalLineSeen(self, event: FatalLineSeen) -> list[Action]:
         if not self.state.running:
             return []
-        return self._fail(event.diagnosis, now, kill_reason=event.diagnosis.outcome.value)
+        return self._fail(event.diagnosis)  # killed with the outcome as reason
 
-    def _on_Exited(self, event: Exited, now: float) -> list[Action]:
+    def _on_Exited(self, event: Exited) -> list[Action]:
         if self.state is State.CLEANING_UP:
             return []  # we killed it; the cleanup reports back separately
         if not self.state.running and self.state is not State.LAUNCHING:
@@ -485,9 +484,9 @@ class ServerMachine:
             Emit(events.ProcessDied(exit_status=event.status, phase=_ph(self),
                                     attempt=self.attempt))
         ]
-        return died + self._fail(event.diagnosis, now, kill_reason="")
+        return died + self._fail(event.diagnosis)
 
-    def _on_Stalled(self, event: Stalled, now: float) -> list[Action]:
+    def _on_Stalled(self, event: Stalled) -> list[Action]:
         if not self.state.running or self.state is State.READY:
             return []
         self.stalls += 1
@@ -501,7 +500,7 @@ class ServerMachine:
         )
         emit = Emit(events.StallDetected(phase=phase, silent_s=round(event.silent_s, 2),
                                          attempt=self.attempt))
-        return [emit, *self._fail(diag, now, kill_reason="stall")]
+        return [emit, *self._fail(diag, kill_reason="stall")]
 
     def _on_ProbeResult(self, event: ProbeResult, now: float) -> list[Action]:
         if self.state is State.WARMUP and self.ready_line:
@@ -527,9 +526,9 @@ class ServerMachine:
         )
         emit = Emit(events.ServerUnhealthy(consecutive_failures=self.probe_failures,
                                            detail=event.detail))
-        return [emit, *self._fail(diag, now, kill_reason="unhealthy")]
+        return [emit, *self._fail(diag, kill_reason="unhealthy")]
 
-    def _on_CleanedUp(self, event: CleanedUp, now: float) -> list[Action]:
+    def _on_CleanedUp(self, event: CleanedUp) -> list[Action]:
         if self.state is not State.CLEANING_UP:
             raise self._illegal(event)
         self.pid = None  # the attempt's processes are gone
@@ -542,8 +541,6 @@ class ServerMachine:
             case AfterCleanup.RETRY:
                 self.state = State.WAITING_FOR_GPUS
                 return [WaitForGpus()]
-            case _:
-                assert_never(self._after_cleanup)
 
     def _on_GpusFree(self, event: GpusFree, now: float) -> list[Action]:
         if self.state is not State.WAITING_FOR_GPUS:
@@ -553,7 +550,7 @@ class ServerMachine:
             return [RunPreflight()]
         return self._after_failure(now)
 
-    def _on_GpuWaitTimedOut(self, event: GpuWaitTimedOut, now: float) -> list[Action]:
+    def _on_GpuWaitTimedOut(self, event: GpuWaitTimedOut) -> list[Action]:
         if self.state is not State.WAITING_FOR_GPUS:
             raise self._illegal(event)
         return self._give_up(f"GPUs still in use after waiting: {event.holder}")
@@ -566,8 +563,8 @@ class ServerMachine:
         self.was_ready = False
         return [RunPreflight()]
 
-    def _on_DeadlineExceeded(self, event: DeadlineExceeded, now: float) -> list[Action]:
-        if self.state in (State.READY, State.BACKING_OFF) or self.state.terminal:
+    def _on_DeadlineExceeded(self) -> list[Action]:
+        if self.state in (State.READY, State.BACKING_OFF):  # (``handle`` drops it once terminal)
             return []
         if self.was_ready:
             return []  # cleaning up after a failure while serving: not a start-up
@@ -580,7 +577,7 @@ class ServerMachine:
             return [Kill("deadline")]
         return self._give_up(reason)
 
-    def _on_HostRefused(self, event: HostRefused, now: float) -> list[Action]:
+    def _on_HostRefused(self, event: HostRefused) -> list[Action]:
         # No Kill: killing needs commands on a host we no longer trust.
         return self._give_up(event.reason)
 
@@ -592,8 +589,8 @@ class ServerMachine:
         self.probe_failures = 0
         self._pending = None
         if self._after_cleanup is AfterCleanup.GIVE_UP:
+            # ``_give_up_reason`` is read only under GIVE_UP, which sets it: left as it is.
             self._after_cleanup = AfterCleanup.RETRY
-            self._give_up_reason = ""
 
     def _launch(self, now: float) -> list[Action]:
         assert self.params is not None
@@ -634,8 +631,9 @@ class ServerMachine:
             ))
         ]
 
-    def _fail(self, diag: Diagnosis, now: float, *, kill_reason: str) -> list[Action]:
-        """Record the attempt's failure and start cleaning up."""
+    def _fail(self, diag: Diagnosis, *, kill_reason: str = "") -> list[Action]:
+        """Record the attempt's failure and start cleaning up: kill it with ``kill_reason``, or
+        with the outcome's name when none is given."""
         assert self.params is not None
         outcome, retryable = diag.outcome, diag.retryable
         if outcome is Outcome.OOM_WEIGHTS and diag.confidence is Confidence.WEAK:
@@ -675,7 +673,8 @@ class ServerMachine:
 
     def _after_failure(self, now: float) -> list[Action]:
         diag = self._pending
-        assert diag is not None and self.params is not None
+        assert diag is not None
+        assert self.params is not None
         self._pending = None  # handled: a later GPU wait is a preflight's, not this failure's
         if self.was_ready:  # relaunch with the last good params under restart backoff
             delay = self.restart.on_failure(now)
@@ -733,7 +732,7 @@ class ServerMachine:
                                          attempt=n)
                      for r, n in zip(self.history, self.history_attempts, strict=True))
 
-    def _stop(self, event: StopRequested, now: float) -> list[Action]:
+    def _stop(self, event: StopRequested) -> list[Action]:
         self.reason = "stop requested"
         if event.kill and (self.state.running or self.state is State.LAUNCHING):
             self._after_cleanup = AfterCleanup.STOP
