@@ -118,9 +118,10 @@ def _prepare(module: str, tests: list[str], work: Path) -> None:
     shutil.copytree(ROOT / "launcher", work / "launcher",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    # tests/test_real_logs.py loads scripts/diagnosis_report.py.
-    shutil.copytree(ROOT / "scripts", work / "scripts",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    # tests/test_real_logs.py loads scripts/diagnosis_report.py; some policy tests read the
+    # simulated models' config.json under configs/sim/models.
+    for extra in ("scripts", "configs"):
+        shutil.copytree(ROOT / extra, work / extra, ignore=shutil.ignore_patterns("__pycache__"))
     # A failing example is enough to kill a mutant: the scratch copy's conftest registers a
     # hypothesis profile without the shrink phase (often the slowest part of a failure). A
     # fixed seed keeps the property tests' verdicts reproducible.
@@ -134,7 +135,7 @@ def _prepare(module: str, tests: list[str], work: Path) -> None:
         "",
         "[tool.mutmut]",
         'source_paths = ["launcher"]',
-        'also_copy = ["scripts/"]',
+        'also_copy = ["scripts/", "configs/"]',
         f"only_mutate = {_toml_list([module])}",
         f"pytest_add_cli_args_test_selection = {_toml_list(tests)}",
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "--hypothesis-seed=0",'
