@@ -279,3 +279,24 @@ def test_state_cache_knobs_act_in_the_direction_sglang_names(version: str) -> No
     assert fewer[0] < base[0] and fewer[2] > base[2]
     half = run("--max-mamba-cache-size", "20", "--mamba-ssm-dtype", "bfloat16")
     assert pytest.approx(run("--max-mamba-cache-size", "20")[1] / 2) == half[1]
+
+
+@pytest.mark.parametrize(
+    ("version", "shown"),
+    [("0.5.10", "mamba_scheduler_strategy='no_buffer'"),
+     ("0.5.23", "'mamba_radix_cache_strategy': 'auto'")],
+)
+def test_a_model_without_mamba_state_shows_the_strategy_sglang_resolves(
+    pro6000: SimHost, version: str, shown: str
+) -> None:
+    """The args dump is the resolved one: 0.5.10 turns ``auto`` into ``no_buffer`` for every
+    model (server_args.py:964-967), 0.5.23 keeps ``auto`` for a model without Mamba state; the
+    log reader then sees what ``sim.observe`` reports for the same scenario."""
+    argv = ["--model-path", str(model_dir("tiny-1b-sim")), "--mem-fraction-static", "0.80"]
+    with pro6000.start(*argv, "--port", str(free_port()), version=version) as sim:
+        sim.wait_for(READY_LINE)
+    [dump] = [line for line in split_output(sim.output) if "server_args=" in line]
+    assert shown in dump
+    scenario, params = scenario_from_argv(version, argv, PRO6000)
+    _, _, numbers = observed(scenario, simulate(scenario, params))
+    assert numbers.mamba_strategy == diagnose_text(sim.output, 0).numbers.mamba_strategy

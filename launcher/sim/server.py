@@ -245,11 +245,11 @@ class Server:
                 ("speculative_num_steps", spec.steps if spec else None),
                 ("speculative_eagle_topk", spec.topk if spec else None),
                 ("speculative_num_draft_tokens", spec.draft_tokens if spec else None),
-                (
-                    "mamba_radix_cache_strategy" if d.since(0, 5, 23)
-                    else "mamba_scheduler_strategy",
-                    hybrid.strategy if hybrid else "auto",
-                ),
+                # 0.5.10 turns ``auto`` into ``no_buffer`` for every model
+                # (server_args.py:964-967); 0.5.23 keeps ``auto`` for models without Mamba state.
+                ("mamba_radix_cache_strategy", hybrid.strategy if hybrid else "auto")
+                if d.since(0, 5, 23)
+                else ("mamba_scheduler_strategy", hybrid.strategy if hybrid else "no_buffer"),
             ]
         return [
             ("model_path", f.model_path),
