@@ -929,13 +929,13 @@ def _state_cache_growth(p: LaunchParams, n: Numbers, ctx: _Context) -> tuple[flo
     k, pre = n.mamba_cache_size, n.pre_load_avail_gib
     if k is None or pre is None or pre <= 0:
         return None
-    strategy = n.mamba_strategy if n.mamba_strategy not in (None, "auto") else "extra_buffer"
-    slots = mamba_slot_ratio(strategy or "extra_buffer", overlap=True)
+    if n.mamba_per_req_mib is None or n.mamba_per_req_mib <= 0:
+        return None
+    strategy = n.mamba_strategy or "auto"
+    slots = mamba_slot_ratio("extra_buffer" if strategy == "auto" else strategy, overlap=True)
     # Draft tokens: the dump's, else SGLang's auto shape (3, 1, 4).
     spec = ctx.spec or n.speculative
     d = (n.speculative_num_draft_tokens or SPEC_AUTO_STEPS + 1) if spec else 0
-    if n.mamba_per_req_mib is None or n.mamba_per_req_mib <= 0:
-        return None
     per_req = n.mamba_per_req_mib / 1024
     slot = per_req * (1 + d / slots)
     ratio = p.mamba_full_memory_ratio or MAMBA_FULL_MEMORY_RATIO
