@@ -3,9 +3,11 @@ source, as tests/test_budget.py does), for the shipped sim models. Pure: no proc
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from launcher.sglang.budget import GIB
+from launcher.sglang.budget import GIB, ModelFacts
 from launcher.sim.memory import MemoryScenario
 from launcher.sim.server import scenario_from_argv
 from tests.simhost import model_dir
@@ -114,3 +116,40 @@ def test_tiny_model_tensors() -> None:
     s = scenario("tiny-1b-sim", 1, "--chunked-prefill-size", "4096")
     assert s.graph_gib_per_bs * GIB == pytest.approx(4.57 * (533_552 + 305_664) + 131072 * 4)
     assert s.warmup_gib * GIB == pytest.approx(4096 * (16_384 + 49_152))
+
+
+# --- the EAGLE (EAGLE-1) draft for llama-70b-sim: one decoder layer + fc, the target's head ----
+# yuhuili/EAGLE-llama2-chat-70B / EAGLE-LLaMA3-Instruct-70B: 0.99B parameters (one Llama-70B
+# layer without input_layernorm, 855,646,208, and fc: Linear(16384, 8192) with bias,
+# 134,225,920), plus the embed_tokens and lm_head LlamaForCausalLMEagle allocates (2 x 32000 x
+# 8192) until set_embed_and_head swaps in the target's; all x 2 bytes.
+EAGLE_DRAFT_BYTES = (855_646_208 + 134_225_920 + 2 * 32000 * 8192) * 2
+# Per captured token: the target formula's tensors for the same hidden and vocab, plus the
+# torch.cat of embedding and target hidden state (2 x 2 x 8192, llama_eagle.py) and the fp32
+# softmax over the vocab before topk (4 x 32000, 0.5.10 eagle_worker.py capture_for_decode).
+EAGLE_WHOLE = LLAMA_WHOLE + 2 * 2 * 8192 + 4 * 32000
+
+
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.23"])
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_eagle_draft_is_sglang_shaped_from_its_tensors(version: str, tp: int) -> None:
+    """EAGLE with --speculative-draft-model-path (accepted by 0.5.10 and 0.5.23 for a Llama
+    target): the draft's weights, its one-layer KV cell and its graph pool per captured token,
+    4.57 x (whole + split / tp + gathered at tp > 1) + 4 bytes per token of the target's
+    context, as the target's; 8 MiB per graph."""
+    s = scenario("llama-70b-sim", tp, "--speculative-algorithm", "EAGLE",
+                 "--speculative-draft-model-path", str(model_dir("llama-70b-eagle-sim")),
+                 "--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+                 "--speculative-num-draft-tokens", "8", version=version)
+    assert s.spec is not None and "EAGLE" == s.spec.algorithm
+    assert s.spec.draft_weights_gib * GIB == pytest.approx(EAGLE_DRAFT_BYTES / tp)
+    tensors = EAGLE_WHOLE + LLAMA_SPLIT / tp + (LLAMA_GATHERED if tp > 1 else 0)
+    assert s.spec.draft_graph_gib_per_token * GIB == pytest.approx(4.57 * tensors + 4096 * 4)
+    assert s.spec.draft_graph_overhead_gib == 8 / 1024
+    # one layer of 8 KV heads of 128 (K and V), 2 bytes: max(1, 8 // tp) x 512 per token
+    assert s.spec.draft_kv_gib_per_1k_tokens * GIB / 1000 == pytest.approx(max(1, 8 // tp) * 512)
+    # the config's tensor figures are launcher.sglang.budget's formula for the draft's config
+    draft = ModelFacts.from_config(
+        json.loads((model_dir("llama-70b-eagle-sim") / "config.json").read_text()))
+    extra = EAGLE_WHOLE - LLAMA_WHOLE
+    assert draft.graph_bytes_per_token(tp) + extra == tensors

@@ -43,8 +43,10 @@ The model's ``"sim"`` object::
                           --speculative-draft-model-path is unset or the model path itself:
                           arch, weights_gib (whole model), and per rank
                           graph_gib_per_bs (draft graphs' pool per captured token) and
-                          graph_overhead_gib. A separate draft directory (EAGLE-3) is an
-                          ordinary sim model; its graph_gib_per_bs counts per captured token.
+                          graph_overhead_gib. A separate draft directory (EAGLE, EAGLE-3) is
+                          an ordinary sim model; its graph_gib_per_bs counts per captured
+                          token, or, SGLang-shaped, its graph_bytes_* keys as above (at the
+                          target's context length).
     hybrid                optional object: a Mamba / linear-attention hybrid; per rank and per
                           state slot conv_gib_per_req and ssm_gib_per_req (only for a config.json
                           without the linear-attention keys; otherwise SGLang's
@@ -467,9 +469,18 @@ def scenario_for(
     s = model.sim
     base = MemoryScenario(gpu_total_gib=gpu_total_gib, weights_gib=s["weights_gib"])
     kv_target, kv_draft = kv_gib_per_1k(model, tp, version, flags, spec)
+    context_len = (
+        (flags.context_length if flags is not None else None) or model.max_position_embeddings
+    )
     spec_s: SpecScenario | None = None
     if spec is not None:
         dr = spec.draft
+        # A separate draft with the graph_bytes_* keys is SGLang-shaped like a target: its pool
+        # per captured token from its tensors at this tp, plus the draft attention backends'
+        # graph state at the target's context length (the draft runs with the target's).
+        draft_graph = graph_gib_per_token(
+            {k: float(v) for k, v in dr.items() if isinstance(v, int | float)}, tp, context_len
+        )
         spec_s = SpecScenario(
             algorithm=spec.algorithm,
             num_steps=spec.steps,
@@ -478,7 +489,9 @@ def scenario_for(
             max_running_requests=spec.max_running_requests,
             draft_weights_gib=float(dr.get("weights_gib", 0.0)) / tp,
             draft_kv_gib_per_1k_tokens=kv_draft,
-            draft_graph_gib_per_token=float(dr.get("graph_gib_per_bs", 0.002)),
+            draft_graph_gib_per_token=(
+                draft_graph if draft_graph is not None else float(dr.get("graph_gib_per_bs", 0.002))
+            ),
             draft_graph_overhead_gib=float(dr.get("graph_overhead_gib", 0.005)),
             draft_extend_graph=not (
                 at_least(version, DRAFT_EXTEND_SWITCH_FROM)
@@ -508,9 +521,6 @@ def scenario_for(
             mamba_full_memory_ratio=flags.mamba_full_memory_ratio or 0.9,
             disable_radix_cache=flags.disable_radix_cache,
         )
-    context_len = (
-        (flags.context_length if flags is not None else None) or model.max_position_embeddings
-    )
     chunk = flags.chunked_prefill_size if flags is not None else None
     graph_per_bs = graph_gib_per_token(s, tp, context_len)
     warmup = warmup_gib_for(
