@@ -107,6 +107,9 @@ Where the generator may flatter the policy (read the family tables with this in 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import math
 import random
 import statistics
@@ -114,6 +117,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
 from launcher.policy import AttemptRecord, Bounds, next_params
@@ -121,6 +125,7 @@ from launcher.sglang.autoargs import capture_bs_list
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.versions import version_tuple
 from launcher.sim.memory import HybridScenario, MemoryScenario, SpecScenario, simulate
+from launcher.sim.model import ConfigFailure, scenario_from_argv
 from launcher.sim.observe import observed
 
 EXPLICIT_BS = (8, 16, 32, 48, 64, 96, 128, 160, 256, 384, 512)
@@ -828,6 +833,225 @@ def main_families(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- the families on the simulator's own models (--sim-families) -----------------------------
+
+SIM_MODELS = Path(__file__).resolve().parents[1] / "configs" / "sim" / "models"
+# (name, memory.total in GiB as torch sees it): bench_estimator's figures, and the seeds' RTX
+# PRO 6000 ("total capacity of 94.97 GiB", ../shared/seeds/001_*.txt).
+SIM_GPUS = (
+    ("A100-SXM4-40GB", 39.39),
+    ("A100-SXM4-80GB", 79.15),
+    ("H100 80GB HBM3", 79.19),
+    ("H200", 139.81),
+    ("L40S", 44.39),
+    ("RTX PRO 6000", 94.97),
+)
+SIM_VERSIONS = ("0.5.10", "0.5.23")
+# family: (target models, draft model dir or None, --speculative-algorithm, versions)
+SIM_FAMILIES: dict[str, tuple[tuple[str, ...], str | None, str | None, tuple[str, ...]]] = {
+    "multipass": (
+        ("llama-70b-sim", "tiny-1b-sim", "deepseek-v4-flash-sim", "kimi-k2.5-sim"),
+        None, None, ("0.5.23",),
+    ),
+    "eagle": (("llama-70b-sim",), "llama-70b-eagle-sim", "EAGLE", SIM_VERSIONS),
+    "eagle3": (("kimi-k2.5-sim",), "kimi-k2.5-eagle3-sim", "EAGLE3", SIM_VERSIONS),
+    "mtp": (("deepseek-v4-flash-sim",), None, "NEXTN", SIM_VERSIONS),
+    "hybrid": (("qwen3.6-27b-sim",), None, "NEXTN", SIM_VERSIONS),
+}
+CHUNKS = (2048, 4096, 8192, 16384)
+
+
+@dataclass(frozen=True)
+class SimDraw:
+    """How a ``--sim-families`` case was built: the SGLang command line the simulated server
+    runs (``scenario_from_argv``), on which GPU type and version."""
+
+    model: str
+    gpu: str
+    version: str
+    argv: tuple[str, ...]
+
+
+def _sim_weights_gib(model: str) -> float:
+    data = json.loads((SIM_MODELS / model / "config.json").read_text())
+    return float(data["sim"]["weights_gib"])
+
+
+def _sim_tp(rng: random.Random, weights_gib: float, total: float) -> int | None:
+    """bench_estimator's rule: the smallest tp whose weights leave a quarter of the GPU, one
+    step more with p=0.3; None when even tp 8 does not."""
+    tp = next((t for t in (1, 2, 4, 8) if weights_gib / t < 0.75 * total), None)
+    if tp is not None and tp < 8 and rng.random() < 0.3:
+        tp *= 2
+    return tp
+
+
+def draw_sim_argv(rng: random.Random, family: str) -> SimDraw:
+    """One SGLang launch of ``family`` on the simulator's models (distributions in the module
+    docstring); every figure of the scenario comes from the model's files through the flags."""
+    models, draft, algo, versions = SIM_FAMILIES[family]
+    model = rng.choice(models)
+    weights = _sim_weights_gib(model)
+    fits = [(g, total) for g, total in SIM_GPUS if weights / 8 < 0.75 * total]
+    gpu, total = rng.choice(fits)
+    tp = _sim_tp(rng, weights, total)
+    assert tp is not None
+    version = rng.choice(versions)
+    new = version_tuple(version) >= (0, 5, 23)
+    argv = ["--model-path", str(SIM_MODELS / model), "--tp-size", str(tp)]
+    spec = algo is not None and (family != "hybrid" or rng.random() < 0.6)
+    if spec:
+        assert algo is not None
+        if family == "eagle":
+            steps = rng.randint(1, 5)
+            topk = 1 if rng.random() < 0.6 else rng.choice((2, 4))
+            tokens = steps + 1 if topk == 1 else rng.randint(steps + 1, 16)
+        else:
+            steps = rng.randint(2, 5) if family == "eagle3" else rng.randint(1, 3)
+            topk, tokens = 1, steps + 1
+        argv += ["--speculative-algorithm", algo]
+        if draft is not None:
+            argv += ["--speculative-draft-model-path", str(SIM_MODELS / draft)]
+        argv += [
+            "--speculative-num-steps", str(steps),
+            "--speculative-eagle-topk", str(topk),
+            "--speculative-num-draft-tokens", str(tokens),
+        ]
+    if family == "hybrid" and spec and not new:
+        # 0.5.10 refuses spec with no_buffer and the radix cache (its ValueError names this).
+        argv += ["--mamba-scheduler-strategy", "extra_buffer"]
+    mfs = None if rng.random() < 0.5 else round(rng.uniform(0.55, 0.95), 2)
+    if mfs is not None:
+        argv += ["--mem-fraction-static", f"{mfs:.2f}"]
+    bs = None if rng.random() < 0.5 else rng.choice(EXPLICIT_BS)
+    if bs is not None:
+        argv += ["--cuda-graph-max-bs-decode" if new else "--cuda-graph-max-bs", str(bs)]
+    if rng.random() >= 0.7:
+        argv += ["--max-running-requests", str(rng.randint(8, 256))]
+    if rng.random() >= 0.7:
+        argv += ["--chunked-prefill-size", str(rng.choice(CHUNKS))]
+    return SimDraw(model, gpu, version, tuple(argv))
+
+
+def sim_case(draw: SimDraw, other_gib: float, index: int, family: str) -> Case:
+    """The case a simulated server started with ``draw.argv`` runs (``scenario_from_argv``);
+    the first attempt's params are the command line's fraction, graph bs and request cap.
+    Raises SystemExit (argparse, exit 2) or ConfigFailure as the server would."""
+    total = dict(SIM_GPUS)[draw.gpu]
+    with contextlib.redirect_stderr(io.StringIO()):
+        scenario, params = scenario_from_argv(draw.version, draw.argv, total, other_gib)
+    mrr = None
+    if "--max-running-requests" in draw.argv:
+        mrr = int(draw.argv[draw.argv.index("--max-running-requests") + 1])
+    return Case(index, scenario, replace(params, max_running_requests=mrr), family)
+
+
+def draw_sim_family_cases(
+    seed: int, family: str, n: int
+) -> tuple[list[Case], list[SimDraw], Counter[str]]:
+    """``n`` accepted cases of ``family`` (seeded ``random.Random(f"sim-{seed}-{family}")``),
+    their draws, and the draws the simulated server refused, by reason."""
+    if family not in SIM_FAMILIES:
+        raise ValueError(f"unknown family {family!r} (one of {', '.join(SIM_FAMILIES)})")
+    rng = random.Random(f"sim-{seed}-{family}")
+    cases: list[Case] = []
+    draws: list[SimDraw] = []
+    skipped: Counter[str] = Counter()
+    while len(cases) < n:
+        if sum(skipped.values()) > 10 * n:
+            raise RuntimeError(f"{family}: the simulated server refused {skipped}")
+        draw = draw_sim_argv(rng, family)
+        total = dict(SIM_GPUS)[draw.gpu]
+        other = 0.0 if rng.random() < 0.5 else rng.uniform(0.0, 0.15 * total)
+        try:
+            case = sim_case(draw, other, len(cases), family)
+        except SystemExit:
+            skipped["argparse error (exit 2)"] += 1
+            continue
+        except ConfigFailure as e:
+            skipped[e.text.strip().splitlines()[-1][:80]] += 1
+            continue
+        cases.append(case)
+        draws.append(draw)
+    return cases, draws, skipped
+
+
+def sim_mix(cases: Sequence[Case], draws: Sequence[SimDraw]) -> list[str]:
+    """What was drawn: models, GPUs, versions, tp, the starting settings."""
+    def share(values: Sequence[object]) -> str:
+        return ", ".join(f"{k} {v}" for k, v in sorted(Counter(map(str, values)).items()))
+
+    s = [c.scenario for c in cases]
+    spec = [x.spec for x in s if x.spec is not None]
+    return [
+        f"  models: {share([d.model for d in draws])}",
+        f"  GPUs: {share([d.gpu for d in draws])}",
+        f"  versions: {share([d.version for d in draws])}; tp: {share([x.tp for x in s])}",
+        f"  other processes > 0: {sum(x.other_used_gib > 0 for x in s)}; explicit fraction "
+        f"{sum(c.initial.mem_fraction_static is not None for c in cases)}, graph bs "
+        f"{sum(c.initial.cuda_graph_max_bs is not None for c in cases)}, request cap "
+        f"{sum(c.initial.max_running_requests is not None for c in cases)}, chunk "
+        f"{sum(x.chunked_prefill_size is not None for x in s)}",
+        *(
+            [f"  spec (steps/topk/draft tokens): "
+             f"{share([f'{x.num_steps}/{x.topk}/{x.num_draft_tokens}' for x in spec])}"]
+            if spec else []
+        ),
+    ]
+
+
+def sim_by(scored: Sequence[Scored], draws: Sequence[SimDraw]) -> list[str]:
+    """The policy's figures by model and version (first attempt failed on memory)."""
+    groups: dict[str, list[Scored]] = {}
+    for x, d in zip(scored, draws, strict=True):
+        groups.setdefault(f"{d.model} {d.version}", []).append(x)
+    out = []
+    for key, xs in sorted(groups.items()):
+        after = [x.attempts for x in xs if x.truth.feasible and x.truth.first in FIXABLE
+                 and x.ready]
+        head = [x.headroom for x in xs if x.chosen and x.headroom is not None]
+        out.append(
+            f"  {key}: {len(xs)} scenarios, first failed {len(after)}, mean attempts "
+            f"{statistics.fmean(after) if after else float('nan'):.2f}, headroom mean "
+            f"{statistics.fmean(head) if head else float('nan'):.3f}"
+        )
+    return out
+
+
+def main_sim_families(args: argparse.Namespace) -> int:
+    """``--sim-families``: the families on the simulator's own models, then the summary."""
+    began = time.perf_counter()
+    names = tuple(SIM_FAMILIES) if args.family is None else tuple(args.family.split(","))
+    seeds = [int(x) for x in str(args.seeds or args.seed).split(",")]
+    summary: list[str] = []
+    for floor in (float(x) for x in args.floors.split(",")):
+        bounds = Bounds(floor, args.ceiling, args.bs_floor, args.max_attempts)
+        for seed in seeds:
+            summary += [
+                "",
+                f"policy per family on the simulator's models, seed {seed}, fraction in "
+                f"[{floor:.2f}, {args.ceiling:.2f}], max_attempts {args.max_attempts}:",
+                "",
+                "| family | scenarios | feasible | converged (feasible) | first failed (memory) "
+                "| mean attempts | max | headroom mean | headroom p95 | targets |",
+                "|---|---|---|---|---|---|---|---|---|---|",
+            ]
+            for family in names:
+                cases, draws, skipped = draw_sim_family_cases(seed, family, args.n)
+                print(f"\n##### sim family {family}: {args.n} scenarios, seed {seed}")
+                refused = ", ".join(f"{k}: {v}" for k, v in skipped.items()) or "none"
+                print(f"draws the simulated server refused (skipped): {refused}")
+                print("\n".join(sim_mix(cases, draws)))
+                lines, policy = bench_scored(cases, bounds, args.show)
+                print("\n".join(lines))
+                print("\npolicy by model and version:")
+                print("\n".join(sim_by(policy, draws)))
+                summary += family_summary(family, policy)
+    print("\n".join(summary))
+    print(f"\n({time.perf_counter() - began:.1f} s)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=500, help="number of scenarios (default 500)")
@@ -850,6 +1074,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--family", default=None, help=f"with --families: a comma list of {', '.join(FAMILIES)}"
     )
     parser.add_argument(
+        "--sim-families",
+        action="store_true",
+        help="the families on the simulator's own (SGLang-shaped) models, built from SGLang "
+        "flags (scenario_from_argv)",
+    )
+    parser.add_argument(
+        "--seeds", default=None, help="with --sim-families: a comma list of seeds (default --seed)"
+    )
+    parser.add_argument(
         "--estimator", action="store_true",
         help="issue 14: the estimator (cold / with the ledger) as a contender "
         "(scripts/bench_estimator.py)",
@@ -862,6 +1095,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench_estimator.main_estimator(args)
     if args.families:
         return main_families(args)
+    if args.sim_families:
+        return main_sim_families(args)
 
     began = time.perf_counter()
     rng = random.Random(args.seed)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from launcher.params import LaunchParams
 from launcher.policy import AttemptRecord, Bounds, next_params
+from launcher.sglang.logparse import parse_size_gib
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import Phase
 from launcher.sglang.versions import MAMBA_RADIX_SPELLING_FROM, STATED_MINIMUM_FROM, at_least
+from launcher.sim.logfmt import format_size
 from launcher.sim.memory import MemoryScenario, StartupTrace, simulate
 
 # 0.5.23's kv_cache_configurator says "Loaded weights leave no GPU memory ... minimum viable =
@@ -24,6 +26,13 @@ from launcher.sim.memory import MemoryScenario, StartupTrace, simulate
 
 def _gib(value: float) -> float:
     return round(value, 2)
+
+
+def _torch_gib(value: float) -> float:
+    """A size as torch's OOM message prints it (``format_size``: bytes, KiB, MiB or GiB to two
+    decimals), read back as the classifier reads it: 8 MiB is 0.0078125, not 0.01."""
+    number, unit = format_size(value).split()
+    return parse_size_gib(number, unit)
 
 
 def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Phase, Numbers]:
@@ -49,7 +58,8 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
       ``graph_passes_ended``); the draft pool's ``KV Cache is allocated`` line
       (``draft_kv_gib``); 0.5.23's hybrid state errors' ``max_mamba_cache_size`` and
       ``mamba_cache_per_req``;
-    - any CUDA OOM: ``tried_gib``, ``free_gib``, ``total_gib`` from torch's message;
+    - any CUDA OOM: ``tried_gib``, ``free_gib``, ``total_gib`` from torch's message, in its
+      units (``format_size``: a figure under 1 GiB is printed in MiB to 2 decimals);
     - a 0.5.10 draft weight or pool OOM after the target's graphs: ``oom_graph_capture`` in
       the ``cuda_graph`` phase (the phase never goes back to weights or the KV cache);
     - kv_too_small with a pool <= 0 on SGLang >= 0.5.23: ``min_mem_fraction`` as stated
@@ -136,9 +146,9 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         # the simulated server's log: a draft pool OOM is oom_graph_capture / cuda_graph).
         outcome, phase = Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH
     if fail.tried_gib is not None and fail.free_gib is not None:
-        numbers.tried_gib = _gib(fail.tried_gib)
-        numbers.free_gib = _gib(fail.free_gib)
-        numbers.total_gib = _gib(scenario.gpu_total_gib)
+        numbers.tried_gib = _torch_gib(fail.tried_gib)
+        numbers.free_gib = _torch_gib(fail.free_gib)
+        numbers.total_gib = _torch_gib(scenario.gpu_total_gib)
     if fail.kind == "hybrid_state_memory":  # 0.5.23's "Not enough GPU memory for hybrid ..."
         numbers.mamba_cache_size = int(fail.detail["max_mamba_cache_size"])
         numbers.mamba_per_req_mib = round(fail.detail["per_req_gib"] * 1024, 2)
