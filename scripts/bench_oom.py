@@ -5,6 +5,7 @@ Usage::
 
     .venv/bin/python scripts/bench_oom.py [--n 500] [--seed 1] [--max-attempts 8] [--show 3]
     .venv/bin/python scripts/bench_oom.py --families [--n 200] [--floors 0.5]  # issue 9
+    .venv/bin/python scripts/bench_oom.py --sim-families --n 200 --seeds 1,2,3 --floors 0.5
     .venv/bin/python scripts/bench_oom.py --estimator [--n 400] [--curve 100]  # issue 14
 
 No processes, no GPU: every attempt is the simulator's memory model (``simulate``), read the way
@@ -102,6 +103,45 @@ Where the generator may flatter the policy (read the family tables with this in 
 - The truth used for "feasible" and "headroom" searches only the fraction and graph bs at the
   attempt's own request cap and env; it never credits the spec parameters (never changed, by
   design) nor Mamba knobs the policy does not touch.
+
+The families on the simulator's own models (``--sim-families``): the same metrics, policy,
+step rules and loop, but every scenario is what a simulated server started with a drawn SGLang
+command line runs (``launcher.sim.model.scenario_from_argv``: flags parsed in the version's
+dialect, the model's ``configs/sim/models/*/config.json``), so no cost is drawn: KV cells, state
+slots and weights per rank follow SGLang's formulas, graph and warmup memory the models' "sim"
+figures (tensor-derived for ``llama-70b-sim``, ``tiny-1b-sim`` and the EAGLE draft
+``llama-70b-eagle-sim``; fitted to the seeds' logs for ``deepseek-v4-flash-sim``,
+``kimi-k2.5-sim`` + ``kimi-k2.5-eagle3-sim`` and ``qwen3.6-27b-sim``). Draws
+(``random.Random(f"sim-{seed}-{family}")``), per case:
+
+- model: ``multipass`` one of llama-70b-sim, tiny-1b-sim, deepseek-v4-flash-sim, kimi-k2.5-sim
+  (plain, 0.5.23 only: prefill graphs); ``eagle`` llama-70b-sim + llama-70b-eagle-sim (EAGLE);
+  ``eagle3`` kimi-k2.5-sim + kimi-k2.5-eagle3-sim; ``mtp`` deepseek-v4-flash-sim (NEXTN);
+  ``hybrid`` qwen3.6-27b-sim, with NEXTN (p=0.6) or without; spec families and hybrid on
+  SGLang 0.5.10 or 0.5.23 (p=0.5 each);
+- GPU: uniform over those of A100 40 GB (39.39 GiB), A100 80 GB (79.15), H100 80 GB (79.19),
+  H200 (139.81), L40S (44.39), RTX PRO 6000 (94.97) on which the weights fit at tp 8; tp: the
+  smallest of 1, 2, 4, 8 whose weights / tp leave a quarter of the GPU, one step more with
+  p=0.3 (``bench_estimator``'s rule); other processes hold nothing (p=0.5) or U(0, 0.15 x GPU);
+- spec shape: EAGLE steps U{1..5}, topk 1 (p=0.6, draft tokens steps + 1) or 2/4 with
+  U{steps+1..16} draft tokens; EAGLE-3 steps U{2..5}, topk 1; MTP (and hybrid MTP) steps
+  U{1..3}, topk 1; 0.5.10 hybrid with MTP passes ``--mamba-scheduler-strategy extra_buffer``
+  (its ValueError's fix; SGLANG_ENABLE_SPEC_V2 changes no memory figure), otherwise each
+  version's default (0.5.10 no_buffer, 0.5.23 auto);
+- ``--mem-fraction-static`` auto (p=0.5) or U(0.55, 0.95) to 2 decimals; graph max bs
+  (``--cuda-graph-max-bs`` / ``-decode``) auto (p=0.5) or one of ``EXPLICIT_BS``;
+  ``--max-running-requests`` unset (p=0.7) or U{8..256}; ``--chunked-prefill-size`` auto (p=0.7)
+  or one of 2048, 4096, 8192, 16384.
+
+A draw the simulated server refuses (argparse exit 2, ``ConfigFailure``) is skipped and counted.
+The first attempt's params are the command line's fraction, graph bs and request cap. Where it
+may flatter the policy: few models (eight configs), and the policy's priors were written beside
+the seeds' fitted figures (``LATER_PASS_SHARE["draft_after_target"]`` 0.25 is exactly
+kimi-k2.5-eagle3-sim's draft/target per-token ratio, 0.005 / 0.02); the seed-fitted models
+carry one per-rank figure at every tp and GPU; and everything listed above for ``--families``
+(an exact log, deterministic memory). Where it may be harsh: the seed-fitted DeepSeek-V4 graph
+costs (0.246 GiB per verify token, 0.4 GiB per graph) are not explained by SGLang's source
+(docs/memory.md), and they dominate ``mtp`` and half of ``multipass``.
 """
 
 from __future__ import annotations
