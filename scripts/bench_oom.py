@@ -160,9 +160,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
-from launcher.policy import AttemptRecord, Bounds, next_params
+from launcher.policy import (
+    DEFAULT_STEP_GIB,
+    LATER_PASS_SHARE,
+    AttemptRecord,
+    Bounds,
+    _Context,
+    _learn,
+    _pass_width,
+    default_warmup_gib,
+    next_params,
+)
 from launcher.sglang.autoargs import capture_bs_list
 from launcher.sglang.outcome import Outcome
+from launcher.sglang.phases import GraphPass
 from launcher.sglang.versions import version_tuple
 from launcher.sim.memory import HybridScenario, MemoryScenario, SpecScenario, simulate
 from launcher.sim.model import ConfigFailure, scenario_from_argv
@@ -1058,6 +1069,89 @@ def sim_by(scored: Sequence[Scored], draws: Sequence[SimDraw]) -> list[str]:
     return out
 
 
+def _wasted_cause(case: Case, r: Run, k: int, bounds: Bounds) -> tuple[str, tuple[float, ...]]:
+    """Why attempt ``k`` (0-based, failed, not the first) of a policy run failed: its kind,
+    and (the policy's guess, the simulator's figure) where a prior made the guess."""
+    rec = r.history[k]
+    s = with_params(case.scenario, rec.params)
+    tr = simulate(s, rec.params)
+    fail = tr.failure
+    earlier = [h for h in r.history[:k] if h.outcome in (Outcome.OOM_GRAPH_CAPTURE,
+                                                          Outcome.OOM_RUNTIME)]
+    seen = {name for h in r.history[:k] for name, _ in (h.numbers.graph_begins or [])}
+    ctx = _Context(s.gpu_total_gib, s.tp, s.sglang_version, spec=s.spec is not None)
+    facts = _learn(r.history[:k], ctx, bounds)
+    _, bs = s.resolve(rec.params)
+    passes = {p.name: p for p in s.graph_passes(bs, tr.max_running_requests)}
+    if rec.outcome in (Outcome.OOM_GRAPH_CAPTURE, Outcome.OOM_RUNTIME) and not earlier:
+        return ("graphs met blind (only kv_too_small / state errors before)",
+                (0.0, sum(p.total_gib for p in passes.values())))
+    if rec.outcome is Outcome.OOM_GRAPH_CAPTURE and (fail is None or fail.graph_pass is None):
+        return "0.5.10 draft weights / pool after the target's graphs", ()
+    if rec.outcome is Outcome.OOM_GRAPH_CAPTURE and fail is not None and fail.graph_pass:
+        name = fail.graph_pass
+        if fail.step:
+            if name.endswith("prefill"):
+                true_c = s.prefill_graph_overhead_gib
+            elif name.startswith("draft") and s.spec is not None:
+                true_c = s.spec.draft_graph_overhead_gib
+            else:
+                true_c = s.graph_overhead_gib
+            guess = facts.c if facts.c is not None else DEFAULT_STEP_GIB
+            return f"a later capture step of {name} (GiB per graph)", (guess, true_c)
+        if name not in seen:
+            target = passes.get("target_verify") or passes.get("target_decode")
+            mine = passes[name]
+            if target is None:
+                return f"a pass not yet seen: {name}", ()
+            share = (mine.allocations[0][1] - mine.allocations[-1][1]) / max(
+                1e-9, target.allocations[0][1] - target.allocations[-1][1])
+            last = earlier[-1].numbers
+            if name.startswith("draft") and (last.graph_pass or "").startswith("target"):
+                guess = LATER_PASS_SHARE["draft_after_target"]
+            elif name == GraphPass.DRAFT_EXTEND and last.graph_pass == GraphPass.DRAFT_DECODE:
+                guess = _pass_width(GraphPass.DRAFT_EXTEND, last, s.sglang_version) / _pass_width(
+                    GraphPass.DRAFT_DECODE, last, s.sglang_version)
+            else:
+                guess = LATER_PASS_SHARE["same_model"]
+            return (f"a pass not yet seen: {name} (first step / the target pass's)",
+                    (guess, share))
+        return f"the first step of a pass already seen ({name})", ()
+    if rec.outcome is Outcome.OOM_RUNTIME:
+        guess = facts.warmup if facts.warmup is not None else default_warmup_gib(facts.pre or 1.0)
+        return "warmup OOM after a capture OOM (GiB)", (guess, s.warmup_gib)
+    return f"{rec.outcome.value} after an earlier failure", ()
+
+
+def wasted_attempts(cases: Sequence[Case], scored: Sequence[Scored], bounds: Bounds) -> list[str]:
+    """The policy's failed attempts after the first (feasible runs whose first attempt failed
+    on memory), by cause, with the policy's guess against the simulator's figure (means). The
+    guess is ``launcher.policy``'s own learning (``_learn``) on the history before the attempt."""
+    causes: Counter[str] = Counter()
+    figures: dict[str, list[tuple[float, ...]]] = {}
+    for case, x in zip(cases, scored, strict=True):
+        if not (x.truth.feasible and x.truth.first in FIXABLE):
+            continue
+        for k in range(1, len(x.run.history)):
+            if x.run.history[k].outcome is Outcome.READY:
+                continue
+            cause, figs = _wasted_cause(case, x.run, k, bounds)
+            causes[cause] += 1
+            if figs:
+                figures.setdefault(cause, []).append(figs)
+    out = []
+    for cause, n in causes.most_common():
+        text = f"  {n:4d}  {cause}"
+        rows = figures.get(cause)
+        if rows:
+            guess = statistics.fmean(r[0] for r in rows)
+            true = [r[1] for r in rows]
+            text += (f": policy {guess:.3f}, simulator {statistics.fmean(true):.3f} "
+                     f"({min(true):.3f}-{max(true):.3f})")
+        out.append(text)
+    return out or ["  none"]
+
+
 def main_sim_families(args: argparse.Namespace) -> int:
     """``--sim-families``: the families on the simulator's own models, then the summary."""
     began = time.perf_counter()
@@ -1086,6 +1180,8 @@ def main_sim_families(args: argparse.Namespace) -> int:
                 print("\n".join(lines))
                 print("\npolicy by model and version:")
                 print("\n".join(sim_by(policy, draws)))
+                print("\npolicy: failed attempts after the first, by cause (guess vs simulator):")
+                print("\n".join(wasted_attempts(cases, policy, bounds)))
                 summary += family_summary(family, policy)
     print("\n".join(summary))
     print(f"\n({time.perf_counter() - began:.1f} s)")
