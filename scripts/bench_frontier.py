@@ -40,14 +40,16 @@ Oracle rows bound what any prior for these unknowns could give:
   need after capture, ``scenario.warmup_gib`` (``launcher.sim.memory.simulate`` charges
   nothing else after the last capture pass). The policy still adds its margin
   (``margin_gib``) on top, as it does to a seen warmup.
-- ``oracle-later``: additionally ``_later_passes`` is wrapped. It keeps the policy's choice of
-  which passes follow the failing one, and replaces each share by the true ratio of that
-  pass's first-step activations to the failing pass's (a prefill pass: its whole size),
-  taken from the simulator's passes at the attempt's own params; the truth's 0.5.23 draft
-  prefill pass (per-shape cost only, which the policy's list leaves out) is folded into the
-  first draft pass's share; after a prefill pass the policy's own token ratio is divided
-  back out. Approximate: the policy multiplies the share by its *estimate* of the failing
-  pass's first step and charges each later pass's per-graph cost at its own step figure.
+- ``oracle-later``: additionally what loads after a failing capture pass is true, from the
+  simulator at the attempt's own params. ``_later_passes`` keeps the policy's choice of which
+  passes follow, with each share set so that ``share x first + step x sizes`` is that pass's
+  true size (``first``: the failing pass's first-step activations, a prefill pass's whole
+  size; after a prefill pass the policy's own token ratio is divided back out).
+  ``_pass_fit`` adds, as fixed GiB, 0.5.23's draft prefill pass (not in the policy's list)
+  and, on 0.5.10 while the target's pass runs, the draft's weights; it returns the draft's
+  true pool as if the log had shown its ``KV Cache is allocated`` line. Approximate: the
+  share multiplies the policy's *estimate* of the failing pass's first step, and sizes are
+  exact only at the attempt's own bs and fraction.
 - ``oracle-all``: additionally ``DEFAULT_STEP_GIB`` is, per case, the target's true per-graph
   cost (``graph_overhead_gib``; the draft's, drawn separately, is not given).
   Still hidden even here: the graphs after ``kv_too_small`` (no capture has run; the issue's
@@ -87,8 +89,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_oom beside thi
 from bench_oom import (
     FAMILIES,
     FIXABLE,
+    OOMS,
     TARGET_ATTEMPTS_AFTER_FAILURE,
     TARGET_HEADROOM,
+    TOO_SMALL,
     Case,
     Run,
     Scored,
@@ -116,6 +120,7 @@ SHIPPED_SHARE = policy.LATER_PASS_SHARE
 SHIPPED_CUSHION = policy.KV_CUSHION
 SHIPPED_STEP = policy.DEFAULT_STEP_GIB
 SHIPPED_LATER = policy._later_passes
+SHIPPED_PASS_FIT = policy._pass_fit
 
 # Each patched name and the policy functions that must read it as a global at call time.
 PATCH_POINTS: dict[str, tuple[Callable[..., object], ...]] = {
@@ -124,6 +129,7 @@ PATCH_POINTS: dict[str, tuple[Callable[..., object], ...]] = {
     "KV_CUSHION": (policy._Facts.soft_lo,),
     "DEFAULT_STEP_GIB": (policy._Facts.graphs, policy._learn, policy._pass_fit),
     "_later_passes": (policy._pass_fit,),
+    "_pass_fit": (policy._learn,),
 }
 
 
@@ -202,6 +208,7 @@ def check_patch_points(modules: Sequence[ModuleType] | None = None) -> list[str]
         "default_warmup_gib": SHIPPED_WARMUP,
         "LATER_PASS_SHARE": SHIPPED_SHARE,
         "_later_passes": SHIPPED_LATER,
+        "_pass_fit": SHIPPED_PASS_FIT,
     }
     for mod in modules if modules is not None else list(sys.modules.values()):
         if mod is policy or mod is None:
@@ -212,15 +219,24 @@ def check_patch_points(modules: Sequence[ModuleType] | None = None) -> list[str]
     return problems
 
 
+@dataclass(frozen=True)
+class AttemptTruth:
+    """The simulator's truth for one attempt, at that attempt's own params."""
+
+    passes: list[SimPass]  # every capture pass SGLang would run, in order
+    effective_bs: int  # the largest decode-like size captured (request cap applied)
+    draft_weights_gib: float  # 0 without speculative decoding
+    draft_kv_gib: float | None  # 0.5.10's draft pool at this fraction (None: 0.5.23 / none)
+
+
 @dataclass
 class Oracle:
-    """What the oracle rows know about the case being run: its true warmup need and, per
-    attempt (keyed by the ``Numbers`` object the policy reads), the true capture passes."""
+    """What the oracle rows know about the case being decided: its true warmup need and, per
+    attempt (keyed by the ``Numbers`` object the policy reads), ``AttemptTruth``."""
 
     case: Case | None = None
     step: bool = False  # oracle_step: DEFAULT_STEP_GIB is set per case (``oracle_decision``)
-    passes: dict[int, list[SimPass]] = field(default_factory=dict)
-    effective_bs: dict[int, int] = field(default_factory=dict)
+    attempts: dict[int, AttemptTruth] = field(default_factory=dict)
 
 
 ORACLE = Oracle()
@@ -232,8 +248,8 @@ def _oracle_warmup(pre: float) -> float:
 
 
 def _first_step(p: SimPass) -> float:
-    """A pass's size as the policy's fit counts it: a prefill pass whole, a decode-like pass
-    its first step's activations (its first allocation less the per-graph cost)."""
+    """A pass's size as the policy's fit counts the failing pass: a prefill pass whole, a
+    decode-like pass its first step's activations (first allocation less the per-graph cost)."""
     if GraphPass(p.name) in policy.PREFILL_PASSES:
         return p.total_gib
     allocs = p.allocations
@@ -244,38 +260,74 @@ def _first_step(p: SimPass) -> float:
 def _oracle_later(
     gpass: GraphPass, n: Numbers, ctx: policy._Context, extend_off: bool
 ) -> list[tuple[GraphPass, float]]:
-    """``_later_passes`` with true shares (module docstring, ``oracle-later``)."""
+    """``_later_passes`` with true shares (module docstring, ``oracle-later``): the passes the
+    policy expects, each sized so that ``share x first + step x captured sizes`` is the true
+    pass at this attempt's bs (``step``: ``DEFAULT_STEP_GIB`` as the fit uses it)."""
     guessed = SHIPPED_LATER(gpass, n, ctx, extend_off)
-    true = ORACLE.passes.get(id(n))
-    if not guessed or true is None:
+    truth_ = ORACLE.attempts.get(id(n))
+    if not guessed or truth_ is None:
         return guessed
-    names = [p.name for p in true]
+    names = [p.name for p in truth_.passes]
     if gpass.value not in names:
         return guessed
-    failing = true[names.index(gpass.value)]
+    failing = truth_.passes[names.index(gpass.value)]
     base = _first_step(failing)
     if base <= 0:
         return guessed
-    after = true[names.index(gpass.value) + 1:]
-    size = {p.name: _first_step(p) for p in after}
-    # 0.5.23's draft prefill (per-shape cost only) is not in the policy's list: fold it into
-    # the first draft pass the policy expects.
-    extra = size.pop(GraphPass.DRAFT_PREFILL.value, 0.0)
+    after = {p.name: p for p in truth_.passes[names.index(gpass.value) + 1:]}
+    step = policy.DEFAULT_STEP_GIB
     out = []
     for p, _share in guessed:
-        gib = size.get(p.value, 0.0)
-        if p.is_draft and extra:
-            gib, extra = gib + extra, 0.0
+        true = after.get(p.value)
+        gib = 0.0 if true is None else true.total_gib - step * len(true.allocations)
         out.append((p, gib / base))
     if gpass is GraphPass.TARGET_PREFILL and (n.graph_steps_done or 0) == 0 and n.graph_last_bs:
         # _pass_fit scales these by the decode graph's tokens over the prefill shape's.
         spec = ctx.spec or n.speculative
         per_req = (n.speculative_num_draft_tokens or policy.SPEC_AUTO_STEPS + 1) if spec else 1
-        bs = ORACLE.effective_bs.get(id(n), 0)
-        ratio = min(1.0, bs * per_req / n.graph_last_bs)
+        ratio = min(1.0, truth_.effective_bs * per_req / n.graph_last_bs)
         if ratio > 0:
             out = [(p, share / ratio) for p, share in out]
     return out
+
+
+def _oracle_pass_fit(
+    n: Numbers,
+    outcome: Outcome,
+    mfs: float,
+    bs: int,
+    ctx: policy._Context,
+    extend_off: bool,
+    step_known: float | None,
+) -> tuple[policy._PassFit, float | None] | None:
+    """``_pass_fit`` told what loads after a failing capture pass besides the passes
+    ``_later_passes`` names (module docstring, ``oracle-later``): 0.5.23's draft prefill pass
+    (fixed GiB), and on 0.5.10 the draft's weights (fixed) and pool (returned as the figure
+    the policy reads from the draft's ``KV Cache is allocated`` line) when the log has not
+    shown them yet."""
+    fitted = SHIPPED_PASS_FIT(n, outcome, mfs, bs, ctx, extend_off, step_known)
+    truth_ = ORACLE.attempts.get(id(n))
+    if fitted is None or truth_ is None or outcome is not Outcome.OOM_GRAPH_CAPTURE:
+        return fitted
+    fit, draft_kv = fitted
+    begun = {name for name, _ in (n.graph_begins or ())} | {n.graph_pass or ""}
+    extra = sum(
+        p.total_gib for p in truth_.passes
+        if p.name == GraphPass.DRAFT_PREFILL.value and p.name not in begun
+    )
+    # 0.5.10: the draft's weights and pool load after the target's last pass; once that pass
+    # ended, _pass_fit itself reads the failed load's figures.
+    target_running = (n.graph_passes_ended or 0) < len(n.graph_begins or [n.graph_pass])
+    if (
+        truth_.draft_kv_gib is not None
+        and target_running
+        and not any(GraphPass(name).is_draft for name in begun)
+    ):
+        if n.draft_weights_gib is None:
+            extra += truth_.draft_weights_gib
+        if draft_kv is None:
+            draft_kv = truth_.draft_kv_gib
+    return replace(fit, fixed=fit.fixed + extra), draft_kv
 
 
 @contextmanager
@@ -297,49 +349,64 @@ def patched(point: Point) -> Iterator[None]:
         ORACLE.step = point.oracle_step
         if point.oracle_later:
             policy._later_passes = _oracle_later
+            policy._pass_fit = _oracle_pass_fit
         yield
     finally:
         restore()
 
 
 def restore() -> None:
+    """Put the shipped objects back into ``launcher.policy``."""
     policy.default_warmup_gib = SHIPPED_WARMUP
     policy.LATER_PASS_SHARE = SHIPPED_SHARE
     policy.KV_CUSHION = SHIPPED_CUSHION
     policy.DEFAULT_STEP_GIB = SHIPPED_STEP
     policy._later_passes = SHIPPED_LATER
+    policy._pass_fit = SHIPPED_PASS_FIT
     ORACLE.step = False
 
 
 def is_shipped() -> bool:
+    """Whether ``launcher.policy`` holds the shipped objects."""
     return (
         policy.default_warmup_gib is SHIPPED_WARMUP
         and policy.LATER_PASS_SHARE is SHIPPED_SHARE
         and policy.KV_CUSHION == SHIPPED_CUSHION
         and policy.DEFAULT_STEP_GIB == SHIPPED_STEP
         and policy._later_passes is SHIPPED_LATER
+        and policy._pass_fit is SHIPPED_PASS_FIT
+    )
+
+
+def attempt_truth(case: Case, params: LaunchParams) -> AttemptTruth:
+    """The simulator's passes, effective bs and draft figures for an attempt at ``params``."""
+    s = with_params(case.scenario, params)
+    _, bs = s.resolve(params)
+    trace = simulate(s, params)
+    passes = s.graph_passes(bs, trace.max_running_requests)
+    decode = [p for p in passes if not p.draft and GraphPass(p.name) not in
+              policy.PREFILL_PASSES]
+    spec = s.spec
+    draft_kv = None
+    if spec is not None and not s.new_order and trace.kv_tokens is not None:
+        draft_kv = trace.kv_tokens / 1000 * spec.draft_kv_gib_per_1k_tokens
+    return AttemptTruth(
+        passes,
+        decode[0].sizes[-1] if decode else bs,
+        spec.draft_weights_gib if spec is not None else 0.0,
+        draft_kv,
     )
 
 
 def oracle_decision(
     case: Case, bounds: Bounds, history: Sequence[AttemptRecord]
 ) -> policy.Decision:
-    """``next_params`` with ``ORACLE`` told the case and each attempt's true capture passes
-    (read by the oracle rows' patches; without them it is the plain policy)."""
+    """``next_params`` with ``ORACLE`` told the case and each attempt's truth (read by the
+    oracle rows' patches; under the shipped priors it is the plain policy)."""
     ORACLE.case = case
     if ORACLE.step:
         policy.DEFAULT_STEP_GIB = case.scenario.graph_overhead_gib
-    ORACLE.passes.clear()
-    ORACLE.effective_bs.clear()
-    for rec in history:
-        s = with_params(case.scenario, rec.params)
-        _, bs = s.resolve(rec.params)
-        reqs = simulate(s, rec.params).max_running_requests
-        passes = s.graph_passes(bs, reqs)
-        ORACLE.passes[id(rec.numbers)] = passes
-        decode = [p for p in passes if not p.draft and GraphPass(p.name) not in
-                  policy.PREFILL_PASSES]
-        ORACLE.effective_bs[id(rec.numbers)] = decode[0].sizes[-1] if decode else bs
+    ORACLE.attempts = {id(rec.numbers): attempt_truth(case, rec.params) for rec in history}
     try:
         s = case.scenario
         return policy.next_params(
@@ -347,8 +414,7 @@ def oracle_decision(
         )
     finally:
         ORACLE.case = None
-        ORACLE.passes.clear()
-        ORACLE.effective_bs.clear()
+        ORACLE.attempts = {}
 
 
 def _oracle_decide(
@@ -372,6 +438,12 @@ class Figures:
     converged: int
     after: tuple[int, ...]  # attempts of feasible runs whose first attempt failed (memory)
     headroom: tuple[float, ...]  # chosen runs
+    # The same, split by the first failure: an OOM (capture / warmup), or a pool too small
+    # (kv_too_small / hybrid state cache).
+    after_oom: tuple[int, ...] = ()
+    after_kv: tuple[int, ...] = ()
+    headroom_oom: tuple[float, ...] = ()
+    headroom_kv: tuple[float, ...] = ()
 
     @property
     def mean_after(self) -> float:
@@ -399,7 +471,22 @@ class Figures:
             self.converged + other.converged,
             self.after + other.after,
             self.headroom + other.headroom,
+            self.after_oom + other.after_oom,
+            self.after_kv + other.after_kv,
+            self.headroom_oom + other.headroom_oom,
+            self.headroom_kv + other.headroom_kv,
         )
+
+    def split(self) -> str:
+        """'OOM-first: n, mean attempts, headroom | too-small-first: the same'."""
+
+        def part(after: tuple[int, ...], head: tuple[float, ...]) -> str:
+            a = statistics.fmean(after) if after else float("nan")
+            h = statistics.fmean(head) if head else float("nan")
+            return f"{len(after)}: {a:.2f} / {h:.3f}"
+
+        oom, kv = part(self.after_oom, self.headroom_oom), part(self.after_kv, self.headroom_kv)
+        return f"{oom} | {kv}"
 
     def cell(self) -> str:
         conv = "" if self.all_converged else f" ({self.feasible - self.converged} not ready)"
@@ -409,11 +496,26 @@ class Figures:
 def figures(scored: Sequence[Scored]) -> Figures:
     """bench_oom's family_summary figures: convergence, mean attempts, headroom mean."""
     feasible = [x for x in scored if x.truth.feasible]
+
+    def after(kinds: frozenset[Outcome]) -> tuple[int, ...]:
+        return tuple(x.attempts for x in feasible if x.truth.first in kinds and x.ready)
+
+    def headroom(kinds: frozenset[Outcome]) -> tuple[float, ...]:
+        return tuple(
+            x.headroom
+            for x in scored
+            if x.chosen and x.headroom is not None and x.truth.first in kinds
+        )
+
     return Figures(
         len(feasible),
         sum(x.ready for x in feasible),
-        tuple(x.attempts for x in feasible if x.truth.first in FIXABLE and x.ready),
+        after(FIXABLE),
         tuple(x.headroom for x in scored if x.chosen and x.headroom is not None),
+        after(OOMS),
+        after(TOO_SMALL),
+        headroom(OOMS),
+        headroom(TOO_SMALL),
     )
 
 
@@ -530,6 +632,13 @@ def report(
             star = "*" if all(results[(p.name, name, s)].meets for s in seeds) else ""
             row.append(pooled[(p.name, name)].cell() + star)
         lines.append(f"| {p.name} | " + " | ".join(row) + " |")
+    lines += ["", "## Seeds pooled, split by the first failure: OOM-first n: mean attempts / "
+              "headroom | too-small-first n: mean attempts / headroom", "",
+              "| point | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for p in points:
+        lines.append(
+            f"| {p.name} | " + " | ".join(pooled[(p.name, n)].split() for n in names) + " |"
+        )
     lines += ["", "## Pareto frontier per family (seeds pooled; mean attempts, headroom mean)"]
     for name in names:
         for label, keep in (("priors", False), ("with oracles", True)):
