@@ -26,7 +26,10 @@ The priors (names as the policy looks them up *at call time*, by global name ins
 - ``KV_CUSHION`` (read by ``_Facts.soft_lo``): the smallest useful KV pool, as a fraction of
   ``pre``, {0.02 (shipped), 0.05, 0.10}. ``soft_lo`` serves both the step after
   ``kv_too_small`` (SGLang's minimum + cushion) and, after an OOM, the lowest fraction the
-  model-based search accepts before it cuts the graph bs, so the cushion moves both.
+  model-based search accepts before it cuts the graph bs, so the cushion moves both. 0 and
+  0.01 were added below the brief's values: after ``kv_too_small`` a smaller cushion is the
+  side that saves attempts (the graphs are unseen, and the start fails when the window above
+  SGLang's minimum is narrower than the cushion) and leaves headroom.
 - ``DEFAULT_STEP_GIB`` (read by ``_Facts.graphs``, ``_learn`` and ``_pass_fit``): the cost of
   each captured graph after the first, until a log shows a later step. Not in issue 9's list,
   added because the oracle rows showed it: when a pass's *first* step fails (the common
@@ -168,6 +171,8 @@ POINTS: tuple[Point, ...] = (
     Point("warmup-x4", warmup_scale=4.0),
     Point("share-0.5", draft_share=0.5),
     Point("share-1.0", draft_share=1.0),
+    Point("cushion-0", cushion=0.0),
+    Point("cushion-0.01", cushion=0.01),
     Point("cushion-0.05", cushion=0.05),
     Point("cushion-0.10", cushion=0.10),
     Point("step-0.035", step_gib=0.035),
@@ -179,9 +184,13 @@ POINTS: tuple[Point, ...] = (
     Point("x0.5/1.0/0.02", warmup_scale=0.5, draft_share=1.0),
     Point("x2/0.5/0.02/s0.05", warmup_scale=2.0, draft_share=0.5, step_gib=0.05),
     Point("x4/1.0/0.10/s0.05", warmup_scale=4.0, draft_share=1.0, cushion=0.10, step_gib=0.05),
+    Point("x4/1.0/0/s0.05", warmup_scale=4.0, draft_share=1.0, cushion=0.0, step_gib=0.05),
+    Point("x2/0.5/0.01/s0.05", warmup_scale=2.0, draft_share=0.5, cushion=0.01, step_gib=0.05),
     Point("oracle-warmup", oracle_warmup=True),
     Point("oracle-warmup+later", oracle_warmup=True, oracle_later=True),
     Point("oracle-all", oracle_warmup=True, oracle_later=True, oracle_step=True),
+    Point("oracle-all+cushion-0", oracle_warmup=True, oracle_later=True, oracle_step=True,
+          cushion=0.0),
     Point("oracle-all+cushion-0.05", oracle_warmup=True, oracle_later=True, oracle_step=True,
           cushion=0.05),
     Point("oracle-all+cushion-0.10", oracle_warmup=True, oracle_later=True, oracle_step=True,
