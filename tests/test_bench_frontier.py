@@ -116,3 +116,26 @@ def test_a_copy_bound_elsewhere_is_reported(frontier: ModuleType) -> None:
     copy.default_warmup_gib = policy.default_warmup_gib  # type: ignore[attr-defined]
     problems = frontier.check_patch_points([copy])
     assert problems == ["elsewhere holds its own binding of policy.default_warmup_gib"]
+
+
+@pytest.mark.parametrize("point", ["shipped", "cushion-0", "oracle-all+cushion-0"])
+def test_a_pool_too_small_with_no_window_at_the_starting_bs_costs_a_second_relaunch(
+    frontier: ModuleType, point: str
+) -> None:
+    """The floor the sweep reports: after kv_too_small the policy keeps the graph bs whatever
+    its priors, so where no fraction starts at that bs the first relaunch fails too."""
+    fam = frontier.load("multipass", 1, 120, BOUNDS)
+    blind = frontier.blind_runs(fam.truths)
+    assert len(blind) >= 3
+    chosen = next(p for p in frontier.POINTS if p.name == point)
+    strategy = frontier.ORACLE_POLICY if chosen.oracle else frontier.POLICY
+    with frontier.patched(chosen):
+        for i in blind:
+            case = fam.cases[i]
+            r = frontier.run(case, BOUNDS, strategy)
+            first, second = r.history[0], r.history[1]
+            assert first.outcome in frontier.TOO_SMALL
+            assert case.scenario.resolve(second.params)[1] == case.scenario.resolve(
+                first.params)[1]
+            assert second.outcome is not Outcome.READY
+            assert r.end == "ready" and len(r.history) >= 3
