@@ -656,9 +656,10 @@ def report(
             star = "*" if all(results[(p.name, name, s)].meets for s in seeds) else ""
             row.append(pooled[(p.name, name)].cell() + star)
         lines.append(f"| {p.name} | " + " | ".join(row) + " |")
-    lines += ["", "## Seeds pooled, split by the first failure: OOM-first n: mean attempts / "
-              "headroom | too-small-first n: mean attempts / headroom", "",
-              "| point | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += ["", "## Seeds pooled, split by the first failure (OOM: capture / warmup; small: "
+              "kv_too_small / hybrid state cache); n: mean attempts / headroom mean", "",
+              "| point | " + " | ".join(f"{n} OOM | {n} small" for n in names) + " |",
+              "|---|" + "---|" * (2 * len(names))]
     for p in points:
         lines.append(
             f"| {p.name} | " + " | ".join(pooled[(p.name, n)].split() for n in names) + " |"
