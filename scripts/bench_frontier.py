@@ -27,7 +27,7 @@ The priors (names as the policy looks them up *at call time*, by global name ins
   ``pre``, {0.02 (shipped), 0.05, 0.10}. ``soft_lo`` serves both the step after
   ``kv_too_small`` (SGLang's minimum + cushion) and, after an OOM, the lowest fraction the
   model-based search accepts before it cuts the graph bs, so the cushion moves both. 0 and
-  0.01 were added below the brief's values: after ``kv_too_small`` a smaller cushion is the
+  0.01 were added below the shipped 0.02: after ``kv_too_small`` a smaller cushion is the
   side that saves attempts (the graphs are unseen, and the start fails when the window above
   SGLang's minimum is narrower than the cushion) and leaves headroom.
 - ``DEFAULT_STEP_GIB`` (read by ``_Facts.graphs``, ``_learn`` and ``_pass_fit``): the cost of
@@ -62,8 +62,10 @@ Where this may mislead:
 
 - Only the names above are rebound. A copy bound elsewhere (``from launcher.policy import
   KV_CUSHION`` in another module, a default argument) would not see the patch;
-  ``check_patch_points`` fails if any loaded module holds the shipped object under the name,
-  or if a reading function no longer loads it as a global.
+  ``check_patch_points`` fails if a reading function no longer loads a name as a global, or
+  if any loaded module holds the shipped function or dict under the name (a float copied by
+  value, ``KV_CUSHION`` or ``DEFAULT_STEP_GIB``, cannot be told apart that way; none is
+  copied in ``launcher/`` today).
 - The families' generator draws the hidden quantities (warmup U(0.1, 3) GiB, draft graphs)
   independently of what the log shows (bench_oom's module docstring), so a prior can only be
   a bet on the generator's ranges; a good point here says nothing about real models.
