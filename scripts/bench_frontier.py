@@ -24,12 +24,12 @@ The priors (names as the policy looks them up *at call time*, by global name ins
   the failing pass. Only ``"draft_after_target"`` is swept, {0.25 (shipped), 0.5, 1.0};
   the module attribute is rebound to a new dict (the shipped dict is never mutated).
 - ``KV_CUSHION`` (read by ``_Facts.soft_lo``): the smallest useful KV pool, as a fraction of
-  ``pre``, {0.02 (shipped), 0.05, 0.10}. ``soft_lo`` serves both the step after
+  ``pre``, {0, 0.01, 0.02 (shipped), 0.05, 0.10}. ``soft_lo`` serves both the step after
   ``kv_too_small`` (SGLang's minimum + cushion) and, after an OOM, the lowest fraction the
   model-based search accepts before it cuts the graph bs, so the cushion moves both. 0 and
-  0.01 were added below the shipped 0.02: after ``kv_too_small`` a smaller cushion is the
-  side that saves attempts (the graphs are unseen, and the start fails when the window above
-  SGLang's minimum is narrower than the cushion) and leaves headroom.
+  0.01 were added below the shipped 0.02: after ``kv_too_small`` the graphs are unseen and
+  the relaunch fails where the window above SGLang's minimum is narrower than the cushion, so
+  a smaller cushion saves attempts there and leaves more headroom.
 - ``DEFAULT_STEP_GIB`` (read by ``_Facts.graphs``, ``_learn`` and ``_pass_fit``): the cost of
   each captured graph after the first, until a log shows a later step. Not in issue 9's list,
   added because the oracle rows showed it: when a pass's *first* step fails (the common
@@ -43,7 +43,8 @@ Oracle rows bound what any prior for these unknowns could give:
   need after capture, ``scenario.warmup_gib`` (``launcher.sim.memory.simulate`` charges
   nothing else after the last capture pass). The policy still adds its margin
   (``margin_gib``) on top, as it does to a seen warmup.
-- ``oracle-later``: additionally what loads after a failing capture pass is true, from the
+- ``oracle-later`` (the points ``oracle-warmup+later`` and ``oracle-all*``): additionally
+  what loads after a failing capture pass is true, from the
   simulator at the attempt's own params. ``_later_passes`` keeps the policy's choice of which
   passes follow, with each share set so that ``share x first + step x sizes`` is that pass's
   true size (``first``: the failing pass's first-step activations, a prefill pass's whole
