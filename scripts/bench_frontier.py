@@ -44,8 +44,8 @@ Oracle rows bound what any prior for these unknowns could give:
   nothing else after the last capture pass). The policy still adds its margin
   (``margin_gib``) on top, as it does to a seen warmup.
 - ``oracle-later`` (the points ``oracle-warmup+later`` and ``oracle-all*``): additionally
-  what loads after a failing capture pass is true, from the
-  simulator at the attempt's own params. ``_later_passes`` keeps the policy's choice of which
+  what loads after a failing capture pass is true, from the simulator at the attempt's own
+  params. ``_later_passes`` keeps the policy's choice of which
   passes follow, with each share set so that ``share x first + step x sizes`` is that pass's
   true size (``first``: the failing pass's first-step activations, a prefill pass's whole
   size; after a prefill pass the policy's own token ratio is divided back out).
@@ -87,10 +87,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from types import ModuleType
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_oom beside this script
 
 from bench_oom import (
     FAMILIES,
@@ -684,6 +681,8 @@ def report(
     for name in names:
         for label, keep in (("priors", False), ("oracles", True)):
             cand = [p for p in points if p.oracle == keep]
+            if not cand:
+                continue
             every = [p.name for p in cand
                      if all(results[(p.name, name, s)].meets for s in seeds)]
             pool_ok = [p.name for p in cand if pooled[(p.name, name)].meets]
@@ -754,9 +753,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("a patch would not reach the policy:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
     names = FAMILIES if args.family is None else tuple(args.family.split(","))
-    seeds = [int(s) for s in args.seeds.split(",")]
     by_name = {p.name: p for p in POINTS}
-    wanted = POINTS if args.points is None else tuple(by_name[x] for x in args.points.split(","))
+    points = list(by_name) if args.points is None else args.points.split(",")
+    for flag, given, known in (("--family", names, FAMILIES), ("--points", points, by_name)):
+        unknown = [x for x in given if x not in known]
+        if unknown:
+            parser.error(f"{flag}: unknown {', '.join(unknown)} (one of {', '.join(known)})")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds: {args.seeds!r} is not a comma list of integers")
+    wanted = tuple(by_name[x] for x in points)
     show = set(args.trails.split(",")) if args.trails else set()
     bounds = Bounds(args.floor, args.ceiling, 1, args.max_attempts)
     began = time.perf_counter()
