@@ -159,16 +159,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from launcher import policy  # its priors by attribute: bench_frontier rebinds them
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
 from launcher.policy import (
-    DEFAULT_STEP_GIB,
-    LATER_PASS_SHARE,
     AttemptRecord,
     Bounds,
     _Context,
     _learn,
     _pass_width,
-    default_warmup_gib,
     next_params,
 )
 from launcher.sglang.autoargs import capture_bs_list
@@ -1097,7 +1095,7 @@ def _wasted_cause(case: Case, r: Run, k: int, bounds: Bounds) -> tuple[str, tupl
                 true_c = s.spec.draft_graph_overhead_gib
             else:
                 true_c = s.graph_overhead_gib
-            guess = facts.c if facts.c is not None else DEFAULT_STEP_GIB
+            guess = facts.c if facts.c is not None else policy.DEFAULT_STEP_GIB
             return f"a later capture step of {name} (GiB per graph)", (guess, true_c)
         if name not in seen:
             target = passes.get("target_verify") or passes.get("target_decode")
@@ -1108,17 +1106,19 @@ def _wasted_cause(case: Case, r: Run, k: int, bounds: Bounds) -> tuple[str, tupl
                 1e-9, target.allocations[0][1] - target.allocations[-1][1])
             last = earlier[-1].numbers
             if name.startswith("draft") and (last.graph_pass or "").startswith("target"):
-                guess = LATER_PASS_SHARE["draft_after_target"]
+                guess = policy.LATER_PASS_SHARE["draft_after_target"]
             elif name == GraphPass.DRAFT_EXTEND and last.graph_pass == GraphPass.DRAFT_DECODE:
                 guess = _pass_width(GraphPass.DRAFT_EXTEND, last, s.sglang_version) / _pass_width(
                     GraphPass.DRAFT_DECODE, last, s.sglang_version)
             else:
-                guess = LATER_PASS_SHARE["same_model"]
+                guess = policy.LATER_PASS_SHARE["same_model"]
             return (f"a pass not yet seen: {name} (first step / the target pass's)",
                     (guess, share))
         return f"the first step of a pass already seen ({name})", ()
     if rec.outcome is Outcome.OOM_RUNTIME:
-        guess = facts.warmup if facts.warmup is not None else default_warmup_gib(facts.pre or 1.0)
+        guess = facts.warmup
+        if guess is None:
+            guess = policy.default_warmup_gib(facts.pre or 1.0)
         return "warmup OOM after a capture OOM (GiB)", (guess, s.warmup_gib)
     return f"{rec.outcome.value} after an earlier failure", ()
 
