@@ -140,8 +140,9 @@ the seeds' fitted figures (``LATER_PASS_SHARE["draft_after_target"]`` 0.25 is ex
 kimi-k2.5-eagle3-sim's draft/target per-token ratio, 0.005 / 0.02); the seed-fitted models
 carry one per-rank figure at every tp and GPU; and everything listed above for ``--families``
 (an exact log, deterministic memory). Where it may be harsh: the seed-fitted DeepSeek-V4 graph
-costs (0.246 GiB per verify token, 0.4 GiB per graph) are not explained by SGLang's source
-(docs/memory.md), and they dominate ``mtp`` and half of ``multipass``.
+pools (0.368 GiB per verify token, the MTP head 0.117 per token; SGLang's 8 MiB per graph) are
+not explained by SGLang's source (docs/memory.md), and they dominate ``mtp`` and half of
+``multipass``.
 """
 
 from __future__ import annotations

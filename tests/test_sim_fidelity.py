@@ -153,3 +153,34 @@ def test_eagle_draft_is_sglang_shaped_from_its_tensors(version: str, tp: int) ->
         json.loads((model_dir("llama-70b-eagle-sim") / "config.json").read_text()))
     extra = EAGLE_WHOLE - LLAMA_WHOLE
     assert draft.graph_bytes_per_token(tp) + extra == tensors
+
+
+# --- DeepSeek-V4-Flash's graphs: SGLang's 8 MiB per graph, the seed's totals ------------------
+
+
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.23"])
+def test_deepseek_v4_graphs_cost_sglangs_8_mib_per_graph_and_keep_the_seeds_total(
+    version: str,
+) -> None:
+    """The seeds' launch (tp 4, EAGLE 1/1/2, graph bs 32): 20 verify graphs (1..8, 10..32 by
+    2) at 2 tokens per request. Every graph after the first costs SGLang's 8 MiB, on the target
+    and on the NextN draft (0.5.23 deepseek_v4_backend keeps no context-sized buffer per
+    graph: docs/memory.md, "Per graph (round dsgraph)"). The totals are the seed's, as the old
+    split (0.24594 GiB per token + 0.4 per graph; draft 0.116875 + 0.02) gave them:
+    verify 0.24594 x 64 + 20 x 0.4 = 15.74016 + 8 = 23.74016 GiB, now 0.36849859375 x 64 +
+    20 x 0.0078125 = 23.58391 + 0.15625 = 23.74016 GiB; the draft-extend pass's first step,
+    the seed's "Tried to allocate 7.50 GiB", 0.116875 x 64 + 0.02 = 7.48 + 0.02 = 7.50, now
+    0.1170654296875 x 64 + 0.0078125 = 7.4921875 + 0.0078125 = 7.50."""
+    graph_flag = "--cuda-graph-max-bs-decode" if version == "0.5.23" else "--cuda-graph-max-bs"
+    s = scenario("deepseek-v4-flash-sim", 4, "--speculative-algorithm", "EAGLE",
+                 "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
+                 "--speculative-num-draft-tokens", "2", graph_flag, "32", version=version)
+    assert s.spec is not None
+    passes = {p.name: p for p in s.graph_passes(32)}
+    verify, extend = passes["target_verify"], passes["draft_extend"]
+    assert [*range(1, 9), *range(10, 33, 2)] == verify.sizes == extend.sizes
+    for p in (verify, extend):
+        assert [8 / 1024] * 19 == [gib for _, gib in p.allocations[1:]], p.name
+    assert verify.total_gib == pytest.approx(0.24594 * 64 + 20 * 0.4, abs=1e-9)
+    assert verify.total_gib == pytest.approx(23.74016, abs=1e-9)
+    assert extend.allocations[0] == (32, pytest.approx(7.50, abs=1e-9))
