@@ -503,16 +503,20 @@ def _cap_of(params: LaunchParams, n: Numbers, spec: bool, bs: int) -> int:
 def _pass_width(gpass: GraphPass, n: Numbers, version: str) -> int:
     """Tokens per request a draft pass's graphs run (SGLang's capture width; 1 otherwise).
 
-    Draft decode: ``topk`` tokens in each of ``steps`` forwards captured in one graph (0.5.10
-    ``eagle_draft_cuda_graph_runner``: ``num_tokens_per_bs = topk``, ``out_cache_loc`` sized
-    ``max_num_token x steps``; 0.5.23 ``spec_utils.resolve_num_tokens_per_req``). Draft extend:
+    Draft decode: ``topk``. One graph holds the steps, but its forwards run one after another
+    on ``bs x topk`` tokens each, so its activations are one step's (0.5.10
+    ``eagle_draft_cuda_graph_runner.py:87``: ``num_tokens_per_bs = topk``;
+    ``eagle_worker.draft_forward``, l.622-700; 0.5.23 ``spec_utils.resolve_num_tokens_per_req``
+    and ``eagle_worker_v2.draft_forward``, l.742-923). Only ``out_cache_loc`` (int64, ``max_bs x
+    topk x steps``, a few KiB) and the attention backend's per-step index state grow with the
+    steps (``launcher.sim.memory.MemoryScenario.draft_passes``). Draft extend:
     ``steps + 1`` on 0.5.10 (``eagle_draft_extend_cuda_graph_runner.py``: ``num_tokens_per_bs
     = speculative_num_steps + 1``), ``--speculative-num-draft-tokens`` from 0.5.23 ("full tree
     width ... not num_steps + 1"). Unset values are SGLang's auto shape (3, 1, 4).
     """
     steps = n.speculative_num_steps or SPEC_AUTO_STEPS
     if gpass is GraphPass.DRAFT_DECODE:
-        return (n.speculative_eagle_topk or 1) * steps
+        return n.speculative_eagle_topk or 1
     if gpass is GraphPass.DRAFT_EXTEND:
         if at_least(version, DRAFT_EXTEND_FULL_WIDTH_FROM):
             return n.speculative_num_draft_tokens or SPEC_AUTO_STEPS + 1
@@ -530,9 +534,10 @@ def _later_passes(gpass: GraphPass, n: Numbers, ctx: _Context, extend_off: bool)
     SGLang formula relates the draft model's cost per token to the target's, and no log shows
     it before the draft's graphs). A pass of the same model after another: as large per
     captured token, since SGLang sizes every decode-like graph from ``max_bs x`` its width
-    (``_pass_width``): draft extend after a draft decode of ``topk x steps`` tokens per request
-    is that decode pass times ``width(extend) / (topk x steps)``. After a prefill pass the
-    caller scales by the tokens that pass ran.
+    (``_pass_width``): draft extend after a draft decode of ``topk`` tokens per request (one
+    step's activations: its forwards run one after another) is that decode pass times
+    ``width(extend) / topk``. After a prefill pass the caller scales by the tokens that pass
+    ran.
     """
     spec = ctx.spec or n.speculative
     steps = n.speculative_num_steps or SPEC_AUTO_STEPS

@@ -724,17 +724,20 @@ def _best_fraction(world: World, bs: int) -> float | None:
 
 
 def test_draft_extend_after_a_draft_decode_oom_is_sized_by_sglangs_capture_widths() -> None:
-    """0.5.23, EAGLE 3 steps / topk 1 / 4 draft tokens: the draft decode graph captures
-    bs x topk tokens in each of 3 steps, the draft extend graph bs x 4 (SGLang's
-    ``resolve_num_tokens_per_req``), so extend is 4/3 of decode per bs. After an OOM in draft
-    decode the next fraction leaves room for that extend pass: ready in one relaunch."""
+    """0.5.23, EAGLE 3 steps / topk 1 / 4 draft tokens: the draft decode graph runs its 3
+    steps one after another on bs x topk tokens (one step's activations, 0.1 GiB per bs),
+    the draft extend graph bs x 4 (SGLang's ``resolve_num_tokens_per_req``), 0.4 per bs: 4
+    times decode. At 0.93 (5.60 free) verify takes 2.60 + 7 x 0.01 and draft decode's 3.20
+    does not fit in 2.93. After that OOM the next fraction leaves room for the extend pass
+    (12.80 + 0.07, as 4 x the decode step seen): ready in one relaunch. Sizing extend by
+    topk x steps (4/3 of decode, 4.27) would fail it once more."""
     world = World(
         pre=80.0, weights=40.0, tp=1, warmup=0.5, spec=True, steps=3, draft_tokens=4,
         passes=(Pass(GraphPass.TARGET_VERIFY, 1.0, 0.05, 0.01),
-                Pass(GraphPass.DRAFT_DECODE, 0.0, 0.3, 0.01),
+                Pass(GraphPass.DRAFT_DECODE, 0.0, 0.1, 0.01),
                 Pass(GraphPass.DRAFT_EXTEND, 0.0, 0.4, 0.01)),
     )
-    run = run_multipass(world, LaunchParams(0.85, 32))
+    run = run_multipass(world, LaunchParams(0.93, 32))
     assert run.history[0].outcome is Outcome.OOM_GRAPH_CAPTURE
     assert "draft_decode" == run.history[0].numbers.graph_pass
     assert run.ready and len(run.history) == 2, [
@@ -743,18 +746,20 @@ def test_draft_extend_after_a_draft_decode_oom_is_sized_by_sglangs_capture_width
 
 
 def test_0_5_10_draft_extend_is_sized_by_steps_plus_one_not_the_tree() -> None:
-    """0.5.10, EAGLE 2 steps / topk 4 / 8 draft tokens: draft decode captures 4 x 2 = 8 tokens
-    per request, draft extend ``steps + 1`` = 3 (eagle_draft_extend_cuda_graph_runner.py
-    ``num_tokens_per_bs``). After an OOM in draft decode the extend pass is expected at 3/8 of
-    it, not as large again: ready in one relaunch at bs 32, with little KV left unused."""
+    """0.5.10, EAGLE 2 steps / topk 4 / 8 draft tokens: draft decode runs topk = 4 tokens per
+    request (its steps one after another; 0.1 GiB per token: 0.4 per bs), draft extend
+    ``steps + 1`` = 3 (eagle_draft_extend_cuda_graph_runner.py ``num_tokens_per_bs``), 0.3
+    per bs. At 0.85 (15.00 free) verify takes 2.60 + 7 x 0.01 and draft decode's 12.80 does
+    not fit in 12.33. After that OOM the extend pass is expected at 3/4 of it (9.60), not at
+    the tree's 8/4: ready in one relaunch at bs 32, with little KV left unused."""
     world = World(
         pre=100.0, weights=30.0, tp=1, warmup=0.5, spec=True, steps=2, topk=4, draft_tokens=8,
         version="0.5.10",
         passes=(Pass(GraphPass.TARGET_VERIFY, 1.0, 0.05, 0.01),
-                Pass(GraphPass.DRAFT_DECODE, 0.0, 0.8, 0.01),
+                Pass(GraphPass.DRAFT_DECODE, 0.0, 0.4, 0.01),
                 Pass(GraphPass.DRAFT_EXTEND, 0.0, 0.3, 0.01)),
     )
-    run = run_multipass(world, LaunchParams(0.75, 32))
+    run = run_multipass(world, LaunchParams(0.85, 32))
     assert "draft_decode" == run.history[0].numbers.graph_pass
     assert run.ready and len(run.history) == 2, run.reason
     last = run.history[-1].params

@@ -839,21 +839,23 @@ def test_a_draft_decode_oom_counts_every_pass_since_capture_began_and_the_one_to
     needed again (20.00 - 2.50 = 17.50), plus the tried 3.005 and the pass's 19 remaining
     steps (0.38), plus the draft extend pass still to come (as large per captured token as
     the draft decode pass's first step, 3.385 - 20 x 0.02 = 2.985: SGLang 0.5.23 captures draft
-    extend at the 4 draft tokens per request, draft decode at topk x steps = 3, so 2.985 x 4/3
-    = 3.98, and its 20 steps, 0.40), and two roundings: 25.275 GiB of graphs. With warmup 2.00
-    and margin 0.25: 1 - 27.525/100 -> 0.724.
+    extend at the 4 draft tokens per request, draft decode at topk = 1 (its 3 steps run one
+    after another, so one step's activations), so 2.985 x 4/1 = 11.94, and its 20 steps, 0.40),
+    and two roundings: 33.235 GiB of graphs. With warmup 2.00 and margin 0.25: 1 -
+    35.485/100 -> 0.645.
 
     With the floor at 0.76 the bs drops: the prefill pass (2.00) and what was gone before the
     failing pass began (7.50) stay, the decode-like passes' first steps (verify 7.60, draft
-    decode 2.985, draft extend 3.98) scale by 24/32, and 3 passes x 16 sizes x 0.02 are
-    steps: 9.51 + 10.92375 + 0.96 = 21.39375, so 1 - 23.64375/100 -> 0.763 at bs 24."""
+    decode 2.985, draft extend 11.94: 22.525) scale by 16/32, and 3 passes x 12 sizes x 0.02
+    are steps: 9.51 + 11.2625 + 0.72 = 21.4925, so 1 - 23.7425/100 -> 0.762 at bs 16 (bs 18,
+    13 sizes: 9.51 + 12.670 + 0.78 + 2.25 = 25.21, 0.748, below the floor)."""
     begins = [("target_prefill", 20.0), ("target_verify", 18.0), ("draft_decode", 10.0)]
     oom = pass_oom(LaunchParams(0.8, 32), "draft_decode", graph_begins=begins,
                    graph_begin_avail_gib=10.0, graph_passes_begun=3, tried_gib=3.0,
                    free_gib=2.5, speculative_algorithm="EAGLE", speculative_num_steps=3)
-    assert proposal(nxt(oom, sglang_version="0.5.23")) == (0.724, 32)
+    assert proposal(nxt(oom, sglang_version="0.5.23")) == (0.645, 32)
     floor = Bounds(mem_fraction_floor=0.76)
-    assert proposal(nxt(oom, sglang_version="0.5.23", bounds=floor)) == (0.763, 24)
+    assert proposal(nxt(oom, sglang_version="0.5.23", bounds=floor)) == (0.762, 16)
 
 
 def draft_decode_oom(**numbers: object) -> AttemptRecord:
@@ -921,16 +923,20 @@ def test_on_0_5_10_the_draft_weights_and_pool_between_the_passes_are_not_graph_m
     (first step 4.60 + 20 steps), the draft weights 1.00, the draft pass 12 - 3 = 9.00 gone
     plus 10.005 tried and 19 steps (0.38), draft extend to come as large per captured token
     as the draft decode first step (9.985; 0.5.10 captures draft extend at steps + 1 = 4
-    tokens per request, draft decode at topk x steps = 3: 9.985 x 4/3 = 13.3133) and 20 steps,
-    two roundings: 39.1083. The pool is 2.00 at 0.80, i.e. 0.05 GiB per GiB of the target's
-    pool (80 - 40), so at m it takes 0.05 (100 m - 40): (1 - m) 100 >= 39.1083 + 2.00 + 0.25
-    + 0.05 (100 m - 40) gives m <= 60.6417/105 -> 0.577."""
+    tokens per request, draft decode at topk = 1, its steps one after another: 9.985 x 4/1 =
+    39.94) and 20 steps, two roundings: 65.735. The pool is 2.00 at 0.80, i.e. 0.05 GiB per
+    GiB of the target's pool (80 - 40), so at m it takes 0.05 (100 m - 40): (1 - m) 100 >=
+    65.735 + 2.00 + 0.25 + 0.05 (100 m - 40) gives m <= 34.015/105 = 0.324, below the floor
+    0.50. At bs 24 (16 sizes) the fixed 10.01 (draft weights 1.00, the 9.00 gone, two
+    roundings) stays, the first steps (4.60 + 9.985 + 39.94 = 54.525) scale by 24/32 and
+    3 passes x 16 x 0.02 are steps: 51.86375, m <= 47.88625/105 = 0.456, still below. At
+    bs 16 (12 sizes): 10.01 + 27.2625 + 0.72 = 37.9925, m <= 61.7575/105 -> 0.588."""
     begins = [("target_verify", 20.0), ("draft_decode", 12.0)]
     oom = pass_oom(LaunchParams(0.8, 32), "draft_decode", graph_begins=begins,
                    graph_begin_avail_gib=12.0, graph_passes_begun=2, graph_passes_ended=1,
                    tried_gib=10.0, free_gib=3.0, draft_weights_gib=1.0, draft_kv_gib=2.0,
                    speculative_algorithm="EAGLE", speculative_num_steps=3)
-    assert proposal(nxt(oom, sglang_version="0.5.10")) == (0.577, 32)
+    assert proposal(nxt(oom, sglang_version="0.5.10")) == (0.588, 16)
 
 
 def test_a_graph_estimate_below_the_kv_bound_bisects_between_the_brackets() -> None:

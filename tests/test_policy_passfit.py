@@ -53,7 +53,7 @@ def proposal(decision: Decision) -> tuple[float, int]:
 # --- 0.5.10: the draft's weights and pool load between the target's and the draft's graphs ----
 
 
-@pytest.mark.parametrize(("draft_weights", "at_24"), [(1.0, 0.76), (None, 0.762)])
+@pytest.mark.parametrize(("draft_weights", "at_24"), [(1.0, 0.703), (None, 0.706)])
 def test_0_5_10_draft_between_only_after_the_targets_last_pass(
     draft_weights: float | None, at_24: float
 ) -> None:
@@ -63,25 +63,26 @@ def test_0_5_10_draft_between_only_after_the_targets_last_pass(
     verify. Fixed: prefill 2.00, draft weights 1.00, what the failing pass found gone (9.00 -
     2.50 = 6.50), roundings 0.01: 9.51. Scaled (first steps): verify 18 - 9 - 1 - 2 = 6.00
     less 20 steps (0.40) = 5.60; draft decode 3.005 + 19 x 0.02 = 3.385 less 0.40 = 2.985;
-    draft extend to come at 4/3 of that (0.5.10 captures extend at steps + 1 = 4 tokens per
-    request, decode at 3) = 3.98: 12.565. Steps: 3 passes x 20 x 0.02 = 1.20. Graphs 23.275;
-    with warmup 2.00 and margin 0.25, 25.525. The draft pool is 2.00 of the target's 80 - 40,
-    0.05 GiB per GiB: m <= (100 - 25.525 + 0.05 x 40) / 105 = 0.72833 -> 0.728.
+    draft extend to come at 4/1 of that (0.5.10 captures extend at steps + 1 = 4 tokens per
+    request, decode at topk = 1: its steps run one after another) = 11.94: 20.525. Steps: 3
+    passes x 20 x 0.02 = 1.20. Graphs 31.235; with warmup 2.00 and margin 0.25, 33.485. The
+    draft pool is 2.00 of the target's 80 - 40, 0.05 GiB per GiB: m <= (100 - 33.485 + 0.05 x
+    40) / 105 = 0.65252 -> 0.652.
 
-    At bs 24 (floor 0.76): 9.51 + 12.565 x 24/32 + 3 x 16 x 0.02 = 19.89375, so m <= (100 -
-    22.14375 + 2) / 105 = 0.76054 -> 0.760.
+    At bs 24 (floor 0.70): 9.51 + 20.525 x 24/32 + 3 x 16 x 0.02 = 25.86375, so m <= (100 -
+    28.11375 + 2) / 105 = 0.70368 -> 0.703.
 
     Without the draft's weight line nothing is counted for the weights: the 1.00 is verify's
-    (fixed 8.51, verify's first step 6.60, scaled 13.565): the same 23.275 at bs 32, but at
-    bs 24 8.51 + 10.17375 + 0.96 = 19.64375, (100 - 21.89375 + 2) / 105 = 0.76292 -> 0.762."""
+    (fixed 8.51, verify's first step 6.60, scaled 21.525): the same 31.235 at bs 32, but at
+    bs 24 8.51 + 16.14375 + 0.96 = 25.61375, (100 - 27.86375 + 2) / 105 = 0.70606 -> 0.706."""
     oom = rec(CAPTURE, graph_pass="draft_decode", graph_first_begin_avail_gib=20.0,
               graph_begin_avail_gib=9.0, graph_passes_begun=3, graph_passes_ended=2,
               graph_begins=[("target_prefill", 20.0), ("target_verify", 18.0),
                             ("draft_decode", 9.0)],
               tried_gib=3.0, free_gib=2.5, draft_weights_gib=draft_weights, draft_kv_gib=2.0,
               **EAGLE3)
-    assert proposal(decide(oom, "0.5.10")) == (0.728, 32)
-    assert proposal(decide(oom, "0.5.10", Bounds(mem_fraction_floor=0.76))) == (at_24, 24)
+    assert proposal(decide(oom, "0.5.10")) == (0.652, 32)
+    assert proposal(decide(oom, "0.5.10", Bounds(mem_fraction_floor=0.70))) == (at_24, 24)
 
 
 @pytest.mark.parametrize(("draft_kv", "expected"), [(2.0, 0.792), (None, 0.792)])
@@ -154,14 +155,14 @@ def test_a_pass_smaller_than_its_default_steps_counts_as_its_size() -> None:
     default steps, 0.40); draft decode began at 19.80 and failed its first step trying 3.00
     with 2.50 free. Verify's first step is 0 and its fixed part 0.20 - 0.40 = -0.20, so the
     pass counts 0.20 at bs 32. Fixed: -0.20 + (19.80 - 2.50) + 0.01 = 17.11. Scaled: draft
-    decode 3.005 + 19 x 0.02 - 0.40 = 2.985, draft extend to come at 4/3 of it (4 draft
-    tokens against topk x steps = 3) 3.98. Graphs 17.11 + 6.965 + 3 x 20 x 0.02 = 25.275,
-    need 27.525: 0.72475 -> 0.724."""
+    decode 3.005 + 19 x 0.02 - 0.40 = 2.985, draft extend to come at 4/1 of it (4 draft
+    tokens against topk = 1: draft decode's steps run one after another) 11.94. Graphs 17.11
+    + 14.925 + 3 x 20 x 0.02 = 33.235, need 35.485: 0.64515 -> 0.645."""
     oom = rec(CAPTURE, graph_pass="draft_decode", graph_first_begin_avail_gib=20.0,
               graph_begin_avail_gib=19.8, graph_passes_begun=2, graph_passes_ended=1,
               graph_begins=[("target_verify", 20.0), ("draft_decode", 19.8)],
               tried_gib=3.0, free_gib=2.5, **EAGLE3)
-    assert proposal(decide(oom, "0.5.23")) == (0.724, 32)
+    assert proposal(decide(oom, "0.5.23")) == (0.645, 32)
 
 
 def test_a_failed_prefill_first_step_holds_its_static_buffers_and_scales_the_decode_pass() -> None:
@@ -229,16 +230,17 @@ OFF = ("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "1")
 
 
 def test_draft_extend_to_come_is_left_out_when_the_switch_turns_it_off() -> None:
-    """EAGLE 3 steps on 0.5.23 with weights 72.50 (the KV pool wants (72.50 + 2.00) / 100 =
-    0.745) and the graph bs floor at 32. Prefill began at 20.00, verify at 18.00, draft decode
+    """EAGLE 3 steps on 0.5.23 with weights 64.00 (the KV pool wants (64.00 + 2.00) / 100 =
+    0.66) and the graph bs floor at 32. Prefill began at 20.00, verify at 18.00, draft decode
     at 10.00, whose first step tried 3.00 with 2.50 free. Graphs at 32: fixed 2.00 + 7.50 +
-    0.01 = 9.51; first steps verify 7.60, draft decode 2.985, draft extend to come 3.98; 3 x
-    20 steps 1.20: 25.275, need 27.525: 0.724 leaves too small a pool. Without the switch the
-    most the brackets allow without the guesses (margin, warmup) is tried: 1 - 25.275/100 ->
-    0.747. With it, draft extend is left out (its 3.98 and 20 steps): 9.51 + 10.585 + 0.80 =
-    20.895, need 23.145: 0.76855 -> 0.768, with SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1."""
+    0.01 = 9.51; first steps verify 7.60, draft decode 2.985, draft extend to come 4/1 of it
+    (4 draft tokens against topk = 1) 11.94; 3 x 20 steps 1.20: 33.235, need 35.485: 0.645
+    leaves too small a pool. Without the switch the most the brackets allow without the
+    guesses (margin, warmup) is tried: 1 - 33.235/100 -> 0.667. With it, draft extend is left
+    out (its 11.94 and 20 steps): 9.51 + 10.585 + 0.80 = 20.895, need 23.145: 0.76855 ->
+    0.768, with SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1."""
     oom = rec(CAPTURE, graph_pass="draft_decode", graph_first_begin_avail_gib=20.0,
-              graph_begin_avail_gib=10.0, graph_passes_begun=3, post_weights_avail_gib=27.5,
+              graph_begin_avail_gib=10.0, graph_passes_begun=3, post_weights_avail_gib=36.0,
               graph_begins=[("target_prefill", 20.0), ("target_verify", 18.0),
                             ("draft_decode", 10.0)],
               tried_gib=3.0, free_gib=2.5, **EAGLE3)
@@ -249,7 +251,7 @@ def test_draft_extend_to_come_is_left_out_when_the_switch_turns_it_off() -> None
         head + "0.768, graph bs 32 kept; SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 (draft "
         "extend graph off); speculative params unchanged")
     assert decide(oom, "0.5.23", NO_SWITCH) == Decision(
-        LaunchParams(0.747, 32), head + "0.747, graph bs 32 kept; speculative params unchanged")
+        LaunchParams(0.667, 32), head + "0.667, graph bs 32 kept; speculative params unchanged")
 
 
 def test_a_draft_extend_pass_seen_is_left_out_when_the_switch_turns_it_off() -> None:
@@ -269,20 +271,29 @@ def test_a_draft_extend_pass_seen_is_left_out_when_the_switch_turns_it_off() -> 
     assert decide(oom, "0.5.23", NO_SWITCH).params == LaunchParams(0.791, 32)
 
 
-def test_draft_extend_to_come_is_scaled_by_the_configured_steps() -> None:
-    """EAGLE on 0.5.23 with 2 steps, topk 1 and 4 draft tokens: draft decode captures 1 x 2
-    tokens per request, draft extend 4, so extend is expected at twice the decode pass's
-    first step. Prefill began at 20.00, verify at 18.00, draft decode at 10.00 (first step
-    tried 3.00, 2.50 free): fixed 2.00 + 7.50 + 0.01 = 9.51; first steps verify 7.60, draft
-    decode 2.985, draft extend 2 x 2.985 = 5.97; 3 x 20 steps 1.20. Graphs 27.265, need
-    29.515: 0.70485 -> 0.704."""
+@pytest.mark.parametrize(("steps", "topk", "expected"),
+                         [(2, 1, 0.645), (5, 1, 0.645), (2, 2, 0.704), (5, 2, 0.704)])
+def test_draft_extend_to_come_is_scaled_by_topk_not_topk_times_steps(
+    steps: int, topk: int, expected: float
+) -> None:
+    """EAGLE on 0.5.23 with 4 draft tokens: the draft decode graph runs its steps one after
+    another on ``bs x topk`` tokens (eagle_worker_v2.draft_forward, l.808; the runner's
+    width is ``resolve_num_tokens_per_req("draft_decode")`` = topk), draft extend 4 tokens
+    per request, so extend is expected at 4/topk times the decode pass's first step,
+    whatever the steps. Prefill began at 20.00, verify at 18.00, draft decode at 10.00 (first
+    step tried 3.00, 2.50 free): fixed 2.00 + 7.50 + 0.01 = 9.51; first steps verify 7.60,
+    draft decode 2.985; 3 x 20 steps 1.20. topk 1: draft extend 4 x 2.985 = 11.94, graphs
+    33.235, need 35.485: 0.64515 -> 0.645. topk 2: 2 x 2.985 = 5.97, graphs 27.265, need
+    29.515: 0.70485 -> 0.704. (The old width topk x steps gave 0.704 at 2 steps / topk 1 and
+    0.734 at 2 steps / topk 2: graphs 24.28.)"""
     oom = rec(CAPTURE, graph_pass="draft_decode", graph_first_begin_avail_gib=20.0,
               graph_begin_avail_gib=10.0, graph_passes_begun=3,
               graph_begins=[("target_prefill", 20.0), ("target_verify", 18.0),
                             ("draft_decode", 10.0)],
               tried_gib=3.0, free_gib=2.5, speculative_algorithm="EAGLE",
-              speculative_num_steps=2, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
-    assert proposal(decide(oom, "0.5.23")) == (0.704, 32)
+              speculative_num_steps=steps, speculative_eagle_topk=topk,
+              speculative_num_draft_tokens=4)
+    assert proposal(decide(oom, "0.5.23")) == (expected, 32)
 
 
 def test_a_pass_oom_at_graph_bs_1_scales_its_first_step_by_1() -> None:

@@ -136,7 +136,8 @@ def test_eagle_draft_is_sglang_shaped_from_its_tensors(version: str, tp: int) ->
     """EAGLE with --speculative-draft-model-path (accepted by 0.5.10 and 0.5.23 for a Llama
     target): the draft's weights, its one-layer KV cell and its graph pool per captured token,
     4.57 x (whole + split / tp + gathered at tp > 1) + 4 bytes per token of the target's
-    context, as the target's; 8 MiB per graph."""
+    context, as the target's, of which the 4 bytes x context are the attention state that
+    draft decode keeps per step; 8 MiB per graph."""
     s = scenario("llama-70b-sim", tp, "--speculative-algorithm", "EAGLE",
                  "--speculative-draft-model-path", str(model_dir("llama-70b-eagle-sim")),
                  "--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
@@ -145,6 +146,7 @@ def test_eagle_draft_is_sglang_shaped_from_its_tensors(version: str, tp: int) ->
     assert s.spec.draft_weights_gib * GIB == pytest.approx(EAGLE_DRAFT_BYTES / tp)
     tensors = EAGLE_WHOLE + LLAMA_SPLIT / tp + (LLAMA_GATHERED if tp > 1 else 0)
     assert s.spec.draft_graph_gib_per_token * GIB == pytest.approx(4.57 * tensors + 4096 * 4)
+    assert s.spec.draft_attn_state_gib_per_token * GIB == pytest.approx(4096 * 4)
     assert s.spec.draft_graph_overhead_gib == 8 / 1024
     # one layer of 8 KV heads of 128 (K and V), 2 bytes: max(1, 8 // tp) x 512 per token
     assert s.spec.draft_kv_gib_per_1k_tokens * GIB / 1000 == pytest.approx(max(1, 8 // tp) * 512)

@@ -138,9 +138,11 @@ def test_graph_bs_above_the_running_request_cap_changes_nothing() -> None:
     assert (at64_cap64.graph_mem_gib or 0) > (at64.graph_mem_gib or 0)
 
 
-def test_graph_memory_grows_with_bs_draft_tokens_topk_and_steps() -> None:
+def test_graph_memory_grows_with_bs_draft_tokens_and_topk() -> None:
     """Verify and draft extend grow with max_bs x num_draft_tokens, draft decode with
-    max_bs x topk x steps; one step captures no draft decode graph."""
+    max_bs x topk: its steps run one after another in the graph (eagle_worker.draft_forward),
+    so a fitted draft is charged one step, 0.01 x 32 x 2 + 0.005 (0.01 x 32 x 2 x 3 + 0.005
+    under the old topk x steps width); one step captures no draft decode graph."""
     spec = SpecScenario(
         "EAGLE", num_steps=3, topk=2, num_draft_tokens=6, draft_graph_gib_per_token=0.01
     )
@@ -150,7 +152,7 @@ def test_graph_memory_grows_with_bs_draft_tokens_topk_and_steps() -> None:
     passes = {p.name: p for p in s.graph_passes(32)}
     first = {name: p.allocations[0][1] for name, p in passes.items()}
     assert pytest.approx(0.1 * 32 * 6) == first["target_verify"]
-    assert pytest.approx(0.01 * 32 * 2 * 3 + 0.005) == first["draft_decode"]
+    assert pytest.approx(0.01 * 32 * 2 + 0.005) == first["draft_decode"]
     assert pytest.approx(0.01 * 32 * 6 + 0.005) == first["draft_extend"]
     one_step = MemoryScenario(
         gpu_total_gib=80,
@@ -166,6 +168,42 @@ def test_graph_memory_grows_with_bs_draft_tokens_topk_and_steps() -> None:
             32
         )
     ]
+
+
+def _draft_decode_first(version: str, steps: int, topk: int, attn: float) -> float:
+    """The draft decode pass's first capture step (GiB) at bs 32, 0.01 GiB per token."""
+    spec = SpecScenario("EAGLE", num_steps=steps, topk=topk, num_draft_tokens=steps * topk + 1,
+                        draft_graph_gib_per_token=0.01, draft_attn_state_gib_per_token=attn)
+    s = MemoryScenario(gpu_total_gib=80, weights_gib=10, graph_gib_per_bs=0.1,
+                       graph_overhead_gib=0, spec=spec, sglang_version=version)
+    return next(p for p in s.graph_passes(32) if p.name == "draft_decode").allocations[0][1]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_draft_decode_holds_one_steps_activations_and_per_step_attention_state(
+    version: str,
+) -> None:
+    """SGLang's draft decode graph runs its ``steps - 1`` forwards one after another on
+    ``bs x topk`` tokens (0.5.10 eagle_worker.py:652, 0.5.23 eagle_worker_v2.py:808): its pool
+    holds one step's activations, whatever the steps. Only the attention backend's graph
+    state is per step: FlashInfer's ``(steps, max_bs x topk x context)`` int32 on 0.5.23
+    (flashinfer_backend.py:2630-2646), ``(steps, max_bs x context)`` on 0.5.10 (l.1627-1632).
+
+    A fitted draft (no attention term), bs 32, topk 2, 0.01 GiB per token: 0.01 x 32 x 2 +
+    0.005 = 0.645 at 2 steps and at 5 (the old width charged 1.285 and 3.205). A
+    tensor-derived one with 0.002 of its 0.01 per token attention state: one step's 0.008 x 32
+    x 2 = 0.512, plus 0.002 x 32 x w x steps with w = 2 (0.5.23) or 1 (0.5.10): 2 steps
+    0.512 + 0.256 / 0.128, 5 steps 0.512 + 0.64 / 0.32, each + 0.005. Steps 5 and 2 differ by
+    the attention term alone, 3 x 0.002 x 32 x w."""
+    w = 2 if version == "0.5.23" else 1
+    for steps in (2, 5):
+        assert pytest.approx(0.645) == _draft_decode_first(version, steps, 2, 0.0)
+    two, five = (_draft_decode_first(version, n, 2, 0.002) for n in (2, 5))
+    assert pytest.approx(0.512 + 0.002 * 32 * w * 2 + 0.005) == two
+    assert pytest.approx(0.512 + 0.002 * 32 * w * 5 + 0.005) == five
+    assert pytest.approx(3 * 0.002 * 32 * w) == five - two
+    # topk scales it: one step at topk 1 is half of topk 2's activations
+    assert pytest.approx(0.01 * 32 + 0.005) == _draft_decode_first(version, 3, 1, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -258,11 +296,23 @@ def test_disabling_draft_extend_graph_skips_the_pass_on_0_5_23_only(
     assert old.failure is not None and "draft_extend" == old.failure.graph_pass
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-def test_kimi_eagle3_ooms_in_draft_capture_at_0_92_and_fits_at_0_88(version: str) -> None:
-    _, bad = trace_of(version, eagle3(version, "0.92"))
+@pytest.mark.parametrize(("version", "graph_pass", "tried"),
+                         [("0.5.10", "draft_extend", 0.97), ("0.5.23", "draft_decode", 0.25)])
+def test_kimi_eagle3_ooms_in_draft_capture_at_0_93_and_fits_at_0_88(
+    version: str, graph_pass: str, tried: float
+) -> None:
+    """The draft's fitted 0.005 GiB per captured token and 0.01 per graph, capped at 48
+    requests (23 sizes), 3 steps / topk 1 / 4 draft tokens: draft decode 0.005 x 48 x 1 +
+    0.01 = 0.25 in its first step (one step's activations) and 0.47 in all, draft extend 0.005
+    x 48 x 4 + 0.01 = 0.97 and 1.19. At 0.93 0.5.23 (prefill graphs and the draft prefill
+    before) has 0.13 left when draft decode begins, short of its 0.25; 0.5.10 has 1.13 there,
+    0.66 when draft extend begins, short of its 0.97. At 0.88 both come up. (0.92, the
+    launch before draft decode was one step's: 0.5.10 then captures everything and has 0.42
+    for its 0.5 warmup.)"""
+    _, bad = trace_of(version, eagle3(version, "0.93"))
     assert bad.failure is not None and Outcome.OOM_GRAPH_CAPTURE == bad.failure.outcome
-    assert "draft_extend" == bad.failure.graph_pass
+    assert graph_pass == bad.failure.graph_pass and 0 == bad.failure.step
+    assert pytest.approx(tried) == bad.failure.tried_gib
     assert trace_of(version, eagle3(version, "0.88"))[1].ok
 
 
@@ -377,11 +427,11 @@ def test_kimi_eagle3_draft_loads_its_own_class_and_caps_capture_at_48(
     pro6000: SimHost, version: str
 ) -> None:
     """A separate EAGLE-3 draft logs LlamaForCausalLMEagle3; graph bs 128 captures only up to
-    48; at 0.92 the draft extend capture OOMs with the pass's own figures."""
-    _, trace = trace_of(version, eagle3(version, "0.92"))
+    48; at 0.93 the draft's capture OOMs with the pass's own figures."""
+    _, trace = trace_of(version, eagle3(version, "0.93"))
     fail = trace.failure
     assert fail is not None
-    code, out = pro6000.run(*eagle3(version, "0.92"), "--port", str(free_port()), version=version)
+    code, out = pro6000.run(*eagle3(version, "0.93"), "--port", str(free_port()), version=version)
     assert -signal.SIGKILL == code
     assert "type=LlamaForCausalLMEagle3," in out
     if version == "0.5.23":

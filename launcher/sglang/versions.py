@@ -13,6 +13,7 @@ __all__ = [
     "DEFAULT_VERSION",
     "DRAFT_EXTEND_FULL_WIDTH_FROM",
     "DRAFT_EXTEND_SWITCH_FROM",
+    "DRAFT_KV_INDICES_TOPK_FROM",
     "GATED_LAUNCH_FROM",
     "MAMBA_RADIX_SPELLING_FROM",
     "ONE_STATIC_BUDGET_FROM",
@@ -49,6 +50,11 @@ DRAFT_EXTEND_SWITCH_FROM: Version = (0, 5, 23)
 # --speculative-num-draft-tokens (spec_utils.resolve_num_tokens_per_req); 0.5.10 runs
 # steps + 1 (eagle_draft_extend_cuda_graph_runner.py:92, num_tokens_per_bs).
 DRAFT_EXTEND_FULL_WIDTH_FROM: Version = (0, 5, 23)
+# FlashInfer's multi-step draft backend sizes each draft-decode step's graph kv_indices row
+# ``max_bs x topk x context`` (flashinfer_backend.py:2630-2646,
+# spec_utils.draft_kv_indices_buffer_width); 0.5.10 sizes it ``max_bs x context``
+# (flashinfer_backend.py:1627-1632), without topk.
+DRAFT_KV_INDICES_TOPK_FROM: Version = (0, 5, 23)
 # --gated-launch-port (arg_groups/fields/parallel.py, distributed/gated_launch.py); 0.5.10 lacks it.
 GATED_LAUNCH_FROM: Version = (0, 5, 23)
 # One static budget: the draft's weights load right after the target's and count in

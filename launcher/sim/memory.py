@@ -31,7 +31,9 @@ previous one left; SGLang logs a ``Capture ... begin ... avail mem=X`` line per 
 
 Speculative decoding (:class:`SpecScenario`) caps the captured batch sizes at
 ``max_running_requests`` (48 unless set). Verify and draft-extend graphs scale with
-``max_bs x num_draft_tokens``, draft decode with ``max_bs x topk x num_steps``.
+``max_bs x num_draft_tokens``. Draft decode runs its ``steps - 1`` forwards one after another on
+``max_bs x topk`` tokens inside one graph, so its activation pool is one step's; only the
+attention backend's graph state is per step (:meth:`MemoryScenario.draft_passes`).
 Hybrid models (:class:`HybridScenario`) carve the Mamba state cache out of the KV budget
 first (0.5.10 ``model_runner_kv_cache_mixin.handle_max_mamba_cache``; 0.5.23
 ``KVCacheConfigurator._handle_max_mamba_cache`` and ``resolve_max_num_reqs``).
@@ -59,6 +61,7 @@ from launcher.sglang.phases import Phase
 from launcher.sglang.versions import (
     DEFAULT_VERSION,
     DRAFT_EXTEND_FULL_WIDTH_FROM,
+    DRAFT_KV_INDICES_TOPK_FROM,
     ONE_STATIC_BUDGET_FROM,
     at_least,
 )
@@ -77,6 +80,11 @@ class SpecScenario:
     draft_kv_gib_per_1k_tokens: float = 0.0
     draft_graph_gib_per_token: float = 0.002  # activation pool per captured token, draft graphs
     draft_graph_overhead_gib: float = 0.005  # per captured draft graph
+    # The part of ``draft_graph_gib_per_token`` that is the attention backend's graph state
+    # (4 B per context position, ``launcher.sim.model.ATTN_GRAPH_STATE_BYTES``): set for
+    # tensor-derived drafts, 0 for fitted figures (which hold one step's state in the per-token
+    # figure). Draft decode keeps it per step.
+    draft_attn_state_gib_per_token: float = 0.0
     draft_extend_graph: bool = True  # False: SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 (0.5.23)
 
 
@@ -240,9 +248,24 @@ class MemoryScenario:
 
     def draft_passes(self, max_bs: int, cap: int | None = None) -> list[GraphPass]:
         """The draft's capture passes: 0.5.23's draft prefill (prefill shapes, per-shape cost
-        only), draft decode (steps > 1; ``bs x topk`` tokens per step, all steps in one graph),
-        then draft extend (``bs x num_draft_tokens`` from 0.5.23, ``bs x (steps + 1)`` on 0.5.10:
-        ``DRAFT_EXTEND_FULL_WIDTH_FROM``)."""
+        only), draft decode (steps > 1), then draft extend (``bs x num_draft_tokens`` from
+        0.5.23, ``bs x (steps + 1)`` on 0.5.10: ``DRAFT_EXTEND_FULL_WIDTH_FROM``).
+
+        Draft decode: one graph holds all steps, but ``draft_forward`` (0.5.10
+        ``eagle_worker.py:622-700``, loop l.652; 0.5.23 ``eagle_worker_v2.py:742-923``, loop
+        l.808) runs the ``steps - 1`` forwards one after another on ``bs x topk`` tokens (the
+        runner's ``num_tokens_per_bs = topk``; 0.5.23 logs ``num_tokens_per_req={topk}``) and
+        keeps only small per-step lists, so the graph pool (which reuses blocks freed during
+        capture) peaks at one step's activations: ``bs x topk`` tokens (0.5.23's per-step
+        ``draft_probs_list`` exists only with rejection sampling, off by default). The attention
+        backend's graph state is allocated per step before capture
+        (``draft_attn_backend.init_cuda_graph_state`` in the runner's ``__init__``, inside the
+        pass's begin/end lines): FlashInfer's ``(steps, max_bs x topk x context)`` int32 on
+        0.5.23, ``(steps, max_bs x context)`` on 0.5.10 (``DRAFT_KV_INDICES_TOPK_FROM``).
+        Fitted drafts (no attention term) are charged one step at ``bs x topk``. The runner's
+        int64 input buffers (``out_cache_loc`` of ``max_bs x topk x steps``, positions, ids),
+        allocated in its ``__init__`` outside the graph pool, are a few KiB and not modelled;
+        every captured graph adds ``draft_graph_overhead_gib``."""
         spec = self.spec
         if spec is None or not self.capture_graphs:
             return []
@@ -259,7 +282,11 @@ class MemoryScenario:
                 )
         g, over = spec.draft_graph_gib_per_token, spec.draft_graph_overhead_gib
         if spec.num_steps > 1:
-            first = g * top * spec.topk * spec.num_steps
+            attn = spec.draft_attn_state_gib_per_token
+            state_width = (spec.topk if at_least(self.sglang_version, DRAFT_KV_INDICES_TOPK_FROM)
+                           else 1)
+            one_step = (g - attn) * top * spec.topk
+            first = one_step + attn * top * state_width * spec.num_steps
             passes.append(_pass("draft_decode", sizes, spec.topk, first, over))
         if spec.draft_extend_graph:
             width = (spec.num_draft_tokens

@@ -493,6 +493,10 @@ def scenario_for(
                 draft_graph if draft_graph is not None else float(dr.get("graph_gib_per_bs", 0.002))
             ),
             draft_graph_overhead_gib=float(dr.get("graph_overhead_gib", 0.005)),
+            # Its attention-state share, which draft decode holds once per step.
+            draft_attn_state_gib_per_token=(
+                ATTN_GRAPH_STATE_BYTES * context_len / GIB if draft_graph is not None else 0.0
+            ),
             draft_extend_graph=not (
                 at_least(version, DRAFT_EXTEND_SWITCH_FROM)
                 and os.environ.get("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "").lower()
