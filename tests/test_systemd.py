@@ -164,13 +164,26 @@ def test_status_if_changed_retries_a_line_that_failed_to_send(short_dir: Path) -
             receiver.close()
 
 
+@pytest.fixture
+def slow_sim(tmp_path: Path) -> Iterator[SimSetup]:
+    """A simulated host whose phases last long enough to be seen between two status ticks
+    (0.2 s): at the default time scale the weight load lasts 0.225 s, and on a loaded CI
+    machine a tick could fall on each side of it."""
+    setup = SimSetup.create(tmp_path, time_scale=0.02)
+    try:
+        yield setup
+    finally:
+        setup.cleanup()
+
+
 def test_up_sends_status_as_phases_change_not_only_with_pings(
-    sim: SimSetup, notify_socket: tuple[str, Receiver]
+    slow_sim: SimSetup, notify_socket: tuple[str, Receiver]
 ) -> None:
     """A real `launcher up` (as the unit runs it) under a NOTIFY_SOCKET whose watchdog pings
     only every 5 minutes: READY=1 comes with the first line, then a STATUS= for each phase
     the server goes through up to "1/1 ready", each line once (systemctl status is never a
     ping interval stale); SIGTERM then sends STOPPING=1."""
+    sim = slow_sim
     address, receiver = notify_socket
     config = sim.write_toml(sim.data(mem_fraction_static=0.8, cuda_graph_max_bs=8))
     env = {"NOTIFY_SOCKET": address, "WATCHDOG_USEC": str(600 * 1_000_000)}
