@@ -304,6 +304,34 @@ def test_graph_memory_grows_with_draft_tokens_and_is_capped_by_running_requests(
     assert spec.graphs_gib(256) == pytest.approx(per_token * 48 * 4)
 
 
+def test_draft_decode_graphs_hold_one_steps_activations_whatever_the_steps() -> None:
+    """SGLang runs the draft-decode steps one after another on bs x topk tokens inside one
+    graph (eagle_worker.draft_forward), so its pool holds one step's activations: more steps
+    add nothing, a wider topk adds per token. Hand-computed with only the draft's per-token
+    term on (g = 1e-6 GiB per token per unit of hidden, 8192 wide, no per-graph cost), bs 48
+    (the spec cap), 4 draft tokens:
+    - steps 2 and steps 5, topk 1: draft decode 48 x 1 x g + draft extend 48 x 4 x g, equal;
+    - topk 2 (steps 3, 4 draft tokens): draft decode 48 x 2 x g, one 48 x g more than topk 1.
+    """
+    m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
+    g = 1e-6 * 8192
+    c = Coefficients(graph_gib_per_token_hidden=0.0, graph_bytes_scale=0.0,
+                     graph_overhead_gib_per_layer_hidden=0.0, draft_graph_gib_per_token_hidden=1e-6,
+                     draft_graph_overhead_gib=0.0, prefill_graph_gib_per_shape=0.0,
+                     graph_fixed_gib=0.0)
+
+    def graphs(spec: SpecShape) -> float:
+        e = estimate(m, w, h100s(2), ServerShape(tp=2, sglang_version="0.5.10", spec=spec),
+                     draft=facts("llama-70b-sim"), draft_weights=WeightFacts(GIB), coeffs=c)
+        return e.graphs_gib(256)
+
+    two, five = graphs(SpecShape("EAGLE", 2, 1, 4)), graphs(SpecShape("EAGLE", 5, 1, 4))
+    assert two == pytest.approx(48 * g + 48 * 4 * g)
+    assert five == pytest.approx(two)
+    wide = graphs(SpecShape("EAGLE", 3, 2, 4))
+    assert wide == pytest.approx(two + 48 * g)
+
+
 def test_graph_memory_has_sglangs_fixed_half_gib_once_per_capture() -> None:
     """The cold prior counts SGLang's 512 MiB ``reserved_mem`` base (attention-backend buffers
     allocated after the KV pool) once, whatever the bs. Hand-computed: llama-70b-sim (hidden

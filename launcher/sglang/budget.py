@@ -778,8 +778,12 @@ class Estimate:
             dh = m.hidden_size
             g = c.draft_graph_gib_per_token_hidden * dh
             per_graph = c.draft_graph_overhead_gib * len(sizes)
-            if spec.num_steps > 1:  # draft decode: bs x topk tokens per step, all steps
-                total += g * top * spec.topk * spec.num_steps + per_graph
+            if spec.num_steps > 1:
+                # Draft decode: its steps run one after another on bs x topk tokens inside one
+                # graph, whose pool reuses what each step frees, so it holds one step's
+                # activations (eagle_worker.draft_forward, 0.5.10 l.652-700; 0.5.23
+                # eagle_worker_v2.py l.808-850; docs/benchmarks.md "Round draftstep").
+                total += g * top * spec.topk + per_graph
             total += g * top * spec.num_draft_tokens + per_graph  # draft extend
             if at_least(s.sglang_version, ONE_STATIC_BUDGET_FROM):
                 total += c.prefill_graph_gib_per_shape * len(self.prefill_shapes())
