@@ -4,10 +4,7 @@ start-up agrees with the log classifier's, and a small run gives every table row
 from __future__ import annotations
 
 import argparse
-import importlib
 import random
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -17,17 +14,12 @@ from launcher.params import LaunchParams
 from launcher.sglang.budget import GIB, ModelFacts
 from launcher.sim.memory import simulate
 from launcher.sim.observe import observed
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+from tests.scripts import import_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        return importlib.import_module("bench_estimator")
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    return import_script("bench_estimator")
 
 
 def test_observed_costs_read_a_start_up_as_the_classifier_does(bench: ModuleType) -> None:

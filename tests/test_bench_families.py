@@ -9,11 +9,8 @@ reach the scenario the way the simulated server applies them.
 
 from __future__ import annotations
 
-import importlib
 import random
-import sys
 from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -21,18 +18,14 @@ import pytest
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
 from launcher.policy import Bounds
 from launcher.sglang.outcome import Outcome
+from tests.scripts import import_script
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 N = 25
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        return importlib.import_module("bench_oom")
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    return import_script("bench_oom")
 
 
 @pytest.mark.parametrize("family", ["multipass", "eagle", "eagle3", "mtp", "hybrid"])

@@ -7,10 +7,7 @@ Pure: multipass scenarios of ``bench_oom``'s generator through simulate -> obser
 
 from __future__ import annotations
 
-import importlib
 import random
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -21,18 +18,14 @@ from launcher.policy import AttemptRecord, Bounds
 from launcher.sglang.outcome import Outcome
 from launcher.sim.memory import simulate
 from launcher.sim.observe import observed
+from tests.scripts import import_script
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 BOUNDS = Bounds(0.5, 0.95, 1, 8)
 
 
 @pytest.fixture(scope="module")
 def frontier() -> ModuleType:
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        return importlib.import_module("bench_frontier")
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    return import_script("bench_frontier")
 
 
 def failures(frontier: ModuleType, outcome: Outcome) -> list[tuple[Any, list[AttemptRecord]]]:

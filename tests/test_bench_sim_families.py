@@ -10,10 +10,8 @@ output; and the policy brings up the feasible scenarios of the first draws of ea
 
 from __future__ import annotations
 
-import importlib
 import re
 import signal
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -27,20 +25,16 @@ from launcher.sim.logfmt import Dialect
 from launcher.sim.memory import simulate
 from launcher.sim.observe import observed
 from launcher.sim.server import scenario_from_argv
+from tests.scripts import import_script
 from tests.simhost import SimHost, free_port, make_sim_host, model_dir
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 FAMILIES = ("multipass", "eagle", "eagle3", "mtp", "hybrid")
 N = 12
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        return importlib.import_module("bench_oom")
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    return import_script("bench_oom")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
