@@ -106,7 +106,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bench_oom import Case as OomCase
-from bench_oom import best_fraction, policy_decide, step_rule, with_params
+from bench_oom import best_fraction, pick_tp, policy_decide, step_rule, with_params
 
 from launcher.calibration import (
     Correction,
@@ -342,11 +342,9 @@ def draw(seed: int, rng: random.Random, index: int, *, model: str | None = None,
     name, config, size = next(m for m in MODELS if m[0] == model) if model else rng.choice(MODELS)
     gpu_name, total = next(g for g in GPUS if g[0] == gpu) if gpu else rng.choice(GPUS)
     facts = ModelFacts.from_config(config)
-    tp = next((t for t in (1, 2, 4, 8) if size / t / GIB < 0.75 * total), None)
+    tp = pick_tp(rng, size / GIB, total)
     if tp is None:
         return None
-    if tp < 8 and rng.random() < 0.3:
-        tp *= 2
     other = 0.0 if rng.random() < 0.6 else rng.uniform(0.5, 0.15 * total)
     ver = version or rng.choice(VERSIONS)
     truth = _truth(seed, facts, size, gpu_name, total, other, tp, ver, rng)

@@ -834,6 +834,18 @@ def bench_scored(
     return lines, results["policy"]
 
 
+def family_table_head(title: str) -> list[str]:
+    """The title and header rows of the per-family summary table (``family_summary`` rows)."""
+    return [
+        "",
+        title,
+        "",
+        "| family | scenarios | feasible | converged (feasible) | first failed (memory) | "
+        "mean attempts | max | headroom mean | headroom p95 | targets |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+
 def family_summary(name: str, scored: Sequence[Scored]) -> list[str]:
     """One line per family: the policy's figures against issue 9's three targets."""
     feasible = [x for x in scored if x.truth.feasible]
@@ -862,15 +874,10 @@ def main_families(args: argparse.Namespace) -> int:
     summary: list[str] = []
     for floor in (float(x) for x in args.floors.split(",")):
         bounds = Bounds(floor, args.ceiling, args.bs_floor, args.max_attempts)
-        summary += [
-            "",
+        summary += family_table_head(
             f"policy per family, fraction in [{floor:.2f}, {args.ceiling:.2f}], "
-            f"max_attempts {args.max_attempts}:",
-            "",
-            "| family | scenarios | feasible | converged (feasible) | first failed (memory) | "
-            "mean attempts | max | headroom mean | headroom p95 | targets |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
+            f"max_attempts {args.max_attempts}:"
+        )
         for family in names:
             rng = random.Random(f"{args.seed}-{family}")
             cases = [draw_family_case(rng, i, family) for i in range(args.n)]
@@ -927,9 +934,10 @@ def _sim_weights_gib(model: str) -> float:
     return float(data["sim"]["weights_gib"])
 
 
-def _sim_tp(rng: random.Random, weights_gib: float, total: float) -> int | None:
-    """bench_estimator's rule: the smallest tp whose weights leave a quarter of the GPU, one
-    step more with p=0.3; None when even tp 8 does not."""
+def pick_tp(rng: random.Random, weights_gib: float, total: float) -> int | None:
+    """The tp a scenario runs at (``--sim-families`` and bench_estimator): the smallest whose
+    weights leave a quarter of the GPU, one step more with p=0.3; None when even tp 8 does not
+    (then nothing is drawn from ``rng``)."""
     tp = next((t for t in (1, 2, 4, 8) if weights_gib / t < 0.75 * total), None)
     if tp is not None and tp < 8 and rng.random() < 0.3:
         tp *= 2
@@ -944,7 +952,7 @@ def draw_sim_argv(rng: random.Random, family: str) -> SimDraw:
     weights = _sim_weights_gib(model)
     fits = [(g, total) for g, total in SIM_GPUS if weights / 8 < 0.75 * total]
     gpu, total = rng.choice(fits)
-    tp = _sim_tp(rng, weights, total)
+    tp = pick_tp(rng, weights, total)
     assert tp is not None
     version = rng.choice(versions)
     new = version_tuple(version) >= (0, 5, 23)
@@ -1162,15 +1170,10 @@ def main_sim_families(args: argparse.Namespace) -> int:
     for floor in (float(x) for x in args.floors.split(",")):
         bounds = Bounds(floor, args.ceiling, args.bs_floor, args.max_attempts)
         for seed in seeds:
-            summary += [
-                "",
+            summary += family_table_head(
                 f"policy per family on the simulator's models, seed {seed}, fraction in "
-                f"[{floor:.2f}, {args.ceiling:.2f}], max_attempts {args.max_attempts}:",
-                "",
-                "| family | scenarios | feasible | converged (feasible) | first failed (memory) "
-                "| mean attempts | max | headroom mean | headroom p95 | targets |",
-                "|---|---|---|---|---|---|---|---|---|---|",
-            ]
+                f"[{floor:.2f}, {args.ceiling:.2f}], max_attempts {args.max_attempts}:"
+            )
             for family in names:
                 cases, draws, skipped = draw_sim_family_cases(seed, family, args.n)
                 print(f"\n##### sim family {family}: {args.n} scenarios, seed {seed}")
