@@ -149,6 +149,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -929,6 +930,7 @@ class SimDraw:
     argv: tuple[str, ...]
 
 
+@functools.cache  # read once per model, not once per draw
 def _sim_weights_gib(model: str) -> float:
     data = json.loads((SIM_MODELS / model / "config.json").read_text())
     return float(data["sim"]["weights_gib"])
