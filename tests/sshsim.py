@@ -34,6 +34,7 @@ import anyio
 from launcher import events as ev
 from launcher.config import Config, config_from_dict
 from launcher.transport.ssh import SSHTransport
+from tests import procs
 from tests.simhost import SimHost, make_sim_host, model_dir
 from tests.sshd import Sshd
 
@@ -96,8 +97,9 @@ class Site:
         return self.run_dir / server / str(attempt)
 
     def server_pid(self, server: str, attempt: int) -> int:
-        """The pid the launch recorded for ``attempt`` of ``server``."""
-        return int((self.attempt_dir(server, attempt) / "pid").read_text())
+        """The pid the launch recorded for ``attempt`` of ``server`` (``procs.started_pid``:
+        above 1, and the recorded process while one with that pid lives)."""
+        return procs.started_pid(self.attempt_dir(server, attempt))
 
     def log_bytes(self, server: str, attempt: int) -> bytes:
         return (self.attempt_dir(server, attempt) / "log").read_bytes()
@@ -251,11 +253,6 @@ def _stat_fields(pid: int) -> list[str] | None:
     return text.rsplit(")", 1)[1].split()
 
 
-def _start_time(pid: int) -> str | None:
-    fields = _stat_fields(pid)
-    return fields[19] if fields else None
-
-
 def _session_members(sid: int) -> list[int]:
     members = []
     for entry in Path("/proc").iterdir():
@@ -282,12 +279,8 @@ def _recorded_sessions(run_dir: Path, pid_wait_s: float) -> list[int]:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        try:
-            pid = int(pid_file.read_text())
-            recorded = (attempt / "pid_start").read_text().split()[-1]
-        except (OSError, ValueError, IndexError):
-            continue
-        if _start_time(pid) == recorded:
+        pid = procs.recorded_pid(attempt)
+        if pid is not None:
             pids.append(pid)
     return pids
 

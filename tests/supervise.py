@@ -8,9 +8,10 @@
 
 Every ``SimSetup`` has its own sim host (GPUs, state), run dir, launcher state dir and port.
 Servers are detached on purpose, so a test must clean up: ``SimSetup.cleanup`` SIGCONTs and
-SIGKILLs the process group of every attempt found under the run dir (orphaned holders
-included: they stay in their server's group) and of every extra process registered with
-``hold_gpu``.
+SIGKILLs the process group of every attempt found under the run dir whose pid is the process
+the launch recorded (``tests/procs.py``: above 1, start time matching ``pid_start``; orphaned
+holders included: they stay in their server's group) and of every extra process registered
+with ``hold_gpu``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from launcher.sim import gpustate
 from launcher.supervisor import ServerSupervisor
 from launcher.transport.base import Transport
 from launcher.transport.local import LocalTransport
+from tests import procs
 from tests.simhost import REPO, SimHost, free_port, make_sim_host, model_dir
 
 SERVER = "sim0"
@@ -240,7 +242,10 @@ class SimSetup:
         return sorted(int(p.name) for p in base.iterdir() if p.name.isdigit())
 
     def pid(self, attempt: int) -> int:
-        return int((self.attempt_dir(attempt) / "pid").read_text())
+        """The server pid ``attempt`` recorded. Fails the test unless it is a pid above 1 and,
+        while a process with that pid lives, that process is the one the launch recorded
+        (``pid_start``): a test signals only what it started."""
+        return procs.started_pid(self.attempt_dir(attempt))
 
     def cmd(self, attempt: int) -> str:
         return (self.attempt_dir(attempt) / "cmd").read_text()
@@ -275,12 +280,12 @@ class SimSetup:
     # -- teardown ---------------------------------------------------------------------
 
     def server_pids(self) -> list[int]:
-        """Every server pid recorded under the run dir."""
-        pids = []
-        for attempt in self.attempts():
-            with contextlib.suppress(OSError, ValueError):
-                pids.append(self.pid(attempt))
-        return pids
+        """Every live server recorded under the run dir that the launch really started (pid
+        above 1, start time matching ``pid_start``); a forged or recycled pid is left out."""
+        return [
+            pid for a in self.attempts()
+            if (pid := procs.recorded_pid(self.attempt_dir(a))) is not None
+        ]
 
     def cleanup(self) -> None:
         """Kill every process group this test started on the sim host (idempotent).
@@ -295,8 +300,7 @@ class SimSetup:
             time.sleep(0.02)
         for pid in [*self.server_pids(), *self.extra_pids]:
             for sig in (signal.SIGCONT, signal.SIGKILL):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, sig)
+                procs.signal_group(pid, sig)
         for pid in self.extra_pids:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
