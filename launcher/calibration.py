@@ -485,7 +485,7 @@ class CalibratedEstimate(Estimate):
             # the prior's terms (hidden size x tokens), which miss parts such as the logits'
             # vocab x bs, and errs low for a model unlike the measured ones. (A bound from
             # only the measurements of no bigger settings was tried: 2-5 points fewer first
-            # attempts ready in scripts/bench_estimator.py for 0.001 less fraction error.)
+            # attempts ready in scripts/bench/bench_estimator.py for 0.001 less fraction error.)
             # Above the largest measured bs the fit knows nothing of the growth with bs (all
             # its points may share one bs): the measured figure, less the fitted fixed part
             # (which does not grow), grows as the prior does.

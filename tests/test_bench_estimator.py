@@ -1,4 +1,4 @@
-"""scripts/bench_estimator.py (``bench_oom.py --estimator``): its reading of a simulated
+"""scripts/bench/bench_estimator.py (``bench_oom.py --estimator``): its reading of a simulated
 start-up agrees with the log classifier's, and a small run gives every table row."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``scripts/bench_frontier.py``'s patching: each patched prior reaches the policy, and the
+"""``scripts/bench/bench_frontier.py``'s patching: each patched prior reaches the policy, and the
 shipped policy is back after every point (the figures themselves are in docs/benchmarks.md).
 
 Pure: multipass scenarios of ``bench_oom``'s generator through simulate -> observed ->

@@ -1,4 +1,4 @@
-"""``scripts/bench_oom.py --sim-families``: issue 9's families on the simulator's own models,
+"""``scripts/bench/bench_oom.py --sim-families``: issue 9's families on the simulator's own models,
 checked in CI.
 
 The full figures (200 scenarios per family, seeds 1-3) are in docs/benchmarks.md ("Round

@@ -410,7 +410,7 @@ async def test_sigkill_of_a_ready_server_is_reported_as_died_over_ssh(
     record_property: Callable[[str, object], None],
 ) -> None:
     """A SIGKILLed ready server is reported as process.died (status 137). The detection time
-    is recorded, not asserted: scripts/bench_scale.py measures it."""
+    is recorded, not asserted: scripts/bench/bench_scale.py measures it."""
     site = sites("gpu1", sshd_host)
     config = ssh_config(tmp_path, [site.host_entry()],
                         [server_entry("llm", site, port=free_port())])

@@ -596,7 +596,7 @@ DEFAULT_COEFFICIENTS = Coefficients()
 # them out (replicated + sharded / tp).
 SOURCE_SHAPED_COEFFICIENTS = DEFAULT_COEFFICIENTS
 # The earlier default, per-token costs growing with hidden only and ignoring tp: kept for
-# scripts/bench_oom.py --estimator --prior hidden (docs/benchmarks.md compares the two).
+# scripts/bench/bench_oom.py --estimator --prior hidden (docs/benchmarks.md compares the two).
 HIDDEN_ONLY_COEFFICIENTS = Coefficients(
     graph_gib_per_token_hidden=4e-6, graph_bytes_scale=0.0,
     warmup_gib_per_token_hidden=2.5e-8, warmup_bytes_scale=0.0,

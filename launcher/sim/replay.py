@@ -1,6 +1,6 @@
 """A lean stand-in for the sim server: it replays one recorded run of the real one.
 
-For load generation only (``scripts/bench_scale.py --sim replay``): a thousand real sim
+For load generation only (``scripts/bench/bench_scale.py --sim replay``): a thousand real sim
 servers need ~28 GiB (each is three Python interpreters that import argparse, http.server,
 dataclasses, the SGLang memory model...), so a scale run would measure the machine's memory
 instead of the launcher. This stand-in is one small Python process per server (``python -S``,

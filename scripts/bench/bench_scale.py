@@ -3,7 +3,7 @@
 
 Usage::
 
-    .venv/bin/python scripts/bench_scale.py --servers 50,100,200 [--transport local|ssh]
+    .venv/bin/python scripts/bench/bench_scale.py --servers 50,100,200 [--transport local|ssh]
         [--hosts 2] [--window 60] [--probe-interval 10] [--kills 20] [--log-rate-at max]
         [--ramp all|batched] [--ssh-home clean|user] [--json results.json]
         [--budget-minutes 15]
@@ -76,7 +76,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REPLAY = REPO / "launcher" / "sim" / "replay.py"
 if str(REPO) not in sys.path:  # tests.* helpers are not installed; run from anywhere
     sys.path.insert(0, str(REPO))

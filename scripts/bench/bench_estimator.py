@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""The estimator as a contender (issue 14's "Figures"): ``scripts/bench_oom.py --estimator``.
+"""The estimator as a contender (issue 14's "Figures"): ``scripts/bench/bench_oom.py --estimator``.
 
 Usage::
 
-    .venv/bin/python scripts/bench_oom.py --estimator [--n 300] [--seed 1] [--max-attempts 8]
+    .venv/bin/python scripts/bench/bench_oom.py --estimator [--n 300] [--seed 1] [--max-attempts 8]
 
 No processes, no GPU. Each scenario is a real model's ``config.json`` dimensions and checkpoint
 size on a real GPU type, with *hidden true costs* that only the simulator's memory model

@@ -3,10 +3,10 @@
 
 Usage::
 
-    .venv/bin/python scripts/bench_oom.py [--n 500] [--seed 1] [--max-attempts 8] [--show 3]
-    .venv/bin/python scripts/bench_oom.py --families [--n 200] [--floors 0.5]  # issue 9
-    .venv/bin/python scripts/bench_oom.py --sim-families --n 200 --seeds 1,2,3 --floors 0.5
-    .venv/bin/python scripts/bench_oom.py --estimator [--n 400] [--curve 100]  # issue 14
+    .venv/bin/python scripts/bench/bench_oom.py [--n 500] [--seed 1] [--max-attempts 8] [--show 3]
+    .venv/bin/python scripts/bench/bench_oom.py --families [--n 200] [--floors 0.5]  # issue 9
+    .venv/bin/python scripts/bench/bench_oom.py --sim-families --n 200 --seeds 1,2,3 --floors 0.5
+    .venv/bin/python scripts/bench/bench_oom.py --estimator [--n 400] [--curve 100]  # issue 14
 
 No processes, no GPU: every attempt is the simulator's memory model (``simulate``), read the way
 the log classifier reads SGLang's log (``observed``), and handed to a strategy that picks the
@@ -893,7 +893,7 @@ def main_families(args: argparse.Namespace) -> int:
 
 # --- the families on the simulator's own models (--sim-families) -----------------------------
 
-SIM_MODELS = Path(__file__).resolve().parents[1] / "configs" / "sim" / "models"
+SIM_MODELS = Path(__file__).resolve().parents[2] / "configs" / "sim" / "models"
 # (name, memory.total in GiB as torch sees it): bench_estimator's figures, and the seeds' RTX
 # PRO 6000 ("total capacity of 94.97 GiB", ../shared/seeds/001_*.txt).
 SIM_GPUS = (
@@ -1227,7 +1227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--estimator", action="store_true",
         help="issue 14: the estimator (cold / with the ledger) as a contender "
-        "(scripts/bench_estimator.py)",
+        "(scripts/bench/bench_estimator.py)",
     )
     import bench_estimator  # beside this script; imports it back (no cycle at load time)
 

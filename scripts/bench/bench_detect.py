@@ -2,7 +2,7 @@
 """Detection-latency benchmark (issue 6): how fast launcher notices a dead, stalled or OOMed
 server, locally and over real SSH, next to the seeds' ``tail -1`` polling loop.
 
-    .venv/bin/python scripts/bench_detect.py [--trials 20] [--transport local|ssh|both]
+    .venv/bin/python scripts/bench/bench_detect.py [--trials 20] [--transport local|ssh|both]
 
 Each trial runs a real :class:`launcher.supervisor.ServerSupervisor` against a simulated SGLang
 server (tiny-1b-sim, sim time scale 0.003) and timestamps the supervisor's events in a hook:
@@ -54,7 +54,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a plain script: make launcher and tests importable
     sys.path.insert(0, str(REPO))
 
@@ -1025,7 +1025,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     elapsed = time.monotonic() - started
     header = {
-        "command": "scripts/bench_detect.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "scripts/bench/bench_detect.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "date (UTC)": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "launcher code": code,
         "machine": f"{platform.machine()}, nproc={os.cpu_count()}, "

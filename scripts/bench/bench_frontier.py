@@ -3,16 +3,16 @@
 
 Usage::
 
-    nice -n 19 .venv/bin/python scripts/bench_frontier.py [--seeds 1,2,3] [--n 200]
+    nice -n 19 .venv/bin/python scripts/bench/bench_frontier.py [--seeds 1,2,3] [--n 200]
         [--family multipass,eagle] [--points shipped,oracle-warmup] [--floor 0.5]
 
 THIS IS A WHAT-IF, NOT THE SHIPPED POLICY. For each point of the sweep the script rebinds, in
 its own process only, module attributes of ``launcher.policy`` that hold the policy's priors
-for what a failing log does not show, runs ``scripts/bench_oom.py``'s family benchmark
+for what a failing log does not show, runs ``scripts/bench/bench_oom.py``'s family benchmark
 (``draw_family_case`` -> ``run`` -> ``score``, the ``policy`` strategy only), and puts the
 shipped values back before the next point (``patched``; a ``finally`` restores them, and
 ``main`` checks at the end that they are the shipped objects again). ``launcher/policy.py``
-and ``scripts/bench_oom.py`` are not edited; CI never runs this script.
+and ``scripts/bench/bench_oom.py`` are not edited; CI never runs this script.
 
 The priors (names as the policy looks them up *at call time*, by global name inside
 ``launcher.policy``; ``check_patch_points`` verifies this before any figure is printed):
