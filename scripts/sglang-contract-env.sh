@@ -5,7 +5,8 @@
 #   <venv>/sglang/<version>/   (pip install --no-deps --target; on no sys.path by default)
 # so that scripts/sglang_argparse_probe.py can parse launcher's command lines with the real parser
 # of each version. Nothing here starts SGLang: CPU-only machines cannot, and the probe only calls
-# ServerArgs.add_cli_args + parse_args (see shared/sglang-reference.md §7).
+# ServerArgs.add_cli_args + parse_args, as SGLang's prepare_server_args does (python/sglang/srt/
+# server_args.py:668 in 0.5.23, :6515 in 0.5.10), which needs torch but no GPU and no model.
 #
 #   scripts/sglang-contract-env.sh              build unless built (silent when built)
 #   scripts/sglang-contract-env.sh --print-venv print the venv's path (builds nothing)

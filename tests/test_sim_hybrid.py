@@ -1,12 +1,13 @@
 """Hybrid (Mamba / linear-attention) models in the simulated SGLang host.
 
-Checked against SGLang 0.5.10 (server_args.py ``_handle_mamba_radix_cache``,
-model_runner_kv_cache_mixin.py ``handle_max_mamba_cache``) and 0.5.23 (arg_groups/overrides.py,
-mamba_hook.py, kv_cache_configurator.py ``_handle_max_mamba_cache``/``resolve_max_num_reqs``),
-see shared/sglang-advanced.md §B: the flag dialects, the spec + no_buffer errors word for word,
-the ``Mamba Cache is allocated`` line, the 0.5.23 state-cache errors with their figures, and the
-knobs that size the state cache. The model is the seeds' Qwen3.6-27B hybrid with MTP
-(shared/seeds/004).
+Checked against SGLang 0.5.10 (python/sglang/srt/server_args.py:2123
+``_handle_mamba_radix_cache``, model_executor/model_runner_kv_cache_mixin.py:179
+``handle_max_mamba_cache``) and 0.5.23 (arg_groups/overrides.py, arg_groups/mamba_hook.py:156
+``validate_mamba_no_buffer``, mem_cache/kv_cache_configurator.py:3229 ``_handle_max_mamba_cache``
+and :3119 ``resolve_max_num_reqs``): the flag dialects, the spec + no_buffer errors word for
+word, the ``Mamba Cache is allocated`` line, the 0.5.23 state-cache errors with their figures,
+and the knobs that size the state cache. The model is the Qwen3.6-27B hybrid with MTP of
+docs/incidents.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
 """Speculative decoding and multi-pass CUDA-graph capture in the simulated SGLang host.
 
-What is checked, against SGLang 0.5.10's and 0.5.23's source (see shared/sglang-advanced.md §A):
-the start-up order and line texts per version, the memory each capture pass takes from what the
-previous one left, the running-request cap of 48, the graph memory's growth with batch size,
-draft tokens, topk and steps, the auto ``--mem-fraction-static`` per version, and the seeds'
-DeepSeek-V4-Flash MTP and Kimi-K2.5 EAGLE-3 deployments (shared/seeds/). Expected figures come
+What is checked, against SGLang 0.5.10's and 0.5.23's source (paths under python/sglang/srt/ in
+the published wheels): the start-up order and line texts per version (0.5.23
+``managers/scheduler.py:1128-1146``, draft weights before the pools; 0.5.10 the whole target
+first, ``model_executor/model_runner.py:461-658``), the memory each capture pass takes from what
+the previous one left, the running-request cap of 48 (0.5.23
+``arg_groups/speculative_hook.py:1072-1093``), the graph memory's growth with batch size, draft
+tokens, topk and steps, the auto ``--mem-fraction-static`` per version (0.5.10
+``server_args.py:1315-1322`` adds 4 GiB for EAGLE-family drafts; 0.5.23
+``arg_groups/memory_hook.py:47`` adds nothing), and the DeepSeek-V4-Flash MTP and Kimi-K2.5
+EAGLE-3 deployments of docs/incidents.md ("the seeds"). Expected figures come
 from ``launcher.sim.memory.simulate`` on the scenario the server builds from the same argv
 (``scenario_from_argv``), so every number printed is checked against the memory model.
 """

@@ -96,7 +96,7 @@ WARMUP_POLL_NOMINAL_S = 1.0  # SGLang's warmup polls the model-info path once a 
 DRAIN_POLL_NOMINAL_S = 5.0  # SGLang's sigterm watchdog wakes every 5 s
 GATE_LOG_NOMINAL_S = 10.0  # gated_launch.py LOG_INTERVAL_SECONDS
 TORCH_COMPILE_SLOWDOWN = 10.0  # capture steps that also compile take this much longer
-DRAFT_WEIGHTS_SHARE = 0.12  # a draft's weight load against the target's (seeds: 8.82 s)
+DRAFT_WEIGHTS_SHARE = 0.12  # a draft's weight load against the target's (docs/incidents.md: 8.82 s)
 MAX_PREFILL_TOKENS = 16384
 
 

@@ -85,7 +85,7 @@ OK_PARAMS = (0.8, 256)  # (mem_fraction_static, cuda_graph_max_bs): fits
 OOM_PARAMS = (0.99, 256)  # OOMs at the first decode-graph capture
 TRIAL_TIMEOUT_S = 60.0  # generous: preflight alone can take seconds under heavy load
 
-# The seeds' loop (shared/seeds/002): poll `tail -1` every 25 s, 16 times, grep -qiE.
+# The seeds' loop (docs/incidents.md, incident 2): poll `tail -1` every 25 s, 16 times, grep -qiE.
 SEEDS_POLL_S = 25.0
 SEEDS_POLLS = 16
 SEEDS_READY = re.compile(r"fired up|ready to roll", re.IGNORECASE)

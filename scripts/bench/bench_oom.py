@@ -895,7 +895,7 @@ def main_families(args: argparse.Namespace) -> int:
 
 SIM_MODELS = Path(__file__).resolve().parents[2] / "configs" / "sim" / "models"
 # (name, memory.total in GiB as torch sees it): bench_estimator's figures, and the seeds' RTX
-# PRO 6000 ("total capacity of 94.97 GiB", ../shared/seeds/001_*.txt).
+# PRO 6000 ("total capacity of 94.97 GiB", docs/incidents.md, incident 1).
 SIM_GPUS = (
     ("A100-SXM4-40GB", 39.39),
     ("A100-SXM4-80GB", 79.15),
