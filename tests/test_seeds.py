@@ -8,14 +8,14 @@ simulated SGLang host with their hardware and numbers, on SGLang 0.5.10 and 0.5.
 - Kimi-K2.5 with an EAGLE-3 draft, tp 8 (incident 3): a capture OOM in the draft's graphs at
   0.93 / bs 128 (no incident figure pins the fraction: 0.92 until the draft decode graph was
   charged one step's activations, as SGLang runs it), then ready; the incident's 0.88 comes up.
-- Qwen3.6-27B hybrid with MTP (incident 4), launched with ``no_buffer`` as in the incident:
-  0.5.10's spec + no_buffer ValueError names its fix (``--mamba-scheduler-strategy extra_buffer`` and
-  ``SGLANG_ENABLE_SPEC_V2=1``). 0.5.23 has no such error (its ``auto`` resolves to
-  ``extra_buffer`` under the default overlap schedule); a forced ``no_buffer`` fails
-  ``validate_mamba_no_buffer`` ("Try to set disable_overlap_schedule=True."), whose fix is
-  ``--disable-overlap-schedule``. With ``[policy] apply_prescribed_fixes`` the fix is applied
-  once and the server comes up. The same model at 0.56 on 0.5.23 meets the state-cache error
-  and comes up after one relaunch with its running requests untouched.
+- Qwen3.6-27B hybrid with MTP (incident 4), launched with ``no_buffer`` as in the incident: 0.5.10's
+  spec + no_buffer ValueError names its fix (``--mamba-scheduler-strategy extra_buffer`` and
+  ``SGLANG_ENABLE_SPEC_V2=1``). 0.5.23 has no such error (its ``auto`` resolves to ``extra_buffer``
+  under the default overlap schedule); a forced ``no_buffer`` fails ``validate_mamba_no_buffer``
+  ("Try to set disable_overlap_schedule=True."), whose fix is ``--disable-overlap-schedule``. With
+  ``[policy] apply_prescribed_fixes`` the fix is applied once and the server comes up. The same
+  model at 0.56 on 0.5.23 meets the state-cache error and comes up after one relaunch with its
+  running requests untouched.
 
 The expected outcomes come from the incidents and the issue (launcher issue 9), not from what
 launcher's classifier or policy say.
