@@ -1,12 +1,12 @@
 """``scripts/bench/bench_oom.py --sim-families``: issue 9's families on the simulator's own models,
 checked in CI.
 
-The full figures (200 scenarios per family, seeds 1-3) are in docs/benchmarks.md ("Round
-simfam"). Here: every drawn case is a command line the simulated server itself runs, in its
-version's dialect, and the case is exactly the scenario that server builds; the draws vary;
-the new EAGLE draft is read as a draft by the log classifier on the simulated server's real
-output; and the policy brings up the feasible scenarios of the first draws of each family.
-"""
+The full figures (200 scenarios per family, seeds 1-3) are in docs/benchmarks.md (the history in
+scripts/bench/README.md, "round simfam"). Here: every drawn case is a command line the simulated
+server itself runs, in its version's dialect, and the case is exactly the scenario that server
+builds; the draws vary; the new EAGLE draft is read as a draft by the log classifier on the
+simulated server's real output; and the policy brings up the feasible scenarios of the first draws
+of each family."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ def test_mla_projections_and_router_are_replicated_on_every_rank() -> None:
     assert s.weights_per_rank_gib == pytest.approx(72.33, abs=0.01)  # the seeds' figure
 
 
-# --- decode graphs and warmup per rank: SGLang's tensors (docs/benchmarks.md, tp round) ----
+# --- decode graphs and warmup per rank: SGLang's tensors (scripts/bench/README.md, tp round) -
 # llama-70b-sim (hidden 8192, intermediate 28672, vocab 32000, bf16), per captured token:
 # whole on every rank: input_ids, positions, out_cache_loc (3 x 8), mrope_positions (3 x 8),
 # input_embeds (2 x 8192), next_token_logits_buffer (4 x 32000, fp32), the residual stream

@@ -782,7 +782,7 @@ class Estimate:
                 # Draft decode: its steps run one after another on bs x topk tokens inside one
                 # graph, whose pool reuses what each step frees, so it holds one step's
                 # activations (eagle_worker.draft_forward, 0.5.10 l.652-700; 0.5.23
-                # eagle_worker_v2.py l.808-850; docs/benchmarks.md "Round draftstep").
+                # eagle_worker_v2.py l.808-850; scripts/bench/README.md "round draftstep").
                 total += g * top * spec.topk + per_graph
             total += g * top * spec.num_draft_tokens + per_graph  # draft extend
             if at_least(s.sglang_version, ONE_STATIC_BUDGET_FROM):
