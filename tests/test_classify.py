@@ -35,9 +35,10 @@ CATALOGUE = [
     ("v0523_ready_tp2.log", None, "ready", "ready", None),
     ("v0523_oom_graph_capture_seed_tp4.log", 137, "oom_graph_capture", "cuda_graph", "TP1"),
     ("v056_oom_graph_capture_wrapped_tp2.log", 137, "oom_graph_capture", "cuda_graph", "TP0"),
-    # The seeds' DeepSeek-V4-Flash MTP OOM (tp4, 94.97 GiB, 0.70, bs 32, NEXTN 1/1/2), written
-    # in each version's start-up order and texts (sglang-advanced.md A1/A2, checked against the
-    # 0.5.23 and 0.5.10 sources); labelled by the wrapped CUDA OOM.
+    # The seeds' DeepSeek-V4-Flash MTP OOM (docs/incidents.md; tp4, 94.97 GiB, 0.70, bs 32,
+    # NEXTN 1/1/2), written in each version's start-up order and texts (0.5.23: draft weights
+    # before the pools, managers/scheduler.py:1128-1146; 0.5.10: the whole target first, then
+    # the draft); labelled by the wrapped CUDA OOM.
     ("v0523_oom_draft_extend_mtp_seed_tp4.log", 137, "oom_graph_capture", "cuda_graph", "TP1"),
     ("v0510_oom_draft_extend_mtp_seed_tp4.log", 137, "oom_graph_capture", "cuda_graph", "TP1"),
     ("v0410_oom_weights_old_torch.log", 137, "oom_weights", "weights", None),

@@ -1,6 +1,7 @@
 """The simulated server's HTTP API (stdlib ``http.server``, one thread per request).
 
-Endpoints follow SGLang's ``http_server.py`` (reference §5):
+Endpoints follow SGLang's ``python/sglang/srt/entrypoints/http_server.py`` (0.5.23: ``/health``
+and ``/health_generate`` l.721-723, ``/ready`` l.714, ``/ping`` l.2190; 0.5.10: l.476, l.1679):
 
     GET  /health, /health_generate   503 while starting, hung or shutting down; 200 when up
     GET  /ready (>= 0.5.23)          200 iff up

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Detection-latency benchmark (issue 6): how fast launcher notices a dead, stalled or OOMed
-server, locally and over real SSH, next to the seeds' ``tail -1`` polling loop.
+server, locally and over real SSH, next to the seeds' ``tail -1`` polling loop (docs/incidents.md).
 
     .venv/bin/python scripts/bench/bench_detect.py [--trials 20] [--transport local|ssh|both]
 

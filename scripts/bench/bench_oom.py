@@ -16,7 +16,7 @@ next setting. Three strategies, the same scenarios, starting values, bounds and 
 - ``fixed-0.05``: after an OOM, fraction - 0.05 with the graph bs unchanged; after
   kv_too_small, fraction + 0.05 (SGLang's own advice, applied mechanically).
 - ``seeds-0.10``: after an OOM, fraction - 0.10 and half the graph bs; after kv_too_small,
-  fraction + 0.10 (what the operator in the seed transcripts did by hand).
+  fraction + 0.10 (what the operator did by hand in docs/incidents.md, incident 1).
 
 The step rules read the resolved fraction / bs from the log (server_args dump), clamp to the
 bounds, stop at a weight-load OOM and stop when clamping leaves the setting unchanged (no move
