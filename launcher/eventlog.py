@@ -48,6 +48,7 @@ EVENT_LEVELS: Mapping[str, int] = {
     events.ProcessDied.name: logging.WARNING,
     events.StallDetected.name: logging.WARNING,
     events.ServerUnhealthy.name: logging.WARNING,
+    events.PortWaiting.name: logging.WARNING,
     events.ServerGaveUp.name: logging.ERROR,
 }
 

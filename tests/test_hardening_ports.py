@@ -10,11 +10,246 @@ its real servers, the real CLI as a subprocess, real sockets and HTTP; "another 
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from tests.supervise import SimSetup, run_cli
+from launcher.errors import RemoteCommandError
+from launcher.lifecycle import State
+from launcher.remote_preflight import PortHolder as Holder
+from launcher.remote_preflight import port_holder
+from launcher.transport.base import CommandResult
+from launcher.transport.local import LocalTransport
+from tests.supervise import Recorded, Recorder, SimSetup, run_cli, supervise
 
 pytestmark = pytest.mark.timeout(90)
+
+
+# --- M9: a port taken by another user during a restart -------------------------------------
+
+# Binds 127.0.0.1:PORT the way the review's attacker did (SO_REUSEADDR, listening), says so,
+# and holds it until killed.
+HOLD = """
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+print("listening", flush=True)
+time.sleep(600)
+"""
+
+NOBODY = 65534
+
+
+def as_another_user() -> list[str]:
+    """The argv prefix that runs a command as ``nobody`` (the test runs as root, as in CI);
+    as this same user where that is impossible."""
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    return []
+
+
+def holder_uid() -> int:
+    return NOBODY if as_another_user() else os.getuid()
+
+
+class PortHolder:
+    """A process of another user that listens on ``port`` until ``release()``."""
+
+    def __init__(self, port: int) -> None:
+        # The system's python: nobody may not be able to read the test's venv.
+        python = "/usr/bin/python3" if as_another_user() else sys.executable
+        self.proc = subprocess.Popen([*as_another_user(), python, "-c", HOLD, str(port)],
+                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        assert "listening" == self.proc.stdout.readline().strip(), "the holder did not bind"
+        self.pid = self.proc.pid
+
+    def release(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)  # our own child: Popen knows it
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@contextlib.contextmanager
+def holders() -> Iterator[list[PortHolder]]:
+    started: list[PortHolder] = []
+    try:
+        yield started
+    finally:
+        for h in started:
+            h.release()
+
+
+def kill_when_ready(sim: SimSetup) -> Callable[[Recorded], None]:
+    """SIGKILL attempt 1's server once it was reported ready: a death while serving."""
+
+    def kill(e: Recorded) -> None:
+        if e.name == "server.ready" and e.data["attempts"] == 1:
+            os.kill(sim.pid(1), signal.SIGKILL)  # sim.pid checks it is the server we started
+
+    return kill
+
+
+def take_port_in_backoff(sim: SimSetup, held: list[PortHolder]) -> Callable[[Recorded], None]:
+    """On the restart's backoff (``restart.scheduled``), another user binds the port."""
+
+    def take(e: Recorded) -> None:
+        if e.name == "restart.scheduled" and not held:
+            held.append(PortHolder(sim.port))
+
+    return take
+
+
+async def test_port_taken_by_another_user_in_the_backoff_is_waited_for_then_relaunched(
+    sim: SimSetup,
+) -> None:
+    """The review's repro: the server ready, SIGKILLed, and another user binds its port during
+    the restart backoff. The preflight reports ``port.waiting`` naming the holder's uid and
+    pid and waits; once the holder is gone the server is relaunched and ready again. Before
+    the fix: ``server.gave_up`` at once, "preflight: port ... is already in use"."""
+    with holders() as held:
+
+        def release_when_reported(e: Recorded) -> None:
+            if e.name == "port.waiting" and held:
+                held[0].release()
+
+        rec = Recorder(on=[kill_when_ready(sim), take_port_in_backoff(sim, held),
+                           release_when_reported])
+        config = sim.config(mem_fraction_static=0.8, cuda_graph_max_bs=8)
+        result = await supervise(config, until=lambda r: r.has("server.ready", 2), recorder=rec)
+
+    assert State.READY == result.supervisor.state, rec.summary()
+    assert not rec.has("server.gave_up")
+    [waiting] = rec.of("port.waiting")
+    assert (sim.port, holder_uid(), held[0].pid) == (
+        waiting["port"], waiting["uid"], waiting["pid"]), waiting
+    assert f"uid {holder_uid()}" in waiting["holder"] and f"pid {held[0].pid}" in waiting["holder"]
+    names = rec.names()
+    assert names.index("restart.scheduled") < names.index("port.waiting")
+    assert names.index("port.waiting") < names.index("attempt.started", 1)
+    assert [1, 2] == [s["attempt"] for s in rec.of("attempt.started")]
+
+
+async def test_port_held_past_gpu_free_timeout_gives_up_naming_the_holder(
+    sim: SimSetup,
+) -> None:
+    """The holder never lets go: launcher gives up, naming the holder, only once the wait's
+    bound (``gpu_free_timeout``, 30 s) has passed on its clock. The clock is moved 31 s on
+    when the wait is first reported, so no real 30 s pass; a give-up before the move would
+    be a give-up within the bound."""
+    skew = [0.0]
+    clock_at: dict[str, float] = {}
+
+    def jump_the_clock(e: Recorded) -> None:
+        if e.name == "port.waiting" and not skew[0]:
+            skew[0] = 31.0
+        if e.name == "server.gave_up":
+            clock_at["gave_up_skew"] = skew[0]
+
+    with holders() as held:
+        rec = Recorder(on=[kill_when_ready(sim), take_port_in_backoff(sim, held),
+                           jump_the_clock])
+        config = sim.config(mem_fraction_static=0.8, cuda_graph_max_bs=8,
+                            policy={"gpu_free_timeout": "30s"})
+        result = await supervise(config, recorder=rec,
+                                 clock=lambda: time.monotonic() + skew[0])
+        holder_pid = held[0].pid
+
+    assert State.GAVE_UP == result.state, rec.summary()
+    assert 31.0 == clock_at["gave_up_skew"], "gave up within the bound"
+    [waiting] = rec.of("port.waiting")
+    assert (holder_uid(), holder_pid, 30.0) == (waiting["uid"], waiting["pid"], waiting["wait_s"])
+    reason = rec.of("server.gave_up")[0]["reason"]
+    assert reason.startswith(f"preflight: port {sim.port} is already in use on simhost"), reason
+    assert f"uid {holder_uid()}" in reason and f"pid {holder_pid}" in reason, reason
+    assert "(gpu_free_timeout)" in reason, reason
+    assert [1] == [s["attempt"] for s in rec.of("attempt.started")]
+
+
+@pytest.mark.skipif(not as_another_user(), reason="needs root and setpriv to be another user")
+async def test_port_held_by_another_user_at_the_first_start_is_waited_for(
+    sim: SimSetup,
+) -> None:
+    """Before the server was ever ready, a port held by *another* user is waited for too (the
+    attacker can bind before launcher starts as well as during a restart); a holder of
+    launcher's own user is a setup mistake and refused at once
+    (test_supervisor.py::test_port_taken_before_start_is_refused_by_preflight)."""
+    with holders() as held:
+        held.append(PortHolder(sim.port))
+
+        def release_when_reported(e: Recorded) -> None:
+            if e.name == "port.waiting":
+                held[0].release()
+
+        rec = Recorder(on=[release_when_reported])
+        config = sim.config(mem_fraction_static=0.8, cuda_graph_max_bs=8)
+        result = await supervise(config, until=lambda r: r.has("server.ready"), recorder=rec)
+
+    assert State.READY == result.supervisor.state, rec.summary()
+    assert NOBODY == rec.of("port.waiting")[0]["uid"]
+    assert [1] == [s["attempt"] for s in rec.of("attempt.started")]
+
+
+def host_without_python3(tmp_path: Path) -> LocalTransport:
+    """The local host with a PATH of only the tools the port check's fallback uses."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sh", "ss", "head", "sed", "stat", "id"):
+        found = shutil.which(tool)
+        assert found is not None, f"{tool} is not installed"
+        (bin_dir / tool).symlink_to(found)
+    return LocalTransport("bare", env={"PATH": str(bin_dir)})
+
+
+async def test_port_holder_without_python3_reads_ss(tmp_path: Path) -> None:
+    """A host without python3: the holder comes from ``ss -ltnp`` (here root sees the pid)."""
+    host = host_without_python3(tmp_path)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        held = await port_holder(host, port)
+    assert Holder(uid=os.getuid(), pid=os.getpid(), ours=True) == held
+    assert await port_holder(host, port) is None
+
+
+class Answers(LocalTransport):
+    """A host whose port check prints ``stdout``."""
+
+    def __init__(self, stdout: bytes) -> None:
+        super().__init__("odd")
+        self.stdout = stdout
+
+    async def run(self, argv: Sequence[str], **kwargs: Any) -> CommandResult:
+        return CommandResult(0, self.stdout, b"")
+
+
+@pytest.mark.parametrize("stdout", [b"", b"garbage", b"[1]", b"1x"])
+async def test_a_port_check_answer_that_is_not_one_is_an_error_naming_it(stdout: bytes) -> None:
+    with pytest.raises(RemoteCommandError, match="port check on odd printed"):
+        await port_holder(Answers(stdout), 30000)
+
+
+async def test_a_hosts_port_holder_fields_are_bounded() -> None:
+    """Fields of the wrong type or size from a host are dropped or cut, never trusted."""
+    answer = {"busy": True, "me": 0, "uid": True, "pid": -5, "user": "x" * 500, "command": 7}
+    held = await port_holder(Answers(json.dumps(answer).encode()), 30000)
+    assert Holder(user="x" * 64) == held
 
 
 # --- L4: terminal escapes from run-dir files ------------------------------------------------
@@ -37,3 +272,4 @@ def test_status_console_log_shows_escapes_from_a_forged_pid_file(sim: SimSetup) 
     raw = status.stderr
     assert "\x1b" not in raw and "\x07" not in raw and "\x9b" not in raw, repr(raw)
     assert "PWNED-title" in raw and "\\x1b]0;" in raw, raw
+
