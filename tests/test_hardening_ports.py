@@ -23,14 +23,18 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client import CollectorRegistry, start_http_server
 
 from launcher.errors import RemoteCommandError
 from launcher.lifecycle import State
+from launcher.metrics import Metrics
 from launcher.remote_preflight import PortHolder as Holder
 from launcher.remote_preflight import port_holder
 from launcher.transport.base import CommandResult
 from launcher.transport.local import LocalTransport
+from tests.simhost import REPO
 from tests.supervise import Recorded, Recorder, SimSetup, run_cli, supervise
 
 pytestmark = pytest.mark.timeout(90)
@@ -273,3 +277,106 @@ def test_status_console_log_shows_escapes_from_a_forged_pid_file(sim: SimSetup) 
     assert "\x1b" not in raw and "\x07" not in raw and "\x9b" not in raw, repr(raw)
     assert "PWNED-title" in raw and "\\x1b]0;" in raw, raw
 
+
+# --- L5: idle connections to the metrics endpoint ---------------------------------------------
+
+# The real endpoint (``Metrics.serve``) in a process of its own, so that its threads and
+# descriptors can be counted apart from the test's; argv: read_timeout, max_connections.
+SERVE = """
+import sys, time
+from launcher.metrics import Metrics
+server = Metrics().serve("127.0.0.1", 0, read_timeout=float(sys.argv[1]),
+                         max_connections=int(sys.argv[2]))
+print(server.port, flush=True)
+time.sleep(600)
+"""
+
+
+def threads_and_fds(pid: int) -> tuple[int, int]:
+    return len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.fixture
+def metrics_endpoint() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """The endpoint with a 3 s read timeout and at most 16 connections: (process, port)."""
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, "3", "16"], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = ""
+        while not line.strip().isdigit():  # past structlog's metrics.serving line
+            line = proc.stdout.readline()
+            assert line, "the endpoint did not start"
+        yield proc, int(line)
+    finally:
+        proc.kill()  # our own child
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def scrape(port: int) -> httpx.Response:
+    return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30.0)
+
+
+def test_idle_metrics_connections_are_capped_and_closed_and_scrapes_still_answer(
+    metrics_endpoint: tuple[subprocess.Popen[str], int],
+) -> None:
+    """The review's repro, from one process: 200 idle connections. The endpoint's threads and
+    descriptors stay within the cap (16) of where they were, a scrape made while the idle
+    connections are open answers 200 with the metrics, and every idle connection is closed by
+    the endpoint (the oldest when newer ones come, the rest after the read timeout). Before
+    the fix (prometheus-client's ``start_http_server``): one thread and one descriptor per idle
+    connection, for as long as the client keeps it."""
+    proc, port = metrics_endpoint
+    assert 200 == scrape(port).status_code
+    threads0, fds0 = threads_and_fds(proc.pid)
+
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=30.0) for _ in range(200)]
+    try:
+        # Connections are accepted in order: once this scrape is answered, all 200 were.
+        answer = scrape(port)
+        threads, fds = threads_and_fds(proc.pid)
+        print(f"endpoint with 200 idle connections: threads {threads0} -> {threads}, "
+              f"descriptors {fds0} -> {fds}")
+        assert 200 == answer.status_code
+        assert "launcher_build_info" in answer.text
+        assert threads <= threads0 + 16 and fds <= fds0 + 16, (threads0, threads, fds0, fds)
+
+        for conn in idle:  # the endpoint closes each one (EOF, or a reset)
+            with contextlib.suppress(ConnectionResetError):
+                assert b"" == conn.recv(1)
+    finally:
+        for conn in idle:
+            conn.close()
+    assert 200 == scrape(port).status_code
+
+
+@pytest.mark.parametrize("headers, query", [
+    ({}, ""),
+    ({"Accept": "application/openmetrics-text; version=1.0.0"}, ""),
+    ({"Accept-Encoding": "gzip"}, ""),
+    ({}, "?name[]=launcher_build_info"),
+])
+def test_the_bounded_endpoint_exposes_what_prometheus_client_does(
+    headers: dict[str, str], query: str,
+) -> None:
+    """Same registry, prometheus-client's own ``start_http_server`` beside ``Metrics.serve``:
+    status, content type and encoding, and body are the same."""
+    metrics = Metrics(registry=CollectorRegistry())  # no process collector: values stay put
+    theirs, thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    try:
+        with metrics.serve("127.0.0.1", 0) as ours:
+            answers = [
+                httpx.get(f"http://127.0.0.1:{port}/metrics{query}", headers=headers)
+                for port in (theirs.server_port, ours.port)
+            ]
+    finally:
+        theirs.shutdown()
+        theirs.server_close()
+        thread.join()
+    expected, got = answers
+    assert 200 == got.status_code
+    for name in ("content-type", "content-encoding"):
+        assert expected.headers.get(name) == got.headers.get(name), name
+    assert expected.content == got.content
