@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import posixpath
-import re
 import shlex
 import sys
 import time
@@ -70,6 +69,7 @@ from launcher.multinode import rank_commands
 from launcher.notify import ServerInfo, SlackNotifier, webhook_url_ok
 from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
+from launcher.plaintext import plain as _plain
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
 from launcher.ranks import stop_other_ranks
 from launcher.router import plan_rows as router_plan_rows
@@ -185,15 +185,6 @@ def _setup(
 ) -> None:
     """Commands other than `up` log warnings only, to stderr; `up` reconfigures."""
     configure("console", stream=sys.stderr, level=logging.WARNING)
-
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def _plain(text: str) -> str:
-    """``text`` with control characters shown as ``\\xNN``: an ESC from a server's log must not
-    reach the terminal (it could clear it, retitle it or make a hyperlink)."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _say(console: Console, *parts: str | tuple[str, str]) -> None:

@@ -17,6 +17,11 @@ inode, as systemd sets it for ``StandardOutput=journal``), every line starts wit
 sd-daemon priority prefix (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug;
 ``man sd-daemon``). journald strips it and stores it as the entry's ``PRIORITY``, so
 ``journalctl -p warning`` shows exactly the warnings and errors.
+
+Terminal safety: the console format shows control characters in string values as ``\\xNN``
+(``plaintext.plain``, the CLI's rule): values come from hosts' files and servers' logs, and
+``ConsoleRenderer`` prints strings raw, so an ESC there could retitle or clear the terminal.
+JSON escapes them itself.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from launcher import events
+from launcher.plaintext import plain
 
 __all__ = ["EVENT_LEVELS", "Format", "configure", "level_of", "on_journal", "syslog_priority"]
 
@@ -42,6 +48,7 @@ EVENT_LEVELS: Mapping[str, int] = {
     events.ProcessDied.name: logging.WARNING,
     events.StallDetected.name: logging.WARNING,
     events.ServerUnhealthy.name: logging.WARNING,
+    events.PortWaiting.name: logging.WARNING,
     events.ServerGaveUp.name: logging.ERROR,
 }
 
@@ -96,6 +103,13 @@ class _PriorityPrefix:
         return f"<{syslog_priority(method_name)}>{text}"
 
 
+def _plain_strings(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    """Every string value (and string key) with its control characters shown, not sent.
+    Other values are rendered with ``repr``, which escapes them already."""
+    return {plain(k) if isinstance(k, str) else k: plain(v) if isinstance(v, str) else v
+            for k, v in event_dict.items()}
+
+
 class _ToStructlog(logging.Handler):
     """Forwards stdlib ``logging`` records to structlog as ``log.record`` at their level."""
 
@@ -128,10 +142,12 @@ def configure(
     sd-daemon priority prefix on each line when ``stream`` is journald's (``on_journal``)."""
     out = stream or sys.stderr
     renderer: Processor
+    escape: list[Processor] = []
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer(sort_keys=False)
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=out.isatty(), pad_event_to=18)
+        escape = [_plain_strings]
     if on_journal(out, environ):
         renderer = _PriorityPrefix(renderer)
     structlog.configure(
@@ -139,6 +155,7 @@ def configure(
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *escape,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),

@@ -48,6 +48,7 @@ __all__ = [
     "ListingRetry",
     "PhaseEntered",
     "PolicyDecided",
+    "PortWaiting",
     "PreflightRetry",
     "ProbeFailed",
     "Probed",
@@ -454,6 +455,22 @@ class PreflightRetry(Event):
     name: ClassVar[str] = "preflight.retry"
     try_: int = field(metadata=_TRY_KEY)
     error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PortWaiting(Event):
+    """The server's ``port`` on ``host`` is held by someone else; the preflight waits up to
+    ``wait_s`` (``gpu_free_timeout``) for it. ``holder`` says who, as far as the host tells
+    (``uid``, ``pid`` where readable). Emitted when the wait starts and when the holder
+    changes."""
+
+    name: ClassVar[str] = "port.waiting"
+    host: str
+    port: int
+    holder: str
+    wait_s: float
+    uid: int | None = field(default=None, metadata=_OPTIONAL)
+    pid: int | None = field(default=None, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, kw_only=True)

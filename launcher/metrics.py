@@ -4,6 +4,13 @@
 event list) plus ``update_states(snapshots)`` for the state gauges. ``Metrics.serve(host,
 port)`` starts the exposition endpoint (``GET /metrics``) in a daemon thread.
 
+The endpoint is prometheus-client's WSGI app (the same exposition, content negotiation and
+compression as its ``start_http_server``) on a server that bounds what a client can hold (any
+local user can connect to 127.0.0.1): each read and write of a connection times out after
+``read_timeout``, and at most ``max_connections`` are open at once, a new one closing the
+oldest. Idle connections so cost neither a thread nor a descriptor for long, and a scrape is
+answered while they are open (security review 2026-12-05, finding L5).
+
 Exported series (labels ``server`` and ``host``, the GPU host it runs on, on every per-server
 series; ``describe`` tells the host, model, version and endpoint of each server):
 
@@ -39,12 +46,14 @@ State values are ``launcher.lifecycle.State`` values (``cuda_graph``, ``gave_up`
 
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
+import socket
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Protocol
-from wsgiref.simple_server import WSGIServer
+from typing import Any, Protocol, cast
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import structlog
 from prometheus_client import (
@@ -56,7 +65,7 @@ from prometheus_client import (
     Histogram,
     Info,
     disable_created_metrics,
-    start_http_server,
+    make_wsgi_app,
 )
 
 from launcher import __version__, events
@@ -92,14 +101,79 @@ class ServerState(Protocol):
     def attempt(self) -> int: ...
 
 
+# A connection's reads and writes each time out after this; a scrape sends its request at once.
+READ_TIMEOUT_S = 10.0
+# Connections open at once; Prometheus scrapes over one at a time per scraper.
+MAX_CONNECTIONS = 16
+
+
+class _Handler(WSGIRequestHandler):
+    """prometheus-client's handler (logs nothing), with the server's per-connection timeout."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(cast(_BoundedWSGIServer, self.server).read_timeout)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing: a request per scrape would drown the event log."""
+
+
+class _BoundedWSGIServer(WSGIServer):
+    """A WSGI server with one daemon thread per connection, at most ``max_connections`` of
+    them: a new connection beyond that closes the oldest (an idle one, unless the client
+    opened ``max_connections`` more within one scrape). Threads are not joined on close:
+    each ends by its connection's ``read_timeout``."""
+
+    request_queue_size = 64
+
+    def __init__(self, host: str, port: int, *, read_timeout: float,
+                 max_connections: int) -> None:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, sockaddr = infos[0]
+        self.address_family = family
+        self.read_timeout = read_timeout
+        self.max_connections = max_connections
+        self._open: dict[socket.socket, None] = {}  # insertion order: oldest first
+        self._open_lock = threading.Lock()
+        super().__init__((str(sockaddr[0]), port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            while len(self._open) >= self.max_connections:
+                oldest = next(iter(self._open))
+                del self._open[oldest]
+                # Its thread's read returns at once; the thread closes the socket.
+                with contextlib.suppress(OSError):
+                    oldest.shutdown(socket.SHUT_RDWR)
+            self._open[request] = None
+        thread = threading.Thread(target=self._serve_one, args=(request, client_address),
+                                  daemon=True, name="launcher-metrics-conn")
+        thread.start()
+
+    def _serve_one(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception as exc:  # a timed-out or closed connection: nothing to report
+            log.debug("metrics.connection_ended", error=repr(exc))
+        finally:
+            self.shutdown_request(request)
+
+    def shutdown_request(self, request: Any) -> None:
+        # Under the lock: an eviction never shuts down a descriptor number reused meanwhile.
+        with self._open_lock:
+            self._open.pop(request, None)
+            super().shutdown_request(request)
+
+
 class MetricsServer:
     """A running exposition endpoint; ``close()`` (or ``shutdown()``) stops it.
 
     ``host`` / ``port`` are the address actually bound (so port 0 reports the chosen one).
 
-    Resource handling: owns a listening socket and one daemon thread (plus one per request);
-    ``close`` stops the loop, closes the socket and joins the thread. ``close`` blocks for up
-    to about half a second (the server's poll interval): from async code call it with
+    Resource handling: owns a listening socket and one daemon thread, plus one per open
+    connection (at most ``max_connections``, each ending by its ``read_timeout``); ``close``
+    stops the loop, closes the socket and joins the loop's thread. ``close`` blocks for up to
+    about half a second (the server's poll interval): from async code call it with
     ``anyio.to_thread.run_sync(server.close)``.
     """
 
@@ -373,14 +447,18 @@ class Metrics:
 
     # -- the endpoint ---------------------------------------------------------------------
 
-    def serve(self, host: str, port: int) -> MetricsServer:
-        """Serve ``GET /metrics`` on ``host:port`` (port 0: any free port) in a daemon thread.
+    def serve(self, host: str, port: int, *, read_timeout: float = READ_TIMEOUT_S,
+              max_connections: int = MAX_CONNECTIONS) -> MetricsServer:
+        """Serve ``GET /metrics`` on ``host:port`` (port 0: any free port) in a daemon thread,
+        each connection's reads and writes bounded by ``read_timeout`` and at most
+        ``max_connections`` open at once (the oldest closed for a new one).
 
         Error handling: an address that cannot be bound (in use, not local, unresolvable)
         raises ConfigError naming ``metrics.listen``.
         """
         try:
-            httpd, thread = start_http_server(port, addr=host, registry=self.registry)
+            httpd = _BoundedWSGIServer(host, port, read_timeout=read_timeout,
+                                       max_connections=max_connections)
         except OSError as exc:
             raise ConfigError(
                 [
@@ -389,6 +467,10 @@ class Metrics:
                 ],
                 source="metrics",
             ) from None
+        httpd.set_app(make_wsgi_app(self.registry))
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True,
+                                  name="launcher-metrics")
+        thread.start()
         server = MetricsServer(httpd, thread)
         log.info("metrics.serving", host=server.host, port=server.port)
         return server

@@ -282,11 +282,15 @@ class MultiNodeSupervisor(ServerSupervisor):
             t = self._transport(rank)
             if s.model_path.startswith("/") and not await remote.path_exists(t, s.model_path):
                 fatal.append(f"model path {s.model_path} does not exist on {rank.host}")
-            # Nodes >= 1 bind the same port for SGLang's dummy /health.
-            if await remote.port_in_use(t, s.port):
-                fatal.append(f"port {s.port} is already in use on {rank.host}")
+            # Nodes >= 1 bind the same port for SGLang's dummy /health. A taken one is waited
+            # for (on every node at once, one bound: ``_port_taken``).
+            taken = await self._port_taken(t, rank.host, s.port)
+            if taken is not None:
+                fatal.append(taken)
 
         await _on_every_node(self.ranks, node_checks)
+        if not fatal and self._port_wait_since is not None:  # the GPUs' answer is old
+            busy = await self._busy_gpus()
         addr = dist_init_addr(self.config, s)
         if addr is not None:
             port = int(addr.rpartition(":")[2])

@@ -91,6 +91,7 @@ from launcher.lifecycle import (
 from launcher.notify import Redactor
 from launcher.params import LaunchParams
 from launcher.policy import AttemptRecord, Bounds
+from launcher.remote_preflight import PortHolder, port_holder
 from launcher.sglang.classify import classify, diagnose
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
 from launcher.sglang.outcome import Outcome
@@ -267,6 +268,7 @@ class ServerSupervisor:
         self._tg: TaskGroup | None = None
         self._state_since: float | None = None  # when the machine entered its current state
         self._unreachable_since: float | None = None
+        self._port_wait_since: float | None = None  # when this preflight found the port taken
         self._outages = 0  # outages begun or ended so far: a probe spanning one never counts
         self._back: anyio.Event | None = None  # set when the current outage ends
         self.tail_path: Path | None = None  # local copy of the last failed attempt's log tail
@@ -618,6 +620,7 @@ class ServerSupervisor:
         return params_from_argv(words, [f"export {w}" for w in leading])
 
     async def _preflight(self) -> None:
+        self._port_wait_since = None  # each preflight's wait for a taken port is bounded anew
         problems, transient = await self._preflight_problems()
         if not problems:
             await self._post(PreflightPassed())
@@ -648,11 +651,47 @@ class ServerSupervisor:
             self.transport, s.model_path
         ):
             fatal.append(f"model path {s.model_path} does not exist on {s.host}")
-        if await remote.port_in_use(self.transport, s.port):
-            fatal.append(f"port {s.port} is already in use on {s.host}")
+        taken = await self._port_taken(self.transport, s.host, s.port)
+        if taken is not None:
+            fatal.append(taken)
+        elif self._port_wait_since is not None:  # waited for the port: the GPUs' answer is old
+            busy = await self._busy_gpus()
         if fatal:
             return fatal + busy, False
         return busy, True
+
+    async def _port_taken(self, transport: Transport, host: str, port: int) -> str | None:
+        """None once ``port`` is free on ``host``, else the (fatal) problem naming its holder.
+
+        SGLang's port is not reserved while the server is down: another user of the host can
+        bind it during a restart. So a taken port is waited for like busy GPUs, polling once a
+        second up to ``gpu_free_timeout`` from when this preflight first found it taken (one
+        bound for every node and retry), with a ``port.waiting`` event naming the holder
+        whenever it changes. Only a holder that runs as launcher's own user, before the server
+        was ever ready in this run, is a problem at once: that is a mistake in this setup (two
+        servers on one port, a server started by hand) that waiting would only hide.
+        """
+        told: PortHolder | None = None
+        while True:
+            holder = await port_holder(transport, port)
+            if holder is None:
+                return None
+            problem = f"port {port} is already in use on {host} ({holder.describe()})"
+            if holder.ours and self.machine.ready_at is None:
+                return problem
+            now = self.clock()
+            if self._port_wait_since is None:
+                self._port_wait_since = now
+            waited = now - self._port_wait_since
+            if waited >= self.policy.gpu_free_timeout:
+                return f"{problem} for {waited:.0f} s (gpu_free_timeout)"
+            if holder != told:
+                told = holder
+                self._emit(events.PortWaiting(
+                    host=host, port=port, holder=holder.describe(),
+                    wait_s=self.policy.gpu_free_timeout, uid=holder.uid, pid=holder.pid,
+                ))
+            await self.sleep(1.0)
 
     async def _busy_gpus(self) -> list[str]:
         """Problems with the server's GPUs; a GPU that does not exist raises (fatal)."""

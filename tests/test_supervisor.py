@@ -269,17 +269,18 @@ def listen_on(port: int) -> socket.socket:
 
 
 async def test_port_taken_before_start_is_refused_by_preflight(sim: SimSetup) -> None:
-    """A port already in use is a fatal preflight problem that names the port; nothing runs."""
+    """A port held by launcher's own user before the server was ever ready is a setup mistake:
+    a fatal preflight problem at once that names the port and its holder; nothing runs.
+    (Another user's holder, or any after ready, is waited for: test_hardening_ports.py.)"""
     with listen_on(sim.port):
         result = await supervise(sim.config())
     rec = result.events
 
     assert State.GAVE_UP == result.state, result.events.summary()
-    assert not rec.has("attempt.started")
-    assert (
-        f"preflight: port {sim.port} is already in use on simhost"
-        == rec.of("server.gave_up")[0]["reason"]
-    )
+    assert not rec.has("attempt.started") and not rec.has("port.waiting")
+    reason = rec.of("server.gave_up")[0]["reason"]
+    assert reason.startswith(f"preflight: port {sim.port} is already in use on simhost ("), reason
+    assert f"uid {os.getuid()}" in reason and f"pid {os.getpid()}" in reason, reason
     assert [] == sim.attempts()
 
 
