@@ -696,7 +696,7 @@ class RouterConfig(_Model):
     @classmethod
     def _api_key_reference(cls, ref: str | None) -> str | None:
         if ref is not None and not _SECRET_REF_RE.match(ref):
-            raise ValueError(_REF_SHAPE.format(field="api_key"))
+            raise ValueError(_REF_SHAPE)
         return ref
 
     @model_validator(mode="after")
@@ -911,7 +911,7 @@ def _secrets_in_file(data: Mapping[str, Any]) -> Iterator[tuple[Loc, str]]:
         )
 
 
-_REF_SHAPE = ("{field}: a secret must be given as 'env:VARIABLE' (read from this machine's "
+_REF_SHAPE = ("a secret must be given as 'env:VARIABLE' (read from this machine's "
               "environment), 'file:/path' (a file on this machine) or 'cred:NAME' (systemd "
               "LoadCredential=), never as the secret itself")
 _NO_MODULE = ("{field} needs command to run a Python module ('PYTHON -m MODULE ...'): launcher "
@@ -932,7 +932,7 @@ def _refuse_secret_flags(args: list[str], instead: str) -> list[str]:
 def _check_secret_args(refs: dict[str, str]) -> dict[str, str]:
     problems = [f"{flag!r} is not a flag (--name)" for flag in refs
                 if not flag.startswith("--") or "=" in flag]
-    problems += [_REF_SHAPE.format(field=flag) for flag, ref in refs.items()
+    problems += [f"{flag}: {_REF_SHAPE}" for flag, ref in refs.items()
                  if not _SECRET_REF_RE.match(ref)]
     if problems:
         raise ValueError("; ".join(problems))
