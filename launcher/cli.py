@@ -49,7 +49,9 @@ from launcher.config import (
     SlackConfig,
     default_state_dir,
     load_config,
+    resolve_router_api_key,
     resolve_secret_env,
+    secret_arg_env,
 )
 from launcher.errors import (
     ConfigError,
@@ -73,9 +75,10 @@ from launcher.plaintext import plain as _plain
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
 from launcher.ranks import stop_other_ranks
 from launcher.router import plan_rows as router_plan_rows
-from launcher.router import router_status, stop_router
+from launcher.router import router_status, routers_for, stop_router
 from launcher.sglang.budget import observed_bar
 from launcher.sglang.classify import diagnose_text
+from launcher.sglang.flags import mask_secret_flags
 from launcher.sglang.outcome import Diagnosis
 from launcher.sglang.versions import DEFAULT_VERSION, SUPPORTED_VERSIONS
 from launcher.store import (
@@ -474,7 +477,7 @@ def plan(
         first = planned[s.name]
         params, params_source = warm.get(s.name) or (
             first.params, f"{first.source}: see the estimate below")
-        secrets = {k: "***" for k in s.secret_env}
+        secrets = {k: "***" for k in [*s.secret_env, *secret_arg_env(s).values()]}
         ranks = _plan_ranks(config, s, params, version, secrets)
         cmd = rank_commands(config, s, params, version, secrets)[0][1]  # node 0's
         p = config.policy_for(s.name)
@@ -493,8 +496,8 @@ def plan(
                 "version_source": "config"
                 if s.sglang_version
                 else "detected on the host at launch",
-                "argv": cmd.argv,
-                "command": shlex.join(cmd.argv),
+                "argv": mask_secret_flags(cmd.argv),
+                "command": shlex.join(mask_secret_flags(cmd.argv)),
                 "env": _planned_env(cmd.masked_env()),
                 "params": params.as_dict(),
                 "params_source": params_source,
@@ -795,9 +798,12 @@ def up(
     config = _guard(lambda: _open(config_path))
     servers = _guard(lambda: _selected(config, server))
     secrets = _guard(lambda: {s.name: resolve_secret_env(s) for s in servers})
+    router_keys = _guard(lambda: {r.name: resolve_router_api_key(r)
+                                  for r in routers_for(config, servers)})
     slack = config.slack or SlackConfig()
     webhook = _guard(lambda: slack.webhook_url())
     secret_values = [v for env in secrets.values() for v in env.values()]
+    secret_values += [key for key in router_keys.values() if key]
     # Checked here, before anything starts: a malformed webhook URL is a config error (exit 2).
     _check_webhook(slack, webhook)
     notifier = _guard(lambda: SlackNotifier(
@@ -819,7 +825,8 @@ def up(
     opts = daemon.Options(until_ready=until_ready, stop_on_exit=stop_on_exit, fresh=fresh,
                           force=force)
     try:
-        result = anyio.run(daemon.run, config, servers, secrets, notifier, opts, view)
+        result = anyio.run(daemon.run, config, servers, secrets, notifier, opts, view,
+                           router_keys)
     except LauncherError as exc:
         _error(err, exc)
         raise typer.Exit(_exit_code(exc)) from None
@@ -1298,7 +1305,8 @@ def _router_rows(config: Config, server: list[str] | None) -> list[dict[str, Any
         try:
             for r in config.routers:
                 try:
-                    rows.append(await router_status(config, r, transports[r.host]))
+                    key = resolve_router_api_key(r)
+                    rows.append(await router_status(config, r, transports[r.host], key))
                 except LauncherError as exc:
                     rows.append({"router": r.name, "host": r.host, "error": str(exc)})
         finally:

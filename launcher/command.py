@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.params import LaunchParams
-from launcher.sglang.flags import PARAM_FLAGS, PARAM_SWITCHES, PARAM_TYPES
+from launcher.sglang.flags import PARAM_FLAGS, PARAM_SWITCHES, PARAM_TYPES, hidden_args_argv
 from launcher.sglang.flags import SPEC_V2_ENV as SPEC_V2_ENV
 from launcher.sglang.flags import env_is_read as env_is_read
 from launcher.sglang.flags import graph_bs_flag as graph_bs_flag
@@ -115,8 +115,12 @@ def build_command(
     attempt: int = 1,
     server_name: str = "",
     node: NodeRank | None = None,
+    hidden_flags: list[str] | None = None,
 ) -> ServerCommand:
     """Build the attempt's command line. Explicit params only; None leaves SGLang's auto value.
+
+    ``hidden_flags`` (a server's ``secret_args``) are appended inside the process from their
+    ``secret_env`` variables (``hidden_args_argv``): the command line never holds their values.
 
     ``params.env`` overrides ``env`` (a relaunch's own settings win over the configured ones).
 
@@ -138,6 +142,11 @@ def build_command(
     argv += params_argv(params, sglang_version)
     argv += ["--log-level", "info"]
     argv += list(extra_args or [])
+    if hidden_flags:
+        wrapped = hidden_args_argv(command, hidden_flags, argv[len(command):])
+        if wrapped is None:  # config validation refuses this; never fall back to argv
+            raise ValueError("secret_args need a 'PYTHON -m MODULE' command")
+        argv = wrapped
     full_env = {
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
         **dict(env or {}),
@@ -160,4 +169,5 @@ def server_command(
         listen=s.listen, gpus=s.gpus, params=params, sglang_version=sglang_version,
         served_model_name=s.served_model_name, extra_args=s.extra_args, env=s.env,
         secret_env=secret_env, attempt=attempt, server_name=s.name, node=node,
+        hidden_flags=list(s.secret_args),
     )

@@ -10,7 +10,8 @@ Entry points:
   problem found, each as ``toml.path: message`` (``servers[1].gpus: ...``), ending in
   ``(from LAUNCHER_...)`` when an override set the value.
 - ``config_from_dict(data, environ=...)`` does the same for an already parsed table.
-- ``resolve_secret_env(server, environ)`` reads the values of a server's ``secret_env``.
+- ``resolve_secret_env(server, environ)`` reads the values of a server's ``secret_env`` (and
+  ``secret_args``); ``resolve_router_api_key(router, environ)`` a router's ``api_key``.
 
 ``Config`` is a pydantic-settings ``BaseSettings``: the file comes through its TOML source,
 overrides through its env source (prefix ``LAUNCHER_``, nested delimiter ``__``, names matched
@@ -59,7 +60,12 @@ from pydantic_settings import (
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
 from launcher.params import LaunchParams
-from launcher.sglang.flags import OWNED_FLAGS
+from launcher.sglang.flags import (
+    OWNED_FLAGS,
+    SECRET_ARG_ENV,
+    hidden_args_argv,
+    is_secret_flag,
+)
 from launcher.sglang.phases import Phase
 from launcher.sglang.versions import GATED_LAUNCH_FROM, MAMBA_RADIX_SPELLING_FROM, at_least
 
@@ -78,7 +84,9 @@ __all__ = [
     "config_from_dict",
     "default_state_dir",
     "load_config",
+    "resolve_router_api_key",
     "resolve_secret_env",
+    "secret_arg_env",
 ]
 
 ENV_PREFIX = "LAUNCHER_"
@@ -381,8 +389,12 @@ class ServerConfig(_Model):
     so do ``max_running_requests`` and the hybrid (Mamba) knobs; ``mamba_strategy`` is rendered
     as ``--mamba-scheduler-strategy`` up to 0.5.10 and ``--mamba-radix-cache-strategy`` from
     0.5.15 (see ``launch_params``; the policy may change all of these on a relaunch).
-    ``secret_env`` values are references, ``env:VAR`` or ``file:/path`` on this machine; read
-    them with ``resolve_secret_env``. ``run_dir`` ``None`` means the host's.
+    ``secret_env`` values are references, ``env:VAR``, ``file:/path`` or ``cred:NAME`` on this
+    machine; read them with ``resolve_secret_env``. ``secret_args`` maps a secret flag
+    (``--api-key``, ``--admin-api-key``) to such a reference: the value reaches SGLang through
+    the environment and is appended to its argv inside the process (``hidden_args_argv``), so
+    it is never on the host's command line; such flags are refused in ``extra_args`` and
+    ``command``. ``run_dir`` ``None`` means the host's.
     """
 
     name: Name
@@ -412,6 +424,7 @@ class ServerConfig(_Model):
     extra_args: Argv = Field(default_factory=list)
     env: EnvMap = Field(default_factory=dict)
     secret_env: EnvMap = Field(default_factory=dict)
+    secret_args: dict[str, str] = Field(default_factory=dict)
     command: Program = Field(default_factory=lambda: ["python3", "-m", "sglang.launch_server"])
     sglang_version: str | None = None
     run_dir: RemoteDir | None = None
@@ -469,6 +482,22 @@ class ServerConfig(_Model):
                 "child (unshare, nsenter, env, nice, numactl, taskset)"
             )
         return command
+
+    @field_validator("extra_args", "command")
+    @classmethod
+    def _no_secret_flags(cls, args: list[str]) -> list[str]:
+        return _refuse_secret_flags(args, "secret_args = { \"--api-key\" = \"env:VAR\" }")
+
+    @field_validator("secret_args")
+    @classmethod
+    def _secret_arg_references(cls, refs: dict[str, str]) -> dict[str, str]:
+        return _check_secret_args(refs)
+
+    @model_validator(mode="after")
+    def _secret_args_need_a_module(self) -> ServerConfig:
+        if self.secret_args and hidden_args_argv(self.command, [], []) is None:
+            raise ValueError(_NO_MODULE.format(field="secret_args"))
+        return self
 
     @field_validator("extra_args")
     @classmethod
@@ -636,12 +665,20 @@ class RouterConfig(_Model):
     ``http://127.0.0.1:PORT`` when the server runs on the router's host, else
     ``http://ADDRESS:PORT`` with the server host's ``address`` (its ``listen`` must then accept
     connections from other hosts).
+
+    ``listen`` is loopback by default: the router's worker API (``POST /workers``) lets
+    whoever reaches it add or remove workers, so a wildcard (``0.0.0.0``, ``::``) is a config
+    problem unless ``api_key`` is set. ``api_key`` is a secret reference (``env:VAR``,
+    ``file:/path``, ``cred:NAME``): launcher sends it as ``Authorization: Bearer`` and hands it
+    to the router outside its argv (``hidden_args_argv``, which needs ``command`` to be
+    ``PYTHON -m MODULE``); ``--api-key`` in ``args`` or ``command`` is refused.
     """
 
     name: Name
     host: str
     port: Port = 30000
-    listen: Annotated[str, Field(min_length=1)] = "0.0.0.0"
+    listen: Annotated[str, Field(min_length=1)] = "127.0.0.1"
+    api_key: str | None = None
     servers: Annotated[list[str], Field(min_length=1)]
     args: Argv = Field(default_factory=list)
     command: Program = Field(
@@ -649,6 +686,35 @@ class RouterConfig(_Model):
     env: EnvMap = Field(default_factory=dict)
     run_dir: RemoteDir | None = None
     worker_urls: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("args", "command")
+    @classmethod
+    def _no_secret_router_flags(cls, args: list[str]) -> list[str]:
+        return _refuse_secret_flags(args, "api_key = \"env:VAR\" (or file:/path, cred:NAME)")
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key_reference(cls, ref: str | None) -> str | None:
+        if ref is not None and not _SECRET_REF_RE.match(ref):
+            raise ValueError(_REF_SHAPE)
+        return ref
+
+    @model_validator(mode="after")
+    def _key_for_open_listen(self) -> RouterConfig:
+        if self.api_key is not None and hidden_args_argv(self.command, [], []) is None:
+            raise ValueError(_NO_MODULE.format(field="api_key"))
+        if self.listen_is_wildcard and self.api_key is None:
+            raise ValueError(
+                f"listen {self.listen!r} opens the router's worker API (POST /workers adds "
+                "a worker, DELETE removes one) to every machine that can reach the port: set "
+                "api_key = \"env:VAR\" (or file:/path, cred:NAME) so it asks for a key, or "
+                "listen on 127.0.0.1 or one interface's address")
+        return self
+
+    @property
+    def listen_is_wildcard(self) -> bool:
+        """Whether ``listen`` binds every interface (``0.0.0.0``, ``::``, ``[::]``)."""
+        return self.listen.strip("[]") in ("0.0.0.0", "::")
 
     @field_validator("args")
     @classmethod
@@ -662,8 +728,15 @@ class RouterConfig(_Model):
         return args
 
     def argv(self) -> list[str]:
-        """The router's command line: ``command``, where it listens, then ``args``."""
-        return [*self.command, "--host", self.listen, "--port", str(self.port), *self.args]
+        """The router's command line: ``command``, where it listens, then ``args``; with an
+        ``api_key``, wrapped so that ``--api-key`` is added from the environment variable
+        ``SECRET_ARG_ENV.format(0)`` inside the process (see ``hidden_args_argv``)."""
+        args = ["--host", self.listen, "--port", str(self.port), *self.args]
+        if self.api_key is not None:
+            wrapped = hidden_args_argv(self.command, ["--api-key"], args)
+            assert wrapped is not None  # checked by _key_for_open_listen
+            return wrapped
+        return [*self.command, *args]
 
 
 def default_state_dir(environ: Mapping[str, str]) -> Path:
@@ -838,6 +911,51 @@ def _secrets_in_file(data: Mapping[str, Any]) -> Iterator[tuple[Loc, str]]:
         )
 
 
+_REF_SHAPE = ("a secret must be given as 'env:VARIABLE' (read from this machine's "
+              "environment), 'file:/path' (a file on this machine) or 'cred:NAME' (systemd "
+              "LoadCredential=), never as the secret itself")
+_NO_MODULE = ("{field} needs command to run a Python module ('PYTHON -m MODULE ...'): launcher "
+              "hands the secret to it through the environment, never on the command line, "
+              "which every user of the host can read")
+
+
+def _refuse_secret_flags(args: list[str], instead: str) -> list[str]:
+    found = sorted({a.split("=", 1)[0] for a in args if is_secret_flag(a)})
+    if found:
+        # Never echo the value: it is the secret.
+        raise ValueError(
+            f"{', '.join(found)} would put a secret on the command line, which every user of "
+            f"the host can read (ps, /proc/PID/cmdline); remove it and use {instead}")
+    return args
+
+
+def _check_secret_args(refs: dict[str, str]) -> dict[str, str]:
+    problems = [f"{flag!r} is not a flag (--name)" for flag in refs
+                if not flag.startswith("--") or "=" in flag]
+    problems += [f"{flag}: {_REF_SHAPE}" for flag, ref in refs.items()
+                 if not _SECRET_REF_RE.match(ref)]
+    if problems:
+        raise ValueError("; ".join(problems))
+    return refs
+
+
+def secret_arg_env(server: ServerConfig) -> dict[str, str]:
+    """The environment variable that carries each of ``server.secret_args`` (by flag)."""
+    return {flag: SECRET_ARG_ENV.format(i) for i, flag in enumerate(server.secret_args)}
+
+
+def resolve_router_api_key(
+    router: RouterConfig, environ: Mapping[str, str] | None = None,
+) -> str | None:
+    """The value of ``router.api_key`` (None without one), read like ``resolve_secret_env``;
+    ConfigError naming ``routers[NAME].api_key`` when it cannot be read."""
+    if router.api_key is None:
+        return None
+    env = os.environ if environ is None else environ
+    return _resolve_refs({"api_key": router.api_key}, f"routers[{router.name}]", env,
+                         router.name)["api_key"]
+
+
 def resolve_secret_env(
     server: ServerConfig, environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
@@ -850,10 +968,23 @@ def resolve_secret_env(
     unreadable, naming the field and the variable or file. Values never appear in errors.
     """
     env = os.environ if environ is None else environ
+    values = _resolve_refs(server.secret_env, f"servers[{server.name}].secret_env", env,
+                           server.name)
+    args = _resolve_refs(server.secret_args, f"servers[{server.name}].secret_args", env,
+                         server.name)
+    for flag, name in secret_arg_env(server).items():
+        values[name] = args[flag]
+    return values
+
+
+def _resolve_refs(refs: Mapping[str, str], at: str, env: Mapping[str, str],
+                  source: str) -> dict[str, str]:
+    """Every reference of ``refs`` read (see ``resolve_secret_env``); one ConfigError for all
+    that cannot be, fields named ``AT.KEY``."""
     values: dict[str, str] = {}
     problems: list[str] = []
-    for key, ref in server.secret_env.items():
-        field = f"servers[{server.name}].secret_env.{key}"
+    for key, ref in refs.items():
+        field = f"{at}.{key}"
         kind, _, target = ref.partition(":")
         if kind == "env":
             value = env.get(target, "")
@@ -871,12 +1002,12 @@ def resolve_secret_env(
                 )
                 continue
             try:
-                values[key] = _read_secret_file(Path(directory) / target, field, server.name)
+                values[key] = _read_secret_file(Path(directory) / target, field, source)
             except ConfigError as exc:
                 problems.extend(exc.problems)
         else:
             try:
-                values[key] = _read_secret_file(Path(target), field, server.name)
+                values[key] = _read_secret_file(Path(target), field, source)
             except ConfigError as exc:
                 problems.extend(exc.problems)
     if problems:

@@ -124,10 +124,12 @@ async def _already_running(config: Config, server: ServerConfig, transport: Tran
 
 
 async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, dict[str, str]],
-              notifier: SlackNotifier, opts: Options, view: View | None = None) -> Result:
+              notifier: SlackNotifier, opts: Options, view: View | None = None,
+              router_keys: dict[str, str | None] | None = None) -> Result:
     """Supervise ``servers`` under the state directory's lock until supervision ends.
 
-    ``secrets`` maps each server to its resolved secret environment; ``notifier`` is built by
+    ``secrets`` maps each server to its resolved secret environment, ``router_keys`` each
+    router to its resolved ``api_key`` (``resolve_router_api_key``); ``notifier`` is built by
     the caller (a malformed webhook is a config error before anything starts) and is drained,
     bounded, on the way out whatever happens.
     """
@@ -148,7 +150,8 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
                 await tg.start(notifier.run)
                 try:
                     result = await _supervise(config, plans, fingerprints, keys, secrets,
-                                              transports, ledger, notifier, opts, view)
+                                              transports, ledger, notifier, opts, view,
+                                              router_keys)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await notifier.aclose(10.0)
@@ -258,7 +261,8 @@ async def _first_attempts(config: Config, servers: list[ServerConfig],
 async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str, str],
                      keys: _Keys, secrets: dict[str, dict[str, str]],
                      transports: dict[str, Transport], ledger: Ledger,
-                     notifier: SlackNotifier, opts: Options, view: View | None) -> Result:
+                     notifier: SlackNotifier, opts: Options, view: View | None,
+                     router_keys: dict[str, str | None] | None = None) -> Result:
     log = structlog.get_logger("launcher")
     servers = [s for s, _, _, _ in plans]
     facts: dict[str, ServerFacts] = {}
@@ -276,7 +280,8 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
     sd = SdNotifier.from_env()
     # The routers get the hooks so far (ledger, Slack, metrics); the servers also the
     # registrar, which registers them with their routers.
-    routing = wire(config, servers, transports, list(hooks), stop_on_exit=opts.stop_on_exit)
+    routing = wire(config, servers, transports, list(hooks), stop_on_exit=opts.stop_on_exit,
+                   api_keys=router_keys)
     if routing.supervisors:
         hooks.append(routing.registrar)
     sups = [

@@ -18,6 +18,7 @@ from typing import Any
 from launcher import facts, health, remote
 from launcher.config import Config, ServerConfig
 from launcher.errors import AuthenticationFailed, HostUnreachable, LauncherError
+from launcher.sglang.flags import mask_secret_flags_text
 from launcher.sglang.logparse import LineSplitter, LogFollower
 from launcher.store import AttemptRow, Ledger, ledger_path
 from launcher.transport.base import Transport
@@ -288,7 +289,9 @@ async def describe(config: Config, config_path: Path, s: ServerConfig, t: Transp
         numbers = dict(newest.numbers)
     memory = {k: numbers[k] for k in MEMORY_KEYS if numbers.get(k) is not None}
     ready_s = newest.seconds_to_ready if newest is not None else None
-    return Description(str(config_path), s, st, look.files.get("cmd"), memory, ready_s,
+    cmd = look.files.get("cmd")  # an attempt launched with a secret flag in argv: masked
+    cmd = mask_secret_flags_text(cmd) if cmd is not None else None
+    return Description(str(config_path), s, st, cmd, memory, ready_s,
                        rows[:attempts], events_of(rows, events))
 
 

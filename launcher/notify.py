@@ -132,8 +132,12 @@ __all__ = [
 _T = TypeVar("_T")
 
 MASK = "***"
+MAX_ANSWER = 64 * 1024  # raw bytes of Slack's answer read (it answers "ok" or an error word)
 # Shorter values would mask ordinary words in every message and protect nothing.
 MIN_SECRET_LEN = 4
+# A cut secret's piece this long or longer at a text's edge is masked (shorter ones are too
+# likely to be ordinary text, and too short to guess the rest from).
+MIN_EDGE_LEN = 8
 _FAILURES_KEPT = 50
 _OBSERVED = (
     events.AttemptFailed,
@@ -161,12 +165,27 @@ class Redactor:
         kept = {s for s in secrets if len(s) >= MIN_SECRET_LEN}
         values = sorted(kept | {_esc(s) for s in kept}, key=len, reverse=True)
         self._pattern = re.compile("|".join(map(re.escape, values))) if values else None
+        self._edged = [v for v in values if len(v) > MIN_EDGE_LEN]
 
     def text(self, value: str) -> str:
-        """``value`` with every secret masked."""
+        """``value`` with every secret masked, and a secret cut at either end of it (a text
+        cut at a size limit: a line's 16 KiB, a log tail's first bytes): a secret's first
+        MIN_EDGE_LEN or more characters ending ``value``, or its last ones starting it."""
         if self._pattern is None:
             return value
-        return self._pattern.sub(MASK, value)
+        return self._edges(self._pattern.sub(MASK, value))
+
+    def _edges(self, value: str) -> str:
+        for secret in self._edged:
+            for k in range(len(secret) - 1, MIN_EDGE_LEN - 1, -1):
+                if value.endswith(secret[:k]):
+                    value = value[:-k] + MASK
+                    break
+            for k in range(len(secret) - 1, MIN_EDGE_LEN - 1, -1):
+                if value.startswith(secret[-k:]):
+                    value = MASK + value[k:]
+                    break
+        return value
 
     def __call__(self, value: _T) -> _T:
         """A copy of ``value`` with every string in it (dict keys included) masked."""
@@ -703,13 +722,22 @@ class SlackNotifier:
         if self._client is None:
             self._client = httpx.AsyncClient()
         response: httpx.Response | None = None
+        body = b""
         try:
             # httpx's timeout bounds each read/write; the scope bounds the whole request, so a
-            # server that trickles bytes cannot hold the worker either.
+            # server that trickles bytes cannot hold the worker either. The answer is read raw
+            # (identity asked for, nothing inflated) and only its first MAX_ANSWER bytes.
             with anyio.move_on_after(self.post_timeout_s):
-                response = await self._client.post(
-                    self.webhook_url, json=payload, timeout=self.post_timeout_s
-                )
+                async with self._client.stream(
+                    "POST", self.webhook_url, json=payload, timeout=self.post_timeout_s,
+                    headers={"Accept-Encoding": "identity"},
+                ) as streamed:
+                    async for chunk in streamed.aiter_raw():
+                        body += chunk
+                        if len(body) >= MAX_ANSWER:
+                            body = body[:MAX_ANSWER]
+                            break
+                    response = streamed
         except httpx.TimeoutException as exc:
             return _Result(ok=False, retry=True, cause=f"timeout: {type(exc).__name__}")
         except httpx.UnsupportedProtocol as exc:
@@ -723,7 +751,7 @@ class SlackNotifier:
         status = response.status_code
         if 200 <= status < 300:
             return _Result(ok=True, status=status)
-        cause = f"HTTP {status}: {_clip(response.text.strip(), 200)}"
+        cause = f"HTTP {status}: {_clip(_shown(body, response), 200)}"
         if status == 429:
             after = _retry_after(response.headers.get("Retry-After"))
             return _Result(ok=False, retry=True, cause=cause, status=status, retry_after=after)
@@ -776,6 +804,15 @@ def _check_url(url: str) -> httpx.URL:
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise problem
     return parsed
+
+
+def _shown(body: bytes, response: httpx.Response) -> str:
+    """The start of an answer's raw ``body`` as text for an error; a compressed body (sent
+    although launcher asked for identity) is named, never inflated."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        return f"({encoding}-encoded body, {len(body)} bytes read)"
+    return body[:1024].decode("utf-8", "replace").strip()
 
 
 def _retry_after(value: str | None) -> float | None:

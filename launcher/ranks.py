@@ -439,6 +439,7 @@ class MultiNodeSupervisor(ServerSupervisor):
             return None
 
     async def _on_rank_line(self, att: _GroupAttempt, run: _RankRun, line: str) -> None:
+        line = self.redact.text(line)  # whole, before anything keeps (and cuts) it
         run.lines.append(line)
         for ev in run.follower.feed_line(line):
             if isinstance(ev, ReadyLine | PhaseEntered) and run.rank.rank == 0 and (

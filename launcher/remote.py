@@ -532,10 +532,17 @@ async def log_age(transport: Transport, handle: RunHandle) -> float:
 
 
 async def tail_log(transport: Transport, handle: RunHandle, nbytes: int = 64 * 1024) -> bytes:
-    """The last ``nbytes`` bytes of the log."""
+    """The last ``nbytes`` bytes of the log, from the first line that starts in them: a
+    tail cut inside a line drops that line's piece (which could hold the end of a secret,
+    unmaskable without its start). A tail without any line end is returned whole."""
     result = await transport.run(["tail", "-c", str(nbytes), handle.log_path])
     _fail(transport, "tail_log", result)
-    return result.stdout
+    tail = result.stdout
+    if len(tail) >= nbytes:
+        cut = tail.find(b"\n")
+        if 0 <= cut < len(tail) - 1:
+            tail = tail[cut + 1:]
+    return tail
 
 
 async def _close(iterator: AsyncIterator[bytes]) -> None:

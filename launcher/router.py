@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,7 @@ from launcher.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
 from launcher.config import Config, RouterConfig, ServerConfig, worker_url
 from launcher.errors import HostUnreachable, LauncherError, is_transient
 from launcher.router_api import RouterClient, normalize
+from launcher.sglang.flags import SECRET_ARG_ENV, mask_secret_flags
 from launcher.transport.base import Transport
 
 # Server events after which a server must not be a worker any more.
@@ -82,7 +83,7 @@ def plan_rows(config: Config) -> list[dict[str, Any]]:
     rows = []
     for r in config.routers:
         host = config.host(r.host)
-        argv = r.argv()
+        argv = mask_secret_flags(r.argv())
         rows.append({
             "router": r.name, "host": r.host, "argv": argv,
             "command": " ".join(_quote(a) for a in argv), "env": dict(r.env),
@@ -131,14 +132,17 @@ class Routing:
 
 
 def wire(config: Config, servers: Sequence[ServerConfig], transports: dict[str, Transport],
-         hooks: Sequence[events.Hook], *, stop_on_exit: bool = False) -> Routing:
+         hooks: Sequence[events.Hook], *, stop_on_exit: bool = False,
+         api_keys: Mapping[str, str | None] | None = None) -> Routing:
     """The routers in front of ``servers`` with their supervisors (on ``transports``, which
-    must hold the routers' hosts) and one registrar managing only ``servers``."""
+    must hold the routers' hosts) and one registrar managing only ``servers``. ``api_keys``
+    holds the resolved ``api_key`` of each router that has one (``resolve_router_api_key``)."""
+    keys = api_keys or {}
     routers = routers_for(config, servers)
     registrar = Registrar(config, routers, hooks, managed={s.name for s in servers})
     return Routing(registrar, [
         RouterSupervisor(config, r, transports[r.host], registrar, hooks=hooks,
-                         stop_on_exit=stop_on_exit)
+                         stop_on_exit=stop_on_exit, api_key=keys.get(r.name))
         for r in routers
     ])
 
@@ -372,8 +376,12 @@ class RouterSupervisor:
     def __init__(self, config: Config, router: RouterConfig, transport: Transport,
                  registrar: Registrar, *, hooks: Sequence[events.Hook] = (),
                  stop_on_exit: bool = False, clock: Callable[[], float] = time.monotonic,
-                 sleep: Sleeper = anyio.sleep) -> None:
+                 sleep: Sleeper = anyio.sleep, api_key: str | None = None) -> None:
+        if router.api_key is not None and not api_key:
+            raise ValueError(f"router {router.name!r} has an api_key reference: resolve it "
+                             "(resolve_router_api_key) and pass its value")
         self.config = config
+        self.api_key = api_key  # secret: only in the env file and the Authorization header
         self.router = router
         self.transport = transport
         self.registrar = registrar
@@ -474,6 +482,8 @@ class RouterSupervisor:
             argv=self.router.argv(),
             env={**self.router.env, "LAUNCHER_ROUTER": self.router.name,
                  "LAUNCHER_ATTEMPT": str(self.attempt)},
+            # argv() appends --api-key from this variable inside the router's process
+            secret_env={SECRET_ARG_ENV.format(0): self.api_key} if self.api_key else {},
         )
         try:
             handle = await remote.launch(self.transport, spec)
@@ -481,7 +491,7 @@ class RouterSupervisor:
             self._emit(events.RouterLaunchFailed(attempt=self.attempt, error=str(exc)))
             return None
         self._emit(events.RouterLaunched(attempt=self.attempt, pid=handle.pid,
-                                         command=tuple(spec.argv)))
+                                         command=tuple(mask_secret_flags(spec.argv))))
         return handle
 
     async def _stop(self, handle: remote.RunHandle, reason: str) -> None:
@@ -556,7 +566,8 @@ class RouterSupervisor:
                             port=self.router.port, seconds=round(now - started, 2),
                             servers=tuple(self.router.servers),
                         ))
-                        api = RouterClient(client, url.removesuffix("/health"))
+                        api = RouterClient(client, url.removesuffix("/health"),
+                                           api_key=self.api_key)
                         tg.start_soon(self.registrar.serve, self.router, api)
                 elif ready:
                     if await self._alive(handle):
@@ -588,7 +599,7 @@ class RouterSupervisor:
 
 
 async def router_status(config: Config, router: RouterConfig, transport: Transport,
-                        ) -> dict[str, Any]:
+                        api_key: str | None = None) -> dict[str, Any]:
     """One router as ``launcher status`` shows it: running, pid, attempt, healthy, and per
     configured server ``registered`` / ``registered, unhealthy`` (the router's own verdict)
     / ``not registered``; ``workers_error`` when the router could not be asked."""
@@ -609,7 +620,8 @@ async def router_status(config: Config, router: RouterConfig, transport: Transpo
         if not row["healthy"]:
             return row
         try:
-            listed = await RouterClient(client, url.removesuffix("/health"), tries=2).workers()
+            listed = await RouterClient(client, url.removesuffix("/health"), tries=2,
+                                        api_key=api_key).workers()
         except Exception as exc:  # shown, never raised: status reports what it can
             row["workers_error"] = str(exc).splitlines()[0] if str(exc) else repr(exc)
             return row

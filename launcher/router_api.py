@@ -14,6 +14,12 @@ Two dialects, told apart by the router itself:
 - legacy (sgl-router up to about 0.2): ``POST /add_worker?url=``, ``POST /remove_worker?url=``
   and ``GET /list_workers`` (``{"urls": [...]}``), used when ``/workers`` answers 404 or 405.
 
+Answers are read bounded (``MAX_ANSWER`` raw bytes, ``Accept-Encoding: identity``, never
+decompressed): a router that answers a gigabyte, or a small gzip body that inflates to one,
+costs launcher at most that much memory, and the call fails with ``RouterApiError``.
+
+With an API key (``[[routers]] api_key``) every call carries ``Authorization: Bearer KEY``.
+
 Error handling: the transient failures named in ``TRANSIENT`` (a connection refused, reset or
 timed out, the host unreachable, 502/503/504 from the router) are retried a bounded number of
 times with jittered exponential backoff; anything else raises ``RouterApiError`` at once.
@@ -21,6 +27,7 @@ times with jittered exponential backoff; anything else raises ``RouterApiError``
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -40,6 +47,9 @@ from launcher.errors import HostUnreachable, LauncherError
 _T = TypeVar("_T")
 _RETRY_STATUS = frozenset({502, 503, 504})
 _LEGACY_STATUS = frozenset({404, 405})
+# Raw bytes read of one answer: a listing of thousands of workers is well under 1 MiB.
+MAX_ANSWER = 4 << 20
+_SHOWN = 300  # characters of a refusal's body quoted in an error
 
 
 class RouterApiError(LauncherError):
@@ -92,6 +102,8 @@ class RouterClient:
         confirm_s: float = 30.0,
         poll_s: float = 0.1,
         sleep: Callable[[float], Any] = anyio.sleep,
+        api_key: str | None = None,
+        max_answer: int = MAX_ANSWER,
     ) -> None:
         self.client = client
         self.base = base.rstrip("/")
@@ -100,6 +112,11 @@ class RouterClient:
         self.poll_s = poll_s
         self.sleep = sleep
         self.legacy: bool | None = None  # None until the router has told
+        self.max_answer = max_answer
+        # identity: a compressed answer would be inflated past any cap on what was read.
+        self._headers = {"Accept-Encoding": "identity"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
 
     # -- public ------------------------------------------------------------------------
 
@@ -146,11 +163,22 @@ class RouterClient:
                 return await call()
         raise AssertionError("unreachable")  # pragma: no cover (reraise=True)
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        resp = await self.client.request(method, self.base + path, **kwargs)
-        if resp.status_code in _RETRY_STATUS:
-            raise RouterBusy(f"router answered {method} {path} with {resp.status_code}")
-        return resp
+    async def _request(self, method: str, path: str, **kwargs: Any) -> _Answer:
+        """One call; its answer's raw body read up to ``max_answer`` bytes (more fails)."""
+        async with self.client.stream(method, self.base + path, headers=self._headers,
+                                      **kwargs) as resp:
+            if resp.status_code in _RETRY_STATUS:
+                raise RouterBusy(f"router answered {method} {path} with {resp.status_code}")
+            body = bytearray()
+            async for chunk in resp.aiter_raw():
+                body += chunk
+                if len(body) > self.max_answer:
+                    raise RouterApiError(
+                        f"{method} {path}: the router's answer is larger than "
+                        f"{self.max_answer} bytes (not read further)",
+                        remedy="check that the router's port is the router's")
+            encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+            return _Answer(resp.status_code, bytes(body), encoding)
 
     async def _list(self) -> dict[str, Worker]:
         if self.legacy is not True:
@@ -214,11 +242,28 @@ class RouterClient:
             waited += self.poll_s
 
 
-def _json(resp: httpx.Response, what: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Answer:
+    """An answer as read: its status, its raw body (at most ``max_answer`` bytes) and the
+    ``Content-Encoding`` it claims (a compressed body is refused, never inflated)."""
+
+    status_code: int
+    body: bytes
+    encoding: str
+
+    @property
+    def text(self) -> str:
+        return self.body[:_SHOWN * 4].decode("utf-8", "replace")
+
+
+def _json(resp: _Answer, what: str) -> dict[str, Any]:
     if resp.status_code != 200:
         raise RouterApiError(_refused(what, resp))
+    if resp.encoding not in ("", "identity"):
+        raise RouterApiError(f"{what}: the router's answer is {resp.encoding}-encoded "
+                             "although launcher asked for identity (not decoded)")
     try:
-        body = resp.json()
+        body = json.loads(resp.body)
     except ValueError:
         raise RouterApiError(f"{what}: the router's answer is not JSON") from None
     if not isinstance(body, dict):
@@ -226,5 +271,9 @@ def _json(resp: httpx.Response, what: str) -> dict[str, Any]:
     return body
 
 
-def _refused(what: str, resp: httpx.Response) -> str:
-    return f"{what}: the router answered {resp.status_code}: {resp.text[:300]}"
+def _refused(what: str, resp: _Answer) -> str:
+    if resp.encoding not in ("", "identity"):
+        return f"{what}: the router answered {resp.status_code} ({resp.encoding}-encoded body)"
+    hint = ("; the router wants an API key: set this router's api_key"
+            if resp.status_code == 401 else "")
+    return f"{what}: the router answered {resp.status_code}: {resp.text[:_SHOWN]}{hint}"

@@ -812,7 +812,9 @@ class ServerSupervisor:
         await sleep_or(self.sleep, delay, self._back)
 
     async def _on_line(self, att: RunningAttempt, line: str) -> None:
-        for ev in att.follower.feed_line(line):
+        # Masked whole before the follower keeps (and cuts) it: a secret cut in two at the
+        # kept length would be masked in neither piece.
+        for ev in att.follower.feed_line(self.redact.text(line)):
             if isinstance(ev, PhaseEntered):
                 await self._post(PhaseSeen(ev.phase))
             elif isinstance(ev, ReadyLine):

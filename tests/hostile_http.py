@@ -4,6 +4,8 @@
         ... GET http://127.0.0.1:{srv.port}/health ...
     with HostileHttp("huge", body_len=800 << 20) as srv:               # as fast as it can
         ... srv.sent: body bytes the client took before it hung up
+    with HostileHttp("gzip", body_len=1 << 30, status=500) as srv:      # a gzip bomb
+        ... 1 GiB of spaces then "{}" inflated from about 1 MiB sent (Content-Encoding: gzip)
 
 Also runnable as ``python -m tests.hostile_http MODE BODY_LEN PORT`` (scripts/measure_bounds.py):
 it then prints SGLang's ready line, so launcher probes it.
@@ -15,15 +17,19 @@ import socket
 import sys
 import threading
 import time
+import zlib
 from types import TracebackType
 
 
 class HostileHttp:
-    """Serves ``mode`` ("huge" or "trickle") until closed; ``sent`` counts body bytes."""
+    """Serves ``mode`` ("huge", "trickle" or "gzip") until closed; ``sent`` counts body bytes
+    (for "gzip": compressed bytes sent; ``body_len`` is then the inflated size)."""
 
-    def __init__(self, mode: str, body_len: int, every_s: float = 5.0, port: int = 0) -> None:
-        self.mode, self.body_len, self.every_s = mode, body_len, every_s
+    def __init__(self, mode: str, body_len: int, every_s: float = 5.0, port: int = 0,
+                 status: int = 200) -> None:
+        self.mode, self.body_len, self.every_s, self.status = mode, body_len, every_s, status
         self.sent = 0
+        self.bomb = gzip_bomb(body_len) if mode == "gzip" else b""
         self.listener = socket.create_server(("127.0.0.1", port))
         self.listener.settimeout(0.1)  # so that closing is noticed (accept is not woken)
         self.port = int(self.listener.getsockname()[1])
@@ -55,8 +61,16 @@ class HostileHttp:
         with conn:
             try:
                 conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
-                             b"Content-Length: %d\r\n\r\n" % self.body_len)
+                if self.mode == "gzip":
+                    conn.sendall(b"HTTP/1.1 %d Bad\r\nContent-Type: application/json\r\n"
+                                 b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+                                 % (self.status, len(self.bomb)))
+                    for at in range(0, len(self.bomb), 1 << 16):
+                        conn.sendall(self.bomb[at:at + (1 << 16)])
+                        self.sent += min(1 << 16, len(self.bomb) - at)
+                    return
+                conn.sendall(b"HTTP/1.1 %d OK\r\nContent-Type: text/plain\r\n"
+                             b"Content-Length: %d\r\n\r\n" % (self.status, self.body_len))
                 chunk = b"x" * (min(1 << 20, self.body_len) if self.mode == "huge" else 1)
                 while self.sent < self.body_len and not self._stop.is_set():
                     conn.sendall(chunk)
@@ -65,6 +79,20 @@ class HostileHttp:
                         time.sleep(self.every_s)
             except OSError:
                 return
+
+
+_BOMBS: dict[int, bytes] = {}
+
+
+def gzip_bomb(inflated: int) -> bytes:
+    """A gzip body of ``inflated`` bytes of spaces then ``{}`` (about 1 KiB sent per MiB)."""
+    if inflated not in _BOMBS:
+        packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: gzip framing
+        block = b" " * (1 << 20)
+        out = [packer.compress(block) for _ in range(inflated >> 20)]
+        out += [packer.compress(b" " * (inflated % (1 << 20)) + b"{}"), packer.flush()]
+        _BOMBS[inflated] = b"".join(out)
+    return _BOMBS[inflated]
 
 
 if __name__ == "__main__":

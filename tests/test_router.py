@@ -62,7 +62,7 @@ def test_a_router_config_gives_its_command_line_and_the_workers_urls() -> None:
     config = config_from_dict(base_config(args=["--policy", "cache_aware"]), environ={})
     router = config.router("front")
     assert router.argv() == ["python3", "-m", "sglang_router.launch_router", "--host",
-                             "0.0.0.0", "--port", "31000", "--policy", "cache_aware"]
+                             "127.0.0.1", "--port", "31000", "--policy", "cache_aware"]
     [row] = plan_rows(config)
     # r1 is on the router's host (loopback); r2 elsewhere, at its host's address.
     assert row["workers"] == {"r1": "http://127.0.0.1:30001", "r2": "http://10.0.0.2:30002"}
@@ -71,7 +71,7 @@ def test_a_router_config_gives_its_command_line_and_the_workers_urls() -> None:
 
 def test_the_router_command_is_configurable_for_the_smg_gateway() -> None:
     config = config_from_dict(base_config(command="smg launch"), environ={})
-    assert config.router("front").argv()[:4] == ["smg", "launch", "--host", "0.0.0.0"]
+    assert config.router("front").argv()[:4] == ["smg", "launch", "--host", "127.0.0.1"]
 
 
 @pytest.mark.parametrize(("change", "expected"), [
@@ -119,7 +119,7 @@ def test_plan_shows_the_routers_command_line(sim: SimSetup) -> None:
                         "servers": [server["name"]], "args": ["--policy", "round_robin"]}]
     result = run_cli("plan", str(sim.write_toml(data)))
     assert 0 == result.returncode, result.stderr
-    assert ("  command  python3 -m sglang_router.launch_router --host 0.0.0.0 --port 31999 "
+    assert ("  command  python3 -m sglang_router.launch_router --host 127.0.0.1 --port 31999 "
             "--policy round_robin") in result.stdout
     assert f"  worker   {server['name']} = http://127.0.0.1:{server['port']}" in result.stdout
 

@@ -8,6 +8,8 @@ attempt's recorded argv (:data:`PARAM_FLAGS`). Pure: no I/O.
 
 from __future__ import annotations
 
+import re
+
 from launcher.sglang.versions import (
     DECODE_SPELLING_FROM,
     MAMBA_RADIX_SPELLING_FROM,
@@ -19,10 +21,16 @@ __all__ = [
     "OWNED_FLAGS",
     "PARAM_FLAGS",
     "PARAM_TYPES",
+    "SECRET_ARG_ENV",
+    "SECRET_FLAGS",
     "SPEC_V2_ENV",
     "env_is_read",
     "graph_bs_flag",
+    "hidden_args_argv",
+    "is_secret_flag",
     "mamba_strategy_flag",
+    "mask_secret_flags",
+    "mask_secret_flags_text",
 ]
 
 # Every spelling (all versions) of a flag whose value launcher decides, and the config field
@@ -106,3 +114,82 @@ def env_is_read(name: str, sglang_version: str) -> bool:
     if name == SPEC_V2_ENV:
         return not at_least(sglang_version, SPEC_V2_ENV_REMOVED_FROM)
     return True
+
+
+# --- secret flags -----------------------------------------------------------------------------
+
+# Flags whose value is a secret: SGLang's ``--api-key`` / ``--admin-api-key`` (server_args.py of
+# SGLang 0.5.23; argv or a ``--config`` YAML file are its only ways in) and sglang-router's
+# ``--api-key`` (sglang_router/router_args.py of 0.3.2: argv only). argv is readable by every
+# user of the host (``ps``, /proc/PID/cmdline) unless procfs is mounted with hidepid, so
+# launcher never puts them there: see ``hidden_args_argv``.
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
+SECRET_ARG_ENV = "LAUNCHER_SECRET_ARG_{}"  # the environment variable of the i-th hidden flag
+_MASK = "***"
+
+
+def is_secret_flag(word: str) -> bool:
+    """Whether ``word`` (``--flag`` or ``--flag=value``) names a secret flag, argparse
+    abbreviations (``--api-k``) included."""
+    flag = word.split("=", 1)[0]
+    if not flag.startswith("--"):
+        return False
+    return flag in SECRET_FLAGS or (
+        len(flag) >= len("--api-k") and any(s.startswith(flag) for s in SECRET_FLAGS))
+
+
+def mask_secret_flags(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """``argv`` for display: the value of every secret flag (``--api-key V`` or
+    ``--api-key=V``) replaced by ``***``."""
+    out: list[str] = []
+    masking = False
+    for word in argv:
+        if masking:
+            out.append(_MASK)
+            masking = False
+        elif is_secret_flag(word):
+            if "=" in word:
+                out.append(word.split("=", 1)[0] + "=" + _MASK)
+            else:
+                out.append(word)
+                masking = True
+        else:
+            out.append(word)
+    return out
+
+
+# A secret flag (or an abbreviation of one) and its value in a shell-quoted command line.
+_FLAG_IN_TEXT = re.compile(
+    r"(?P<flag>--(?:admin-api-key|admin-api-ke?|admin-api-?|admin-a|admin-|admin"
+    r"|api-key|api-ke?|api-k))(?P<sep>=|\s+)(?P<value>'[^']*'|\"[^\"]*\"|\S+)")
+
+
+def mask_secret_flags_text(text: str) -> str:
+    """``text`` (a command line as the ``cmd`` file of an attempt holds it) with the value
+    of every secret flag replaced by ``***``."""
+    return _FLAG_IN_TEXT.sub(lambda m: f"{m['flag']}{m['sep']}{_MASK}", text)
+
+
+# Run as ``PYTHON -c CODE MODULE N FLAG... ARG...``: appends ``FLAG value`` for each of the N
+# flags, the i-th value taken (and removed) from the environment variable SECRET_ARG_ENV(i),
+# then runs MODULE as ``python -m`` would. sys.argv is the process's own copy: what the host
+# shows as the command line (/proc/PID/cmdline) stays without the values.
+_HIDDEN_ARGS_CODE = (
+    "import os,runpy,sys;m,n=sys.argv[1],int(sys.argv[2]);f=sys.argv[3:3+n];"
+    "sys.argv=[m,*sys.argv[3+n:]];"
+    "[sys.argv.extend((x,os.environ.pop('" + SECRET_ARG_ENV.replace("{}", "%d") + "'%i)))"
+    " for i,x in enumerate(f)];"
+    "runpy.run_module(m,run_name='__main__',alter_sys=True)"
+)
+
+
+def hidden_args_argv(command: list[str], flags: list[str], args: list[str]) -> list[str] | None:
+    """The command line that runs ``command`` (``... PYTHON -m MODULE ...``) with ``args``
+    and then each of ``flags`` with its value from the environment (SECRET_ARG_ENV), never
+    on the command line; None when ``command`` has no ``-m MODULE`` to wrap."""
+    for i, word in enumerate(command[:-1]):
+        if word == "-m":
+            return [*command[:i], "-c", _HIDDEN_ARGS_CODE, command[i + 1], str(len(flags)),
+                    *flags, *command[i + 2:], *args]
+    return None
+
