@@ -50,6 +50,7 @@ from launcher.errors import (
     HostUnreachable,
     LauncherError,
     PreflightError,
+    StateError,
     is_transient,
 )
 from launcher.eventlog import level_of
@@ -95,6 +96,7 @@ from launcher.sglang.classify import classify, diagnose
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
+from launcher.store_lock import make_private_dir, write_private_file
 from launcher.transport.base import Transport
 
 # Awaited with (server, reason) before launcher stops a server's processes (a router's
@@ -994,13 +996,19 @@ class ServerSupervisor:
         ))
 
     def _save_tail(self, attempt: int, tail: str) -> Path | None:
+        """Save the attempt's log tail as ``state_dir/logs/<server>/attempt-N.log``: each
+        directory on the way checked to be ours alone, the file replaced by a rename, never
+        written through a symlink (security review 2026-12-05, finding M8). None (and a
+        warning) when it cannot be saved."""
         try:
-            folder = self.config.state_dir / "logs" / self.server.name
-            folder.mkdir(parents=True, exist_ok=True)
+            folder = self.config.state_dir
+            for name in ("logs", self.server.name):
+                folder = folder / name
+                make_private_dir(folder)
             path = folder / f"attempt-{attempt}.log"
-            path.write_text(self.redact.text(tail), encoding="utf-8")
+            write_private_file(path, self.redact.text(tail).encode("utf-8"))
             return path
-        except OSError as exc:
+        except (OSError, StateError) as exc:
             self.log.warning("attempt.tail_not_saved", error=str(exc))
             return None
 
