@@ -106,6 +106,7 @@ BeforeStop = Callable[[str, str], Awaitable[None]]
 # The follower's longest wait between tries while its host is unreachable (each try also
 # reconnects with the transport's own bounded, jittered backoff).
 _OUTAGE_RETRY_MAX_S = 10.0
+_CMD_LIMIT = 64 * 1024  # bytes of an adopted attempt's cmd file read back (argv and settings)
 
 
 @dataclass
@@ -586,13 +587,15 @@ class ServerSupervisor:
                        started_wall=launched)
 
     async def _launched_at(self, handle: remote.RunHandle) -> float | None:
-        """When an adopted attempt was launched (its run directory's ``started_at``)."""
+        """When an adopted attempt was launched (its run directory's ``started_at``, read
+        through ``remote.attempt_files``: bounded, and only from a run directory that passes
+        its check)."""
         try:
-            res = await self.transport.run(["cat", f"{handle.dir}/started_at"], timeout=10)
-            stamp = datetime.fromisoformat(res.stdout.decode().strip())
-        except (LauncherError, ValueError):
+            files = await remote.attempt_files(self.transport, handle)
+            stamp = datetime.fromisoformat(files["started_at"])
+        except (LauncherError, ValueError, KeyError):
             return None
-        return stamp.timestamp() if res.ok else None
+        return stamp.timestamp()
 
     async def _params_of(self, handle: remote.RunHandle) -> LaunchParams:
         """Recover the params of an adopted attempt from its command file: the server's argv,
@@ -601,8 +604,8 @@ class ServerSupervisor:
         that cannot be what launcher wrote (a forged or corrupt file) is reported as
         ``attempt.corrupt`` and the params are taken as unknown."""
         try:
-            res = await self.transport.run(["cat", f"{handle.dir}/cmd"], timeout=10)
-            words = res.stdout.decode(errors="replace").split()
+            files = await remote.attempt_files(self.transport, handle, limit=_CMD_LIMIT)
+            words = files.get("cmd", "").split()
         except LauncherError:
             words = []
         for flag, raw in itertools.pairwise(words):
