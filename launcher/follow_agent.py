@@ -54,9 +54,9 @@ the last one, up to QUIET_MAX_S, and it is read every round again as soon as a r
 bytes. A gone server's log is always read to its end before ``X``.
 
 Resource handling: the agent exits when its stdin closes or its stdout breaks (the channel
-was closed or lost), so a reconnect never leaves one behind; it opens one file descriptor per
-followed log and reads at most CHUNK bytes per log per round, so a host with one flooding
-server still serves the others every round.
+was closed or lost), so a reconnect never leaves one behind; it holds two file descriptors
+per followed attempt (its directory and its log) and reads at most CHUNK bytes per log per
+round, so a host with one flooding server still serves the others every round.
 """
 
 import errno
