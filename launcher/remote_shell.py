@@ -111,15 +111,20 @@ UNSAFE_REMEDY = (
 )
 
 
+class RunDirUnsafe(RemoteCommandError):
+    """A run directory that another user could swap (see ``safe``): nothing is read from it
+    or signalled through it, and relaunching cannot help until someone fixes the host."""
+
+
 def _fail(transport: Transport, what: str, result: CommandResult, remedy: str = "") -> None:
-    """Raise RemoteCommandError for a failed command: for a refused run directory (see
-    ``safe``) its message names the path and why, with UNSAFE_REMEDY as the fix."""
+    """Raise RemoteCommandError for a failed command: RunDirUnsafe for a refused run
+    directory (see ``safe``), its message naming the path and why, UNSAFE_REMEDY the fix."""
     if result.ok:
         return
     stderr = result.stderr[-2000:].decode("utf-8", "replace")
     refusal = [line for line in stderr.splitlines() if line.startswith("unsafe run directory ")]
     if result.exit_status == UNSAFE_STATUS and refusal:
-        raise RemoteCommandError(
+        raise RunDirUnsafe(
             f"{what} on {transport.host_name}: {refusal[-1]}", host=transport.host_name,
             command=what, exit_status=result.exit_status, stderr=stderr,
             remedy=UNSAFE_REMEDY,

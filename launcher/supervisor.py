@@ -92,6 +92,7 @@ from launcher.lifecycle import (
 from launcher.notify import Redactor
 from launcher.params import LaunchParams
 from launcher.policy import AttemptRecord, Bounds
+from launcher.remote_shell import RunDirUnsafe
 from launcher.sglang.classify import classify, diagnose
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
 from launcher.sglang.outcome import Outcome
@@ -510,7 +511,8 @@ class ServerSupervisor:
         Transient listing errors are retried (bounded, jittered). When the listing still
         fails the server is "unknown" (``server.unknown``), nothing is launched, and the
         listing is tried again (after 1 s, doubling up to ``listing_recheck_s``) until it
-        succeeds. A host whose key or login is refused gives the server up (HostRefused).
+        succeeds. A host whose key or login is refused, or whose run directory is unsafe
+        (RunDirUnsafe), gives the server up (HostRefused).
         None when a stop was requested before it was decided.
         """
         decided: list[Event] = []
@@ -535,8 +537,9 @@ class ServerSupervisor:
         while True:
             try:
                 found = await self._survey()
-            except (HostKeyError, AuthenticationFailed) as exc:
-                # Not "unknown": this host must not (or cannot) be asked again.
+            except (HostKeyError, AuthenticationFailed, RunDirUnsafe) as exc:
+                # Not "unknown": this host must not (or cannot) be asked again; nothing in a
+                # run directory another user could swap may be adopted, signalled or written.
                 return HostRefused(f"cannot list its attempts on {self.server.host}: {exc}")
             except LauncherError as exc:
                 await self._dispatch(Unknown(f"cannot list its attempts on {self.server.host}: "
@@ -692,8 +695,8 @@ class ServerSupervisor:
                 self._emit(events.LaunchFailed(error=str(exc)))
                 diag = classify([], None)
                 diag.advice = str(exc)
-                # A run directory that cannot be written fails every relaunch the same way.
-                diag.retryable = not isinstance(exc, remote.RunDirUnwritable)
+                # A run directory that cannot be written, or is unsafe, fails every relaunch alike.
+                diag.retryable = not isinstance(exc, (remote.RunDirUnwritable, RunDirUnsafe))
                 await self._post(Exited(status=None, diagnosis=diag))
                 return
             self._attempt = RunningAttempt(handle=handle, last_advance=self.clock())

@@ -88,7 +88,7 @@ def test_status_logs_down_refuse_a_run_dir_another_user_swapped(
     world-writable; nobody renames ``runs`` and plants an attempt naming root's process (with
     its real start time) and a ``log`` symlink to a root-only file. `status`, `logs` and
     `down` refuse, naming the directory and the fix; the process lives; the file's content
-    is never printed."""
+    is never printed. A new `up` refuses it too, and writes nothing into it."""
     sim.run_dir = shared / "runs"  # the sim's teardown then stops what runs there
     data = sim.data()
     config = sim.write_toml(data)
@@ -104,7 +104,7 @@ def test_status_logs_down_refuse_a_run_dir_another_user_swapped(
 
     outputs = []
     for args in (("status", str(config)), ("logs", str(config), SERVER),
-                 ("down", str(config))):
+                 ("down", str(config)), ("up", str(config), "--until-ready")):
         result = run_cli(*args)
         outputs.append(result.stdout + result.stderr)
         assert result.returncode != EXIT_OK, (args, result.stdout, result.stderr)
@@ -112,6 +112,7 @@ def test_status_logs_down_refuse_a_run_dir_another_user_swapped(
         assert "chmod go-w" in result.stdout + result.stderr, args
     assert victim.poll() is None, "down signalled the process the forged attempt names"
     assert all(ROOT_ONLY not in text for text in outputs)
+    assert ["log", "pid", "pid_start"] == sorted(p.name for p in (shared / "runs/sim0/1").iterdir())
 
     # Put the real tree back and stop the real server.
     shutil.rmtree(shared / "runs")
