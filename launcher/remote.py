@@ -129,7 +129,7 @@ command -v setsid > /dev/null || { echo "setsid not found on this host" >&2; exi
 w() { printf 'cannot write %s\n' "$1" >&2; exit $WRITE_FAILED; }
 expand "$1"; base=$x
 (umask 077 && mkdir -p "$base/$2") || w "$base/$2"
-for p in "$base" "$base/$2"; do
+for p in "${base%/}" "$base/$2"; do
   if [ -L "$p" ]; then unsafe "$p" "a symlink (point run_dir at the real directory)"; exit 13; fi
 done
 d=$(cd "$base/$2" && pwd -P) || exit 1
@@ -171,6 +171,9 @@ printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
 _RECOVER = _PRELUDE + r"""
 expand "$1"
 [ -d "$x/$2/$3" ] || { echo absent; exit 0; }
+for p in "${x%/}" "$x/$2" "$x/$2/$3"; do
+  if [ -L "$p" ]; then unsafe "$p" "a symlink (point run_dir at the real directory)"; exit 13; fi
+done
 d=$(cd "$x/$2" && pwd -P) || exit 1
 safe "$d" 2 || exit 13
 d=$d/$3
@@ -239,6 +242,9 @@ echo sent
 _LIST = _PRELUDE + r"""
 expand "$1"
 [ -d "$x/$2" ] || exit 0
+for p in "${x%/}" "$x/$2"; do
+  if [ -L "$p" ]; then unsafe "$p" "a symlink (point run_dir at the real directory)"; exit 13; fi
+done
 cd "$x/$2" || exit 1
 safe "$(pwd -P)" 2 || exit 13
 bad=$(find . -mindepth 1 -maxdepth 1 -name '[0-9]*' \( -type l -o -type d \( ! -user "$(id -u)" \

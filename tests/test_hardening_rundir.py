@@ -172,6 +172,18 @@ async def test_listing_refuses_a_symlink_in_an_attempt_directory(tmp_path: Path)
         await remote.latest_handle(LocalTransport(HOST), str(run_dir), "srv")
 
 
+async def test_listing_refuses_a_symlinked_run_dir(tmp_path: Path) -> None:
+    """A run_dir that is a symlink (to a private directory, even) is refused by the listing,
+    as by the launch: the check must see the directory it names, not a link to it."""
+    real = tmp_path / "real"
+    (real / "srv" / "1").mkdir(parents=True)
+    for p in (real, real / "srv", real / "srv" / "1"):
+        p.chmod(0o700)
+    (tmp_path / "run").symlink_to(real)
+    with pytest.raises(RemoteCommandError, match=f"unsafe run directory {tmp_path}/run: a sym"):
+        await remote.latest_handle(LocalTransport(HOST), str(tmp_path / "run"), "srv")
+
+
 # -- H2 and L6 in the follow agent ----------------------------------------------------------
 
 
