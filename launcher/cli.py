@@ -86,6 +86,7 @@ from launcher.store import (
     fingerprint,
     ledger_path,
 )
+from launcher.store_lock import make_private_dir
 from launcher.supervisor import Snapshot
 from launcher.transport import make_transport
 from launcher.transport.base import Transport
@@ -843,9 +844,10 @@ def up(
 
 
 def _open_log(path: Path) -> TextIO:
-    """``path`` opened for appending (state_dir made private if new)."""
+    """``path`` opened for appending (state_dir made private if new, refused if not ours
+    alone: see store_lock.make_private_dir)."""
+    make_private_dir(path.parent)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise StateError(f"cannot open {path}: {exc.strerror or exc}",

@@ -31,6 +31,13 @@ followed by ``length`` payload bytes:
 - ``P`` (probe answers, key 0): one line per probe, ``Kn answer\n``, the answer being the
   HTTP status code (digits), ``timeout``, or the error's type and message.
 
+Files. The agent opens an attempt's directory once, one component at a time from / with
+O_NOFOLLOW, each checked as launcher.remote_shell's ``safe`` checks it (:func:`open_run_dir`),
+and then opens ``log``, ``pid_start`` and ``exit_status`` relative to that descriptor with
+O_NOFOLLOW, reading at most SMALL_FILE bytes of the small ones: another user can neither
+swap the directory under it nor make it read a file of his choice or a huge one. A directory
+that fails the check is answered with ``E`` (its payload starts "unsafe run directory").
+
 A server is gone when its ``exit_status`` file exists, or its pid no longer runs our process
 (the start time recorded in ``pid_start`` no longer matches), exactly as the shell helpers of
 launcher.remote decide. Once gone, the agent waits up to SETTLE_S for ``exit_status`` (the
@@ -47,9 +54,9 @@ the last one, up to QUIET_MAX_S, and it is read every round again as soon as a r
 bytes. A gone server's log is always read to its end before ``X``.
 
 Resource handling: the agent exits when its stdin closes or its stdout breaks (the channel
-was closed or lost), so a reconnect never leaves one behind; it opens one file descriptor per
-followed log and reads at most CHUNK bytes per log per round, so a host with one flooding
-server still serves the others every round.
+was closed or lost), so a reconnect never leaves one behind; it holds two file descriptors
+per followed attempt (its directory and its log) and reads at most CHUNK bytes per log per
+round, so a host with one flooding server still serves the others every round.
 """
 
 import errno
@@ -181,12 +188,80 @@ def probe_many(items: List[Tuple[int, int, float]],
         emit(done)
 
 
+SMALL_FILE = 256  # bytes read of pid_start, exit_status, boot_id: all far shorter
+STRICT_LEVELS = 3  # an attempt directory, its server directory and run_dir: the user's own
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+class UnsafeRunDir(OSError):
+    """A run directory that another user could have swapped (see :func:`open_run_dir`)."""
+
+
 def _read_text(path: str) -> Optional[str]:
     try:
         with open(path, "rb") as fh:
-            return fh.read().decode("utf-8", "replace").strip()
+            return fh.read(SMALL_FILE).decode("utf-8", "replace").strip()
     except OSError:
         return None
+
+
+def open_run_dir(path: str) -> int:
+    """A descriptor of the attempt directory ``path``, opened one component at a time from /
+    with O_NOFOLLOW, each checked with ``fstat`` as launcher.remote_shell's ``safe`` checks
+    it: the last STRICT_LEVELS owned by us and not group/other-writable, every one above owned
+    by root or us and not group/other-writable unless sticky and root's (like /tmp).
+
+    Whatever the agent reads of the attempt is opened relative to this descriptor, so a
+    directory renamed after the check changes nothing. Raises UnsafeRunDir (naming the
+    component) or the OSError of a component that cannot be opened (a symlink: ELOOP).
+    """
+    parts = [p for p in path.split("/") if p]
+    if not path.startswith("/") or len(parts) < STRICT_LEVELS or "." in parts or ".." in parts:
+        raise UnsafeRunDir("unsafe run directory %s: not an absolute path" % path)
+    uid = os.geteuid()
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        for i in range(len(parts) + 1):
+            if i:
+                nfd = os.open(parts[i - 1], _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+            st = os.fstat(fd)
+            writable = st.st_mode & 0o022
+            if i > len(parts) - STRICT_LEVELS:
+                bad = st.st_uid != uid or writable
+            else:
+                bad = st.st_uid not in (0, uid) or (
+                    writable and not (st.st_mode & 0o1000 and st.st_uid == 0))
+            if bad:
+                raise UnsafeRunDir(
+                    "unsafe run directory /%s: owned by uid %d, mode %o"
+                    % ("/".join(parts[:i]), st.st_uid, st.st_mode & 0o7777))
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_small(dir_fd: int, name: str) -> Optional[str]:
+    """At most SMALL_FILE bytes of the file ``name`` in ``dir_fd``, stripped; None when it
+    does not exist. A symlink raises (ELOOP): only its owner could have put it there."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.read(fd, SMALL_FILE).decode("utf-8", "replace").strip()
+    finally:
+        os.close(fd)
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 class Followed(object):
@@ -198,16 +273,24 @@ class Followed(object):
         self.offset = offset
         self.pid = pid
         self.fd: Optional[int] = None
+        self.dir_fd: Optional[int] = None  # see open_run_dir; every file is opened under it
         self.gone_at: Optional[float] = None  # monotonic time the server was seen gone
         self.next_pid_check = 0.0
         self.recorded: Optional[str] = None  # pid_start, once read
         self.next_read = 0.0  # when the log is read next (reads back off while it is quiet)
         self.quiet_s = 0.0  # the wait before the next read of a quiet log
 
+    def directory(self) -> int:
+        """The attempt directory's descriptor (opened and checked on first use)."""
+        if self.dir_fd is None:
+            self.dir_fd = open_run_dir(self.dir)
+        return self.dir_fd
+
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        for fd in (self.fd, self.dir_fd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.dir_fd = None
 
 
 class Agent(object):
@@ -276,10 +359,10 @@ class Agent(object):
         if now < f.next_pid_check:
             return True
         f.next_pid_check = now + PID_CHECK_S
-        if os.path.exists(os.path.join(f.dir, "exit_status")):
+        if _exists(f.directory(), "exit_status"):
             return False
         if f.recorded is None:
-            f.recorded = _read_text(os.path.join(f.dir, "pid_start"))
+            f.recorded = _read_small(f.directory(), "pid_start")
             if f.recorded is None:
                 return False
         ident = _ident(f.pid, self.boot_id)
@@ -289,7 +372,7 @@ class Agent(object):
         """Send up to ``limit`` bytes of f's log from its offset; how many were sent."""
         if f.fd is None:
             try:
-                f.fd = os.open(os.path.join(f.dir, "log"), os.O_RDONLY)
+                f.fd = os.open("log", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=f.directory())
             except FileNotFoundError:
                 return 0
         sent = 0
@@ -321,7 +404,7 @@ class Agent(object):
                                                          max(POLL_S, 2 * f.quiet_s))
                         f.next_read = now + f.quiet_s
                     continue
-                status = _read_text(os.path.join(f.dir, "exit_status"))
+                status = _read_small(f.directory(), "exit_status")
                 if status is None and now - f.gone_at < SETTLE_S:
                     continue  # the wrapper is about to record it
                 while self._send_log(f, 1 << 30) > 0:
@@ -330,9 +413,13 @@ class Agent(object):
                     status = "-"
                 self.write(encode_frame(b"X", key, f.offset, status.encode("ascii")))
             except OSError as exc:
-                self.write(encode_frame(b"E", key, f.offset,
-                                        ("%s: %s" % (type(exc).__name__, exc)).encode(
-                                            "utf-8", "replace")))
+                if isinstance(exc, UnsafeRunDir):
+                    why = str(exc)
+                elif exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+                    why = "unsafe run directory %s: a symlink in it" % f.dir
+                else:
+                    why = "%s: %s" % (type(exc).__name__, exc)
+                self.write(encode_frame(b"E", key, f.offset, why.encode("utf-8", "replace")))
             f.close()
             del self.followed[key]
         return busy

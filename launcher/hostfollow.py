@@ -45,6 +45,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from launcher import follow_agent, remote
 from launcher.errors import HostUnreachable, LauncherError, LogFormatError, RemoteCommandError
+from launcher.remote_shell import UNSAFE_REMEDY
 from launcher.transport.base import Duplex, DuplexTransport, Transport
 
 log = structlog.get_logger(__name__)
@@ -58,7 +59,10 @@ _PROBE_SLACK_S = 2.0  # the frame's round trip on top of the probe's own deadlin
 PROBE_LINGER_S = 0.01  # probes asked within this long go to the agent as one command
 
 # Starts the agent, or exits 127 when the host has no python3 (then follow falls back).
-_START = 'command -v python3 > /dev/null 2>&1 || exit 127; exec python3 -c "$1"'
+# -I (isolated, Python 3.4+): neither the current directory nor PYTHON* variables reach
+# sys.path, so no module planted where the command runs is imported (security review
+# 2026-12-05, finding M6).
+_START = 'command -v python3 > /dev/null 2>&1 || exit 127; exec python3 -I -c "$1"'
 
 
 class FrameError(LogFormatError):
@@ -399,10 +403,12 @@ class HostFollower:
                             return
                         elif frame.kind == "E":
                             done = True
+                            why = frame.payload.decode("utf-8", "replace")
                             raise RemoteCommandError(
-                                f"follow of {handle.dir} on {self.host_name}: "
-                                + frame.payload.decode("utf-8", "replace"),
-                                host=self.host_name, command="follow agent")
+                                f"follow of {handle.dir} on {self.host_name}: {why}",
+                                host=self.host_name, command="follow agent",
+                                remedy=UNSAFE_REMEDY if why.startswith("unsafe run directory")
+                                else "")
             finally:
                 channel.subs.pop(key, None)
                 send.close()

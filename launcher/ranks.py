@@ -73,6 +73,7 @@ from launcher.lifecycle import (
     Start,
 )
 from launcher.multinode import Rank, dist_init_addr, rank_commands, ranks_of
+from launcher.remote_shell import RunDirUnsafe
 from launcher.sglang.classify import classify, diagnose, diagnose_text
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
 from launcher.sglang.multinode import (
@@ -359,7 +360,7 @@ class MultiNodeSupervisor(ServerSupervisor):
                                                rank=rank.rank))
                 diag = classify([], None)
                 diag.advice = f"node {rank.rank} ({rank.host}): {exc}"
-                diag.retryable = not isinstance(exc, remote.RunDirUnwritable)
+                diag.retryable = not isinstance(exc, (remote.RunDirUnwritable, RunDirUnsafe))
                 await self._post(Exited(status=None, diagnosis=diag))
                 return
             att = self._group([handles[r.rank] for r in self.ranks])

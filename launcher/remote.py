@@ -5,9 +5,15 @@ POSIX ``sh`` scripts whose inputs travel as positional arguments (never interpol
 SSH and local transports behave alike.
 
 Each attempt owns a run directory ``<run_dir>/<server>/<attempt>/`` on the host, made 0700
-(``run_dir`` and ``<server>`` too when launch creates them). Launch refuses a ``run_dir`` or
-server directory that is a symlink, not owned by the login user or writable by group or
-others: whoever could write there could swap the files the server's shell sources::
+(``run_dir`` and ``<server>`` too when launch creates them). Every script that reads from or
+signals through a run directory first checks it (``remote_shell``'s ``safe``): ``run_dir``,
+the server and attempt directories must be the login user's own, not symlinks and not
+writable by group or others, and every directory above them up to / owned by root or the
+login user and not writable by others unless sticky and root's (like /tmp). Otherwise the
+script refuses (RemoteCommandError naming the path and the fix): whoever could rename a
+directory on the way could swap the files the server's shell sources, or plant a forged
+``pid`` with a matching ``pid_start`` (which guards against pid reuse, not against forgery)
+and a ``log`` symlink to a file only root may read::
 
     cmd          the server's command line, shell-quoted (for humans)
     env          mode 0600, ``export K='v'`` lines (written via stdin); the server's shell
@@ -66,7 +72,6 @@ _EXIT_STATUS_WAIT_S = 2.0  # the wrapper writes exit_status right after reaping 
 _STOP_POLL_S = 0.1
 _PID_WAIT_TICKS = 200  # launch waits 200 × 50 ms for the server's pid file
 _EXISTS_STATUS = 17  # launch script: the attempt directory already exists
-_UNSAFE_STATUS = 13  # launch script: run_dir or its server directory is not safely ours
 _WRITE_FAILED_STATUS = 28  # launch script: a file or directory in the run dir not writable
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Starts the trailer of a follow stream (plus a random token per stream). \x01: a byte no
@@ -87,7 +92,8 @@ ident() {
 _launcher_dir=$1; _launcher_cwd=$2; shift 2
 # Whoever makes "claim" first decides: this shim (the server starts) or a launcher that gave
 # up on the launch (the server never starts, so no unsupervised copy can appear later).
-mkdir "$_launcher_dir/claim" 2> /dev/null || exit 125
+# The env file (secrets too) goes with a lost claim: nobody else would ever remove it.
+mkdir "$_launcher_dir/claim" 2> /dev/null || { rm -f "$_launcher_dir/env"; exit 125; }
 if ident $$ > "$_launcher_dir/pid_start.tmp"; then
   mv -f "$_launcher_dir/pid_start.tmp" "$_launcher_dir/pid_start"
 fi
@@ -111,18 +117,23 @@ printf '%s\n' "$st" > "$d/exit_status.tmp" && mv -f "$d/exit_status.tmp" "$d/exi
 
 # $1 run_dir, $2 server, $3 attempt, $4 cwd, $5 human command line, $6 wrapper, $7 shim,
 # rest: the server's argv. stdin: the env file. Prints "<pid>\n--\n<absolute dir>".
+# Without a configured cwd the server starts in $HOME (where an SSH login starts, so a
+# relative path means the same on both transports), else in its attempt directory: never in
+# whatever directory launcher was started from, where another user may have planted modules
+# that ``python3 -m`` would import (security review 2026-12-05, finding M6).
+# The pid wait: $PID_TICKS ticks of 50 ms, then the launch takes the claim (see the shim) so
+# that the server never starts; if the shim took it first, $PID_LIMIT ticks in all.
 _LAUNCH = _PRELUDE + r"""
 set -u
 command -v setsid > /dev/null || { echo "setsid not found on this host" >&2; exit 127; }
 w() { printf 'cannot write %s\n' "$1" >&2; exit $WRITE_FAILED; }
 expand "$1"; base=$x
 (umask 077 && mkdir -p "$base/$2") || w "$base/$2"
-for p in "$base" "$base/$2"; do
-  [ -n "$(find "$p" -maxdepth 0 -type d -user "$(id -u)" ! -perm -020 ! -perm -002)" ] || {
-    echo "unsafe run directory $p: it must be a real directory (not a symlink) owned by" \
-      "$(id -un) and writable by nobody else (chmod go-w)" >&2; exit 13; }
+for p in "${base%/}" "$base/$2"; do
+  if [ -L "$p" ]; then unsafe "$p" "a symlink (point run_dir at the real directory)"; exit 13; fi
 done
 d=$(cd "$base/$2" && pwd -P) || exit 1
+safe "$d" 2 || exit 13
 d=$d/$3
 if [ -e "$d" ]; then echo "attempt directory exists: $d" >&2; exit 17; fi
 (umask 077 && mkdir "$d") || w "$d"
@@ -131,19 +142,28 @@ if [ -e "$d" ]; then echo "attempt directory exists: $d" >&2; exit 17; fi
 (umask 077 && : > "$d/log") || w "$d/log"
 (umask 077 && date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started_at") || w "$d/started_at"
 cwd=$4; wrapper=$6; shim=$7; shift 7
-if [ -n "$cwd" ]; then expand "$cwd"; cwd=$x; fi
+if [ -n "$cwd" ]; then
+  expand "$cwd"; cwd=$x
+elif [ -n "${HOME-}" ] && [ -d "$HOME" ]; then
+  cwd=$HOME
+else
+  cwd=$d
+fi
+cd "$d" || exit 1
 setsid sh -c "$wrapper" sh "$d" "$shim" "$cwd" "$@" < /dev/null > /dev/null 2>&1 &
 i=0
 while [ ! -s "$d/pid" ]; do
   i=$((i + 1))
-  if [ "$i" -eq "$PID_TICKS" ] && mkdir "$d/claim" 2> /dev/null; then
+  if [ "$i" -eq $PID_TICKS ] && mkdir "$d/claim" 2> /dev/null; then
+    rm -f "$d/env"
     echo "server wrote no pid file in $d; it will not start" >&2; exit 3
   fi
-  if [ "$i" -gt $((PID_TICKS + 40)) ]; then echo "server wrote no pid file in $d" >&2; exit 3; fi
+  if [ "$i" -gt $PID_LIMIT ]; then echo "server wrote no pid file in $d" >&2; exit 3; fi
   sleep 0.05
 done
 printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
-""".replace("$PID_TICKS", str(_PID_WAIT_TICKS)).replace("$WRITE_FAILED", "28")
+""".replace("$PID_TICKS", str(_PID_WAIT_TICKS)).replace(
+    "$PID_LIMIT", str(_PID_WAIT_TICKS + 40)).replace("$WRITE_FAILED", "28")
 
 # $1 run_dir, $2 server, $3 attempt. After a launch whose reply was lost: prints "absent" when
 # the attempt directory was never made (the launch never ran), "nopid" when no pid appeared in
@@ -151,20 +171,29 @@ printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
 _RECOVER = _PRELUDE + r"""
 expand "$1"
 [ -d "$x/$2/$3" ] || { echo absent; exit 0; }
-d=$(cd "$x/$2/$3" && pwd -P) || exit 1
+for p in "${x%/}" "$x/$2" "$x/$2/$3"; do
+  if [ -L "$p" ]; then unsafe "$p" "a symlink (point run_dir at the real directory)"; exit 13; fi
+done
+d=$(cd "$x/$2" && pwd -P) || exit 1
+safe "$d" 2 || exit 13
+d=$d/$3
+safe "$d" 3 || exit 13
 i=0
 while [ ! -s "$d/pid" ]; do
   i=$((i + 1))
-  if [ "$i" -eq "$PID_TICKS" ] && mkdir "$d/claim" 2> /dev/null; then echo nopid; exit 0; fi
-  if [ "$i" -gt $((PID_TICKS + 40)) ]; then echo nopid; exit 0; fi
+  if [ "$i" -eq $PID_TICKS ] && mkdir "$d/claim" 2> /dev/null; then
+    rm -f "$d/env"; echo nopid; exit 0
+  fi
+  if [ "$i" -gt $PID_LIMIT ]; then echo nopid; exit 0; fi
   sleep 0.05
 done
 printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
-""".replace("$PID_TICKS", str(_PID_WAIT_TICKS))
+""".replace("$PID_TICKS", str(_PID_WAIT_TICKS)).replace("$PID_LIMIT", str(_PID_WAIT_TICKS + 40))
 
 # $1 dir. Prints "<alive 0|1> <exit status or -> <log size>".
 _PROBE = _PRELUDE + r"""
 d=$1
+safe "$d" 3 || exit 13
 if alive "$d"; then a=1; else a=0; fi
 st=$(cat "$d/exit_status" 2>/dev/null) || st=
 size=$(wc -c 2> /dev/null < "$d/log") || size=0
@@ -172,7 +201,8 @@ printf '%s %s %s\n' "$a" "${st:--}" $size
 """
 
 # $1 dir, $2 ticks of 50 ms. Prints the exit status once it exists, or nothing.
-_EXIT_STATUS = r"""
+_EXIT_STATUS = _PRELUDE + r"""
+safe "$1" 3 || exit 13
 i=0
 while [ ! -e "$1/exit_status" ] && [ "$i" -lt "$2" ]; do sleep 0.05; i=$((i + 1)); done
 cat "$1/exit_status" 2>/dev/null
@@ -182,6 +212,7 @@ exit 0
 # $1 dir. Prints the pids left in the server's process group or session (zombies excluded),
 # or nothing when the recorded pid now belongs to someone else.
 _MEMBERS = _PRELUDE + r"""
+safe "$1" 3 || exit 13
 p=$(cat "$1/pid" 2>/dev/null) || exit 0
 [ -n "$p" ] && ours "$1" "$p" || exit 0
 members "$p"
@@ -191,6 +222,7 @@ members "$p"
 # (each process gets the signal once: a second SIGTERM can hit Python after it has restored
 # the default handler on its way out, turning a clean exit into 143).
 _SIGNAL = _PRELUDE + r"""
+safe "$1" 3 || exit 13
 p=$(cat "$1/pid" 2>/dev/null) || exit 0
 [ -n "$p" ] && ours "$1" "$p" || exit 0
 [ -n "$(members "$p")" ] || exit 0
@@ -204,20 +236,36 @@ echo sent
 # $1 run_dir, $2 server, $3 "claim" when adopting. Prints "<attempt> <alive 0|1> <pid or ->"
 # lines, "@@", the absolute server directory (nothing at all when it does not exist).
 # Adopting, an attempt with neither pid nor exit status is claimed (see the shim): if its shim
-# claimed it first, its server is starting and its pid is waited for; else it never starts.
+# claimed it first, its server is starting and its pid is waited for; else it never starts
+# and its env file (secrets too) is removed. The server directory is checked by ``safe`` and
+# every attempt directory must be the login user's own and writable by nobody else.
 _LIST = _PRELUDE + r"""
 expand "$1"
 [ -d "$x/$2" ] || exit 0
+for p in "${x%/}" "$x/$2"; do
+  if [ -L "$p" ]; then unsafe "$p" "a symlink (point run_dir at the real directory)"; exit 13; fi
+done
 cd "$x/$2" || exit 1
+safe "$(pwd -P)" 2 || exit 13
+bad=$(find . -mindepth 1 -maxdepth 1 -name '[0-9]*' \( -type l -o -type d \( ! -user "$(id -u)" \
+  -o -perm -020 -o -perm -002 \) \) -print) || exit 1
+if [ -n "$bad" ]; then
+  unsafe "$PWD/${bad#./}" "not a directory of $(id -un)'s own (remove it, or chmod go-w it)"
+  exit 13
+fi
 for a in *; do
   case $a in ''|*[!0-9]*) continue ;; esac
   [ -d "$a" ] || continue
+  plain "$PWD/$a" || exit 13
   p=$(cat "$a/pid" 2>/dev/null) || p=
-  if [ -z "$p" ] && [ "${3-}" = claim ] && [ ! -e "$a/exit_status" ] \
-      && ! mkdir "$a/claim" 2> /dev/null; then
-    i=0
-    while [ ! -s "$a/pid" ] && [ "$i" -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-    p=$(cat "$a/pid" 2>/dev/null) || p=
+  if [ -z "$p" ] && [ "${3-}" = claim ] && [ ! -e "$a/exit_status" ]; then
+    if mkdir "$a/claim" 2> /dev/null; then
+      rm -f "$a/env"  # ours: its server never starts, and nobody else would remove it
+    else
+      i=0
+      while [ ! -s "$a/pid" ] && [ "$i" -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
+      p=$(cat "$a/pid" 2>/dev/null) || p=
+    fi
   fi
   case $p in *[!0-9]*) p='?' ;; esac
   if alive "$PWD/$a"; then l=1; else l=0; fi
@@ -231,6 +279,7 @@ printf '@@\n%s' "$(pwd -P)"
 # in the same stream so that noticing a death costs no further round trip, the marker and
 # "<alive 0|1> <exit status or -> <log size>" (waiting up to the ticks for the exit status).
 _FOLLOW = _PRELUDE + r"""
+safe "$1" 3 || exit 13
 tail -c "+$2" -F --pid="$3" -s "$4" "$1/log"
 end=$(settled "$1" "$5")
 size=$(wc -c 2> /dev/null < "$1/log") || size=0
@@ -241,14 +290,17 @@ printf '%s%s %s\n' "$6" "$end" $size
 # follower died without a trailer, in one round trip: "<alive 0|1> <exit status or ->" on the
 # first line (see the ticks above), then at most $4 bytes of the log from the offset.
 _FINISH = _PRELUDE + r"""
+safe "$1" 3 || exit 13
 settled "$1" "$3"
 echo
 tail -c "+$2" "$1/log" 2>/dev/null | head -c "$4"
 exit 0
 """
 
-_READ = r"""
-if [ -n "$3" ]; then tail -c "+$2" "$1" | head -c "$3"; else tail -c "+$2" "$1"; fi
+# $1 dir, $2 log offset + 1, $3 max bytes (empty: all). The log's bytes from the offset.
+_READ = _PRELUDE + r"""
+safe "$1" 3 || exit 13
+if [ -n "$3" ]; then tail -c "+$2" "$1/log" | head -c "$3"; else tail -c "+$2" "$1/log"; fi
 """
 
 
@@ -417,13 +469,6 @@ async def _launch_once(
             f"attempt {spec.attempt} of {spec.server} already exists on {transport.host_name}",
             remedy="attempt numbers must increase; start from latest_attempt() + 1",
         )
-    if result.exit_status == _UNSAFE_STATUS:
-        raise RemoteCommandError(
-            f"launch on {transport.host_name}: "
-            + result.stderr[-500:].decode("utf-8", "replace").strip(),
-            host=transport.host_name, command="launch", exit_status=result.exit_status,
-            remedy="chmod go-w the run directory, or point run_dir at one of your own",
-        )
     if result.exit_status == _WRITE_FAILED_STATUS:
         stderr = result.stderr[-2000:].decode("utf-8", "replace")
         path = next((line.removeprefix("cannot write ") for line in stderr.splitlines()
@@ -496,7 +541,7 @@ async def read_log(
     while max_bytes is None or len(data) < max_bytes:
         want = READ_CHUNK if max_bytes is None else min(READ_CHUNK, max_bytes - len(data))
         result = await transport.run(
-            _sh(_READ, handle.log_path, str(offset + len(data) + 1), str(want)))
+            _sh(_READ, handle.dir, str(offset + len(data) + 1), str(want)))
         _fail(transport, "read_log", result)
         data += result.stdout
         if len(result.stdout) < want:
@@ -504,9 +549,11 @@ async def read_log(
     return bytes(data)
 
 
-# $1 log. Prints "<host's time now> <log's mtime>", both in seconds since the epoch: with
+# $1 dir. Prints "<host's time now> <log's mtime>", both in seconds since the epoch: with
 # nanoseconds where GNU date can (date -r), else whole seconds from stat.
-_LOG_AGE = r"""
+_LOG_AGE = _PRELUDE + r"""
+safe "$1" 3 || exit 13
+set -- "$1/log"
 now=$(date +%s.%N); m=$(date -r "$1" +%s.%N 2>/dev/null) || m=$(stat -c %Y "$1") || exit 1
 case $now$m in *N*) now=$(date +%s); m=$(stat -c %Y "$1") || exit 1 ;; esac
 printf '%s %s\n' "$now" "$m"
@@ -521,7 +568,7 @@ async def log_age(transport: Transport, handle: RunHandle) -> float:
     Error handling: HostUnreachable from the transport; RemoteCommandError when the log
     cannot be stat'ed; LogFormatError for output that is not two numbers.
     """
-    result = await transport.run(_sh(_LOG_AGE, handle.log_path))
+    result = await transport.run(_sh(_LOG_AGE, handle.dir))
     _fail(transport, "log age", result)
     try:
         now, mtime = (float(f) for f in result.stdout.split())
@@ -531,11 +578,18 @@ async def log_age(transport: Transport, handle: RunHandle) -> float:
     return max(0.0, now - mtime)
 
 
+# $1 dir, $2 bytes. The end of the log.
+_TAIL = _PRELUDE + r"""
+safe "$1" 3 || exit 13
+tail -c "$2" "$1/log"
+"""
+
+
 async def tail_log(transport: Transport, handle: RunHandle, nbytes: int = 64 * 1024) -> bytes:
     """The last ``nbytes`` bytes of the log, from the first line that starts in them: a
     tail cut inside a line drops that line's piece (which could hold the end of a secret,
     unmaskable without its start). A tail without any line end is returned whole."""
-    result = await transport.run(["tail", "-c", str(nbytes), handle.log_path])
+    result = await transport.run(_sh(_TAIL, handle.dir, str(nbytes)))
     _fail(transport, "tail_log", result)
     tail = result.stdout
     if len(tail) >= nbytes:
@@ -791,17 +845,19 @@ async def survey(
 
 
 # $1 dir, $2 the reason. Written once supervision of the attempt's server gave up.
-_MARK_GAVE_UP = r"""
+_MARK_GAVE_UP = _PRELUDE + r"""
+safe "$1" 3 || exit 13
 printf '%s\n' "$2" > "$1/gave_up.tmp" && mv -f "$1/gave_up.tmp" "$1/gave_up"
 """
 GAVE_UP_LIMIT = 4096  # bytes of a give-up reason kept in the attempt's ``gave_up`` file
 _ATTEMPT_FILES = ("cmd", "started_at", "exit_status", "gave_up")
 # $1 dir, $2 bytes per file. Prints "name\0content\0" for each small file of the attempt
 # that exists (at most $2 bytes of it).
-_READ_FILES = r"""
+_READ_FILES = _PRELUDE + r"""
+safe "$1" 3 || exit 13
 d=$1; n=$2; shift 2
 for f in "$@"; do
-  [ -f "$d/$f" ] || continue
+  [ -f "$d/$f" ] && [ ! -L "$d/$f" ] || continue
   printf '%s\000' "$f"; head -c "$n" "$d/$f"; printf '\000'
 done
 exit 0

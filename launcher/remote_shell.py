@@ -17,7 +17,51 @@ from launcher.transport.base import CommandResult, Transport
 # its group (orphaned schedulers) is still ours: no process gets the id of a live group.
 # ``settled DIR TICKS`` prints "<alive 0|1> <exit status or ->", first waiting up to
 # TICKS × 50 ms for a dead server's status (the wrapper writes it right after reaping it).
+#
+# ``safe DIR LEVELS`` is the one check of a run directory, run by every script that reads
+# from or signals through one (security review 2026-12-05, finding H2): DIR (absolute,
+# symlink-free: ``pwd -P``'s answer) and the LEVELS - 1 directories above it (2: a server
+# directory and run_dir; 3: an attempt directory, its server directory and run_dir) must be
+# real directories owned by the login user and not group/other-writable; every directory
+# above them up to / must be owned by root or the login user and not group/other-writable
+# unless it is sticky and owned by root (/tmp), as OpenSSH's StrictModes (``safe_path``)
+# checks a home directory. Otherwise another user could rename a component and put a tree of
+# his own in its place: forged pid and pid_start files (pid_start guards against pid reuse,
+# not against forgery) and a ``log`` symlink to a file only root may read. For an attempt
+# directory, ``pid``, ``pid_start``, ``log`` and ``exit_status`` must not be symlinks either.
+# It prints "unsafe run directory PATH: why" on stderr and fails; the scripts then exit
+# UNSAFE_STATUS, which ``_fail`` turns into one RemoteCommandError with the fix.
 _PRELUDE = r"""
+unsafe() { printf 'unsafe run directory %s: %s\n' "$1" "$2" >&2; }
+plain() {
+  for f in pid pid_start log exit_status; do
+    if [ -L "$1/$f" ]; then unsafe "$1/$f" "a symlink (remove it)"; return 1; fi
+  done
+}
+safe() {
+  s=$1; me=$(id -u) || return 1
+  case $s in /?*/*) ;; *) unsafe "$s" "not an absolute path below /"; return 1 ;; esac
+  if [ "$2" = 3 ]; then set -- "$s" "${s%/*}" "${s%/*/*}"; else set -- "$s" "${s%/*}"; fi
+  bad=$(find "$@" -maxdepth 0 \( ! -type d -o ! -user "$me" -o -perm -020 -o -perm -002 \) \
+    -print 2>/dev/null) || { unsafe "$s" "missing, or a directory above it is not searchable"
+    return 1; }
+  if [ -n "$bad" ]; then
+    unsafe "$bad" "it must be a real directory (not a symlink) owned by $(id -un)"\
+" and writable by nobody else (chmod go-w)"
+    return 1
+  fi
+  if [ $# = 3 ]; then plain "$s" || return 1; fi
+  p=${s%/*}; set -- /
+  while [ -n "$p" ]; do set -- "$@" "$p"; p=${p%/*}; done
+  bad=$(find "$@" -maxdepth 0 \( ! -type d -o ! \( -user 0 -o -user "$me" \) \
+    -o \( -perm -020 -o -perm -002 \) ! \( -perm -1000 -user 0 \) \) -print 2>/dev/null) \
+    || { unsafe "$s" "a directory above it is not searchable"; return 1; }
+  if [ -n "$bad" ]; then
+    unsafe "$bad" "a directory above the run directory must be owned by root or $(id -un)"\
+" and writable by nobody else, unless it is sticky and root's (like /tmp)"
+    return 1
+  fi
+}
 expand() { case $1 in "~") x=$HOME ;; "~/"*) x=$HOME/${1#"~/"} ;; *) x=$1 ;; esac; }
 ident() {
   [ -r "/proc/$1/stat" ] || return 1
@@ -59,14 +103,37 @@ def _sh(script: str, *args: str) -> list[str]:
     return ["sh", "-c", script, "sh", *args]
 
 
+UNSAFE_STATUS = 13  # a script's exit status when ``safe`` refused a run directory
+UNSAFE_REMEDY = (
+    "make run_dir a directory of your own whose every parent up to / is owned by root or you "
+    "and not writable by others (chmod go-w; a shared parent needs the sticky bit and root "
+    "as owner, like /tmp), or point run_dir at such a directory"
+)
+
+
+class RunDirUnsafe(RemoteCommandError):
+    """A run directory that another user could swap (see ``safe``): nothing is read from it
+    or signalled through it, and relaunching cannot help until someone fixes the host."""
+
+
 def _fail(transport: Transport, what: str, result: CommandResult, remedy: str = "") -> None:
+    """Raise RemoteCommandError for a failed command: RunDirUnsafe for a refused run
+    directory (see ``safe``), its message naming the path and why, UNSAFE_REMEDY the fix."""
     if result.ok:
         return
+    stderr = result.stderr[-2000:].decode("utf-8", "replace")
+    refusal = [line for line in stderr.splitlines() if line.startswith("unsafe run directory ")]
+    if result.exit_status == UNSAFE_STATUS and refusal:
+        raise RunDirUnsafe(
+            f"{what} on {transport.host_name}: {refusal[-1]}", host=transport.host_name,
+            command=what, exit_status=result.exit_status, stderr=stderr,
+            remedy=UNSAFE_REMEDY,
+        )
     raise RemoteCommandError(
         f"{what} failed on {transport.host_name} with exit status {result.exit_status}",
         host=transport.host_name,
         command=what,
         exit_status=result.exit_status,
-        stderr=result.stderr[-2000:].decode("utf-8", "replace"),
+        stderr=stderr,
         remedy=remedy,
     )

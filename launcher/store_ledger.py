@@ -33,7 +33,7 @@ from launcher.errors import StateError
 from launcher.params import LaunchParams
 from launcher.sglang.budget import Estimate
 from launcher.sglang.observed import Observed
-from launcher.store_lock import _make_private_dir
+from launcher.store_lock import make_private_dir
 
 log = structlog.get_logger("launcher")
 
@@ -299,11 +299,11 @@ class Ledger:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.RLock()
-        _make_private_dir(path.parent)
+        make_private_dir(path.parent)
         try:
             # Created 0600 before SQLite opens it: log tails may hold paths and user names.
             # SQLite gives the -wal and -shm files the database's permissions.
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
             conn = sqlite3.connect(
                 path, timeout=5.0, isolation_level=None, check_same_thread=False
             )

@@ -5,9 +5,11 @@ owner's pid). ``store`` re-exports it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 from types import TracebackType
 
@@ -20,20 +22,62 @@ LOCK_FILENAME = "launcher.lock"
 log = structlog.get_logger("launcher")
 
 
-def _make_private_dir(directory: Path) -> None:
+def make_private_dir(directory: Path) -> None:
+    """Create ``directory`` (mode 0700, parents as needed) unless it exists, then check it
+    with ``lstat``: a real directory (not a symlink) owned by us and writable by nobody else.
+
+    A state directory (or one below it) that another user created first would let him plant
+    symlinks that we then write through, or swap our files (security review 2026-12-05,
+    finding M8). Error handling: StateError naming the path and the fix.
+    """
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(directory)
     except OSError as exc:
         raise StateError(
             f"cannot create the state directory {directory}: {exc.strerror or exc}",
             remedy="fix its permissions or set state_dir to a writable directory",
         ) from exc
+    uid = os.geteuid()
+    if stat.S_ISLNK(st.st_mode):
+        problem = f"is a symlink (to {os.path.realpath(directory)})"
+        remedy = "set state_dir to the real directory the symlink points at"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem, remedy = "is not a directory", "remove it or set state_dir elsewhere"
+    elif st.st_uid != uid:
+        problem = f"is owned by uid {st.st_uid}, not by us (uid {uid})"
+        remedy = ("remove it (another user may have made it to plant files in it) or set "
+                  "state_dir to a directory of your own")
+    elif st.st_mode & 0o022:
+        problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        remedy = f"chmod 700 {directory}"
+    else:
+        return
+    raise StateError(f"unsafe state directory {directory}: it {problem}", remedy=remedy)
+
+
+def write_private_file(path: Path, data: bytes) -> None:
+    """Replace ``path`` with a 0600 file holding ``data``: written to a fresh temporary file
+    beside it (O_CREAT|O_EXCL|O_NOFOLLOW), then renamed over it, so a symlink or a file
+    another user planted at ``path`` is replaced, never written through. OSError on failure
+    (the temporary file is removed)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class StateLock:
     """An exclusive, non-blocking ``flock`` on ``state_dir/launcher.lock`` holding our pid.
 
-    Entering creates ``state_dir`` (mode 0700) if needed, takes the lock and writes this
+    Entering creates ``state_dir`` (mode 0700) if needed and refuses one that is not ours
+    alone (see :func:`make_private_dir`), takes the lock and writes this
     process's pid into the file; exiting empties the file and releases the lock. The file is
     never deleted: unlinking a lock file lets a waiter lock an inode nobody else sees.
     The lock dies with the process (flock), so a crashed ``launcher up`` leaves nothing stale.
@@ -55,7 +99,7 @@ class StateLock:
         """Take the lock or raise StateError at once (never waits)."""
         if self._fd is not None:
             raise StateError(f"{self.path} is already held by this StateLock")
-        _make_private_dir(self.state_dir)
+        make_private_dir(self.state_dir)
         try:
             # os.open's descriptors are not inherited (PEP 446): a server we spawn cannot keep
             # the lock alive after we exit.

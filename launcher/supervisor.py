@@ -50,6 +50,7 @@ from launcher.errors import (
     HostUnreachable,
     LauncherError,
     PreflightError,
+    StateError,
     is_transient,
 )
 from launcher.eventlog import level_of
@@ -92,10 +93,12 @@ from launcher.notify import Redactor
 from launcher.params import LaunchParams
 from launcher.policy import AttemptRecord, Bounds
 from launcher.remote_preflight import PortHolder, port_holder
+from launcher.remote_shell import RunDirUnsafe
 from launcher.sglang.classify import classify, diagnose
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
+from launcher.store_lock import make_private_dir, write_private_file
 from launcher.transport.base import Transport
 
 # Awaited with (server, reason) before launcher stops a server's processes (a router's
@@ -105,6 +108,7 @@ BeforeStop = Callable[[str, str], Awaitable[None]]
 # The follower's longest wait between tries while its host is unreachable (each try also
 # reconnects with the transport's own bounded, jittered backoff).
 _OUTAGE_RETRY_MAX_S = 10.0
+_CMD_LIMIT = 64 * 1024  # bytes of an adopted attempt's cmd file read back (argv and settings)
 
 
 @dataclass
@@ -509,7 +513,8 @@ class ServerSupervisor:
         Transient listing errors are retried (bounded, jittered). When the listing still
         fails the server is "unknown" (``server.unknown``), nothing is launched, and the
         listing is tried again (after 1 s, doubling up to ``listing_recheck_s``) until it
-        succeeds. A host whose key or login is refused gives the server up (HostRefused).
+        succeeds. A host whose key or login is refused, or whose run directory is unsafe
+        (RunDirUnsafe), gives the server up (HostRefused).
         None when a stop was requested before it was decided.
         """
         decided: list[Event] = []
@@ -534,8 +539,9 @@ class ServerSupervisor:
         while True:
             try:
                 found = await self._survey()
-            except (HostKeyError, AuthenticationFailed) as exc:
-                # Not "unknown": this host must not (or cannot) be asked again.
+            except (HostKeyError, AuthenticationFailed, RunDirUnsafe) as exc:
+                # Not "unknown": this host must not (or cannot) be asked again; nothing in a
+                # run directory another user could swap may be adopted, signalled or written.
                 return HostRefused(f"cannot list its attempts on {self.server.host}: {exc}")
             except LauncherError as exc:
                 await self._dispatch(Unknown(f"cannot list its attempts on {self.server.host}: "
@@ -586,13 +592,15 @@ class ServerSupervisor:
                        started_wall=launched)
 
     async def _launched_at(self, handle: remote.RunHandle) -> float | None:
-        """When an adopted attempt was launched (its run directory's ``started_at``)."""
+        """When an adopted attempt was launched (its run directory's ``started_at``, read
+        through ``remote.attempt_files``: bounded, and only from a run directory that passes
+        its check)."""
         try:
-            res = await self.transport.run(["cat", f"{handle.dir}/started_at"], timeout=10)
-            stamp = datetime.fromisoformat(res.stdout.decode().strip())
-        except (LauncherError, ValueError):
+            files = await remote.attempt_files(self.transport, handle)
+            stamp = datetime.fromisoformat(files["started_at"])
+        except (LauncherError, ValueError, KeyError):
             return None
-        return stamp.timestamp() if res.ok else None
+        return stamp.timestamp()
 
     async def _params_of(self, handle: remote.RunHandle) -> LaunchParams:
         """Recover the params of an adopted attempt from its command file: the server's argv,
@@ -601,8 +609,8 @@ class ServerSupervisor:
         that cannot be what launcher wrote (a forged or corrupt file) is reported as
         ``attempt.corrupt`` and the params are taken as unknown."""
         try:
-            res = await self.transport.run(["cat", f"{handle.dir}/cmd"], timeout=10)
-            words = res.stdout.decode(errors="replace").split()
+            files = await remote.attempt_files(self.transport, handle, limit=_CMD_LIMIT)
+            words = files.get("cmd", "").split()
         except LauncherError:
             words = []
         for flag, raw in itertools.pairwise(words):
@@ -726,8 +734,8 @@ class ServerSupervisor:
                 self._emit(events.LaunchFailed(error=str(exc)))
                 diag = classify([], None)
                 diag.advice = str(exc)
-                # A run directory that cannot be written fails every relaunch the same way.
-                diag.retryable = not isinstance(exc, remote.RunDirUnwritable)
+                # A run directory that cannot be written, or is unsafe, fails every relaunch alike.
+                diag.retryable = not isinstance(exc, (remote.RunDirUnwritable, RunDirUnsafe))
                 await self._post(Exited(status=None, diagnosis=diag))
                 return
             self._attempt = RunningAttempt(handle=handle, last_advance=self.clock())
@@ -1035,13 +1043,19 @@ class ServerSupervisor:
         ))
 
     def _save_tail(self, attempt: int, tail: str) -> Path | None:
+        """Save the attempt's log tail as ``state_dir/logs/<server>/attempt-N.log``: each
+        directory on the way checked to be ours alone, the file replaced by a rename, never
+        written through a symlink (security review 2026-12-05, finding M8). None (and a
+        warning) when it cannot be saved."""
         try:
-            folder = self.config.state_dir / "logs" / self.server.name
-            folder.mkdir(parents=True, exist_ok=True)
+            folder = self.config.state_dir
+            for name in ("logs", self.server.name):
+                folder = folder / name
+                make_private_dir(folder)
             path = folder / f"attempt-{attempt}.log"
-            path.write_text(self.redact.text(tail), encoding="utf-8")
+            write_private_file(path, self.redact.text(tail).encode("utf-8"))
             return path
-        except OSError as exc:
+        except (OSError, StateError) as exc:
             self.log.warning("attempt.tail_not_saved", error=str(exc))
             return None
 

@@ -94,7 +94,8 @@ class LocalTransport:
 
     ``env`` is the host-level environment from the config: it is laid over the INHERITED_ENV
     (and ``LC_*``) part of launcher's own environment for every command, and a command's
-    ``env`` is laid over that.
+    ``env`` is laid over that. Every command runs in that environment's ``$HOME`` (else /),
+    as over SSH, never in launcher's own current directory.
 
     Resource handling: nothing is held between calls; ``aclose`` is a no-op kept for the
     protocol. A command outliving its ``timeout`` (or a cancelled caller) gets its whole
@@ -120,6 +121,13 @@ class LocalTransport:
         if env:
             merged.update(env)
         return merged
+
+    def _cwd(self, env: Mapping[str, str]) -> str:
+        """Where every command runs: the user's home (an SSH login's cwd), else /; never
+        launcher's own cwd, where another user may have planted modules that ``python3 -c``
+        or ``-m`` would import first (security review 2026-12-05, finding M6)."""
+        home = env.get("HOME", "")
+        return home if home.startswith("/") and os.path.isdir(home) else "/"
 
     def _error(
         self,
@@ -150,12 +158,14 @@ class LocalTransport:
             # Shielded: a cancel that lands while asyncio spawns the child would orphan it
             # (the Popen is made but never returned, and nobody reaps it).
             with anyio.CancelScope(shield=True):
+                environment = self._environment(env)
                 process = await anyio.open_process(
                     list(argv),
                     stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
-                    env=self._environment(env),
+                    cwd=self._cwd(environment),
+                    env=environment,
                     start_new_session=True,
                 )
         except OSError as exc:
@@ -264,10 +274,11 @@ class LocalTransport:
                            stdin: int) -> Process:
         """``argv`` in its own session with stdout piped to us (stderr discarded); OSError
         when it cannot be started. Shielded, as in run(): never orphan a spawned child."""
+        environment = self._environment(env)
         with anyio.CancelScope(shield=True):
             process = await anyio.open_process(
                 list(argv), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                env=self._environment(env), start_new_session=True,
+                cwd=self._cwd(environment), env=environment, start_new_session=True,
             )
         return process
 
