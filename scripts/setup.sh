@@ -2,8 +2,9 @@
 # Idempotent set-up on a fresh machine: a venv in .venv with launcher and its dev tools. With
 # --test (scripts/test) also what only the tests need: (when run as root on Debian and missing)
 # OpenSSH's sshd, systemd-analyze, iproute2, util-linux and promtool (Debian's prometheus), the
-# SGLang contract environment and the sglang-router environment. The demo runs without --test, so it never builds the
-# 2.6 GB contract environment or the router's, nor installs Debian packages.
+# SGLang contract environment and the sglang-router environment. The demo runs without --test,
+# so it never builds the 2.6 GB contract environment or the router's, nor installs Debian
+# packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false
