@@ -121,11 +121,12 @@ class DemoRun:
 
 
 @contextlib.contextmanager
-def run_demo(sim: SimSetup) -> Iterator[DemoRun]:
-    """``launcher up`` of the demo as a real subprocess, serving metrics, until the block ends;
-    then the launcher is stopped (SIGTERM to the process this started), ``launcher down``
-    stops the server, and any server process the launch recorded is killed."""
-    metrics_port = free_port()
+def run_demo(sim: SimSetup, metrics_port: int | None = None) -> Iterator[DemoRun]:
+    """``launcher up`` of the demo as a real subprocess, serving metrics (on ``metrics_port``,
+    else a free port), until the block ends; then the launcher is stopped (SIGTERM to the
+    process this started), ``launcher down`` stops the server, and any server process the
+    launch recorded is killed."""
+    metrics_port = metrics_port or free_port()
     config = sim.write_toml(demo_data(sim, metrics_port), "demo.toml")
     proc = subprocess.Popen(
         cli_argv("up", str(config), "--fresh"), cwd=REPO, env=cli_env(),
