@@ -355,6 +355,12 @@ class Metrics:
                                _number(event.params.mem_fraction_static))
                 _set_or_remove(self.attempt_graph_bs, (server, host),
                                _number(event.params.cuda_graph_max_bs))
+                # Rare events' series exist at 0 from the first attempt on: one born at its
+                # first event shows no increase() in a window holding its first sample, so
+                # an alert on restarts would miss the first.
+                for rare in (self.restarts, self.follow_failures, self.host_unreachable_seconds,
+                             self.host_unreachable):
+                    rare.labels(server, host)
             case events.StallDetected():
                 silent = _number(event.silent_s)
                 if silent is not None and silent >= 0:

@@ -308,3 +308,22 @@ async def test_oom_back_off_steps_stalls_follow_failures_and_leader(
                                                                   le="20.0")]
     assert 2 == third["launcher_follow_failures_total", S("llama")]
     assert 1 == third["launcher_leader", L()]
+
+
+async def test_rare_event_series_exist_at_zero_from_the_first_attempt(
+    metrics: Metrics, served: MetricsServer
+) -> None:
+    """Restarts, follow failures and host outages have a 0 series once a server's first
+    attempt started (so increase() sees their first event); a later attempt keeps counts."""
+    metrics("llama", ev.AttemptStarted(attempt=1, params=NO_PARAMS))
+    first = await scrape(served)
+    metrics("llama", ev.RestartScheduled(delay_s=1.0, params=NO_PARAMS, attempt=1,
+                                         restarts_left=4, restart_budget=5,
+                                         restart_window_s=3600.0))
+    metrics("llama", ev.HostUnreachable(error="down", unreachable_s=0.0))
+    metrics("llama", ev.AttemptStarted(attempt=2, params=NO_PARAMS))
+    second = await scrape(served)
+    names = ("launcher_restarts_total", "launcher_follow_failures_total",
+             "launcher_host_unreachable_seconds_total", "launcher_host_unreachable")
+    assert [0, 0, 0, 0] == [first[name, S("llama")] for name in names]
+    assert [1, 0, 0, 1] == [second[name, S("llama")] for name in names]
