@@ -33,6 +33,10 @@ after an out-of-memory failure); a series is absent while launcher leaves SGLang
 ``launcher_stall_silence_seconds`` is the phase's stall budget plus the time launcher took to
 notice (its detection latency for hangs).
 
+``launcher_restarts_total``, ``launcher_follow_failures_total``,
+``launcher_host_unreachable_seconds_total`` and ``launcher_host_unreachable`` exist at 0 from a
+server's first attempt, so ``increase()`` counts their first event.
+
 ``launcher_leader`` (no labels) is 1 while this launcher is the active one that supervises
 its servers. A launcher without a standby always is, so today it is always 1; a standby that
 waits would report 0. Alert rules look for no launcher reporting 1.
