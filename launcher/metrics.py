@@ -29,7 +29,24 @@ series; ``describe`` tells the host, model, version and endpoint of each server)
 ``launcher_probes_total{result}``               probes by result (``ok`` / ``failed``)
 ``launcher_host_unreachable``                   1 while the server's host cannot be reached
 ``launcher_host_unreachable_seconds_total``     time the host was unreachable (ended outages)
+``launcher_attempt_mem_fraction_static``        the current attempt's ``--mem-fraction-static``
+``launcher_attempt_cuda_graph_max_bs``          the current attempt's ``--cuda-graph-max-bs``
+``launcher_stall_silence_seconds{phase}``       histogram: log silence when a stall was detected
+``launcher_follow_failures_total``              times following the server's log failed
 =============================================  ===========================================
+
+The two ``launcher_attempt_*`` gauges are the OOM back-off's steps (the policy lowers them
+after an out-of-memory failure); a series is absent while launcher leaves SGLang its default.
+``launcher_stall_silence_seconds`` is the phase's stall budget plus the time launcher took to
+notice (its detection latency for hangs).
+
+``launcher_restarts_total``, ``launcher_follow_failures_total``,
+``launcher_host_unreachable_seconds_total`` and ``launcher_host_unreachable`` exist at 0 from a
+server's first attempt, so ``increase()`` counts their first event.
+
+``launcher_leader`` (no labels) is 1 while this launcher is the active one that supervises
+its servers. A launcher without a standby always is, so today it is always 1; a standby that
+waits would report 0. Alert rules look for no launcher reporting 1.
 
 No ``*_created`` series: prometheus-client's are disabled (``disable_created_metrics``), as
 Prometheus ignores them in the text format and they double every counter's output.
@@ -84,6 +101,10 @@ STARTUP_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0,
 # A /health probe answers in milliseconds; seconds mean trouble (the probe's own timeout is
 # 5 s by default: docs/config.md).
 PROBE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# A stall is detected after its phase's budget (defaults 300-1200 s, the demo's 20 s) plus a
+# poll: the buckets span small budgets to past the longest default.
+STALL_BUCKETS = (5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
 
 _STATES = [state.value for state in State]
 
@@ -334,6 +355,38 @@ class Metrics:
             ["server", "host"],
             registry=registry,
         )
+        self.attempt_mem_fraction = Gauge(
+            "launcher_attempt_mem_fraction_static",
+            "--mem-fraction-static of the current attempt (absent: SGLang's default).",
+            ["server", "host"],
+            registry=registry,
+        )
+        self.attempt_graph_bs = Gauge(
+            "launcher_attempt_cuda_graph_max_bs",
+            "--cuda-graph-max-bs of the current attempt (absent: SGLang's default).",
+            ["server", "host"],
+            registry=registry,
+        )
+        self.stall_silence = Histogram(
+            "launcher_stall_silence_seconds",
+            "Seconds of log silence when a stall was detected: the budget plus detection delay.",
+            ["server", "host", "phase"],
+            buckets=STALL_BUCKETS,
+            registry=registry,
+        )
+        self.follow_failures = Counter(
+            "launcher_follow_failures",
+            "Times following the server's log and exit on its host failed (retried).",
+            ["server", "host"],
+            registry=registry,
+        )
+        self.leader = Gauge(
+            "launcher_leader",
+            "1 while this launcher is the active one supervising its servers, else 0.",
+            registry=registry,
+        )
+        # No standby exists yet: a running launcher is always the one that supervises.
+        self.leader.set(1)
         for server, server_facts in (facts or {}).items():
             self.describe(server, server_facts)
 
@@ -375,6 +428,22 @@ class Metrics:
                 self.attempts.labels(server, host).inc()
                 self.server_ready.labels(server, host).set(0)
                 self.server_attempt.labels(server, host).set(event.attempt)
+                _set_or_remove(self.attempt_mem_fraction, (server, host),
+                               _number(event.params.mem_fraction_static))
+                _set_or_remove(self.attempt_graph_bs, (server, host),
+                               _number(event.params.cuda_graph_max_bs))
+                # Rare events' series exist at 0 from the first attempt on: one born at its
+                # first event shows no increase() in a window holding its first sample, so
+                # an alert on restarts would miss the first.
+                for rare in (self.restarts, self.follow_failures, self.host_unreachable_seconds,
+                             self.host_unreachable):
+                    rare.labels(server, host)
+            case events.StallDetected():
+                silent = _number(event.silent_s)
+                if silent is not None and silent >= 0:
+                    self.stall_silence.labels(server, host, event.phase.value).observe(silent)
+            case events.FollowFailed():
+                self.follow_failures.labels(server, host).inc()
             case events.AttemptFailed():
                 self.attempt_failures.labels(server, host, event.outcome.value).inc()
                 self.server_ready.labels(server, host).set(0)
@@ -474,6 +543,15 @@ class Metrics:
         server = MetricsServer(httpd, thread)
         log.info("metrics.serving", host=server.host, port=server.port)
         return server
+
+
+def _set_or_remove(gauge: Gauge, labels: tuple[str, str], value: float | None) -> None:
+    """Set ``gauge{labels}`` to ``value``, or remove that series when ``value`` is None."""
+    if value is not None:
+        gauge.labels(*labels).set(value)
+    else:
+        with contextlib.suppress(KeyError):  # never set: nothing to remove
+            gauge.remove(*labels)
 
 
 def _number(value: object) -> float | None:

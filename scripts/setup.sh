@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a venv in .venv with launcher and its dev tools. With
 # --test (scripts/test) also what only the tests need: (when run as root on Debian and missing)
-# OpenSSH's sshd, systemd-analyze, iproute2 and util-linux, the SGLang contract environment
-# and the sglang-router environment. The demo runs without --test, so it never builds the
-# 2.6 GB contract environment or the router's, nor installs Debian packages.
+# OpenSSH's sshd, systemd-analyze, iproute2, util-linux and promtool (Debian's prometheus), the
+# SGLang contract environment and the sglang-router environment. The demo runs without --test,
+# so it never builds the 2.6 GB contract environment or the router's, nor installs Debian
+# packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false
@@ -16,11 +17,18 @@ if $for_tests; then
   # ip netns + veth (network faults), unshare/taskset/mount (PID namespaces, CPU hog, tmpfs).
   command -v ip >/dev/null || need+=(iproute2)
   command -v unshare >/dev/null && command -v taskset >/dev/null || need+=(util-linux)
+  # promtool (check/test the alert rules in configs/prometheus): Debian ships it with the server.
+  command -v promtool >/dev/null || need+=(prometheus)
   if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing ${need[*]} (for the tests)" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    # The package's unit starts a Prometheus server on :9090 where systemd runs; the tests
+    # need only promtool, so the service it just installed is stopped and disabled again.
+    if [[ " ${need[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+      systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
   fi
 fi
 if [ ! -x .venv/bin/python ]; then

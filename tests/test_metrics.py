@@ -255,8 +255,9 @@ async def test_build_and_server_info_and_a_host_label_everywhere(
     assert 1 == got["launcher_server_info", L(
         server="qwen", host="gpu2", model="Qwen3-8B", sglang_version="0.5.23",
         endpoint="10.0.0.6:30001", gpus="3")]
+    launcher_wide = {"launcher_build_info", "launcher_leader"}  # about launcher itself
     per_server = [dict(labels) for name, labels in got
-                  if name.startswith("launcher_") and name != "launcher_build_info"]
+                  if name.startswith("launcher_") and name not in launcher_wide]
     assert per_server
     assert all(FACTS[labels["server"]].host == labels["host"] for labels in per_server)
 
@@ -279,3 +280,50 @@ async def test_describe_moves_a_server_to_its_new_host(metrics: Metrics,
     hosts = {dict(labels)["host"] for name, labels in got
              if name == "launcher_server_info" and dict(labels)["server"] == "llama"}
     assert {"gpu9"} == hosts
+
+
+async def test_oom_back_off_steps_stalls_follow_failures_and_leader(
+    metrics: Metrics, served: MetricsServer
+) -> None:
+    """Each attempt's memory settings are gauges (a setting left to SGLang has no series); a
+    stall's silence is observed by phase; follow failures are counted; a launcher is leader."""
+    metrics("llama", ev.AttemptStarted(attempt=1, params=LaunchParams(0.99, 256)))
+    first = await scrape(served)
+    metrics("llama", ev.AttemptStarted(attempt=2, params=LaunchParams(0.95, 256)))
+    second = await scrape(served)
+    metrics("llama", ev.AttemptStarted(attempt=3, params=LaunchParams(None, 128)))
+    metrics("llama", ev.StallDetected(phase=Phase.WEIGHTS, silent_s=21.5, attempt=3))
+    metrics("llama", ev.FollowFailed(error="channel lost", retry_in_s=1.0))
+    metrics("llama", ev.FollowFailed(error="channel lost", retry_in_s=2.0))
+    third = await scrape(served)
+    mfs, bs = "launcher_attempt_mem_fraction_static", "launcher_attempt_cuda_graph_max_bs"
+    assert (0.99, 0.95) == (first[mfs, S("llama")], second[mfs, S("llama")])
+    assert (mfs, S("llama")) not in third
+    assert (256, 128) == (second[bs, S("llama")], third[bs, S("llama")])
+    assert 1 == third["launcher_stall_silence_seconds_count", S("llama", phase="weights")]
+    assert 21.5 == third["launcher_stall_silence_seconds_sum", S("llama", phase="weights")]
+    assert 1 == third["launcher_stall_silence_seconds_bucket", S("llama", phase="weights",
+                                                                  le="30.0")]
+    assert 0 == third["launcher_stall_silence_seconds_bucket", S("llama", phase="weights",
+                                                                  le="20.0")]
+    assert 2 == third["launcher_follow_failures_total", S("llama")]
+    assert 1 == third["launcher_leader", L()]
+
+
+async def test_rare_event_series_exist_at_zero_from_the_first_attempt(
+    metrics: Metrics, served: MetricsServer
+) -> None:
+    """Restarts, follow failures and host outages have a 0 series once a server's first
+    attempt started (so increase() sees their first event); a later attempt keeps counts."""
+    metrics("llama", ev.AttemptStarted(attempt=1, params=NO_PARAMS))
+    first = await scrape(served)
+    metrics("llama", ev.RestartScheduled(delay_s=1.0, params=NO_PARAMS, attempt=1,
+                                         restarts_left=4, restart_budget=5,
+                                         restart_window_s=3600.0))
+    metrics("llama", ev.HostUnreachable(error="down", unreachable_s=0.0))
+    metrics("llama", ev.AttemptStarted(attempt=2, params=NO_PARAMS))
+    second = await scrape(served)
+    names = ("launcher_restarts_total", "launcher_follow_failures_total",
+             "launcher_host_unreachable_seconds_total", "launcher_host_unreachable")
+    assert [0, 0, 0, 0] == [first[name, S("llama")] for name in names]
+    assert [1, 0, 0, 1] == [second[name, S("llama")] for name in names]
