@@ -20,6 +20,8 @@
 
 from __future__ import annotations
 
+import traceback
+
 
 class LauncherError(Exception):
     """Base of every error launcher raises on purpose.
@@ -151,3 +153,19 @@ class StateError(LauncherError):
 
 class IllegalTransition(LauncherError):
     """The start-up state machine got an event that cannot happen in its current state."""
+
+
+TRACEBACK_MAX = 8000  # characters of an internal error's traceback kept (its end)
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message`` of ``exc``, or of the one exception a task group wrapped in it;
+    at most 500 characters."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The end (TRACEBACK_MAX characters) of ``exc``'s formatted traceback."""
+    return "".join(traceback.format_exception(exc))[-TRACEBACK_MAX:]

@@ -50,6 +50,8 @@ EVENT_LEVELS: Mapping[str, int] = {
     events.ServerUnhealthy.name: logging.WARNING,
     events.PortWaiting.name: logging.WARNING,
     events.ServerGaveUp.name: logging.ERROR,
+    events.ServerInternalError.name: logging.ERROR,  # a bug: supervision of one server ended
+    events.RouterInternalError.name: logging.ERROR,
 }
 
 # sd-daemon(3) / syslog priorities of the stdlib level names structlog passes as method name.

@@ -70,6 +70,7 @@ __all__ = [
     "RouterDied",
     "RouterFollowFailed",
     "RouterGaveUp",
+    "RouterInternalError",
     "RouterLaunchFailed",
     "RouterLaunched",
     "RouterListingFailed",
@@ -82,6 +83,7 @@ __all__ = [
     "RouterWorkerRegistered",
     "ServerAdopted",
     "ServerGaveUp",
+    "ServerInternalError",
     "ServerReady",
     "ServerStopped",
     "ServerUnhealthy",
@@ -415,6 +417,19 @@ class ServerGaveUp(Event):
     history: tuple[HistoryEntry, ...]
 
 
+@dataclass(frozen=True, kw_only=True)
+class ServerInternalError(Event):
+    """Supervising the server failed with an exception launcher did not expect, a bug:
+    supervision of that one ends, given up (a person must look), and every other server's
+    goes on. ``error`` is the exception's type and message, ``traceback`` the end of its
+    formatted traceback."""
+
+    name: ClassVar[str] = "server.internal_error"
+    error: str
+    traceback: str
+    attempt: int | None = field(default=None, metadata=_OPTIONAL)
+
+
 # --- the supervisor's (launcher.supervisor, launcher.ranks) --------------------------------
 
 
@@ -663,6 +678,16 @@ class RouterGaveUp(Event):
     name: ClassVar[str] = "router.gave_up"
     attempt: int
     reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterInternalError(Event):
+    """``server.internal_error`` for a router: its supervision ended, given up."""
+
+    name: ClassVar[str] = "router.internal_error"
+    error: str
+    traceback: str
+    attempt: int | None = field(default=None, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -113,8 +113,18 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
         facts = await read_facts(transport, config.host(server.host), server, version,
                                  configured)
         est = facts.estimate(coeffs)
-    except (NoEstimate, TransportError, RemoteCommandError) as exc:
-        why = str(exc) if isinstance(exc, NoEstimate) else f"no estimate: {str(exc)[:200]}"
+    except (NoEstimate, TransportError, RemoteCommandError,
+            ValueError, OverflowError, TypeError) as exc:
+        # The last three: the model's files (config.json, the index) said something no
+        # estimate can use; this server goes without one, the others are not concerned
+        # (security review 2026-12-05, finding M3).
+        if isinstance(exc, NoEstimate):
+            why = str(exc)
+        elif isinstance(exc, (TransportError, RemoteCommandError)):
+            why = f"no estimate: {str(exc)[:200]}"
+        else:
+            why = (f"no estimate: {server.model_path}'s files hold a value out of range "
+                   f"({type(exc).__name__}: {str(exc)[:200]})")
         log.info("estimate.unavailable", why=why)
         if warm is not None:
             return Planned(warm[0], warm[1], "ledger", no_estimate=why)

@@ -409,7 +409,10 @@ class Agent(object):
                     continue  # the wrapper is about to record it
                 while self._send_log(f, 1 << 30) > 0:
                     pass
-                if status is None or not status.isdigit():
+                # ASCII digits only ("²".isdigit() is true and cannot be sent as ASCII), at
+                # most 18 of them (str.isascii is 3.7+; this file runs on 3.6)
+                if status is None or not (0 < len(status) <= 18
+                                          and all("0" <= c <= "9" for c in status)):
                     status = "-"
                 self.write(encode_frame(b"X", key, f.offset, status.encode("ascii")))
             except OSError as exc:

@@ -21,6 +21,7 @@ import anyio
 import httpx
 
 from launcher.errors import HostKeyError, LauncherError
+from launcher.numbers import bounded_int
 from launcher.transport.base import Transport
 
 MAX_BODY = 4096  # bytes of a /health body read; the rest is dropped with the connection
@@ -76,6 +77,11 @@ _REQUEST = (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: launcher\r\
 Connect = Callable[[], Awaitable[anyio.abc.ByteStream]]
 
 
+def status_code(text: bytes) -> int | None:
+    """An HTTP status code: exactly three ASCII digits (RFC 9110 section 15), else None."""
+    return bounded_int(text, max_digits=3) if len(text) == 3 else None
+
+
 async def probe_health(connect: Connect, deadline_s: float) -> tuple[bool, str]:
     """GET /health on a fresh stream from ``connect``: (whether it answered 200, a detail:
     ``HTTP 503``, ``no complete answer within 5s``, or the error's type and message).
@@ -90,11 +96,13 @@ async def probe_health(connect: Connect, deadline_s: float) -> tuple[bool, str]:
             try:
                 await stream.send(_REQUEST)
                 head = b""
+                # at most MAX_BODY bytes in total, not per read
                 while b"\r\n" not in head and len(head) < MAX_BODY:
                     try:
-                        head += await stream.receive(MAX_BODY)
+                        head += await stream.receive(MAX_BODY - len(head))
                     except anyio.EndOfStream:
                         break
+                head = head[:MAX_BODY]
             finally:
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
@@ -105,11 +113,11 @@ async def probe_health(connect: Connect, deadline_s: float) -> tuple[bool, str]:
     except (OSError, LauncherError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
         return False, f"{type(exc).__name__}: {exc}"
     line = head.partition(b"\r\n")[0].split()
-    if len(line) < 2 or not line[0].startswith(b"HTTP/") or not line[1].isdigit():
+    code = status_code(line[1]) if len(line) >= 2 and line[0].startswith(b"HTTP/") else None
+    if code is None:
         if not head:
             return False, "RemoteProtocolError: Server disconnected without sending a response."
         return False, f"RemoteProtocolError: not an HTTP answer: {head[:60]!r}"
-    code = int(line[1])
     return code == 200, f"HTTP {code}"
 
 

@@ -44,7 +44,16 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from launcher import follow_agent, remote
-from launcher.errors import HostUnreachable, LauncherError, LogFormatError, RemoteCommandError
+from launcher.errors import (
+    HostUnreachable,
+    LauncherError,
+    LogFormatError,
+    RemoteCommandError,
+    describe_exception,
+    format_traceback,
+)
+from launcher.health import status_code
+from launcher.numbers import bounded_int
 from launcher.remote_shell import UNSAFE_REMEDY
 from launcher.transport.base import Duplex, DuplexTransport, Transport
 
@@ -267,6 +276,17 @@ class HostFollower:
             if channel is None:
                 raise  # to the opener (tg.start)
             error = exc
+        except Exception as exc:  # never cancellation (BaseException)
+            # A bug (or a frame no parser bounds) must not end the follower's task group,
+            # and with it every server's supervision: the channel ends with an error its
+            # followers and probes already handle (security review 2026-12-05, finding H1).
+            log.error("follow.internal_error", host=self.host_name,
+                      error=describe_exception(exc), traceback=format_traceback(exc))
+            error = RemoteCommandError(
+                f"follow agent channel on {self.host_name} failed: {describe_exception(exc)}",
+                host=self.host_name, command="follow agent")
+            if channel is None:
+                raise error from exc
         finally:
             if channel is not None:
                 self._close(channel, error)
@@ -315,7 +335,8 @@ class HostFollower:
             if frame.kind == "P":
                 for line in frame.payload.splitlines():
                     key, _, answer = line.partition(b" ")
-                    waiter = channel.probes.pop(int(key), None) if key.isdigit() else None
+                    number = bounded_int(key)
+                    waiter = None if number is None else channel.probes.pop(number, None)
                     if waiter is not None:
                         waiter.answer = answer
                         waiter.done.set()
@@ -398,8 +419,7 @@ class HostFollower:
                             yield remote.LogChunk(frame.payload, position)
                         elif frame.kind == "X":
                             done = True
-                            status = frame.payload.decode("ascii", "replace")
-                            yield remote.RunExited(int(status) if status.isdigit() else None)
+                            yield remote.RunExited(bounded_int(frame.payload))
                             return
                         elif frame.kind == "E":
                             done = True
@@ -459,9 +479,12 @@ class HostFollower:
         answer = waiter.answer
         if answer is None or answer == b"timeout":
             return False, f"no complete answer within {deadline_s:g}s"
-        if answer.isdigit():
-            return int(answer) == 200, f"HTTP {int(answer)}"
-        return False, answer.decode("utf-8", "replace")
+        code = status_code(answer)
+        if code is not None:
+            return code == 200, f"HTTP {code}"
+        if answer.isdigit():  # a status "code" of any other length: not HTTP
+            return False, f"RemoteProtocolError: not an HTTP answer: {answer[:60]!r}"
+        return False, answer.decode("utf-8", "replace")[:200]
 
 
     async def _send_probes(self, channel: _Channel) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from launcher import facts, health, remote
 from launcher.config import Config, ServerConfig
 from launcher.errors import AuthenticationFailed, HostUnreachable, LauncherError
+from launcher.numbers import parse_stamp
 from launcher.sglang.flags import mask_secret_flags_text
 from launcher.sglang.logparse import LineSplitter, LogFollower
 from launcher.store import AttemptRow, Ledger, ledger_path
@@ -51,7 +52,10 @@ def iso(ts: float | None) -> str | None:
     """``ts`` (seconds since the epoch) as ISO 8601 in UTC, ``2026-12-01T17:02:03Z``."""
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:  # a figure read from a file or the ledger may be out of datetime's range
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def endpoint(config: Config, s: ServerConfig) -> str:
@@ -133,13 +137,10 @@ def restarts(rows: list[AttemptRow] | None, newest: int | None) -> int | None:
 
 
 def _parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return when.timestamp() if when.tzinfo is not None else None  # no zone: forged
+    """``started_at`` as seconds since the epoch; None when it is not a time launcher could
+    have written (``numbers.parse_stamp``: no zone, a year outside 2000..2100, garbage)."""
+    when = parse_stamp(text)
+    return None if when is None else when.timestamp()
 
 
 async def _log_follower(t: Transport, handle: remote.RunHandle, size: int) -> LogFollower:

@@ -323,6 +323,13 @@ class ServerMachine:
 
     # -- public -----------------------------------------------------------------------
 
+    def abandon(self, reason: str) -> None:
+        """Supervision failed outside the machine (an exception nothing expected, a bug): it
+        is over, given up with ``reason``, whatever the state. No actions: the supervisor's
+        loop has ended already."""
+        self.state = State.GAVE_UP
+        self.reason = reason
+
     def handle(self, event: Event, now: float) -> list[Action]:
         """Apply ``event`` at time ``now``; return what the supervisor must do next."""
         if isinstance(event, StopRequested):

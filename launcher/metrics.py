@@ -462,7 +462,7 @@ class Metrics:
                 self.restarts.labels(server, host).inc()
             case events.ServerUnhealthy():
                 self.server_ready.labels(server, host).set(0)
-            case events.ServerGaveUp():
+            case events.ServerGaveUp() | events.ServerInternalError():
                 self._set_state(server, State.GAVE_UP.value)
             case events.ServerStopped():
                 self._set_state(server, State.STOPPED.value)
@@ -482,7 +482,7 @@ class Metrics:
                 self.router_up.labels(server).set(0)
                 for worker in event.servers:  # a dead router has no workers
                     self.router_worker.labels(server, worker).set(0)
-            case events.RouterGaveUp():
+            case events.RouterGaveUp() | events.RouterInternalError():
                 self.router_up.labels(server).set(0)
             case events.RouterWorkerRegistered():
                 self.router_worker.labels(server, event.server).set(1)

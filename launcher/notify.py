@@ -103,6 +103,7 @@ from launcher.notify_messages import (
     adopted_message,
     checked_blocks,
     gave_up_message,
+    internal_error_message,
     ready_message,
     reminder,
     resolved_message,
@@ -122,6 +123,7 @@ __all__ = [
     "SlackNotifier",
     "adopted_message",
     "gave_up_message",
+    "internal_error_message",
     "ready_message",
     "resolved_message",
     "restart_message",
@@ -144,6 +146,8 @@ _OBSERVED = (
     events.ServerReady,
     events.ServerAdopted,
     events.ServerGaveUp,
+    events.ServerInternalError,
+    events.RouterInternalError,
     events.ServerUnhealthy,
     events.RestartScheduled,
     events.RouterReady,
@@ -423,6 +427,8 @@ class SlackNotifier:
                 return [ready_message(server, info, event, failures=failures, origin=origin)]
             case events.ServerGaveUp():
                 return [gave_up_message(server, info, event, failures=failures, origin=origin)]
+            case events.ServerInternalError() | events.RouterInternalError():
+                return [internal_error_message(server, info, event, origin=origin)]
             case events.ServerUnhealthy():
                 return [unhealthy_message(server, info, event, ready=ready, origin=origin)]
             case events.RestartScheduled():

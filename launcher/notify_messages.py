@@ -24,6 +24,7 @@ from launcher.params import LaunchParams
 
 _EVIDENCE_LINE_MAX = 300
 _LEDGER_MAX = 15
+_TRACEBACK_LINES = 12  # of an internal error's traceback in its message
 # Slack's limits (slack_sdk's HeaderBlock / SectionBlock check them: ``checked_blocks``);
 # clipped to fit, with room.
 _SECTION_MAX = 2900
@@ -54,6 +55,7 @@ class Kind(enum.StrEnum):
     UNHEALTHY = "unhealthy"
     RESTART = "restart"
     ADOPTED = "adopted"
+    INTERNAL_ERROR = "internal_error"
 
 
 ALERTS = (Kind.GAVE_UP, Kind.UNHEALTHY, Kind.RESTART)
@@ -191,6 +193,32 @@ def adopted_message(
             "nothing relaunched")
     blocks = [_header(f":link: {server} adopted"), _facts(info, params, attempt)]
     return _message(server, Kind.ADOPTED, text, blocks, origin, event.attempt)
+
+
+def internal_error_message(
+    server: str, info: ServerInfo,
+    event: events.ServerInternalError | events.RouterInternalError, *,
+    origin: Origin = _NOWHERE,
+) -> Message:
+    """The message for ``server.internal_error`` (and ``router.internal_error``: ``server``
+    is the router's name): supervising ``server`` failed with an exception launcher did not
+    expect (a bug). Its supervision ended, given up; every other server's goes on. The
+    server itself may still run on its host, unsupervised."""
+    lines = event.traceback.splitlines()[-_TRACEBACK_LINES:]
+    text = (f"[FIRING] {server} on {info.host} ({info.model}): launcher's supervision of it "
+            f"failed with an internal error and ended: {event.error}. Other servers are still "
+            "supervised; the server may still run unsupervised: restart launcher (or the "
+            "service) to supervise it again, and report the error")
+    blocks = [
+        _header(f":boom: [FIRING] {server}: launcher internal error"),
+        _facts(info, "?", _attempt_no(event.attempt)),
+        _section(f"*Error*\n{_esc(event.error)}\n\nSupervision of this server ended (given "
+                 "up); the others go on. The server may still run on its host, unsupervised: "
+                 "restart launcher to supervise it again, and report the error."),
+    ]
+    if lines:
+        blocks.append(_section(f"*Traceback* (end)\n{_code(lines)}"))
+    return _message(server, Kind.INTERNAL_ERROR, text, blocks, origin, event.attempt)
 
 
 def gave_up_message(

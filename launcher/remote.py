@@ -55,6 +55,7 @@ from launcher.errors import (
     RemoteCommandError,
     StateError,
 )
+from launcher.numbers import bounded_float, bounded_int
 from launcher.remote_preflight import _PORT as _PORT
 from launcher.remote_preflight import detect_sglang_version as detect_sglang_version
 from launcher.remote_preflight import path_exists as path_exists
@@ -375,8 +376,9 @@ def _number(transport: Transport, where: str, what: str, text: str | bytes) -> i
     must never stop the supervision, status or stop of anything else."""
     value = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
     value = value.strip()
-    if value.isascii() and value.isdigit() and len(value) <= 18:
-        return int(value)
+    number = bounded_int(value)
+    if number is not None:
+        return number
     log.warning("remote.attempt_corrupt", host=transport.host_name, dir=where, file=what,
                 value=value[:80])
     return None
@@ -506,9 +508,10 @@ async def _recover_launch(transport: Transport, spec: AttemptSpec) -> bytes | No
 
 def _parse_launched(transport: Transport, spec: AttemptSpec, stdout: bytes) -> RunHandle:
     pid_text, sep, directory = stdout.decode("utf-8", "surrogateescape").partition("\n--\n")
-    if not sep or not pid_text.strip().isdigit():
+    pid = bounded_int(pid_text.strip())
+    if not sep or pid is None:
         raise LogFormatError(f"launch on {transport.host_name} printed {stdout[:200]!r}")
-    return RunHandle(spec.server, spec.attempt, directory, int(pid_text))
+    return RunHandle(spec.server, spec.attempt, directory, pid)
 
 
 async def probe(transport: Transport, handle: RunHandle) -> RunStatus:
@@ -529,7 +532,7 @@ async def _exit_status(transport: Transport, handle: RunHandle, wait_s: float) -
     ticks = str(math.ceil(wait_s / 0.05))
     result = await transport.run(_sh(_EXIT_STATUS, handle.dir, ticks), timeout=wait_s + 30.0)
     text = result.stdout.strip()
-    return int(text) if text.isdigit() else None
+    return _number(transport, handle.dir, "exit_status", text) if text else None
 
 
 async def read_log(
@@ -570,12 +573,10 @@ async def log_age(transport: Transport, handle: RunHandle) -> float:
     """
     result = await transport.run(_sh(_LOG_AGE, handle.dir))
     _fail(transport, "log age", result)
-    try:
-        now, mtime = (float(f) for f in result.stdout.split())
-    except ValueError:
-        raise LogFormatError(
-            f"log age on {transport.host_name} printed {result.stdout[:200]!r}") from None
-    return max(0.0, now - mtime)
+    figures = [bounded_float(f.decode("ascii", "replace")) for f in result.stdout.split()]
+    if len(figures) != 2 or figures[0] is None or figures[1] is None:
+        raise LogFormatError(f"log age on {transport.host_name} printed {result.stdout[:200]!r}")
+    return max(0.0, figures[0] - figures[1])
 
 
 # $1 dir, $2 bytes. The end of the log.
@@ -685,15 +686,19 @@ def _hold_back(data: bytes, marker: bytes) -> tuple[bytes, bytes]:
 
 
 def _parse_trailer(trailer: bytes | None) -> tuple[bool, int | None, int] | None:
-    """(alive, exit status, log size) from the follower's trailer; None if it is incomplete."""
+    """(alive, exit status, log size) from the follower's trailer; None if it is incomplete
+    or a number in it is out of bounds (the caller then asks the host, which reports a
+    corrupt ``exit_status`` as ``remote.attempt_corrupt``)."""
     if trailer is None or not trailer.endswith(b"\n"):
         return None
     fields = trailer.split()
-    if len(fields) != 3 or fields[0] not in (b"0", b"1") or not fields[2].isdigit():
+    if len(fields) != 3 or fields[0] not in (b"0", b"1"):
         return None
-    if fields[1] != b"-" and not fields[1].isdigit():
+    size = bounded_int(fields[2])
+    status = None if fields[1] == b"-" else bounded_int(fields[1])
+    if size is None or (status is None and fields[1] != b"-"):
         return None
-    return fields[0] == b"1", None if fields[1] == b"-" else int(fields[1]), int(fields[2])
+    return fields[0] == b"1", status, size
 
 
 async def _finish(
@@ -717,7 +722,8 @@ async def _finish(
 async def _members(transport: Transport, handle: RunHandle) -> list[int]:
     result = await transport.run(_sh(_MEMBERS, handle.dir))
     _fail(transport, "process listing", result)
-    return [int(p) for p in result.stdout.split()]
+    pids = (bounded_int(p) for p in result.stdout.split())
+    return [p for p in pids if p is not None]
 
 
 async def _wait_gone(transport: Transport, handle: RunHandle, seconds: float) -> list[int]:

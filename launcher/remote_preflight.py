@@ -16,7 +16,7 @@ from typing import Any
 
 from launcher.errors import ConfigError, RemoteCommandError
 from launcher.remote_shell import _PRELUDE, _fail, _sh
-from launcher.sglang.versions import DEFAULT_VERSION
+from launcher.sglang.versions import DEFAULT_VERSION, MAX_COMPONENT_DIGITS
 from launcher.transport.base import Transport
 
 _VERSION_REMEDY = "set sglang_version in the config"
@@ -223,6 +223,15 @@ def version_probe_argv(command: Sequence[str]) -> list[str]:
     ])
 
 
+def _plausible_version(version: str) -> bool:
+    """A PEP 440-ish version of at most 64 characters whose dotted numeric components have
+    at most MAX_COMPONENT_DIGITS digits each (``versions.version_tuple`` reads them)."""
+    if len(version) > 64 or not re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version):
+        return False
+    return all(len(piece) <= MAX_COMPONENT_DIGITS for piece in version.split(".")
+               if piece.isdigit())
+
+
 async def detect_sglang_version(transport: Transport, command: list[str]) -> str:
     """The sglang version installed where ``command`` would run.
 
@@ -231,13 +240,15 @@ async def detect_sglang_version(transport: Transport, command: list[str]) -> str
     and the remedy) when the probe fails or prints something that is not a version.
     """
     if any(_SIM_MODULE in arg for arg in command):
-        result = await transport.run(_sh('printf %s "${SGLANG_SIM_VERSION-}"'))
-        return result.stdout.decode().strip() or DEFAULT_VERSION
-    argv = version_probe_argv(command)
-    result = await transport.run(argv, timeout=60.0)
-    _fail(transport, "sglang version probe", result, remedy=_VERSION_REMEDY)
-    version = result.stdout.decode("utf-8", "replace").strip()
-    if not re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version):
+        argv = _sh('printf %s "${SGLANG_SIM_VERSION-}"')
+        result = await transport.run(argv)
+        version = result.stdout.decode("utf-8", "replace").strip() or DEFAULT_VERSION
+    else:
+        argv = version_probe_argv(command)
+        result = await transport.run(argv, timeout=60.0)
+        _fail(transport, "sglang version probe", result, remedy=_VERSION_REMEDY)
+        version = result.stdout.decode("utf-8", "replace").strip()
+    if not _plausible_version(version):
         raise RemoteCommandError(
             f"sglang version probe on {transport.host_name} printed {version[:200]!r}",
             host=transport.host_name, command=shlex.join(argv), exit_status=0,

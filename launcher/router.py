@@ -41,7 +41,14 @@ import structlog
 from launcher import events, health, remote
 from launcher.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
 from launcher.config import Config, RouterConfig, ServerConfig, worker_url
-from launcher.errors import HostUnreachable, LauncherError, is_transient
+from launcher.errors import (
+    HostUnreachable,
+    LauncherError,
+    describe_exception,
+    format_traceback,
+    is_transient,
+)
+from launcher.eventlog import level_of
 from launcher.router_api import RouterClient, normalize
 from launcher.sglang.flags import SECRET_ARG_ENV, mask_secret_flags
 from launcher.transport.base import Transport
@@ -49,7 +56,7 @@ from launcher.transport.base import Transport
 # Server events after which a server must not be a worker any more.
 LEAVE_EVENTS = (
     events.ProcessDied, events.AttemptFailed, events.ServerUnhealthy, events.ServerGaveUp,
-    events.StallDetected,
+    events.StallDetected, events.ServerInternalError,
 )
 _BEFORE_STOP_WAIT_S = 10.0  # a stop waits at most this long for the deregistration
 _RETRY_S = 1.0  # the next reconcile after a failed call
@@ -460,6 +467,14 @@ class RouterSupervisor:
                     await self._stop(self.handle, "launcher stopping")
                 self.state = "stopped"
             raise
+        except Exception as exc:  # never cancellation (BaseException), handled above
+            # A bug in the router's supervision: give the router up, keep the servers
+            # (security review 2026-12-05, finding H1). The router keeps running, unsupervised.
+            self.state = "gave_up"
+            self._emit(events.RouterInternalError(
+                error=describe_exception(exc), traceback=format_traceback(exc),
+                attempt=self.attempt or None))
+            return self.state
 
     async def _survey(self) -> remote.Survey:
         waits = Doubling(0.5, _RETRY_MAX_S)
@@ -590,7 +605,7 @@ class RouterSupervisor:
             return True
 
     def _emit(self, event: events.Event) -> None:
-        self.log.info(event.name, **event.to_dict())
+        self.log.log(level_of(event), event.name, **event.to_dict())
         for hook in self.hooks:
             hook(self.router.name, event)
 

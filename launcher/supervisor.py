@@ -26,7 +26,6 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
 
 import anyio
@@ -51,6 +50,8 @@ from launcher.errors import (
     LauncherError,
     PreflightError,
     StateError,
+    describe_exception,
+    format_traceback,
     is_transient,
 )
 from launcher.eventlog import level_of
@@ -90,6 +91,7 @@ from launcher.lifecycle import (
     WaitForGpus,
 )
 from launcher.notify import Redactor
+from launcher.numbers import parse_stamp
 from launcher.params import LaunchParams
 from launcher.policy import AttemptRecord, Bounds
 from launcher.remote_preflight import PortHolder, port_holder
@@ -597,10 +599,11 @@ class ServerSupervisor:
         its check)."""
         try:
             files = await remote.attempt_files(self.transport, handle)
-            stamp = datetime.fromisoformat(files["started_at"])
-        except (LauncherError, ValueError, KeyError):
+        except LauncherError:
             return None
-        return stamp.timestamp()
+        # a forged or corrupt one (no zone, year 1, garbage) is unknown, not a crash
+        stamp = parse_stamp(files.get("started_at", "")[:256])
+        return None if stamp is None else stamp.timestamp()
 
     async def _params_of(self, handle: remote.RunHandle) -> LaunchParams:
         """Recover the params of an adopted attempt from its command file: the server's argv,
@@ -931,8 +934,14 @@ class ServerSupervisor:
                 answer = await hf.probe(self.server.port, deadline_s)
             except HostKeyError:
                 raise
-            except LauncherError as exc:
+            except HostUnreachable as exc:
                 return False, f"{type(exc).__name__}: {exc}"
+            except LauncherError as exc:
+                # The agent's channel ended (the agent died, e.g. on a forged attempt file):
+                # not this server's failure. Ask the server the plain way this once; the
+                # next probe starts a new agent (security review 2026-12-05, finding L3).
+                self.log.info("probe.agent_lost", error=str(exc)[:200])
+                answer = None
             if answer is not None:
                 return answer
         return await health.probe_health(connect, deadline_s)
@@ -1008,6 +1017,28 @@ class ServerSupervisor:
                     ))
                     return
             await self._outage_wait(waits.next())
+
+    async def internal_error(self, exc: Exception) -> None:
+        """Supervision raised ``exc``, which nothing expected (a bug, or input no parser
+        bounds): log it with its traceback as ``server.internal_error`` (an ERROR), hand it
+        to the hooks (Slack, metrics: the server shows as given up), give the server up
+        (state, reason, the attempt's ``gave_up`` file for `status`: best effort, bounded).
+        The server itself keeps running, unsupervised. Never raises (cancellation aside)."""
+        error = describe_exception(exc)
+        reason = f"launcher internal error: {error}"
+        self.machine.abandon(reason)
+        self._state_since = self.clock()
+        att = self._attempt
+        try:
+            self._emit(events.ServerInternalError(
+                error=error, traceback=format_traceback(exc),
+                attempt=att.handle.attempt if att is not None else None))
+        except Exception:  # logging and the hooks must not take the others down either
+            self.log.exception("server.internal_error_unreported")
+        if att is not None:
+            await self._mark_gave_up(att.handle, reason)
+        if self.on_change is not None:
+            self.on_change()
 
     async def _mark_gave_up(self, handle: remote.RunHandle, reason: str) -> None:
         """Leave the give-up on the host (see remote.mark_gave_up); best effort, bounded: a
@@ -1143,7 +1174,13 @@ async def supervise_all(
         async with anyio.create_task_group() as tg:
 
             async def one(sup: ServerSupervisor) -> None:
-                results[sup.server.name] = await sup.run()
+                try:
+                    results[sup.server.name] = await sup.run()
+                except Exception as exc:  # never cancellation (BaseException): that one ends
+                    # One server's supervision failed (a bug): give that one up and keep
+                    # the others (security review 2026-12-05, finding H1).
+                    await sup.internal_error(exc)
+                    results[sup.server.name] = sup.state
                 on_change()
 
             async def ticks(tick: Callable[[], Awaitable[None]]) -> None:

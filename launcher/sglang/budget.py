@@ -81,6 +81,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from launcher.numbers import finite_number
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import (
     SPEC_DEFAULT_MAX_RUNNING_REQUESTS,
@@ -225,13 +226,23 @@ class HybridFacts:
         return conv * self.linear_layers, ssm * self.linear_layers
 
 
+CONFIG_MAX = 2**40  # bound of a config.json figure (layers, sizes, heads)
+WEIGHT_BYTES_MAX = 2**50  # bound of a model's weight bytes (1 PiB; 1T params in BF16 is 2 TB)
+
+
 def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
+    """The first of ``keys`` that holds a non-negative number, as an int. NoEstimate when
+    none does and there is no default, or when one is not finite or above CONFIG_MAX (JSON
+    reads ``1e400`` as ``inf``, and no model dimension comes near 2**40)."""
     for k in keys:
         v = cfg.get(k)
-        if isinstance(v, bool):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             continue
-        if isinstance(v, (int, float)) and v >= 0:
-            return int(v)
+        number = finite_number(v, limit=CONFIG_MAX)
+        if number is None:
+            raise NoEstimate(f"config.json's {k} = {str(v)[:40]} is not a finite number "
+                             f"of at most 2**40: fix the model's config.json")
+        return number
     if default is None:
         raise NoEstimate(f"config.json has no {keys[0]}")
     return default
@@ -441,7 +452,7 @@ def _hybrid_facts(cfg: Mapping[str, Any], layers: int) -> tuple[int | None, Hybr
         if isinstance(types, list) and types:
             full = sum(1 for t in types if t == "full_attention")
         elif isinstance(interval, int) and interval > 0:
-            full = sum(1 for i in range(layers) if (i + 1) % interval == 0)
+            full = layers // interval  # layers i with (i + 1) % interval == 0
         else:
             raise NoEstimate(
                 "hybrid config.json has neither layer_types nor full_attention_interval")
@@ -488,7 +499,11 @@ def weight_bytes_from_index(index: Mapping[str, Any]) -> int:
     size = meta.get("total_size") if isinstance(meta, Mapping) else None
     if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
         raise NoEstimate("model.safetensors.index.json has no positive metadata.total_size")
-    return int(size)
+    number = finite_number(size, limit=WEIGHT_BYTES_MAX)
+    if number is None:
+        raise NoEstimate(f"model.safetensors.index.json's metadata.total_size = {str(size)[:40]}"
+                         " is not a finite number of at most 2**50 bytes")
+    return number
 
 
 def weight_bytes_from_header(header: Mapping[str, Any]) -> int:

@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from launcher.numbers import bounded_float, bounded_int
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Numbers
 from launcher.sglang.phases import GraphPass, Phase
@@ -203,14 +204,18 @@ class ParsedLine:
         """The rank parts as a dict, e.g. ``{"DP": 0, "TP": 1}``; empty when there are none."""
         if self.rank is None:
             return {}
-        return {name: int(n) for name, n in _RANK_PART.findall(self.rank)}
+        parts = ((name, bounded_int(n)) for name, n in _RANK_PART.findall(self.rank))
+        return {name: n for name, n in parts if n is not None}
 
     @property
     def when(self) -> datetime | None:
         """The timestamp as a naive datetime (SGLang logs local time without a zone)."""
         if self.timestamp is None:
             return None
-        stamp = datetime.strptime(self.timestamp, "%Y-%m-%d %H:%M:%S")
+        try:  # the prefix's shape allows month 13 or hour 99
+            stamp = datetime.strptime(self.timestamp, "%Y-%m-%d %H:%M:%S")
+        except ValueError:
+            return None
         return stamp.replace(microsecond=(self.millis or 0) * 1000)
 
 
@@ -233,7 +238,7 @@ def parse_line(line: str) -> ParsedLine:
         message=message,
         source=source,
         timestamp=stamp,
-        millis=int(millis) if millis else None,
+        millis=bounded_int(millis, max_digits=3),
         rank=rank,
         level=level,
     )
@@ -410,13 +415,15 @@ _OOM_OLD = re.compile(
 )
 
 
-def parse_size_gib(number: str, unit: str) -> float:
+def parse_size_gib(number: str, unit: str) -> float | None:
     """``("448.00", "MiB")`` -> 0.4375. torch's ``format_size`` units, and the "GB" SGLang
-    prints for what is really GiB. Raises ValueError for an unknown unit."""
+    prints for what is really GiB. None when ``number`` is out of bounds (``bounded_float``).
+    Raises ValueError for an unknown unit."""
     factor = _SIZE_UNITS.get(unit.lower())
     if factor is None:
         raise ValueError(f"unknown size unit {unit!r}")
-    return float(number) * factor
+    value = bounded_float(number)
+    return None if value is None else value * factor
 
 
 @dataclass(frozen=True)
@@ -448,7 +455,7 @@ def parse_oom(text: str) -> OomFigures | None:
         tried_gib=tried_gib,
         free_gib=parse_size_gib(free_n, free_u),
         total_gib=parse_size_gib(total_n, total_u),
-        gpu=int(gpu),
+        gpu=bounded_int(gpu),
     )
 
 
@@ -483,15 +490,15 @@ def fill_error_figures(numbers: Numbers, message: str, *, overwrite: bool) -> No
         numbers.total_gib, numbers.gpu = oom.total_gib, oom.gpu
     m = _MIN_VIABLE.search(message) or _RAISE_ABOVE.search(message)
     if m is not None:
-        numbers.min_mem_fraction = float(m.group(1))
+        numbers.min_mem_fraction = bounded_float(m.group(1))
     m = _MFS_STATED.search(message)
     if m is not None:
-        numbers.mem_fraction_static = float(m.group(1) or m.group(2))
+        numbers.mem_fraction_static = bounded_float(m.group(1) or m.group(2))
     if "mamba/linear-attention" in message:
         if m := _MAMBA_SIZE_STATED.search(message):
-            numbers.mamba_cache_size = int(m.group(1))
+            numbers.mamba_cache_size = bounded_int(m.group(1), signed=True)
         if m := _MAMBA_PER_REQ.search(message):
-            numbers.mamba_per_req_mib = float(m.group(1))
+            numbers.mamba_per_req_mib = bounded_float(m.group(1))
     if m := _USE_STRATEGY.search(message):
         numbers.prescribed_mamba_strategy = m.group(1)
         env = _SET_ENV.findall(message)
@@ -815,6 +822,15 @@ def is_routine(line: str) -> bool:
     return _cannot_matter(parse_line(line))
 
 
+def _sum_gib(values: tuple[str | None, ...]) -> float | None:
+    """The sum of the GB figures a pool line states (None ones absent), rounded to 0.01;
+    None when one of them is out of bounds."""
+    figures = [bounded_float(v) for v in values if v is not None]
+    if None in figures:
+        return None
+    return round(sum(f for f in figures if f is not None), 2)
+
+
 def graph_pass_of(message: str, *, speculative: bool) -> GraphPass:
     """The capture pass a ``Capture ... begin`` message opens (see ``GraphPass``).
 
@@ -1068,7 +1084,9 @@ class LogFollower:
             events.extend(self._enter(phase, rank))
 
         def figure(name: Figure, value: str) -> None:
-            events.append(self._figure(name, float(value), rank))
+            gib = bounded_float(value)
+            if gib is not None:  # a figure out of bounds is no figure
+                events.append(self._figure(name, gib, rank))
 
         if p.source is Source.UVICORN:
             if _HTTP_UP.match(msg):
@@ -1096,8 +1114,9 @@ class LogFollower:
             kind = _WEIGHT_TYPE.search(msg)
             if kind is not None and _DRAFT_TYPE.search(kind.group(1)):
                 # The draft model (speculative decoding): not a second target.
-                self._draft_weights[rank or _NO_RANK] = float(m.group(2))
-                self.numbers.draft_weights_gib = max(self._draft_weights.values())
+                if (draft := bounded_float(m.group(2))) is not None:
+                    self._draft_weights[rank or _NO_RANK] = draft
+                    self.numbers.draft_weights_gib = max(self._draft_weights.values())
             else:
                 enter(Phase.KV_CACHE)
                 figure(Figure.WEIGHT_END_AVAIL, m.group(1))
@@ -1107,13 +1126,11 @@ class LogFollower:
         ):
             enter(Phase.KV_CACHE)
             if (m := _MAMBA_ALLOC.search(msg)) and self.numbers.mamba_cache_size is None:
-                self.numbers.mamba_cache_size = int(m.group(1))
-                self.numbers.mamba_state_gib = round(
-                    sum(float(v) for v in m.groups()[1:] if v is not None), 2
-                )
+                self.numbers.mamba_cache_size = bounded_int(m.group(1))
+                self.numbers.mamba_state_gib = _sum_gib(m.groups()[1:])
             if m := _KV_ALLOC.search(msg):
                 if self.numbers.kv_tokens is None:
-                    self.numbers.kv_tokens = int(m.group(1))
+                    self.numbers.kv_tokens = bounded_int(m.group(1))
                 self._kv_pool(msg[: m.start()].strip(), m, rank)
                 k, v, kv = m.group(2, 3, 4)
                 for name, value in ((Figure.KV_K_SIZE, k), (Figure.KV_V_SIZE, v),
@@ -1125,26 +1142,28 @@ class LogFollower:
         elif _GRAPH_BEGIN.match(msg):
             enter(Phase.CUDA_GRAPH)
             avail = _AVAIL.search(msg)
-            self._begin_pass(msg, rank, float(avail.group(1)) if avail else None)
+            self._begin_pass(msg, rank, bounded_float(avail.group(1)) if avail else None)
             if avail is not None:
                 figure(Figure.GRAPH_BEGIN_AVAIL, avail.group(1))
         elif m := _SPEC_RESET.match(msg):
             if self.numbers.max_running_requests is None:
-                self.numbers.max_running_requests = int(m.group(1))
+                self.numbers.max_running_requests = bounded_int(m.group(1))
         elif m := _GRAPH_END.match(msg):
             key = rank or _NO_RANK
             self._rank_ends[key] = self._rank_ends.get(key, 0) + 1
             self.numbers.graph_passes_ended = max(self._rank_ends.values())
             figure(Figure.GRAPH_END_USAGE, m.group(1))
             figure(Figure.GRAPH_END_AVAIL, m.group(2))
-            self._end_pass(msg, rank, float(m.group(1)))
+            if (usage := bounded_float(m.group(1))) is not None:
+                self._end_pass(msg, rank, usage)
         elif m := _SUMMARY.match(msg):
             enter(Phase.WARMUP)
-            self.numbers.max_total_num_tokens = int(m.group(1))
-            self.numbers.ready_avail_gib = float(m.group(2))
+            self.numbers.max_total_num_tokens = bounded_int(m.group(1))
+            self.numbers.ready_avail_gib = bounded_float(m.group(2))
             figure(Figure.SUMMARY_AVAIL, m.group(2))
         if msg.startswith("Capture ") and (m := _CAPTURE_BS_LIST.search(msg)):
-            largest = max((int(b) for b in m.group(1).split(",") if b.strip()), default=None)
+            sizes = (bounded_int(b.strip()) for b in m.group(1).split(","))
+            largest = max((b for b in sizes if b is not None), default=None)
             if largest is not None:
                 n = self.numbers
                 n.graph_captured_max_bs = max(largest, n.graph_captured_max_bs or 0)
@@ -1153,14 +1172,19 @@ class LogFollower:
     def _bars(self, msg: str) -> list[LogEvent]:
         events: list[LogEvent] = []
         if m := _SHARD_BAR.match(msg):
-            phase, done, total = Phase.WEIGHTS, int(m.group(1)), int(m.group(2))
+            phase, done, total = Phase.WEIGHTS, bounded_int(m.group(1)), bounded_int(m.group(2))
+            if done is None or total is None:  # a bar out of bounds is no bar
+                return events
         elif m := _GRAPH_BAR.match(msg):
-            phase, done, total = Phase.CUDA_GRAPH, int(m.group(2)), int(m.group(3))
+            phase, done, total = Phase.CUDA_GRAPH, bounded_int(m.group(2)), bounded_int(m.group(3))
+            if done is None or total is None:
+                return events
             self.numbers.graph_steps_done, self.numbers.graph_steps_total = done, total
             if bs := _BAR_BS.search(m.group(1)):
-                self.numbers.graph_last_bs = int(bs.group(1))
-            if avail := _BAR_AVAIL.search(m.group(1)):
-                gib = float(avail.group(1))
+                self.numbers.graph_last_bs = bounded_int(bs.group(1))
+            if (avail := _BAR_AVAIL.search(m.group(1))) and (
+                gib := bounded_float(avail.group(1))
+            ) is not None:
                 events.append(self._figure(Figure.GRAPH_PROGRESS_AVAIL, gib, None))
                 self.numbers.graph_last_avail_gib = gib
         else:
@@ -1247,7 +1271,9 @@ class LogFollower:
         decoding allocates the draft's pool after the target's, in both 0.5.10 and 0.5.23).
         """
         key = rank or _NO_RANK
-        gib = sum(float(v) for v in m.groups()[1:] if v is not None)
+        gib = _sum_gib(m.groups()[1:])
+        if gib is None:
+            return
         labels = self._kv_labels.setdefault(key, set())
         n = self.numbers
         if label not in labels:
@@ -1260,7 +1286,7 @@ class LogFollower:
         if n.speculative:  # the policy's reading of the same pool (model_runner_kv_cache_mixin
             n.draft_kv_gib = n.draft_kv_pool_gib  # 0.5.10, kv_cache_configurator.py 0.5.23)
         if n.draft_kv_tokens is None:
-            n.draft_kv_tokens = int(m.group(1))
+            n.draft_kv_tokens = bounded_int(m.group(1))
 
     def _args_dump(self, msg: str) -> None:
         n = self.numbers
@@ -1271,9 +1297,9 @@ class LogFollower:
             value = m.group(1)
             if name in ("speculative_algorithm", "mamba_strategy"):
                 setattr(n, name, value)
-            elif value.isdigit():
-                setattr(n, name, int(value))
+            elif (number := bounded_int(value)) is not None:
+                setattr(n, name, number)
         if m := _ARGS_MFS.search(msg):
-            self.numbers.mem_fraction_static = float(m.group(1))
+            self.numbers.mem_fraction_static = bounded_float(m.group(1))
         if m := _ARGS_GRAPH_BS.search(msg):
-            self.numbers.cuda_graph_max_bs = int(m.group(1))
+            self.numbers.cuda_graph_max_bs = bounded_int(m.group(1))

@@ -7,6 +7,8 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from launcher.numbers import bounded_int
+
 __all__ = [
     "AUTO_TABLE_2_FROM",
     "DECODE_SPELLING_FROM",
@@ -65,13 +67,18 @@ ONE_STATIC_BUDGET_FROM: Version = (0, 5, 23)
 STATED_MINIMUM_FROM: Version = (0, 5, 23)
 
 
+MAX_COMPONENT_DIGITS = 9  # of one dotted component of a version ("0.5.23": 1, 1, 2)
+
+
 def version_tuple(version: str) -> Version:
-    """'0.5.23' -> (0, 5, 23); '0.5.6.post2' -> (0, 5, 6); stops at the first non-number."""
+    """'0.5.23' -> (0, 5, 23); '0.5.6.post2' -> (0, 5, 6); stops at the first non-number,
+    or at a component of more than MAX_COMPONENT_DIGITS digits (the host's text)."""
     parts: list[int] = []
     for piece in version.split("."):
-        if not piece.isdigit():
+        number = bounded_int(piece, max_digits=MAX_COMPONENT_DIGITS)
+        if number is None:
             break
-        parts.append(int(piece))
+        parts.append(number)
     return tuple(parts)
 
 

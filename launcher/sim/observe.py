@@ -32,7 +32,9 @@ def _torch_gib(value: float) -> float:
     """A size as torch's OOM message prints it (``format_size``: bytes, KiB, MiB or GiB to two
     decimals), read back as the classifier reads it: 8 MiB is 0.0078125, not 0.01."""
     number, unit = format_size(value).split()
-    return parse_size_gib(number, unit)
+    gib = parse_size_gib(number, unit)
+    assert gib is not None, number  # format_size prints a few digits
+    return gib
 
 
 def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Phase, Numbers]:
