@@ -27,11 +27,9 @@ ROOT = Path(__file__).resolve().parent / "fixtures" / "real_startups"
 SOURCE_KINDS = frozenset({"sglang-docs", "github-issue", "other"})
 KINDS = frozenset({"dense", "moe", "mla", "speculative", "hybrid", "multimodal", "quantized"})
 ID_PATTERN = re.compile(r"^(docs|gh\d+|ext-[a-z0-9]+(-[a-z0-9]+)*)-[a-z0-9]+(-[a-z0-9]+)*$")
-# Figures that are counts, not sizes or times; a draft_ prefix names the draft model's own.
-COUNT_FIGURES = frozenset(
-    {"kv_tokens", "max_total_num_tokens", "max_running_requests", "context_len",
-     "max_mamba_cache_size", "swa_kv_tokens"}
-)
+# Figures that are counts, not sizes or times (kv_tokens, max_total_num_tokens, context_len,
+# max_running_requests, max_mamba_cache_size, ...); a draft_ prefix names the draft model's own.
+COUNT_SUFFIXES = ("tokens", "_len", "_requests", "_cache_size", "_count", "_bs")
 # Every other figure carries its unit in its name.
 UNIT_SUFFIXES = ("_gb", "_gib", "_s")
 # SGLang prints GB with two decimals; a difference of two printed figures is off by at most
@@ -154,8 +152,7 @@ def _figures(raw: Mapping[str, Any], where: Path) -> dict[str, float | int]:
     for key, value in raw.items():
         if key == "graph_passes":
             continue
-        base = key.removeprefix("draft_")
-        if base in COUNT_FIGURES:
+        if key.endswith(COUNT_SUFFIXES):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise _fail(where, f"[figures] {key} = {value!r}: a count is a whole number >= 0")
         elif key.endswith(UNIT_SUFFIXES):
@@ -164,8 +161,8 @@ def _figures(raw: Mapping[str, Any], where: Path) -> dict[str, float | int]:
         else:
             raise _fail(
                 where,
-                f"[figures] {key}: name the unit ({', '.join(UNIT_SUFFIXES)}) or use a known "
-                f"count ({', '.join(sorted(COUNT_FIGURES))})",
+                f"[figures] {key}: end the name with its unit ({', '.join(UNIT_SUFFIXES)}) "
+                f"or, for a count, with one of {', '.join(COUNT_SUFFIXES)}",
             )
         figures[key] = value
     return figures

@@ -138,7 +138,7 @@ def test_a_case_whose_id_differs_from_its_directory_is_rejected(good_case: Path)
 
 def test_a_figure_without_a_unit_is_rejected(good_case: Path) -> None:
     _edit(good_case, "[figures]\n", "[figures]\nweights = 1.0\n")
-    with pytest.raises(CaseError, match="name the unit"):
+    with pytest.raises(CaseError, match="end the name with its unit"):
         load_case(good_case)
 
 
