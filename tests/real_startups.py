@@ -2,11 +2,12 @@
 
 A case directory holds ``log.txt`` (verbatim log lines of one start-up), ``config.json`` (the
 model's official Hugging Face config), ``draft_config.json`` when a separate speculative draft
-model has its own config, and ``case.toml`` (provenance, layout, flags and every figure the log
-shows, units in the key names). ``load_case`` reads one directory into a typed ``Case`` and
-rejects it with ``CaseError`` (naming the file, the key and the fix) when it does not follow the
-schema or its figures contradict each other; ``load_cases`` reads every directory under the
-root. The loader takes any case directory, whichever source prefix (``docs-``, ``gh<n>-``,
+model has its own config (``draft_config_exact`` says whether it is the draft repo's own file or
+a reference config of the same geometry), and ``case.toml`` (provenance, layout, flags and every
+figure the log shows, units in the key names). ``load_case`` reads one directory into a typed
+``Case`` and rejects it with ``CaseError`` (naming the file, the key and the fix) when it does not
+follow the schema or its figures contradict each other; ``load_cases`` reads every directory
+under the root. The loader takes any case directory, whichever source prefix (``docs-``, ``gh<n>-``,
 ``ext-<repo>-``) it has.
 """
 
@@ -35,6 +36,9 @@ UNIT_SUFFIXES = ("_gb", "_gib", "_s")
 # SGLang prints GB with two decimals; a difference of two printed figures is off by at most
 # one unit in the last place of each.
 TOLERANCE_GB = 0.02
+# "mem usage" figures are SGLang's difference of two free-memory readings, so they go negative
+# when free memory rises during the phase (an EAGLE-3 draft graph capture prints -0.14 GB).
+SIGNED_SUFFIX = "mem_usage_gb"
 
 REQUIRED_STR = (
     "id", "source_url", "source_kind", "retrieved", "config_url", "draft_config_url",
@@ -128,6 +132,21 @@ class Case:
     log: str
     config: Mapping[str, Any]
     draft_config: Mapping[str, Any] | None
+    # False when draft_config.json is not the draft repo's own file but a reference config of the
+    # same geometry (e.g. SafeAILab/EAGLE's, whose ``architectures`` differs); True otherwise,
+    # including cases without a separate draft.
+    draft_config_exact: bool = True
+
+    @property
+    def kv_pool_tokens(self) -> int | None:
+        """Tokens in the target's KV pool.
+
+        ``kv_tokens`` where the KV line prints ``#tokens``, else ``max_total_num_tokens`` (SGLang
+        before 0.4.3.post3 printed the KV line without ``#tokens``, and before 0.4.1.post7 no KV
+        line at all); None when neither is shown.
+        """
+        value = self.figures.get("kv_tokens", self.figures.get("max_total_num_tokens"))
+        return None if value is None else int(value)
 
 
 def _fail(where: Path, message: str) -> CaseError:
@@ -156,7 +175,12 @@ def _figures(raw: Mapping[str, Any], where: Path) -> dict[str, float | int]:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise _fail(where, f"[figures] {key} = {value!r}: a count is a whole number >= 0")
         elif key.endswith(UNIT_SUFFIXES):
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+            negative_ok = key.endswith(SIGNED_SUFFIX)
+            if (
+                not isinstance(value, int | float)
+                or isinstance(value, bool)
+                or (value < 0 and not negative_ok)
+            ):
                 raise _fail(where, f"[figures] {key} = {value!r}: write the number the log prints")
         else:
             raise _fail(
@@ -183,10 +207,17 @@ def _graph_passes(raw: Any, where: Path) -> tuple[GraphPass, ...]:
         values: dict[str, float | None] = {}
         for key in PASS_KEYS:
             value = entry.get(key)
+            negative_ok = key == "mem_usage_gb"
             if value is not None and (
-                not isinstance(value, int | float) or isinstance(value, bool) or value < 0
+                not isinstance(value, int | float)
+                or isinstance(value, bool)
+                or (value < 0 and not negative_ok)
             ):
-                raise _fail(where, f"graph_passes[{i}].{key} = {value!r}: a number >= 0")
+                raise _fail(
+                    where,
+                    f"graph_passes[{i}].{key} = {value!r}: a number >= 0 "
+                    "(only mem_usage_gb, a difference, may be negative)",
+                )
             values[key] = None if value is None else float(value)
         passes.append(GraphPass(name=entry["pass"], **values))
     return tuple(passes)
@@ -222,8 +253,14 @@ def _check_consistency(case: Case, where: Path) -> None:
                     f"{prefix}kv_tokens without its size: add {prefix}k_size_gb and "
                     f"{prefix}v_size_gb (or {prefix}kv_size_gb for MLA) as the log prints them",
                 )
-    if "kv_tokens" not in f:
-        raise _fail(where, "[figures] has no kv_tokens: a case reaches 'KV Cache is allocated'")
+    # The pool's token count: "KV Cache is allocated. #tokens: N" (SGLang >= 0.4.3.post3), else
+    # the "max_total_num_tokens=N" line that every version prints once the pool is allocated.
+    if "kv_tokens" not in f and "max_total_num_tokens" not in f:
+        raise _fail(
+            where,
+            "[figures] has neither kv_tokens nor max_total_num_tokens: a case reaches the KV "
+            "pool ('KV Cache is allocated. #tokens' or 'max_total_num_tokens=')",
+        )
     for i, graph in enumerate(case.graph_passes):
         if None not in (graph.begin_avail_gb, graph.end_avail_gb, graph.mem_usage_gb):
             assert graph.begin_avail_gb is not None and graph.end_avail_gb is not None
@@ -307,13 +344,25 @@ def load_case(directory: Path) -> Case:
         log = log_path.read_text(encoding="utf-8")
     except OSError as exc:
         raise _fail(log_path, "missing: the verbatim log lines of the start-up") from exc
-    if "KV Cache is allocated" not in log:
-        raise _fail(log_path, "no 'KV Cache is allocated' line: only complete start-ups belong")
+    # SGLang 0.3.x-0.4.1.post4 printed no "KV Cache is allocated" line; there the
+    # "max_total_num_tokens=" line is the sign that the KV pool was allocated.
+    if "KV Cache is allocated" not in log and "max_total_num_tokens=" not in log:
+        raise _fail(
+            log_path,
+            "no 'KV Cache is allocated' or 'max_total_num_tokens=' line: only start-ups that "
+            "reach the KV pool belong",
+        )
     config = _json_object(directory / "config.json", toml_path)
     draft_path = directory / "draft_config.json"
     draft_config = _json_object(draft_path, toml_path) if draft_path.exists() else None
     if (draft_config is None) != (values["draft_config_url"] == ""):
         raise _fail(toml_path, "draft_config.json and draft_config_url go together (or neither)")
+    if draft_config is not None:
+        draft_config_exact = _get(raw, "draft_config_exact", bool, toml_path)
+    elif "draft_config_exact" in raw:
+        raise _fail(toml_path, "draft_config_exact without a draft_config.json: remove the key")
+    else:
+        draft_config_exact = True
     case = Case(
         path=directory,
         retrieved=retrieved,
@@ -326,6 +375,7 @@ def load_case(directory: Path) -> Case:
         log=log,
         config=config,
         draft_config=draft_config,
+        draft_config_exact=draft_config_exact,
         **values,
     )
     _check_consistency(case, toml_path)
@@ -342,12 +392,21 @@ def load_cases(root: Path = ROOT) -> list[Case]:
     return [load_case(d) for d in case_dirs(root)]
 
 
-_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
+_NUMBER = re.compile(r"(?<![\w.])(-?)(\d+(?:\.\d+)?)")
 
 
 def log_numbers(log: str) -> set[Decimal]:
-    """Every number printed in the log, as exact decimals (``12.00`` and ``12.0`` are equal)."""
-    return {Decimal(token) for token in _NUMBER.findall(log)}
+    """Every number printed in the log, as exact decimals (``12.00`` and ``12.0`` are equal).
+
+    A number printed with a minus sign (``mem usage=-0.14 GB``) is in the set with its sign and
+    without it (the ``-`` may be a separator, as in ``2025-08-11``).
+    """
+    numbers = set()
+    for sign, digits in _NUMBER.findall(log):
+        numbers.add(Decimal(digits))
+        if sign:
+            numbers.add(-Decimal(digits))
+    return numbers
 
 
 def figures_not_in_log(case: Case) -> list[str]:

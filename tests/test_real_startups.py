@@ -173,3 +173,97 @@ def test_held_out_is_not_decided_by_a_case(good_case: Path) -> None:
 
 def test_the_root_is_the_fixture_folder() -> None:
     assert ROOT.name == "real_startups" and ROOT.parent.name == "fixtures"
+
+
+OLD_LOG = """\
+[2024-12-03 20:04:35 TP0] Load weight begin. avail mem=78.59 GB
+[2024-12-03 20:04:39 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=63.50 GB
+[2024-12-03 20:04:39 TP0] Memory pool end. avail mem=8.37 GB
+[2024-12-03 20:04:51 TP0] max_total_num_tokens=442913, max_prefill_tokens=16384, max_running_requests=2049, context_len=131072
+"""  # noqa: E501 (log lines are whole)
+
+
+def _as_old_log(case_dir: Path) -> None:
+    """Turn the synthetic case into a SGLang 0.4.0 start-up: no KV line, max_total only."""
+    (case_dir / "log.txt").write_text(OLD_LOG, encoding="utf-8")
+    path = case_dir / "case.toml"
+    text = path.read_text(encoding="utf-8")
+    head = text[: text.index("[figures]\n")]
+    path.write_text(
+        head + "[figures]\nload_weight_begin_avail_gb = 78.59\nload_weight_end_avail_gb = 63.5\n"
+        "memory_pool_end_avail_gb = 8.37\nmax_total_num_tokens = 442913\n",
+        encoding="utf-8",
+    )
+
+
+def test_an_old_log_without_a_kv_line_loads_by_its_max_total(good_case: Path) -> None:
+    _as_old_log(good_case)
+    case = load_case(good_case)
+    assert case.kv_pool_tokens == 442913
+    assert figures_not_in_log(case) == []
+
+
+def test_a_log_that_never_reaches_the_kv_pool_is_rejected(good_case: Path) -> None:
+    _as_old_log(good_case)
+    log = good_case / "log.txt"
+    log.write_text("".join(OLD_LOG.splitlines(keepends=True)[:3]), encoding="utf-8")
+    with pytest.raises(CaseError, match="reach the KV pool"):
+        load_case(good_case)
+
+
+def test_kv_sizes_without_tokens_load_when_max_total_is_given(good_case: Path) -> None:
+    """SGLang 0.4.1.post7-0.4.3.post2 print 'K size: .. GB, V size: .. GB.' without #tokens."""
+    _edit(good_case, "kv_tokens = 46611\n", "")
+    with pytest.raises(CaseError, match="neither kv_tokens nor max_total_num_tokens"):
+        load_case(good_case)
+    _edit(
+        good_case,
+        "memory_pool_end_avail_gb",
+        "max_total_num_tokens = 46611\nmemory_pool_end_avail_gb",
+    )
+    assert load_case(good_case).kv_pool_tokens == 46611
+
+
+def test_a_negative_graph_mem_usage_is_kept_as_printed(good_case: Path) -> None:
+    """SGLang's 'mem usage' is a difference of two free-memory readings: it can be negative."""
+    log = good_case / "log.txt"
+    log.write_text(
+        SYNTHETIC_LOG
+        + "[2025-08-11 21:42:34] Capture draft cuda graph end. Time elapsed: 6.22 s. "
+        "mem usage=-0.14 GB. avail mem=58.20 GB.\n",
+        encoding="utf-8",
+    )
+    passes = (
+        '\n[[figures.graph_passes]]\npass = "draft"\nbegin_avail_gb = 58.05\n'
+        "end_avail_gb = 58.2\nmem_usage_gb = -0.14\ntime_s = 6.22\n"
+    )
+    (good_case / "case.toml").write_text(
+        (good_case / "case.toml").read_text(encoding="utf-8") + passes, encoding="utf-8"
+    )
+    case = load_case(good_case)
+    assert case.graph_passes[0].mem_usage_gb == -0.14
+    # 58.05 is not printed in this log; every other pass figure is, the negative one included.
+    assert figures_not_in_log(case) == ["graph_passes[0].begin_avail_gb = 58.05"]
+    _edit(good_case, "end_avail_gb = 58.2", "end_avail_gb = -58.2")
+    with pytest.raises(CaseError, match="only mem_usage_gb"):
+        load_case(good_case)
+
+
+def test_a_draft_config_needs_its_exactness_stated(good_case: Path) -> None:
+    (good_case / "draft_config.json").write_text('{"model_type": "llama"}\n', encoding="utf-8")
+    _edit(
+        good_case,
+        'draft_config_url = ""',
+        'draft_config_url = "https://example.org/draft_config.json"',
+    )
+    with pytest.raises(CaseError, match="draft_config_exact"):
+        load_case(good_case)
+    _edit(good_case, "weights_total_bytes", "draft_config_exact = false\nweights_total_bytes")
+    assert load_case(good_case).draft_config_exact is False
+
+
+def test_cases_without_a_draft_count_as_exact(good_case: Path) -> None:
+    assert load_case(good_case).draft_config_exact is True
+    _edit(good_case, "weights_total_bytes", "draft_config_exact = false\nweights_total_bytes")
+    with pytest.raises(CaseError, match=r"without a draft_config\.json"):
+        load_case(good_case)
