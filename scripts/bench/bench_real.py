@@ -293,6 +293,9 @@ def evaluate(case: Case, coeffs: Coefficients = DEFAULT_COEFFICIENTS) -> Row:
     row = Row(case.id, split(case.id), mfs, mfs_auto, bs)
 
     weights_log = _opt(f.get("weight_mem_usage_gb"))
+    if weights_log is None and "load_weight_begin_avail_gb" in f and \
+            "load_weight_end_avail_gb" in f:  # SGLang <= 0.4.1 prints no "mem usage"
+        weights_log = float(f["load_weight_begin_avail_gb"]) - float(f["load_weight_end_avail_gb"])
     row.weights_log = weights_log
     if case.weights_total_bytes > 0:
         row.weights_est = e.weights_gib
@@ -306,6 +309,10 @@ def evaluate(case: Case, coeffs: Coefficients = DEFAULT_COEFFICIENTS) -> Row:
         row.context_log = case.gpu_total_gib - pre
         row.context_est = coeffs.context(case.tp)
     draft_log = _opt(f.get("draft_weight_mem_usage_gb"))
+    if draft_log is None and "draft_load_weight_begin_avail_gb" in f and \
+            "draft_load_weight_end_avail_gb" in f:
+        draft_log = (float(f["draft_load_weight_begin_avail_gb"])
+                     - float(f["draft_load_weight_end_avail_gb"]))
     if pre is None or weights_log is None or (draft and draft_log is None):
         row.skipped["kv tokens"] = "the log shows no free memory at load begin or no weights"
         row.skipped["free at ready"] = row.skipped["kv tokens"]
