@@ -71,7 +71,6 @@ from launcher.multinode import rank_commands
 from launcher.notify import ServerInfo, SlackNotifier, webhook_url_ok
 from launcher.params import LaunchParams
 from launcher.placeholders import expand_placeholders
-from launcher.plaintext import plain as _plain
 from launcher.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
 from launcher.ranks import stop_other_ranks
 from launcher.router import plan_rows as router_plan_rows
@@ -90,6 +89,7 @@ from launcher.store_lock import make_private_dir
 from launcher.supervisor import Snapshot
 from launcher.transport import make_transport
 from launcher.transport.base import Transport
+from launcher.untrusted import plain as _plain
 
 EXIT_OK = 0
 EXIT_ERROR = 1

@@ -36,7 +36,7 @@ import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from launcher import events
-from launcher.plaintext import plain
+from launcher.untrusted import plain
 
 __all__ = ["EVENT_LEVELS", "Format", "configure", "level_of", "on_journal", "syslog_priority"]
 

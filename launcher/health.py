@@ -21,8 +21,8 @@ import anyio
 import httpx
 
 from launcher.errors import HostKeyError, LauncherError
-from launcher.numbers import bounded_int
 from launcher.transport.base import Transport
+from launcher.untrusted import bounded_int
 
 MAX_BODY = 4096  # bytes of a /health body read; the rest is dropped with the connection
 

@@ -53,9 +53,9 @@ from launcher.errors import (
     format_traceback,
 )
 from launcher.health import status_code
-from launcher.numbers import bounded_int
 from launcher.remote_shell import UNSAFE_REMEDY
 from launcher.transport.base import Duplex, DuplexTransport, Transport
+from launcher.untrusted import bounded_int
 
 log = structlog.get_logger(__name__)
 

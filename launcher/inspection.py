@@ -18,11 +18,11 @@ from typing import Any
 from launcher import facts, health, remote
 from launcher.config import Config, ServerConfig
 from launcher.errors import AuthenticationFailed, HostUnreachable, LauncherError
-from launcher.numbers import parse_stamp
 from launcher.sglang.flags import mask_secret_flags_text
 from launcher.sglang.logparse import LineSplitter, LogFollower
 from launcher.store import AttemptRow, Ledger, ledger_path
 from launcher.transport.base import Transport
+from launcher.untrusted import parse_stamp
 
 __all__ = [
     "STATUS_HEAD",

@@ -75,7 +75,7 @@ from launcher.lifecycle import (
 from launcher.multinode import Rank, dist_init_addr, rank_commands, ranks_of
 from launcher.remote_shell import RunDirUnsafe
 from launcher.sglang.classify import classify, diagnose, diagnose_text
-from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
+from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseLine, ReadyLine
 from launcher.sglang.multinode import (
     DIST_TIMEOUT_ADVICE,
     gate_waiting_rank,
@@ -443,7 +443,7 @@ class MultiNodeSupervisor(ServerSupervisor):
         line = self.redact.text(line)  # whole, before anything keeps (and cuts) it
         run.lines.append(line)
         for ev in run.follower.feed_line(line):
-            if isinstance(ev, ReadyLine | PhaseEntered) and run.rank.rank == 0 and (
+            if isinstance(ev, ReadyLine | PhaseLine) and run.rank.rank == 0 and (
                     isinstance(ev, ReadyLine) or ev.phase is Phase.READY):
                 run.joined = True
         waiting = gate_waiting_rank(line)

@@ -55,7 +55,6 @@ from launcher.errors import (
     RemoteCommandError,
     StateError,
 )
-from launcher.numbers import bounded_float, bounded_int
 from launcher.remote_preflight import _PORT as _PORT
 from launcher.remote_preflight import detect_sglang_version as detect_sglang_version
 from launcher.remote_preflight import path_exists as path_exists
@@ -63,6 +62,7 @@ from launcher.remote_preflight import port_in_use as port_in_use
 from launcher.remote_preflight import version_probe_argv as version_probe_argv
 from launcher.remote_shell import _PRELUDE, _fail, _sh
 from launcher.transport.base import Transport
+from launcher.untrusted import bounded_float, bounded_int
 
 log = structlog.get_logger(__name__)
 

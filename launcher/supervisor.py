@@ -91,17 +91,17 @@ from launcher.lifecycle import (
     WaitForGpus,
 )
 from launcher.notify import Redactor
-from launcher.numbers import parse_stamp
 from launcher.params import LaunchParams
 from launcher.policy import AttemptRecord, Bounds
 from launcher.remote_preflight import PortHolder, port_holder
 from launcher.remote_shell import RunDirUnsafe
 from launcher.sglang.classify import classify, diagnose
-from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseEntered, ReadyLine
+from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseLine, ReadyLine
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
 from launcher.store_lock import make_private_dir, write_private_file
 from launcher.transport.base import Transport
+from launcher.untrusted import parse_stamp
 
 # Awaited with (server, reason) before launcher stops a server's processes (a router's
 # registrar deregisters it there); it must return within a bounded time.
@@ -826,7 +826,7 @@ class ServerSupervisor:
         # Masked whole before the follower keeps (and cuts) it: a secret cut in two at the
         # kept length would be masked in neither piece.
         for ev in att.follower.feed_line(self.redact.text(line)):
-            if isinstance(ev, PhaseEntered):
+            if isinstance(ev, PhaseLine):
                 await self._post(PhaseSeen(ev.phase))
             elif isinstance(ev, ReadyLine):
                 await self._post(ReadyLineSeen())

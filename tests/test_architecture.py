@@ -26,7 +26,7 @@ PURE_STDLIB = {
     "typing",
 }
 # The pure domain types launcher/sglang may use besides itself (no I/O either).
-DOMAIN = {"launcher.params", "launcher.durations", "launcher.errors", "launcher.numbers"}
+DOMAIN = {"launcher.params", "launcher.durations", "launcher.errors", "launcher.untrusted"}
 
 
 def _modules(under: Path) -> list[Path]:

@@ -5,7 +5,7 @@ Python refuses ``int()`` of more than 4300 digits (ValueError), ``float()`` make
 number ``inf``, ``json`` reads ``1e400`` as ``inf``, ``"²".isdigit()`` is true: each of those,
 read from a server's log, a /health answer, an attempt file, a model's config.json or the
 agent's frames, once stopped `up` for every server. Every such number now goes through
-``launcher.numbers``, and a supervision that raises anyway is given up alone.
+``launcher.untrusted``, and a supervision that raises anyway is given up alone.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from launcher.hostfollow import Frame, FrameDecoder, HostFollower
 from launcher.lifecycle import State
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
-from launcher.numbers import bounded_float, bounded_int, finite_number, parse_stamp
 from launcher.router import Registrar, RouterSupervisor
 from launcher.sglang import logparse
 from launcher.sglang.budget import ModelFacts, NoEstimate
@@ -50,6 +49,7 @@ from launcher.supervisor import ServerSupervisor, supervise_all
 from launcher.transport import make_transport
 from launcher.transport.base import CommandResult, Duplex
 from launcher.transport.local import LocalTransport
+from launcher.untrusted import bounded_float, bounded_int, finite_number, parse_stamp
 from tests.simhost import free_port, model_dir
 from tests.supervise import SimSetup, cli_argv, cli_env, json_lines, run_cli
 

@@ -81,7 +81,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from launcher.numbers import finite_number
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import (
     SPEC_DEFAULT_MAX_RUNNING_REQUESTS,
@@ -99,6 +98,7 @@ from launcher.sglang.versions import (
     ONE_STATIC_BUDGET_FROM,
     at_least,
 )
+from launcher.untrusted import finite_number
 
 __all__ = [
     "DEFAULT_COEFFICIENTS",

@@ -1,20 +1,26 @@
-"""Bounded parsing of the numbers launcher reads from text it does not control.
+"""Text launcher does not control: bounded numbers and terminal-safe text.
 
 Server logs, ``/health`` answers, attempt files on a host (``exit_status``, ``pid``,
 ``started_at``), the follow agent's frames, a model's ``config.json`` and the host's SGLang
-version string can all say anything. Python's ``int()`` refuses more than 4300 digits with a
-ValueError, accepts non-ASCII digits, signs, underscores and spaces; ``float()`` turns a long
-number into ``inf``. Every number read from such text goes through one of these helpers,
-which return None (never raise) for anything out of bounds, so that one bad line or file is
-"no figure", not a crash of the supervision of every server (security review 2026-12-05,
-findings H1, M1, M2, M3, L3).
+version string can all say anything.
+
+Numbers: Python's ``int()`` refuses more than 4300 digits with a ValueError, accepts non-ASCII
+digits, signs, underscores and spaces; ``float()`` turns a long number into ``inf``. Every number
+read from such text goes through one of these helpers, which return None (never raise) for
+anything out of bounds, so that one bad line or file is "no figure", not a crash of the
+supervision of every server (security review 2026-12-05, findings H1, M1, M2, M3, L3).
+
+Text: ``plain`` shows control characters instead of sending them, so that both the CLI's rich
+output and the console log format apply the same rule.
 
 A leaf module: no launcher imports.
 """
 
+
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 
 __all__ = [
@@ -24,6 +30,7 @@ __all__ = [
     "bounded_int",
     "finite_number",
     "parse_stamp",
+    "plain",
 ]
 
 MAX_DIGITS = 18  # < 2**63: fits every counter, pid, byte count and exit status
@@ -106,3 +113,17 @@ def parse_stamp(text: str | bytes | None) -> datetime | None:
     except (ValueError, OverflowError, OSError):
         return None
     return stamp
+
+
+# --- terminal-safe text --------------------------------------------------------------------
+
+# C0 controls except TAB and LF, DEL, and the C1 controls (U+0080-U+009F: a terminal may read
+# U+009B as CSI, the same as ESC [).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(text: str) -> str:
+    """``text`` with control characters shown as ``\\xNN``: an ESC from a server's log or a
+    host's file must not reach the terminal (it could clear it, retitle it or make a
+    hyperlink)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
