@@ -22,7 +22,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from types import NoneType, UnionType
 from typing import Any, ClassVar, Protocol, Self
 
-from launcher.calibration import CostGuess
+from launcher.memory.calibration import CostGuess
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Confidence, Outcome
 from launcher.sglang.phases import Phase

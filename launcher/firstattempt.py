@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 import anyio
 import structlog
 
-from launcher.calibration import Correction, Match, describe
 from launcher.config import Config, ServerConfig
 from launcher.errors import RemoteCommandError, TransportError
 from launcher.fleet import gpu_model, learned
+from launcher.memory.calibration import Correction, Match, describe
 from launcher.modelfacts import Facts, GpuReadsOnce, read_facts
 from launcher.params import LaunchParams
 from launcher.sglang.budget import (

@@ -1,7 +1,7 @@
 """Learning from the fleet, wired: the key a server's observations are filed under, the GPU
 model read on its host, and its estimate corrected by the ledger's observations.
 
-``launcher.calibration`` is the pure arithmetic; this module reads the host (one nvidia-smi
+``launcher.memory.calibration`` is the pure arithmetic; this module reads the host (one nvidia-smi
 query) and the ledger, for ``launcher.firstattempt`` (the first attempt's choice) and
 ``launcher.daemon`` (the recorder's ``ObservationContext``).
 
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import structlog
 
-from launcher.calibration import Correction, ObservationKey, learn_estimate
 from launcher.config import HostConfig, ServerConfig
 from launcher.errors import HostKeyError, LauncherError
+from launcher.memory.calibration import Correction, ObservationKey, learn_estimate
 from launcher.modelfacts import Facts, read_facts
 from launcher.sglang.budget import Estimate, NoEstimate
 from launcher.sglang.observed import speculative_key
@@ -80,7 +80,7 @@ def learned(
     """``raw`` corrected by the ledger's observations of the server's key, the correction
     (its ``margin`` and basis), and the context its own attempts are filed under (with the
     uncorrected estimate: guesses are stored against the prior, see
-    ``launcher.calibration.guess_of``)."""
+    ``launcher.memory.calibration.guess_of``)."""
     key = observation_key(facts, gpu, version)
     rows = ledger.observations(architecture=key.architecture, gpu_model=key.gpu_model)
     corrected, correction = learn_estimate([r.keyed for r in rows], key, raw)

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from launcher import events
 from launcher.backoff import RestartBackoff
 from launcher.errors import IllegalTransition
+from launcher.memory.policy import AttemptRecord, Bounds, next_params
 from launcher.params import LaunchParams
-from launcher.policy import AttemptRecord, Bounds, next_params
 from launcher.sglang.outcome import Confidence, Diagnosis, Outcome
 from launcher.sglang.phases import Phase
 

@@ -14,7 +14,7 @@ The lock lives in ``store_lock`` and the ledger with its rows and ``fingerprint`
   own thread; ``initial_params`` picks the params of the first attempt (warm start).
 - Per attempt, the observed cost figures (``launcher.sglang.observed``) under their key
   (architecture, GPU model, SGLang version, speculative settings) and the estimate the attempt
-  started from, in table ``observations``: what ``launcher.calibration`` learns from.
+  started from, in table ``observations``: what ``launcher.memory.calibration`` learns from.
 
 Resource handling: ``StateLock`` holds one open file (the flock) between enter and exit;
 ``Ledger`` holds one SQLite connection until ``close()``, shared by threads under a lock;
@@ -38,8 +38,8 @@ from typing import Any
 import structlog
 
 from launcher import events
-from launcher.calibration import CostGuess, ObservationKey, guess_of
 from launcher.errors import StateError
+from launcher.memory.calibration import CostGuess, ObservationKey, guess_of
 from launcher.params import LaunchParams
 from launcher.sglang.observed import Observed, speculative_key
 from launcher.store_ledger import _MIGRATIONS as _MIGRATIONS

@@ -27,9 +27,9 @@ from typing import Any
 
 import structlog
 
-from launcher.calibration import CostGuess, KeyedObservation, ObservationKey
 from launcher.config import HostConfig, ServerConfig
 from launcher.errors import StateError
+from launcher.memory.calibration import CostGuess, KeyedObservation, ObservationKey
 from launcher.params import LaunchParams
 from launcher.sglang.budget import Estimate
 from launcher.sglang.observed import Observed
@@ -157,7 +157,7 @@ class ObservationContext:
     """What the recorder files a server's observations under: its key (the speculative
     settings are taken from the attempt's log when it shows them), the model and tp, and the
     server's *uncorrected* estimate: each attempt is stored with that estimate's guess at
-    the graph bs it ran with (``launcher.calibration.guess_of``), unless its
+    the graph bs it ran with (``launcher.memory.calibration.guess_of``), unless its
     ``attempt.started`` event carried a guess of its own."""
 
     key: ObservationKey
@@ -186,7 +186,7 @@ class ObservationRow:
 
     @property
     def keyed(self) -> KeyedObservation:
-        """The row as ``launcher.calibration`` takes it."""
+        """The row as ``launcher.memory.calibration`` takes it."""
         return KeyedObservation(self.key, self.observed, self.estimate, self.outcome,
                                 self.recorded_at)
 
@@ -584,7 +584,7 @@ class Ledger:
         limit: int = 500,
     ) -> list[ObservationRow]:
         """Up to ``limit`` observations, newest first; only those of ``architecture`` and
-        ``gpu_model`` when given (``launcher.calibration.select`` narrows further)."""
+        ``gpu_model`` when given (``launcher.memory.calibration.select`` narrows further)."""
         where, args = [], []
         if architecture is not None:
             where.append("architecture = ?")

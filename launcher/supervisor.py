@@ -90,9 +90,9 @@ from launcher.lifecycle import (
     Unknown,
     WaitForGpus,
 )
+from launcher.memory.policy import AttemptRecord, Bounds
 from launcher.notify import Redactor
 from launcher.params import LaunchParams
-from launcher.policy import AttemptRecord, Bounds
 from launcher.remote_preflight import PortHolder, port_holder
 from launcher.remote_shell import RunDirUnsafe
 from launcher.sglang.classify import classify, diagnose

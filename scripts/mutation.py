@@ -39,7 +39,7 @@ WORK = ROOT / ".mutation"
 # module -> the test files (globs) that state its behaviour. Only these run against its mutants.
 MODULES: dict[str, list[str]] = {
     "launcher/lifecycle.py": ["tests/test_lifecycle*.py"],
-    "launcher/policy.py": ["tests/test_policy*.py"],
+    "launcher/memory/policy.py": ["tests/test_policy*.py"],
     # The real-log corpus and the evidence tests state most of what classify decides on real
     # logs (its newer code is reached by no other file).
     "launcher/sglang/classify.py": ["tests/test_classify*.py", "tests/test_logparse*.py",

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from launcher import events as ev
-from launcher.calibration import CostGuess
 from launcher.eventlog import EVENT_LEVELS
+from launcher.memory.calibration import CostGuess
 from launcher.notify import Redactor
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Confidence, Outcome

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher import events as ev
-from launcher.calibration import CostGuess, ObservationKey, learn
+from launcher.memory.calibration import CostGuess, ObservationKey, learn
 from launcher.params import LaunchParams
 from launcher.sglang.logparse import LogFollower
 from launcher.sglang.observed import Observed

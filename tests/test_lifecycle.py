@@ -36,8 +36,8 @@ from launcher.lifecycle import (
     StopRequested,
     WaitForGpus,
 )
+from launcher.memory.policy import Bounds
 from launcher.params import LaunchParams
-from launcher.policy import Bounds
 from launcher.sglang.outcome import Confidence, Diagnosis, Numbers, Outcome
 from launcher.sglang.phases import Phase
 

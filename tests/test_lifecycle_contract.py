@@ -48,8 +48,8 @@ from launcher.lifecycle import (
     StopRequested,
     WaitForGpus,
 )
+from launcher.memory.policy import AttemptRecord, Bounds, next_params
 from launcher.params import LaunchParams
-from launcher.policy import AttemptRecord, Bounds, next_params
 from launcher.sglang.outcome import Diagnosis, Numbers, Outcome
 from launcher.sglang.phases import Phase
 

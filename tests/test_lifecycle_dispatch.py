@@ -43,8 +43,8 @@ from launcher.lifecycle import (
     StopRequested,
     Unknown,
 )
+from launcher.memory.policy import Bounds
 from launcher.params import LaunchParams
-from launcher.policy import Bounds
 from launcher.sglang.outcome import Confidence, Diagnosis, Outcome
 from launcher.sglang.phases import Phase
 

@@ -17,8 +17,8 @@ import pytest
 from rich.console import Console
 
 from launcher import cli
+from launcher.memory.policy import AttemptRecord
 from launcher.params import LaunchParams
-from launcher.policy import AttemptRecord
 from launcher.sglang.logparse import LogFollower
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import Phase

@@ -620,7 +620,7 @@ def test_recorder_keeps_a_relaunchs_extra_params(ledger: Ledger) -> None:
 def _machine(base: int) -> Any:
     from launcher.backoff import RestartBackoff
     from launcher.lifecycle import Limits, ServerMachine
-    from launcher.policy import Bounds
+    from launcher.memory.policy import Bounds
 
     m = ServerMachine(
         initial=P1, limits=Limits(bounds=Bounds(0.5, 0.95, 1, 6)),
