@@ -43,7 +43,8 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher import __version__, daemon, events, inspection, remote
-from launcher.config import (
+from launcher.config.placeholders import expand_placeholders
+from launcher.config.schema import (
     Config,
     ServerConfig,
     SlackConfig,
@@ -71,7 +72,6 @@ from launcher.memview import bar_text, legend
 from launcher.multinode import rank_commands
 from launcher.notify import ServerInfo, SlackNotifier, webhook_url_ok
 from launcher.params import LaunchParams
-from launcher.placeholders import expand_placeholders
 from launcher.ranks import stop_other_ranks
 from launcher.router import plan_rows as router_plan_rows
 from launcher.router import router_status, routers_for, stop_router

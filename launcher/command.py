@@ -16,7 +16,7 @@ from launcher.sglang.flags import graph_bs_flag as graph_bs_flag
 from launcher.sglang.flags import mamba_strategy_flag as mamba_strategy_flag
 
 if TYPE_CHECKING:
-    from launcher.config import ServerConfig
+    from launcher.config.schema import ServerConfig
 
 MASK = "***"
 

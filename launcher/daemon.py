@@ -17,7 +17,7 @@ import anyio
 import structlog
 
 from launcher import events, remote
-from launcher.config import Config, ServerConfig
+from launcher.config.schema import Config, ServerConfig
 from launcher.errors import LauncherError, WontFit
 from launcher.facts import ServerFacts
 from launcher.firstattempt import Planned, plan_first_attempt

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from launcher.config import HostConfig, ServerConfig
+from launcher.config.schema import HostConfig, ServerConfig
 
 __all__ = ["ServerFacts", "endpoint", "model_name", "operator_box"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import anyio
 import structlog
 
-from launcher.config import Config, ServerConfig
+from launcher.config.schema import Config, ServerConfig
 from launcher.errors import RemoteCommandError, TransportError
 from launcher.fleet import gpu_model, learned
 from launcher.memory.calibration import Correction, Match, describe

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from launcher.config import HostConfig, ServerConfig
+from launcher.config.schema import HostConfig, ServerConfig
 from launcher.errors import HostKeyError, LauncherError
 from launcher.memory.calibration import Correction, ObservationKey, learn_estimate
 from launcher.modelfacts import Facts, read_facts

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import facts, health, remote
-from launcher.config import Config, ServerConfig
+from launcher.config.schema import Config, ServerConfig
 from launcher.errors import AuthenticationFailed, HostUnreachable, LauncherError
 from launcher.sglang.flags import mask_secret_flags_text
 from launcher.sglang.logparse import LineSplitter, LogFollower

@@ -21,7 +21,7 @@ from typing import Any
 
 import anyio
 
-from launcher.config import HostConfig, ServerConfig
+from launcher.config.schema import HostConfig, ServerConfig
 from launcher.errors import LogFormatError, RemoteCommandError
 from launcher.gpus import query_gpus
 from launcher.params import LaunchParams

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from launcher.command import NodeRank, ServerCommand, server_command
-from launcher.config import Config, ServerConfig
+from launcher.config.schema import Config, ServerConfig
 from launcher.params import LaunchParams
 
 __all__ = ["Rank", "dist_init_addr", "rank_commands", "rank_run_name", "ranks_of"]

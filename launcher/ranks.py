@@ -55,7 +55,7 @@ from tenacity import (
 
 from launcher import events, health, remote
 from launcher.backoff import Doubling, sleep_or
-from launcher.config import Config, ServerConfig
+from launcher.config.schema import Config, ServerConfig
 from launcher.errors import HostKeyError, HostUnreachable, LauncherError, PreflightError
 from launcher.gpus import check_gpus
 from launcher.lifecycle import (

@@ -40,7 +40,7 @@ import structlog
 
 from launcher import events, health, remote
 from launcher.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
-from launcher.config import Config, RouterConfig, ServerConfig, worker_url
+from launcher.config.schema import Config, RouterConfig, ServerConfig, worker_url
 from launcher.errors import (
     HostUnreachable,
     LauncherError,

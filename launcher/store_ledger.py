@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from launcher.config import HostConfig, ServerConfig
+from launcher.config.schema import HostConfig, ServerConfig
 from launcher.errors import StateError
 from launcher.memory.calibration import CostGuess, KeyedObservation, ObservationKey
 from launcher.params import LaunchParams

@@ -42,7 +42,7 @@ from tenacity import (
 from launcher import events, health, remote
 from launcher.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
 from launcher.command import ServerCommand, params_from_argv, server_command
-from launcher.config import Config, ServerConfig
+from launcher.config.schema import Config, ServerConfig
 from launcher.errors import (
     AuthenticationFailed,
     HostKeyError,

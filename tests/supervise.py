@@ -32,7 +32,7 @@ from typing import Any
 import anyio
 
 from launcher import events as ev
-from launcher.config import Config, config_from_dict
+from launcher.config.schema import Config, config_from_dict
 from launcher.lifecycle import State
 from launcher.sim import gpustate
 from launcher.supervisor import ServerSupervisor

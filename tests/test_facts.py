@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from launcher import inspection
-from launcher.config import config_from_dict
+from launcher.config.schema import config_from_dict
 from launcher.facts import ServerFacts
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from launcher import daemon
 from launcher.cli import EXIT_GAVE_UP, EXIT_OK, EXIT_WONT_FIT
-from launcher.config import config_from_dict
+from launcher.config.schema import config_from_dict
 from launcher.errors import WontFit
 from launcher.firstattempt import plan_first_attempt
 from launcher.modelfacts import MAX_CONFIG, Facts, read_gpus, read_model, server_shape

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from launcher import cli, health, inspection, remote
 from launcher.cli import EXIT_GAVE_UP, EXIT_NOT_READY
-from launcher.config import SlackConfig, config_from_dict
+from launcher.config.schema import SlackConfig, config_from_dict
 from launcher.errors import ConfigError, HostKeyError, RemoteCommandError, StateError
 from launcher.params import LaunchParams
 from launcher.sglang.classify import diagnose

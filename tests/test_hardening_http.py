@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from launcher.config import config_from_dict
+from launcher.config.schema import config_from_dict
 from launcher.errors import ConfigError
 from launcher.notify import Redactor
 from launcher.sglang.logparse import MAX_KEPT_CHARS

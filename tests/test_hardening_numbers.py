@@ -34,7 +34,7 @@ from structlog.testing import capture_logs
 from launcher import events as ev
 from launcher import follow_agent, health, remote
 from launcher.cli import EXIT_NOT_READY, EXIT_OK
-from launcher.config import config_from_dict
+from launcher.config.schema import config_from_dict
 from launcher.errors import RemoteCommandError
 from launcher.hostfollow import Frame, FrameDecoder, HostFollower
 from launcher.lifecycle import State

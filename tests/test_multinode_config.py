@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import Config, load_config
+from launcher.config.schema import Config, load_config
 from launcher.errors import ConfigError
 from launcher.multinode import dist_init_addr, rank_commands
 from launcher.params import LaunchParams

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import pytest
 
-from launcher.config import Config
+from launcher.config.schema import Config
 from launcher.lifecycle import State
 from launcher.ranks import MultiNodeSupervisor
 from tests.simhost import free_port, model_dir

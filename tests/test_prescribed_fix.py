@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from launcher.config import Config, config_from_dict
+from launcher.config.schema import Config, config_from_dict
 from launcher.lifecycle import State
 from tests.supervise import SERVER, SimSetup, run_cli, supervise
 

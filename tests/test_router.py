@@ -24,7 +24,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from launcher import events as ev
-from launcher.config import Config, config_from_dict
+from launcher.config.schema import Config, config_from_dict
 from launcher.errors import ConfigError, HostUnreachable
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier

@@ -26,7 +26,7 @@ import anyio
 import httpx
 import pytest
 
-from launcher.config import Config, config_from_dict
+from launcher.config.schema import Config, config_from_dict
 from launcher.metrics import Metrics
 from launcher.router import Routing, router_status, wire
 from launcher.supervisor import ServerSupervisor

@@ -21,7 +21,7 @@ import anyio
 import pytest
 
 from launcher import remote
-from launcher.config import Config
+from launcher.config.schema import Config
 from launcher.errors import HostUnreachable
 from launcher.lifecycle import State
 from launcher.sglang.logparse import LineSplitter

@@ -19,7 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from launcher import events as ev
-from launcher.config import HostConfig, ServerConfig
+from launcher.config.schema import HostConfig, ServerConfig
 from launcher.errors import StateError
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Confidence, Outcome

@@ -25,7 +25,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from launcher.config import SlackConfig, config_from_dict
+from launcher.config.schema import SlackConfig, config_from_dict
 from launcher.systemd import (
     STATUS_MAX_CHARS,
     SdNotifier,

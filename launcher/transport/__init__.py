@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from launcher.config import HostConfig
+    from launcher.config.schema import HostConfig
     from launcher.transport.base import Transport
 
 

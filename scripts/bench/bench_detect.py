@@ -62,7 +62,7 @@ import anyio  # noqa: E402
 import structlog  # noqa: E402
 
 from launcher import remote  # noqa: E402
-from launcher.config import Config, config_from_dict  # noqa: E402
+from launcher.config.schema import Config, config_from_dict  # noqa: E402
 from launcher.sglang.phases import Phase  # noqa: E402
 from launcher.supervisor import ServerSupervisor  # noqa: E402
 from launcher.transport.base import CommandResult, Transport  # noqa: E402

@@ -1337,10 +1337,10 @@ def driver_main(args: argparse.Namespace) -> int:
     """``launcher up`` minus the ledger and the live view, with one observing subclass."""
     import anyio
 
-    from launcher.config import load_config
+    from launcher.config.placeholders import expand_placeholders
+    from launcher.config.schema import load_config
     from launcher.eventlog import configure
     from launcher.lifecycle import State
-    from launcher.placeholders import expand_placeholders
     from launcher.supervisor import RunningAttempt, ServerSupervisor, supervise_all
     from launcher.transport import make_transport
     from launcher.transport.local import install_pidfd_child_watcher

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from launcher.config import Config
+from launcher.config.schema import Config
 
 
 def expand_placeholders(config: Config, config_path: Path) -> Config:

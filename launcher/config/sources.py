@@ -49,21 +49,21 @@ from pydantic_settings import (
 from pydantic_settings.sources import NestedSecretsSettingsSource
 from pydantic_settings.sources.utils import parse_env_vars
 
-from launcher.config import (
-    _CREDENTIALS_VAR,
-    ENV_DELIMITER,
-    ENV_PREFIX,
-    Loc,
-    _known,
-    default_state_dir,
-)
-from launcher.config_problems import (
+from launcher.config.problems import (
     _annotation_at,
     _is_model,
     _path,
     _toml_problem,
     _unknown_key,
     _unwrap,
+)
+from launcher.config.schema import (
+    _CREDENTIALS_VAR,
+    ENV_DELIMITER,
+    ENV_PREFIX,
+    Loc,
+    _known,
+    default_state_dir,
 )
 from launcher.errors import ConfigError
 
@@ -221,7 +221,7 @@ def _json_wanted(segments: Sequence[str], text: str) -> bool:
 
 
 def _fields() -> Mapping[str, FieldInfo]:
-    from launcher.config import Config
+    from launcher.config.schema import Config
 
     return Config.model_fields
 

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from launcher.config import (
+from launcher.config.schema import (
     _LOOPBACK,
     _M,
     _SECRET_KEY_RE,

@@ -816,7 +816,7 @@ class Config(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """The load's sources (``config_sources.sources``); only ``init_settings`` outside one."""
-        from launcher.config_sources import sources
+        from launcher.config.sources import sources
 
         return sources(settings_cls, init_settings)
 
@@ -824,7 +824,7 @@ class Config(BaseSettings):
     @classmethod
     def _remember_input(cls, data: Any) -> Any:
         # The cross-entry checks read the merged input, which only exists in here.
-        from launcher.config_sources import active_load
+        from launcher.config.sources import active_load
 
         load = active_load()
         if load is not None and isinstance(data, dict):
@@ -843,7 +843,7 @@ def load_config(path: Path, *, environ: Mapping[str, str] | None = None) -> Conf
     values, bad overrides, cross-entry clashes) raises one ConfigError with ``source=str(path)``
     and every problem found in ``problems``. Nothing else is raised for bad input.
     """
-    from launcher.config_sources import TomlFile
+    from launcher.config.sources import TomlFile
 
     return _load(lambda cls: TomlFile(cls, Path(path)), environ, str(path))
 
@@ -861,14 +861,14 @@ def _load(
     environ: Mapping[str, str] | None,
     source: str,
 ) -> Config:
-    from launcher.config_problems import (
+    from launcher.config.problems import (
         _control_characters,
         _cross_checks,
         _path,
         _pydantic_problem,
         _related,
     )
-    from launcher.config_sources import Load, loading
+    from launcher.config.sources import Load, loading
 
     load = Load(environ=os.environ if environ is None else environ, file=file)
     found: list[tuple[Loc, str]] = []
