@@ -80,12 +80,8 @@ from launcher.sglang.classify import diagnose_text
 from launcher.sglang.flags import mask_secret_flags
 from launcher.sglang.outcome import Diagnosis
 from launcher.sglang.versions import DEFAULT_VERSION, SUPPORTED_VERSIONS
-from launcher.store import (
-    Ledger,
-    fingerprint,
-    ledger_path,
-)
-from launcher.store_lock import make_private_dir
+from launcher.store.ledger import Ledger, fingerprint, ledger_path
+from launcher.store.lock import make_private_dir
 from launcher.supervisor import Snapshot
 from launcher.transport import make_transport
 from launcher.transport.base import Transport

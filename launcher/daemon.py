@@ -22,6 +22,7 @@ from launcher.errors import LauncherError, WontFit
 from launcher.facts import ServerFacts
 from launcher.firstattempt import Planned, plan_first_attempt
 from launcher.fleet import context_of
+from launcher.hooks.recorder import LedgerRecorder
 from launcher.lifecycle import State
 from launcher.metrics import Metrics
 from launcher.modelfacts import GpuReadsOnce
@@ -29,15 +30,14 @@ from launcher.notify import SlackNotifier
 from launcher.params import LaunchParams
 from launcher.ranks import MultiNodeSupervisor
 from launcher.router import routers_for, wire
-from launcher.store import (
+from launcher.store.ledger import (
     Ledger,
-    LedgerRecorder,
     ObservationContext,
-    StateLock,
     fingerprint,
     initial_params,
     ledger_path,
 )
+from launcher.store.lock import StateLock
 from launcher.supervisor import ServerSupervisor, Snapshot, supervise_all
 from launcher.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
 from launcher.transport import make_transport

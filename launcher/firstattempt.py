@@ -37,7 +37,7 @@ from launcher.sglang.budget import (
     choose,
 )
 from launcher.sglang.versions import DEFAULT_VERSION
-from launcher.store import Ledger, ObservationContext, ledger_path
+from launcher.store.ledger import Ledger, ObservationContext, ledger_path
 from launcher.transport import make_transport
 from launcher.transport.base import Transport
 

@@ -22,7 +22,7 @@ from launcher.memory.calibration import Correction, ObservationKey, learn_estima
 from launcher.modelfacts import Facts, read_facts
 from launcher.sglang.budget import Estimate, NoEstimate
 from launcher.sglang.observed import speculative_key
-from launcher.store import Ledger, ObservationContext
+from launcher.store.ledger import Ledger, ObservationContext
 from launcher.transport.base import Transport
 
 __all__ = [

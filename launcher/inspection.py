@@ -1,5 +1,5 @@
 """What `launcher status`, `describe` and `logs --since` learn about servers, from the host's
-run directory (launcher.remote) and the attempt ledger (launcher.store). Nothing here prints
+run directory (launcher.remote) and the attempt ledger (launcher.store.ledger). Nothing here prints
 or exits: the CLI renders what these functions return.
 
 Reading is bounded whatever a log's size: a status reads a log's first ``STATUS_HEAD`` and
@@ -20,7 +20,7 @@ from launcher.config.schema import Config, ServerConfig
 from launcher.errors import AuthenticationFailed, HostUnreachable, LauncherError
 from launcher.sglang.flags import mask_secret_flags_text
 from launcher.sglang.logparse import LineSplitter, LogFollower
-from launcher.store import AttemptRow, Ledger, ledger_path
+from launcher.store.ledger import AttemptRow, Ledger, ledger_path
 from launcher.transport.base import Transport
 from launcher.untrusted import parse_stamp
 

@@ -112,7 +112,7 @@ from launcher.notify_messages import (
     unhealthy_message,
 )
 from launcher.notify_messages import alert_title as alert_title
-from launcher.store import NotifyState
+from launcher.store.ledger import NotifyState
 
 __all__ = [
     "Kind",
@@ -249,7 +249,7 @@ class _RedactingFilter(logging.Filter):
 
 
 class StateStore(Protocol):
-    """Where the notifier keeps its memory across restarts (``launcher.store.Ledger``)."""
+    """Where the notifier keeps its memory across restarts (``launcher.store.ledger.Ledger``)."""
 
     def notify_states(self) -> list[NotifyState]: ...
 

@@ -99,7 +99,7 @@ from launcher.sglang.classify import classify, diagnose
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseLine, ReadyLine
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
-from launcher.store_lock import make_private_dir, write_private_file
+from launcher.store.lock import make_private_dir, write_private_file
 from launcher.transport.base import Transport
 from launcher.untrusted import parse_stamp
 

@@ -159,7 +159,14 @@ class Rewriter:
         def dotted(m: re.Match[str]) -> str:
             if text[max(0, m.start() - 12):m.start()].endswith(_KEEP_BEFORE):
                 return m.group(0)
-            new = self.map_dotted(m.group(1).split(".")[1:])
+            comps = m.group(1).split(".")[1:]
+            # "from launcher.store import StateLock" inside a string: the name picks the module
+            follows = re.match(r"\s+import\s+(\w+)", text[m.end():])
+            if follows and (".".join(comps), follows.group(1)) in self.symbols:
+                comps = [*comps, follows.group(1)]
+                new = self.map_dotted(comps)
+                return m.group(0) if new is None else "launcher." + ".".join(new[:-1])
+            new = self.map_dotted(comps)
             return m.group(0) if new is None else "launcher." + ".".join(new)
 
         text = re.sub(r"(?<![\w.])launcher((?:\.[A-Za-z_]\w*)+)", dotted, text)
@@ -352,7 +359,7 @@ def move_files(upto: str | None) -> None:
         src_dir = PKG / old.replace(".", "/")
         src = src_dir.with_suffix(".py")
         dest_dir = PKG / new.replace(".", "/")
-        if src_dir.is_dir() and (src_dir / "__init__.py").exists():
+        if (src_dir / "__init__.py").exists() and not new.startswith(old + "."):
             src, dest = src_dir, dest_dir
         elif src.is_file():
             dest = dest_dir.with_suffix(".py")

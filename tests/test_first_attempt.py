@@ -28,7 +28,7 @@ from launcher.params import LaunchParams
 from launcher.sglang.budget import GIB, GpuFacts, NoEstimate, choose
 from launcher.sim.memory import simulate
 from launcher.sim.server import scenario_from_argv
-from launcher.store import Ledger
+from launcher.store.ledger import Ledger
 from launcher.transport.base import CommandResult
 from launcher.transport.local import LocalTransport
 from tests.simhost import make_sim_host, model_dir

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from launcher.fleet import parse_names
-from launcher.store import Ledger, ledger_path
+from launcher.store.ledger import Ledger, ledger_path
 from tests.supervise import SimSetup, json_lines, run_cli
 
 pytestmark = pytest.mark.timeout(180)  # two `up`s and two `down`s

@@ -26,7 +26,7 @@ from launcher.errors import ConfigError, HostKeyError, RemoteCommandError, State
 from launcher.params import LaunchParams
 from launcher.sglang.classify import diagnose
 from launcher.sglang.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
-from launcher.store import StateLock
+from launcher.store.lock import StateLock
 from launcher.supervisor import ServerSupervisor, Snapshot
 from launcher.transport.base import MAX_OUTPUT, CommandResult
 from launcher.transport.local import LocalTransport

@@ -34,7 +34,7 @@ from launcher.notify import (
     unhealthy_message,
 )
 from launcher.sglang.classify import diagnose_text
-from launcher.store import Ledger
+from launcher.store.ledger import Ledger
 from tests.faketime import FakeTime as FakeClock  # its clock and sleep move together
 from tests.httpsink import HANG, HttpSink, Reply
 

@@ -21,23 +21,22 @@ from structlog.testing import capture_logs
 from launcher import events as ev
 from launcher.config.schema import HostConfig, ServerConfig
 from launcher.errors import StateError
+from launcher.hooks.recorder import LedgerRecorder
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Confidence, Outcome
 from launcher.sglang.phases import Phase
-from launcher.store import (
+from launcher.store.ledger import (
     _MIGRATIONS,
-    LOCK_FILENAME,
     LOG_TAIL_LIMIT,
     SCHEMA_VERSION,
     AttemptRow,
     Ledger,
-    LedgerRecorder,
     NotifyState,
-    StateLock,
     fingerprint,
     initial_params,
     ledger_path,
 )
+from launcher.store.lock import LOCK_FILENAME, StateLock
 
 REPO = Path(__file__).resolve().parents[1]
 P1 = LaunchParams(0.88, 256)
@@ -366,7 +365,7 @@ _HOLD_LOCK = """
     from pathlib import Path
     import structlog
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    from launcher.store import StateLock
+    from launcher.store.lock import StateLock
     with StateLock(Path(sys.argv[1])):
         print("locked", flush=True)
         sys.stdin.read()
@@ -445,7 +444,7 @@ _CRASH = """
     import structlog
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     from launcher.params import LaunchParams
-    from launcher.store import Ledger
+    from launcher.store.ledger import Ledger
     path = Path(sys.argv[1])
     ledger = Ledger(path)
     ledger.attempt_started("llama", "fp1", 1, LaunchParams(0.85, 160), 100.0)

@@ -3,7 +3,7 @@
 last params that reached ready, the Slack notifier's memory (``notify_states``) and, per
 attempt, the observed cost figures under their key (table ``observations``).
 ``fingerprint(server, host, sglang_version)`` names "the same launch" across restarts.
-``store`` re-exports every public name.
+``initial_params`` picks the params of a server's first attempt (warm start).
 
 Resource handling: ``Ledger`` holds one SQLite connection until ``close()``, shared by threads
 under a lock. Error handling: what goes wrong with the database raises ``StateError`` naming
@@ -33,7 +33,7 @@ from launcher.memory.calibration import CostGuess, KeyedObservation, Observation
 from launcher.params import LaunchParams
 from launcher.sglang.budget import Estimate
 from launcher.sglang.observed import Observed
-from launcher.store_lock import make_private_dir
+from launcher.store.lock import make_private_dir
 
 log = structlog.get_logger("launcher")
 
@@ -747,3 +747,21 @@ def _attempt_row(row: tuple[Any, ...]) -> AttemptRow:
         log_tail=row[12],
         seconds_to_ready=row[13],
     )
+
+
+# --- warm start --------------------------------------------------------------------------
+
+
+def initial_params(
+    ledger: Ledger, fingerprint: str, configured: LaunchParams, fresh: bool
+) -> tuple[LaunchParams, str]:
+    """The params of the first attempt and why: the last good params of ``fingerprint``
+    (the same host, GPUs, model, version, ...) unless ``fresh`` or none are known, in which
+    case ``configured``."""
+    if fresh:
+        return configured, "fresh start requested: configured params"
+    entry = ledger.last_good_entry(fingerprint)
+    if entry is None:
+        return configured, "no last good params for this launch: configured params"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(entry.updated_at))
+    return entry.params, f"warm start from last good params of {when}"

@@ -1,28 +1,11 @@
-"""Local state: the state-directory lock and the attempt ledger (SQLite), for warm starts.
+"""The ledger recorder: a supervisor event hook that writes attempts to the attempt ledger.
 
-The lock lives in ``store_lock`` and the ledger with its rows and ``fingerprint`` in
-``store_ledger``; this module holds the event hook (``LedgerRecorder``) and the warm start
-(``initial_params``) and re-exports the other two, so ``launcher.store`` names all of it.
+``LedgerRecorder`` translates the supervisor's events (``launcher.events``) into
+``launcher.store.ledger.Ledger`` writes, applied in order by its own writer thread.
 
-- ``StateLock(state_dir)`` makes sure one ``launcher up`` at a time works on a state directory.
-- ``Ledger(path)`` records every start-up attempt (params, outcome, phase, the log's numbers,
-  evidence, a bounded log tail) and, per fingerprint, the last params that reached ready.
-- ``fingerprint(server, host, sglang_version)`` names "the same launch" across restarts.
-- ``Ledger.notify_states`` / ``save_notify_state`` keep the Slack notifier's memory (when each
-  kind of message was last sent, what was suppressed, which alerts fire) across restarts.
-- ``LedgerRecorder`` is a supervisor event hook that writes those events to the ledger from its
-  own thread; ``initial_params`` picks the params of the first attempt (warm start).
-- Per attempt, the observed cost figures (``launcher.sglang.observed``) under their key
-  (architecture, GPU model, SGLang version, speculative settings) and the estimate the attempt
-  started from, in table ``observations``: what ``launcher.memory.calibration`` learns from.
-
-Resource handling: ``StateLock`` holds one open file (the flock) between enter and exit;
-``Ledger`` holds one SQLite connection until ``close()``, shared by threads under a lock;
-``LedgerRecorder`` owns one writer thread until ``close()``.
-
-Error handling: everything that goes wrong with the state directory or the database raises
-``StateError`` naming the path and a fix; ``LedgerRecorder`` never raises into its caller and
-logs ``ledger.write_failed`` instead.
+Resource handling: ``LedgerRecorder`` owns one writer thread until ``close()``; the ledger stays
+open (the caller owns it). Error handling: never raises into its caller and logs
+``ledger.write_failed`` instead.
 """
 
 from __future__ import annotations
@@ -42,59 +25,11 @@ from launcher.errors import StateError
 from launcher.memory.calibration import CostGuess, ObservationKey, guess_of
 from launcher.params import LaunchParams
 from launcher.sglang.observed import Observed, speculative_key
-from launcher.store_ledger import _MIGRATIONS as _MIGRATIONS
-from launcher.store_ledger import (
-    LEDGER_FILENAME,
-    LOG_TAIL_LIMIT,
-    SCHEMA_VERSION,
-    AttemptRow,
-    LastGood,
-    Ledger,
-    NotifyState,
-    ObservationContext,
-    ObservationRow,
-    fingerprint,
-    ledger_path,
-)
-from launcher.store_lock import LOCK_FILENAME, StateLock
+from launcher.store.ledger import Ledger, ObservationContext
 
-__all__ = [
-    "LEDGER_FILENAME",
-    "LOCK_FILENAME",
-    "LOG_TAIL_LIMIT",
-    "SCHEMA_VERSION",
-    "AttemptRow",
-    "LastGood",
-    "Ledger",
-    "LedgerRecorder",
-    "NotifyState",
-    "ObservationContext",
-    "ObservationRow",
-    "StateLock",
-    "fingerprint",
-    "initial_params",
-    "ledger_path",
-]
+__all__ = ["LedgerRecorder"]
 
 log = structlog.get_logger("launcher")
-
-
-# --- warm start --------------------------------------------------------------------------
-
-
-def initial_params(
-    ledger: Ledger, fingerprint: str, configured: LaunchParams, fresh: bool
-) -> tuple[LaunchParams, str]:
-    """The params of the first attempt and why: the last good params of ``fingerprint``
-    (the same host, GPUs, model, version, ...) unless ``fresh`` or none are known, in which
-    case ``configured``."""
-    if fresh:
-        return configured, "fresh start requested: configured params"
-    entry = ledger.last_good_entry(fingerprint)
-    if entry is None:
-        return configured, "no last good params for this launch: configured params"
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(entry.updated_at))
-    return entry.params, f"warm start from last good params of {when}"
 
 
 # --- the event hook ----------------------------------------------------------------------
