@@ -42,7 +42,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from launcher import __version__, daemon, events, inspection, remote
+from launcher import __version__, daemon, events, inspection
 from launcher.config.placeholders import expand_placeholders
 from launcher.config.schema import (
     Config,
@@ -66,7 +66,10 @@ from launcher.errors import (
 )
 from launcher.eventlog import Format, configure, on_journal
 from launcher.firstattempt import Planned, estimate_servers
-from launcher.gpus import check_gpus
+from launcher.host import run
+from launcher.host.gpus import check_gpus
+from launcher.host.transport import make_transport
+from launcher.host.transport.base import Transport
 from launcher.memory.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
 from launcher.memview import bar_text, legend
 from launcher.multinode import rank_commands
@@ -83,8 +86,6 @@ from launcher.sglang.versions import DEFAULT_VERSION, SUPPORTED_VERSIONS
 from launcher.store.ledger import Ledger, fingerprint, ledger_path
 from launcher.store.lock import make_private_dir
 from launcher.supervisor import Snapshot
-from launcher.transport import make_transport
-from launcher.transport.base import Transport
 from launcher.untrusted import plain as _plain
 
 EXIT_OK = 0
@@ -972,10 +973,10 @@ def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         return said
 
     async def stop_first(s: ServerConfig, t: Transport) -> str:
-        handle = await remote.find_running(t, _run_dir(config, s), s.name)
+        handle = await run.find_running(t, _run_dir(config, s), s.name)
         if handle is None:
             return "not running"
-        report = await remote.stop(t, handle)
+        report = await run.stop(t, handle)
         if report.leftover_pids:
             raise RemoteCommandError(
                 f"processes left after SIGKILL: {report.leftover_pids}", host=s.host,
@@ -1345,33 +1346,33 @@ def _config_and_server(config_path: Path | None, server_name: str | None,
 
 
 async def _attempt_handle(t: Transport, run_dir: str, s: ServerConfig,
-                          attempt: int | None) -> remote.RunHandle:
+                          attempt: int | None) -> run.RunHandle:
     """The newest attempt of ``s``, or attempt ``attempt``; a usage error naming the attempts
     there are when it does not exist."""
-    latest = await remote.latest_handle(t, run_dir, s.name)
+    latest = await run.latest_handle(t, run_dir, s.name)
     if latest is None:
         raise UsageError(f"{s.name} has no attempt on {s.host} yet",
                          remedy="start it with `launcher up`")
     if attempt is None or attempt == latest.attempt:
         return latest
     directory = latest.dir.rsplit("/", 1)[0]
-    handle = remote.RunHandle(s.name, attempt, f"{directory}/{attempt}", 0)
-    if attempt > latest.attempt or not await remote.path_exists(t, handle.dir):
+    handle = run.RunHandle(s.name, attempt, f"{directory}/{attempt}", 0)
+    if attempt > latest.attempt or not await run.path_exists(t, handle.dir):
         raise UsageError(f"{s.name} has no attempt {attempt} on {s.host}",
                          remedy=f"its newest attempt is {latest.attempt}; "
                          f"`launcher history CONFIG {s.name}` lists them")
     return handle
 
 
-async def _tail_offset(t: Transport, handle: remote.RunHandle, lines: int) -> int:
+async def _tail_offset(t: Transport, handle: run.RunHandle, lines: int) -> int:
     """The log offset where its last ``lines`` lines start (a last line without its newline
     counts), read backwards READ_CHUNK bytes at a time."""
-    size = (await remote.probe(t, handle)).log_size
+    size = (await run.probe(t, handle)).log_size
     end = size
     newlines: list[int] = []  # offsets just after each newline found, from the end
     while end > 0:
-        start = max(0, end - remote.READ_CHUNK)
-        chunk = await remote.read_log(t, handle, start, end - start)
+        start = max(0, end - run.READ_CHUNK)
+        chunk = await run.read_log(t, handle, start, end - start)
         newlines += [start + i + 1 for i in range(len(chunk) - 1, -1, -1) if chunk[i] == 10]
         # A final newline ends the last line rather than starting an empty one.
         wanted = lines + (1 if newlines and newlines[0] == size else 0)
@@ -1419,12 +1420,12 @@ def logs(
                                  ) from None
             offset = max(offset, await inspection.since_offset(t, handle, cutoff))
         if not follow:
-            while data := await remote.read_log(t, handle, offset, remote.READ_CHUNK):
+            while data := await run.read_log(t, handle, offset, run.READ_CHUNK):
                 sys.stdout.buffer.write(data)
                 offset += len(data)
             return
-        async for item in remote.follow(t, handle, offset):
-            if isinstance(item, remote.LogChunk):
+        async for item in run.follow(t, handle, offset):
+            if isinstance(item, run.LogChunk):
                 sys.stdout.buffer.write(item.data)
                 sys.stdout.buffer.flush()
 
@@ -1456,12 +1457,12 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         except LauncherError as exc:
             problems.append(f"SGLang version: {exc}")
             version = "?"
-        if s.model_path.startswith("/") and not await remote.path_exists(t, s.model_path):
+        if s.model_path.startswith("/") and not await run.path_exists(t, s.model_path):
             problems.append(f"model path {s.model_path} does not exist")
-        running = await remote.find_running(t, _run_dir(config, s), s.name)
+        running = await run.find_running(t, _run_dir(config, s), s.name)
         if running is None:  # a running server of ours holds its GPUs and port: that's fine
             problems += await check_gpus(t, config.host(s.host).nvidia_smi, s.gpus)
-            if await remote.port_in_use(t, s.port):
+            if await run.port_in_use(t, s.port):
                 problems.append(f"port {s.port} is already in use")
         note = f" (running, pid {running.pid})" if running else ""
         return [f"SGLang {version}{note}", *problems]

@@ -16,16 +16,20 @@ from typing import Protocol
 import anyio
 import structlog
 
-from launcher import events, remote
+from launcher import events
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import LauncherError, WontFit
 from launcher.facts import ServerFacts
 from launcher.firstattempt import Planned, plan_first_attempt
 from launcher.fleet import context_of
 from launcher.hooks.recorder import LedgerRecorder
+from launcher.host import run as remote
+from launcher.host.facts import GpuReadsOnce
+from launcher.host.transport import make_transport
+from launcher.host.transport.base import Transport
+from launcher.host.transport.local import install_pidfd_child_watcher
 from launcher.lifecycle import State
 from launcher.metrics import Metrics
-from launcher.modelfacts import GpuReadsOnce
 from launcher.notify import SlackNotifier
 from launcher.params import LaunchParams
 from launcher.ranks import MultiNodeSupervisor
@@ -40,9 +44,6 @@ from launcher.store.ledger import (
 from launcher.store.lock import StateLock
 from launcher.supervisor import ServerSupervisor, Snapshot, supervise_all
 from launcher.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
-from launcher.transport import make_transport
-from launcher.transport.base import Transport
-from launcher.transport.local import install_pidfd_child_watcher
 
 __all__ = [
     "Options",

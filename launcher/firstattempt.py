@@ -25,8 +25,10 @@ import structlog
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import RemoteCommandError, TransportError
 from launcher.fleet import gpu_model, learned
+from launcher.host.facts import Facts, GpuReadsOnce, read_facts
+from launcher.host.transport import make_transport
+from launcher.host.transport.base import Transport
 from launcher.memory.calibration import Correction, Match, describe
-from launcher.modelfacts import Facts, GpuReadsOnce, read_facts
 from launcher.params import LaunchParams
 from launcher.sglang.budget import (
     DEFAULT_COEFFICIENTS,
@@ -38,8 +40,6 @@ from launcher.sglang.budget import (
 )
 from launcher.sglang.versions import DEFAULT_VERSION
 from launcher.store.ledger import Ledger, ObservationContext, ledger_path
-from launcher.transport import make_transport
-from launcher.transport.base import Transport
 
 __all__ = ["Planned", "estimate_servers", "plan_first_attempt", "wants_estimate"]
 

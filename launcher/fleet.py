@@ -18,12 +18,12 @@ import structlog
 
 from launcher.config.schema import HostConfig, ServerConfig
 from launcher.errors import HostKeyError, LauncherError
+from launcher.host.facts import Facts, read_facts
+from launcher.host.transport.base import Transport
 from launcher.memory.calibration import Correction, ObservationKey, learn_estimate
-from launcher.modelfacts import Facts, read_facts
 from launcher.sglang.budget import Estimate, NoEstimate
 from launcher.sglang.observed import speculative_key
 from launcher.store.ledger import Ledger, ObservationContext
-from launcher.transport.base import Transport
 
 __all__ = [
     "NAME_QUERY", "context_of", "gpu_model", "learned", "observation_key", "parse_names",

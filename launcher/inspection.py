@@ -1,6 +1,6 @@
 """What `launcher status`, `describe` and `logs --since` learn about servers, from the host's
-run directory (launcher.remote) and the attempt ledger (launcher.store.ledger). Nothing here prints
-or exits: the CLI renders what these functions return.
+run directory (launcher.host.run) and the attempt ledger (launcher.store.ledger). Nothing here
+prints or exits: the CLI renders what these functions return.
 
 Reading is bounded whatever a log's size: a status reads a log's first ``STATUS_HEAD`` and
 last ``STATUS_TAIL`` bytes; ``since_offset`` reads backwards ``remote.READ_CHUNK`` bytes at a
@@ -15,13 +15,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from launcher import facts, health, remote
+from launcher import facts
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import AuthenticationFailed, HostUnreachable, LauncherError
+from launcher.host import health, run
+from launcher.host.transport.base import Transport
 from launcher.sglang.flags import mask_secret_flags_text
 from launcher.sglang.logparse import LineSplitter, LogFollower
 from launcher.store.ledger import AttemptRow, Ledger, ledger_path
-from launcher.transport.base import Transport
 from launcher.untrusted import parse_stamp
 
 __all__ = [
@@ -143,14 +144,14 @@ def _parse_time(text: str | None) -> float | None:
     return None if when is None else when.timestamp()
 
 
-async def _log_follower(t: Transport, handle: remote.RunHandle, size: int) -> LogFollower:
+async def _log_follower(t: Transport, handle: run.RunHandle, size: int) -> LogFollower:
     """A follower fed the log's start-up (its first STATUS_HEAD bytes) and its last
     STATUS_TAIL bytes (their first, partial line dropped), whatever the log's size."""
-    head = await remote.read_log(t, handle, 0, STATUS_HEAD)
+    head = await run.read_log(t, handle, 0, STATUS_HEAD)
     parts = [head]
     if size > len(head):
         start = max(len(head), size - STATUS_TAIL)
-        tail = await remote.read_log(t, handle, start, STATUS_TAIL)
+        tail = await run.read_log(t, handle, start, STATUS_TAIL)
         parts = [head + tail] if start == len(head) else [head, tail.partition(b"\n")[2]]
     follower = LogFollower()
     for part in parts:
@@ -172,7 +173,7 @@ async def _healthy(t: Transport, port: int) -> bool:
 @dataclass
 class _Look:
     status: ServerStatus
-    handle: remote.RunHandle | None = None
+    handle: run.RunHandle | None = None
     files: dict[str, str] = field(default_factory=dict)
     follower: LogFollower | None = None
 
@@ -180,16 +181,16 @@ class _Look:
 async def _look(config: Config, s: ServerConfig, t: Transport,
                 rows: list[AttemptRow] | None, *, now: float) -> _Look:
     rd = run_dir(config, s)
-    handle = await remote.find_running(t, rd, s.name)
+    handle = await run.find_running(t, rd, s.name)
     running = handle is not None
     if handle is None:
-        handle = await remote.latest_handle(t, rd, s.name)
+        handle = await run.latest_handle(t, rd, s.name)
     st = ServerStatus(s.name, s.host, endpoint(config, s), "not started",
                       restarts=restarts(rows, None))
     if handle is None:
         return _Look(st)
-    files = await remote.attempt_files(t, handle)
-    probe = await remote.probe(t, handle)
+    files = await run.attempt_files(t, handle)
+    probe = await run.probe(t, handle)
     follower = await _log_follower(t, handle, probe.log_size)
     st.running, st.attempt, st.run_dir = running, handle.attempt, handle.dir
     st.pid = handle.pid if running else None
@@ -318,19 +319,19 @@ def since_cutoff(since: str, host_now: datetime) -> datetime:
     return when
 
 
-async def since_offset(t: Transport, handle: remote.RunHandle, cutoff: datetime) -> int:
+async def since_offset(t: Transport, handle: run.RunHandle, cutoff: datetime) -> int:
     """The log offset of the first line stamped at or after ``cutoff``, the log's size when
     none is. Lines without a stamp (a traceback's, a progress bar's) go with the stamped line
     before them. Reads backwards, READ_CHUNK bytes at a time, stopping at the first stamped
     line older than ``cutoff``; between reads it keeps only the first bytes of a line."""
     want = cutoff.strftime("%Y-%m-%d %H:%M:%S").encode()
-    size = (await remote.probe(t, handle)).log_size
+    size = (await run.probe(t, handle)).log_size
     found = size
     end = size
     later = b""  # the first bytes of the log from ``end`` on (already read)
     while end > 0:
-        start = max(0, end - remote.READ_CHUNK)
-        chunk = await remote.read_log(t, handle, start, end - start)
+        start = max(0, end - run.READ_CHUNK)
+        chunk = await run.read_log(t, handle, start, end - start)
         if not chunk:
             break  # the log shrank under us: what was found stands
         starts = [m.end() for m in _NEWLINE.finditer(chunk)]

@@ -53,11 +53,16 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from launcher import events, health, remote
+from launcher import events
 from launcher.backoff import Doubling, sleep_or
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import HostKeyError, HostUnreachable, LauncherError, PreflightError
-from launcher.gpus import check_gpus
+from launcher.host import health
+from launcher.host import run as remote
+from launcher.host.gpus import check_gpus
+from launcher.host.shell import RunDirUnsafe
+from launcher.host.transport import make_transport
+from launcher.host.transport.base import Transport
 from launcher.lifecycle import (
     Adopted,
     CleanedUp,
@@ -73,7 +78,6 @@ from launcher.lifecycle import (
     Start,
 )
 from launcher.multinode import Rank, dist_init_addr, rank_commands, ranks_of
-from launcher.remote_shell import RunDirUnsafe
 from launcher.sglang.classify import classify, diagnose, diagnose_text
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseLine, ReadyLine
 from launcher.sglang.multinode import (
@@ -86,8 +90,6 @@ from launcher.sglang.multinode import (
 from launcher.sglang.outcome import Diagnosis, Outcome
 from launcher.sglang.phases import Phase
 from launcher.supervisor import RunningAttempt, ServerSupervisor
-from launcher.transport import make_transport
-from launcher.transport.base import Transport
 
 __all__ = ["MultiNodeSupervisor", "stop_other_ranks"]
 

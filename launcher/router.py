@@ -38,7 +38,7 @@ import anyio
 import anyio.abc
 import structlog
 
-from launcher import events, health, remote
+from launcher import events
 from launcher.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
 from launcher.config.schema import Config, RouterConfig, ServerConfig, worker_url
 from launcher.errors import (
@@ -49,9 +49,11 @@ from launcher.errors import (
     is_transient,
 )
 from launcher.eventlog import level_of
-from launcher.router_api import RouterClient, normalize
+from launcher.host import health
+from launcher.host import run as remote
+from launcher.host.router_api import RouterClient, normalize
+from launcher.host.transport.base import Transport
 from launcher.sglang.flags import SECRET_ARG_ENV, mask_secret_flags
-from launcher.transport.base import Transport
 
 # Server events after which a server must not be a worker any more.
 LEAVE_EVENTS = (

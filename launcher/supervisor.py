@@ -39,7 +39,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from launcher import events, health, remote
+from launcher import events
 from launcher.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
 from launcher.command import ServerCommand, params_from_argv, server_command
 from launcher.config.schema import Config, ServerConfig
@@ -55,8 +55,13 @@ from launcher.errors import (
     is_transient,
 )
 from launcher.eventlog import level_of
-from launcher.gpus import check_gpus
-from launcher.hostfollow import HostFollower, followers_for
+from launcher.host import health
+from launcher.host import run as remote
+from launcher.host.follower import HostFollower, followers_for
+from launcher.host.gpus import check_gpus
+from launcher.host.preflight import PortHolder, port_holder
+from launcher.host.shell import RunDirUnsafe
+from launcher.host.transport.base import Transport
 from launcher.lifecycle import (
     Action,
     Adopted,
@@ -93,14 +98,11 @@ from launcher.lifecycle import (
 from launcher.memory.policy import AttemptRecord, Bounds
 from launcher.notify import Redactor
 from launcher.params import LaunchParams
-from launcher.remote_preflight import PortHolder, port_holder
-from launcher.remote_shell import RunDirUnsafe
 from launcher.sglang.classify import classify, diagnose
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseLine, ReadyLine
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
 from launcher.store.lock import make_private_dir, write_private_file
-from launcher.transport.base import Transport
 from launcher.untrusted import parse_stamp
 
 # Awaited with (server, reason) before launcher stops a server's processes (a router's

@@ -260,7 +260,7 @@ class Rewriter:
                     if name != alias.name and alias.asname is None:
                         name_renames[alias.name] = name
                     changed |= target != base or name != alias.name
-                text_alias = name if alias_as in (None, name) else f"{name} as {alias_as}"
+                text_alias = name if alias_as is None else f"{name} as {alias_as}"
                 groups.setdefault(target, []).append(text_alias)
             if not changed:
                 continue

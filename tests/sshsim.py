@@ -33,7 +33,7 @@ import anyio
 
 from launcher import events as ev
 from launcher.config.schema import Config, config_from_dict
-from launcher.transport.ssh import SSHTransport
+from launcher.host.transport.ssh import SSHTransport
 from tests import procs
 from tests.simhost import SimHost, make_sim_host, model_dir
 from tests.sshd import Sshd

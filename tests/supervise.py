@@ -33,11 +33,11 @@ import anyio
 
 from launcher import events as ev
 from launcher.config.schema import Config, config_from_dict
+from launcher.host.transport.base import Transport
+from launcher.host.transport.local import LocalTransport
 from launcher.lifecycle import State
 from launcher.sim import gpustate
 from launcher.supervisor import ServerSupervisor
-from launcher.transport.base import Transport
-from launcher.transport.local import LocalTransport
 from tests import procs
 from tests.simhost import REPO, SimHost, free_port, make_sim_host, model_dir
 

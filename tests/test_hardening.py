@@ -19,18 +19,20 @@ import httpx
 import pytest
 from rich.console import Console
 
-from launcher import cli, health, inspection, remote
+from launcher import cli, inspection
 from launcher.cli import EXIT_GAVE_UP, EXIT_NOT_READY
 from launcher.config.schema import SlackConfig, config_from_dict
 from launcher.errors import ConfigError, HostKeyError, RemoteCommandError, StateError
+from launcher.host import health
+from launcher.host import run as remote
+from launcher.host.transport.base import MAX_OUTPUT, CommandResult
+from launcher.host.transport.local import LocalTransport
+from launcher.host.transport.ssh import SSHTransport
 from launcher.params import LaunchParams
 from launcher.sglang.classify import diagnose
 from launcher.sglang.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
 from launcher.store.lock import StateLock
 from launcher.supervisor import ServerSupervisor, Snapshot
-from launcher.transport.base import MAX_OUTPUT, CommandResult
-from launcher.transport.local import LocalTransport
-from launcher.transport.ssh import SSHTransport
 from tests.hostile_http import HostileHttp
 from tests.sshd import Sshd
 from tests.supervise import HOST, Recorder, SimSetup, json_lines, run_cli

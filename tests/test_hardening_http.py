@@ -37,7 +37,7 @@ MIB = 1 << 20
 
 _ROUTER_CALL = """
 import anyio, httpx, json, sys
-from launcher.router_api import RouterClient
+from launcher.host.router_api import RouterClient
 async def main():
     async with httpx.AsyncClient(trust_env=False, timeout=60) as client:
         try:
@@ -300,8 +300,8 @@ def test_the_redactor_masks_a_secret_cut_at_either_edge() -> None:
 async def test_a_log_tail_cut_inside_a_line_starts_at_the_next_line(tmp_path: Path) -> None:
     """L1, the 64 KiB tail: its first bytes cut a line (here inside the token); that piece is
     dropped, so no end of a secret without its start is kept."""
-    from launcher import remote
-    from launcher.transport.local import LocalTransport
+    from launcher.host import run as remote
+    from launcher.host.transport.local import LocalTransport
     from tests.supervise import HOST
 
     (tmp_path / "log").write_text("x" * 100 + TOKEN + "\nlast words\n")

@@ -28,12 +28,12 @@ import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
 from launcher.errors import RemoteCommandError
+from launcher.host.preflight import PortHolder as Holder
+from launcher.host.preflight import port_holder
+from launcher.host.transport.base import CommandResult
+from launcher.host.transport.local import LocalTransport
 from launcher.lifecycle import State
 from launcher.metrics import Metrics
-from launcher.remote_preflight import PortHolder as Holder
-from launcher.remote_preflight import port_holder
-from launcher.transport.base import CommandResult
-from launcher.transport.local import LocalTransport
 from tests.simhost import REPO
 from tests.supervise import Recorded, Recorder, SimSetup, run_cli, supervise
 

@@ -26,12 +26,12 @@ from structlog.testing import capture_logs
 from launcher import events as ev
 from launcher.config.schema import Config, config_from_dict
 from launcher.errors import ConfigError, HostUnreachable
+from launcher.host.router_api import RouterApiError, RouterClient
+from launcher.host.transport.base import CommandResult
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
 from launcher.params import LaunchParams
 from launcher.router import Registrar, RouterSupervisor, plan_rows
-from launcher.router_api import RouterApiError, RouterClient
-from launcher.transport.base import CommandResult
 from tests.faketime import FakeTime
 from tests.supervise import SimSetup, run_cli
 

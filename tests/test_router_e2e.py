@@ -27,10 +27,10 @@ import httpx
 import pytest
 
 from launcher.config.schema import Config, config_from_dict
+from launcher.host.transport.base import Transport
 from launcher.metrics import Metrics
 from launcher.router import Routing, router_status, wire
 from launcher.supervisor import ServerSupervisor
-from launcher.transport.base import Transport
 from tests.simhost import free_port
 from tests.sshd import Sshd
 from tests.sshsim import (

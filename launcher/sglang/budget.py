@@ -27,7 +27,7 @@ Public API (stable; ``fleetlearn`` builds on it)::
                HybridFacts.per_req_bytes, draft_kv_bytes_per_token(...): the simulator's
                hidden costs come from these same rules (launcher.sim.server.scenario_for)
 
-Host side: ``launcher.modelfacts.read_facts`` reads the facts over a Transport;
+Host side: ``launcher.host.facts.read_facts`` reads the facts over a Transport;
 ``launcher.firstattempt.plan_first_attempt(..., coeffs=...)`` applies the ledger-first rule.
 
 All sizes are GiB (SGLang's "GB" in its logs is GiB) unless a name says bytes; all per-rank

@@ -1340,10 +1340,10 @@ def driver_main(args: argparse.Namespace) -> int:
     from launcher.config.placeholders import expand_placeholders
     from launcher.config.schema import load_config
     from launcher.eventlog import configure
+    from launcher.host.transport import make_transport
+    from launcher.host.transport.local import install_pidfd_child_watcher
     from launcher.lifecycle import State
     from launcher.supervisor import RunningAttempt, ServerSupervisor, supervise_all
-    from launcher.transport import make_transport
-    from launcher.transport.local import install_pidfd_child_watcher
 
     out: IO[str] = sys.stdout
     lock = threading.Lock()

@@ -23,7 +23,8 @@ import anyio
 
 from launcher.config.schema import HostConfig, ServerConfig
 from launcher.errors import LogFormatError, RemoteCommandError
-from launcher.gpus import query_gpus
+from launcher.host.gpus import query_gpus
+from launcher.host.transport.base import CommandResult, Transport
 from launcher.params import LaunchParams
 from launcher.sglang.budget import (
     DEFAULT_COEFFICIENTS,
@@ -39,7 +40,6 @@ from launcher.sglang.budget import (
     estimate,
     weight_bytes_from_index,
 )
-from launcher.transport.base import CommandResult, Transport
 
 __all__ = [
     "MAX_CONFIG",

@@ -1,6 +1,6 @@
 """One session per host: every server of a host is followed through one agent process.
 
-:class:`HostFollower` pushes :mod:`launcher.follow_agent` to its host when it first needs it
+:class:`HostFollower` pushes :mod:`launcher.host.agent` to its host when it first needs it
 (``python3 -c <source>`` over one exec session of the transport, via ``duplex``) and keeps it
 running while anything is followed. The agent tails every followed log, notices every exit
 (and its status) and sends a heartbeat, all as frames on that one channel
@@ -8,7 +8,7 @@ running while anything is followed. The agent tails every followed log, notices 
 the short commands (launch, probe, stop…), which the transport keeps under its
 per-connection cap.
 
-:meth:`HostFollower.follow` has exactly the contract of :func:`launcher.remote.follow`: every
+:meth:`HostFollower.follow` has exactly the contract of :func:`launcher.host.run.follow`: every
 log byte from the offset exactly once, in order, then ``Exited``. A host without python3
 (the agent does not start) falls back to ``remote.follow`` (one ``tail`` session per server).
 
@@ -43,7 +43,6 @@ import structlog
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
-from launcher import follow_agent, remote
 from launcher.errors import (
     HostUnreachable,
     LauncherError,
@@ -52,9 +51,11 @@ from launcher.errors import (
     describe_exception,
     format_traceback,
 )
-from launcher.health import status_code
-from launcher.remote_shell import UNSAFE_REMEDY
-from launcher.transport.base import Duplex, DuplexTransport, Transport
+from launcher.host import agent
+from launcher.host import run as remote
+from launcher.host.health import status_code
+from launcher.host.shell import UNSAFE_REMEDY
+from launcher.host.transport.base import Duplex, DuplexTransport, Transport
 from launcher.untrusted import bounded_int
 
 log = structlog.get_logger(__name__)
@@ -80,7 +81,7 @@ class FrameError(LogFormatError):
 
 @dataclass(frozen=True)
 class Frame:
-    """One frame of the agent's stream (see launcher.follow_agent)."""
+    """One frame of the agent's stream (see launcher.host.agent)."""
 
     kind: str
     key: int
@@ -106,16 +107,16 @@ class FrameDecoder:
             raise FrameError(self._broken)
         self._buf += data
         frames: list[Frame] = []
-        size = follow_agent.HEADER.size
+        size = agent.HEADER.size
         pos = 0
         buf = self._buf
         while len(buf) - pos >= size:
-            magic, kind, key, offset, length = follow_agent.HEADER.unpack_from(buf, pos)
-            if magic != follow_agent.MAGIC or kind not in follow_agent.KINDS:
+            magic, kind, key, offset, length = agent.HEADER.unpack_from(buf, pos)
+            if magic != agent.MAGIC or kind not in agent.KINDS:
                 self._broken = (f"follow agent stream out of frame at byte {pos}: "
                                 f"{bytes(buf[pos:pos + 16])!r}")
                 raise FrameError(self._broken)
-            if length > follow_agent.MAX_PAYLOAD:
+            if length > agent.MAX_PAYLOAD:
                 self._broken = f"follow agent frame announces {length} bytes"
                 raise FrameError(self._broken)
             if len(buf) - pos - size < length:
@@ -135,7 +136,7 @@ class FrameDecoder:
 @functools.cache
 def agent_source() -> str:
     """The agent's source, as shipped in the package."""
-    return resources.files("launcher").joinpath("follow_agent.py").read_text("utf-8")
+    return resources.files("launcher.host").joinpath("agent.py").read_text("utf-8")
 
 
 class AgentUnavailable(LauncherError):
@@ -301,7 +302,7 @@ class HostFollower:
             frames = decoder.feed(data)
             for i, frame in enumerate(frames):
                 if frame.kind == "R":
-                    if frame.payload != str(follow_agent.VERSION).encode():
+                    if frame.payload != str(agent.VERSION).encode():
                         raise FrameError(f"follow agent on {self.host_name} speaks version "
                                          f"{frame.payload!r}")
                     return frames[i + 1:]
@@ -384,7 +385,7 @@ class HostFollower:
         on_attached: Callable[[], None] | None = None,
     ) -> AsyncGenerator[remote.LogChunk | remote.RunExited, None]:
         """Yield the log from byte ``offset`` as it grows, then ``Exited`` once the server is
-        gone: the contract of :func:`launcher.remote.follow`. ``on_attached`` is called each
+        gone: the contract of :func:`launcher.host.run.follow`. ``on_attached`` is called each
         time the agent took the server on (proof that the host answers)."""
         position = offset
         while True:
@@ -451,7 +452,7 @@ class HostFollower:
 
     async def probe(self, port: int, deadline_s: float) -> tuple[bool, str] | None:
         """``GET /health`` on the host's 127.0.0.1:``port``, made by the agent: (whether it
-        answered 200, a detail as launcher.health.probe_health gives it). No channel and no
+        answered 200, a detail as launcher.host.health.probe_health gives it). No channel and no
         socket per probe: the probes asked within PROBE_LINGER_S of each other go as one
         command and their answers come back together. None when the host has no agent
         (probe some other way). HostUnreachable (or the error that ended the channel)

@@ -6,7 +6,7 @@ values as positional arguments (never interpolated), and the error for a failed 
 from __future__ import annotations
 
 from launcher.errors import RemoteCommandError
-from launcher.transport.base import CommandResult, Transport
+from launcher.host.transport.base import CommandResult, Transport
 
 # Shell functions shared by the scripts of ``remote`` and ``remote_preflight``.
 # ``ident`` reads the boot id and the start time

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import ConfigError, RemoteCommandError
-from launcher.remote_shell import _PRELUDE, _fail, _sh
+from launcher.host.shell import _PRELUDE, _fail, _sh
+from launcher.host.transport.base import Transport
 from launcher.sglang.versions import DEFAULT_VERSION, MAX_COMPONENT_DIGITS
-from launcher.transport.base import Transport
 
 _VERSION_REMEDY = "set sglang_version in the config"
 

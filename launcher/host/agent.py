@@ -1,14 +1,14 @@
 """The host-side follow agent: one process per host follows every server's log over one stream.
 
 This file is shipped to the host as it is (``python3 -c <this source>``, see
-:mod:`launcher.hostfollow`) and must stay self-contained: Python 3.6+ standard library only,
+:mod:`launcher.host.follower`) and must stay self-contained: Python 3.6+ standard library only,
 no import of launcher, no f-string tricks newer than 3.6. launcher also imports it for the
 frame format (:func:`encode_frame`, the constants).
 
 Protocol. The agent reads JSON commands, one per line, on stdin:
 
 - ``{"op": "add", "key": K, "dir": D, "offset": O, "pid": P}``: follow the attempt in run
-  directory D (see launcher.remote) from log byte O; its server's pid is P. K is a number the
+  directory D (see launcher.host.run) from log byte O; its server's pid is P. K is a number the
   launcher never reuses in one agent's life.
 - ``{"op": "del", "key": K}``: stop following K (unknown keys are ignored).
 - ``{"op": "probes", "key": K, "items": [[K1, P1, T1], [K2, P2, T2], ...]}``: ``GET
@@ -32,7 +32,7 @@ followed by ``length`` payload bytes:
   HTTP status code (digits), ``timeout``, or the error's type and message.
 
 Files. The agent opens an attempt's directory once, one component at a time from / with
-O_NOFOLLOW, each checked as launcher.remote_shell's ``safe`` checks it (:func:`open_run_dir`),
+O_NOFOLLOW, each checked as launcher.host.shell's ``safe`` checks it (:func:`open_run_dir`),
 and then opens ``log``, ``pid_start`` and ``exit_status`` relative to that descriptor with
 O_NOFOLLOW, reading at most SMALL_FILE bytes of the small ones: another user can neither
 swap the directory under it nor make it read a file of his choice or a huge one. A directory
@@ -40,7 +40,7 @@ that fails the check is answered with ``E`` (its payload starts "unsafe run dire
 
 A server is gone when its ``exit_status`` file exists, or its pid no longer runs our process
 (the start time recorded in ``pid_start`` no longer matches), exactly as the shell helpers of
-launcher.remote decide. Once gone, the agent waits up to SETTLE_S for ``exit_status`` (the
+launcher.host.run decide. Once gone, the agent waits up to SETTLE_S for ``exit_status`` (the
 wrapper writes it right after reaping the server), sends the rest of the log, then ``X``.
 
 Cost per round (one every POLL_S, hundreds of servers per agent): a round must stay cheap so
@@ -91,7 +91,7 @@ def encode_frame(kind: bytes, key: int, offset: int, payload: bytes) -> bytes:
 
 
 def _ident(pid: int, boot_id: str) -> Optional[str]:
-    """'<boot id> <start time>' of ``pid``, as launcher.remote's ``ident``; None if gone."""
+    """'<boot id> <start time>' of ``pid``, as launcher.host.run's ``ident``; None if gone."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as fh:
             stat = fh.read().decode("ascii", "replace")
@@ -122,7 +122,7 @@ def probe_many(items: List[Tuple[int, int, float]],
     """``GET /health`` on 127.0.0.1:port for every (key, port, timeout) of ``items``, all at
     once in the calling thread: ``emit`` gets each wave of (key, answer) as they come, every
     key exactly once, within about its ``timeout`` seconds. An answer is the status code,
-    ``timeout``, or the error's type and message (as launcher.health.probe_health words it).
+    ``timeout``, or the error's type and message (as launcher.host.health.probe_health words it).
     """
     start = time.monotonic()
     poller = select.poll()
@@ -207,7 +207,7 @@ def _read_text(path: str) -> Optional[str]:
 
 def open_run_dir(path: str) -> int:
     """A descriptor of the attempt directory ``path``, opened one component at a time from /
-    with O_NOFOLLOW, each checked with ``fstat`` as launcher.remote_shell's ``safe`` checks
+    with O_NOFOLLOW, each checked with ``fstat`` as launcher.host.shell's ``safe`` checks
     it: the last STRICT_LEVELS owned by us and not group/other-writable, every one above owned
     by root or us and not group/other-writable unless sticky and root's (like /tmp).
 

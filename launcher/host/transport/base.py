@@ -1,5 +1,5 @@
 """The interface every transport implements. The supervisor and the remote-run protocol
-(launcher.remote) only ever talk to a host through it, so SSH and local are interchangeable.
+(launcher.host.run) only ever talk to a host through it, so SSH and local are interchangeable.
 
 Contract for implementers:
 - ``argv`` is a list of strings. The transport runs it *without a shell on our side*: the local

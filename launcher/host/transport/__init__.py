@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from launcher.config.schema import HostConfig
-    from launcher.transport.base import Transport
+    from launcher.host.transport.base import Transport
 
 
 def make_transport(host: HostConfig, *, connect_attempts: int | None = None) -> Transport:
@@ -14,10 +14,10 @@ def make_transport(host: HostConfig, *, connect_attempts: int | None = None) -> 
     ``connect_attempts``: SSH connection tries before a host counts as unreachable (default
     the transport's; 1 for a one-off command that should fail fast)."""
     if host.transport == "local":
-        from launcher.transport.local import LocalTransport
+        from launcher.host.transport.local import LocalTransport
 
         return LocalTransport(host.name, env=host.env)
-    from launcher.transport.ssh import SSHTransport
+    from launcher.host.transport.ssh import SSHTransport
 
     if connect_attempts is not None:
         return SSHTransport.from_host_config(host, retry_attempts=connect_attempts)

@@ -10,7 +10,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from launcher.errors import LogFormatError, RemoteCommandError
-from launcher.transport.base import CommandResult, Transport
+from launcher.host.transport.base import CommandResult, Transport
 
 GPU_QUERY = ["--query-gpu=index,memory.used,memory.total", "--format=csv,noheader,nounits"]
 UUID_QUERY = ["--query-gpu=index,uuid", "--format=csv,noheader,nounits"]

@@ -21,7 +21,7 @@ import anyio
 import httpx
 
 from launcher.errors import HostKeyError, LauncherError
-from launcher.transport.base import Transport
+from launcher.host.transport.base import Transport
 from launcher.untrusted import bounded_int
 
 MAX_BODY = 4096  # bytes of a /health body read; the rest is dropped with the connection

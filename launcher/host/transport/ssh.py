@@ -1,6 +1,7 @@
 """The SSH transport: a small pool of asyncssh connections per host, shared by its servers.
 
-:class:`SSHTransport` implements :class:`launcher.transport.base.Transport` over OpenSSH-compatible
+:class:`SSHTransport` implements :class:`launcher.host.transport.base.Transport` over
+OpenSSH-compatible
 servers. Every caller on a host shares the pool: connections are opened lazily on first use and
 reopened on the next call after they drop.
 
@@ -65,7 +66,7 @@ from launcher.errors import (
     RemoteCommandError,
     TransportError,
 )
-from launcher.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult, Duplex
+from launcher.host.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult, Duplex
 
 log = structlog.get_logger(__name__)
 
@@ -270,7 +271,7 @@ class _Connection:
 
 
 class SSHTransport:
-    """A :class:`~launcher.transport.base.Transport` to one host over SSH.
+    """A :class:`~launcher.host.transport.base.Transport` to one host over SSH.
 
     ``address`` is what to connect to (a name or IP, possibly a ``~/.ssh/config`` alias when
     ``use_ssh_config``); ``port``, ``user`` and ``identity_file`` default to the SSH config and

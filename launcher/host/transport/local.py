@@ -3,7 +3,7 @@
 Every command runs in a new session (``start_new_session``), so a timeout or a cancelled
 stream can kill the command *and* whatever it started in its process group, and a Ctrl-C
 aimed at launcher does not reach the commands it runs. Processes that a command detaches on
-purpose (``setsid``, as launcher.remote does for servers) leave that group and survive.
+purpose (``setsid``, as launcher.host.run does for servers) leave that group and survive.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, Process
 
 from launcher.errors import CommandTimedOut, RemoteCommandError
-from launcher.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult, Duplex
+from launcher.host.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult, Duplex
 
 _STDERR_TAIL = 2000
 # What a command inherits from launcher's own environment: what a login shell would have (as

@@ -55,13 +55,13 @@ from launcher.errors import (
     RemoteCommandError,
     StateError,
 )
-from launcher.remote_preflight import _PORT as _PORT
-from launcher.remote_preflight import detect_sglang_version as detect_sglang_version
-from launcher.remote_preflight import path_exists as path_exists
-from launcher.remote_preflight import port_in_use as port_in_use
-from launcher.remote_preflight import version_probe_argv as version_probe_argv
-from launcher.remote_shell import _PRELUDE, _fail, _sh
-from launcher.transport.base import Transport
+from launcher.host.preflight import _PORT as _PORT
+from launcher.host.preflight import detect_sglang_version as detect_sglang_version
+from launcher.host.preflight import path_exists as path_exists
+from launcher.host.preflight import port_in_use as port_in_use
+from launcher.host.preflight import version_probe_argv as version_probe_argv
+from launcher.host.shell import _PRELUDE, _fail, _sh
+from launcher.host.transport.base import Transport
 from launcher.untrusted import bounded_float, bounded_int
 
 log = structlog.get_logger(__name__)
