@@ -65,16 +65,16 @@ from launcher.errors import (
     WontFit,
 )
 from launcher.eventlog import Format, configure, on_journal
-from launcher.firstattempt import Planned, estimate_servers
 from launcher.host import run
 from launcher.host.gpus import check_gpus
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.memory.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
 from launcher.memview import bar_text, legend
-from launcher.multinode import rank_commands
 from launcher.notify import ServerInfo, SlackNotifier, webhook_url_ok
 from launcher.params import LaunchParams
+from launcher.plan.first_attempt import Planned, estimate_servers
+from launcher.plan.multinode import rank_commands
 from launcher.ranks import stop_other_ranks
 from launcher.router import plan_rows as router_plan_rows
 from launcher.router import router_status, routers_for, stop_router

@@ -20,8 +20,6 @@ from launcher import events
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import LauncherError, WontFit
 from launcher.facts import ServerFacts
-from launcher.firstattempt import Planned, plan_first_attempt
-from launcher.fleet import context_of
 from launcher.hooks.recorder import LedgerRecorder
 from launcher.host import run as remote
 from launcher.host.facts import GpuReadsOnce
@@ -32,6 +30,8 @@ from launcher.lifecycle import State
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
 from launcher.params import LaunchParams
+from launcher.plan.first_attempt import Planned, plan_first_attempt
+from launcher.plan.fleet import context_of
 from launcher.ranks import MultiNodeSupervisor
 from launcher.router import routers_for, wire
 from launcher.store.ledger import (
@@ -167,7 +167,7 @@ _Plan = tuple[ServerConfig, str, LaunchParams, str]
 
 @dataclass
 class _Keys:
-    """What each server's observations are filed under (``launcher.fleet``): the contexts the
+    """What each server's observations are filed under (``launcher.plan.fleet``): the contexts the
     first attempts' estimates gave, and the servers whose key is still to be read."""
 
     contexts: dict[str, ObservationContext] = field(default_factory=dict)

@@ -1,6 +1,6 @@
 """Supervision of a multi-node server: its ranks' I/O, presented to the state machine as one.
 
-A server with ``nodes = [...]`` runs one SGLang process per node (``launcher.multinode``).
+A server with ``nodes = [...]`` runs one SGLang process per node (``launcher.plan.multinode``).
 :class:`MultiNodeSupervisor` is a :class:`~launcher.supervisor.ServerSupervisor` whose attempt
 is a group of ranks. The pure state machine (``launcher.lifecycle``) is unchanged: it sees one
 server, and this module turns the ranks' events into that server's.
@@ -77,7 +77,7 @@ from launcher.lifecycle import (
     Stalled,
     Start,
 )
-from launcher.multinode import Rank, dist_init_addr, rank_commands, ranks_of
+from launcher.plan.multinode import Rank, dist_init_addr, rank_commands, ranks_of
 from launcher.sglang.classify import classify, diagnose, diagnose_text
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseLine, ReadyLine
 from launcher.sglang.multinode import (

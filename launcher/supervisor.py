@@ -41,7 +41,6 @@ from tenacity import (
 
 from launcher import events
 from launcher.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
-from launcher.command import ServerCommand, params_from_argv, server_command
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import (
     AuthenticationFailed,
@@ -98,6 +97,7 @@ from launcher.lifecycle import (
 from launcher.memory.policy import AttemptRecord, Bounds
 from launcher.notify import Redactor
 from launcher.params import LaunchParams
+from launcher.plan.command import ServerCommand, params_from_argv, server_command
 from launcher.sglang.classify import classify, diagnose
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseLine, ReadyLine
 from launcher.sglang.outcome import Outcome

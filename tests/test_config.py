@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from launcher.command import params_argv
 from launcher.config.placeholders import expand_placeholders
 from launcher.config.schema import (
     Config,
@@ -27,6 +26,7 @@ from launcher.config.schema import (
 )
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
+from launcher.plan.command import params_argv
 from launcher.sglang.phases import Phase
 
 REPO = Path(__file__).resolve().parent.parent

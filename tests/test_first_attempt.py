@@ -22,11 +22,11 @@ from launcher import daemon
 from launcher.cli import EXIT_GAVE_UP, EXIT_OK, EXIT_WONT_FIT
 from launcher.config.schema import config_from_dict
 from launcher.errors import WontFit
-from launcher.firstattempt import plan_first_attempt
 from launcher.host.facts import MAX_CONFIG, Facts, read_gpus, read_model, server_shape
 from launcher.host.transport.base import CommandResult
 from launcher.host.transport.local import LocalTransport
 from launcher.params import LaunchParams
+from launcher.plan.first_attempt import plan_first_attempt
 from launcher.sglang.budget import GIB, GpuFacts, NoEstimate, choose
 from launcher.sim.memory import simulate
 from launcher.sim.server import scenario_from_argv

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from launcher.fleet import parse_names
+from launcher.plan.fleet import parse_names
 from launcher.store.ledger import Ledger, ledger_path
 from tests.supervise import SimSetup, json_lines, run_cli
 

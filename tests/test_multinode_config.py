@@ -9,8 +9,8 @@ import pytest
 
 from launcher.config.schema import Config, load_config
 from launcher.errors import ConfigError
-from launcher.multinode import dist_init_addr, rank_commands
 from launcher.params import LaunchParams
+from launcher.plan.multinode import dist_init_addr, rank_commands
 from tests.supervise import run_cli
 
 HOSTS = """

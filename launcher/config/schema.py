@@ -400,7 +400,8 @@ class ServerConfig(_Model):
     name: Name
     host: str  # node 0's host when ``nodes`` is set (filled in from it)
     # Multi-node (one server over several hosts): every host in rank order, node 0 first;
-    # ``gpus`` apply on each. launcher/multinode.py renders --nnodes/--node-rank/--dist-init-addr.
+    # ``gpus`` apply on each. launcher/plan/multinode.py renders
+    # --nnodes/--node-rank/--dist-init-addr.
     nodes: Annotated[list[Name], AfterValidator(_node_list)] | None = None
     dist_init_port: Port | None = None
     dist_init_addr: Annotated[str, AfterValidator(_host_port)] | None = None

@@ -28,7 +28,7 @@ Public API (stable; ``fleetlearn`` builds on it)::
                hidden costs come from these same rules (launcher.sim.server.scenario_for)
 
 Host side: ``launcher.host.facts.read_facts`` reads the facts over a Transport;
-``launcher.firstattempt.plan_first_attempt(..., coeffs=...)`` applies the ledger-first rule.
+``launcher.plan.first_attempt.plan_first_attempt(..., coeffs=...)`` applies the ledger-first rule.
 
 All sizes are GiB (SGLang's "GB" in its logs is GiB) unless a name says bytes; all per-rank
 figures are for one GPU of the server. The formulas and where each comes from in SGLang's source

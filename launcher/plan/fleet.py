@@ -2,7 +2,7 @@
 model read on its host, and its estimate corrected by the ledger's observations.
 
 ``launcher.memory.calibration`` is the pure arithmetic; this module reads the host (one nvidia-smi
-query) and the ledger, for ``launcher.firstattempt`` (the first attempt's choice) and
+query) and the ledger, for ``launcher.plan.first_attempt`` (the first attempt's choice) and
 ``launcher.daemon`` (the recorder's ``ObservationContext``).
 
 Error handling: the GPU model is advice; a host that cannot tell gives "" (calibration then

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from launcher.command import NodeRank, ServerCommand, server_command
 from launcher.config.schema import Config, ServerConfig
 from launcher.params import LaunchParams
+from launcher.plan.command import NodeRank, ServerCommand, server_command
 
 __all__ = ["Rank", "dist_init_addr", "rank_commands", "rank_run_name", "ranks_of"]
 

@@ -24,12 +24,12 @@ import structlog
 
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import RemoteCommandError, TransportError
-from launcher.fleet import gpu_model, learned
 from launcher.host.facts import Facts, GpuReadsOnce, read_facts
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.memory.calibration import Correction, Match, describe
 from launcher.params import LaunchParams
+from launcher.plan.fleet import gpu_model, learned
 from launcher.sglang.budget import (
     DEFAULT_COEFFICIENTS,
     Choice,
@@ -60,7 +60,7 @@ class Planned:
     no_estimate: str | None = None
     refused: bool = False
     facts: Facts | None = None
-    # Learning from the fleet (launcher.fleet): the correction the ledger's observations made
+    # Learning from the fleet (launcher.plan.fleet): the correction the ledger's observations made
     # to the estimate, and what this server's own attempts are filed under.
     correction: Correction | None = None
     observation: ObservationContext | None = None
@@ -98,7 +98,7 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
     facts; an unreachable host is reported as ``no_estimate`` too (the supervisor deals with
     it). ``coeffs``: the costs to assume (the cold prior, or what the ledger taught).
     ``ledger``: correct the estimate by its observations of the same architecture on the same
-    GPU type (``launcher.fleet``; the margin is then the smaller of the configured one and
+    GPU type (``launcher.plan.fleet``; the margin is then the smaller of the configured one and
     what the observations warrant)."""
     log = structlog.get_logger("launcher").bind(server=server.name)
     policy = config.policy_for(server.name)

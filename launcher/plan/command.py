@@ -162,7 +162,7 @@ def server_command(
     secret_env: Mapping[str, str], attempt: int = 1, node: NodeRank | None = None,
 ) -> ServerCommand:
     """``build_command`` for a configured server (the supervisor and `plan` share it);
-    ``node`` for one rank of a multi-node server (``launcher.multinode.rank_commands``)."""
+    ``node`` for one rank of a multi-node server (``launcher.plan.multinode.rank_commands``)."""
     s = server
     return build_command(
         command=s.command, model_path=s.model_path, tp=s.tp, dp=s.dp, port=s.port,
