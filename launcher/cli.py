@@ -42,7 +42,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from launcher import __version__, daemon, events, inspection
+from launcher import __version__, daemon, inspection
 from launcher.config.placeholders import expand_placeholders
 from launcher.config.schema import (
     Config,
@@ -75,9 +75,6 @@ from launcher.notify import ServerInfo, SlackNotifier, webhook_url_ok
 from launcher.params import LaunchParams
 from launcher.plan.first_attempt import Planned, estimate_servers
 from launcher.plan.multinode import rank_commands
-from launcher.ranks import stop_other_ranks
-from launcher.router import plan_rows as router_plan_rows
-from launcher.router import router_status, routers_for, stop_router
 from launcher.sglang.budget import observed_bar
 from launcher.sglang.classify import diagnose_text
 from launcher.sglang.flags import mask_secret_flags
@@ -85,7 +82,11 @@ from launcher.sglang.outcome import Diagnosis
 from launcher.sglang.versions import DEFAULT_VERSION, SUPPORTED_VERSIONS
 from launcher.store.ledger import Ledger, fingerprint, ledger_path
 from launcher.store.lock import make_private_dir
-from launcher.supervisor import Snapshot
+from launcher.supervise import events
+from launcher.supervise.ranks import stop_other_ranks
+from launcher.supervise.router import plan_rows as router_plan_rows
+from launcher.supervise.router import router_status, routers_for, stop_router
+from launcher.supervise.supervisor import Snapshot
 from launcher.untrusted import plain as _plain
 
 EXIT_OK = 0

@@ -16,7 +16,6 @@ from typing import Protocol
 import anyio
 import structlog
 
-from launcher import events
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import LauncherError, WontFit
 from launcher.facts import ServerFacts
@@ -26,14 +25,11 @@ from launcher.host.facts import GpuReadsOnce
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.host.transport.local import install_pidfd_child_watcher
-from launcher.lifecycle import State
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
 from launcher.params import LaunchParams
 from launcher.plan.first_attempt import Planned, plan_first_attempt
 from launcher.plan.fleet import context_of
-from launcher.ranks import MultiNodeSupervisor
-from launcher.router import routers_for, wire
 from launcher.store.ledger import (
     Ledger,
     ObservationContext,
@@ -42,7 +38,11 @@ from launcher.store.ledger import (
     ledger_path,
 )
 from launcher.store.lock import StateLock
-from launcher.supervisor import ServerSupervisor, Snapshot, supervise_all
+from launcher.supervise import events
+from launcher.supervise.lifecycle import State
+from launcher.supervise.ranks import MultiNodeSupervisor
+from launcher.supervise.router import routers_for, wire
+from launcher.supervise.supervisor import ServerSupervisor, Snapshot, supervise_all
 from launcher.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
 
 __all__ = [

@@ -3,7 +3,7 @@
 Events are stable dotted names with their data in keys (``attempt.failed outcome=...``);
 context (server, host) is bound by each supervisor.
 
-Levels: supervision events (``launcher.events``) are logged at the level ``EVENT_LEVELS``
+Levels: supervision events (``launcher.supervise.events``) are logged at the level ``EVENT_LEVELS``
 gives their name (``level_of``), info for every name it does not list. It is the one place
 that says which events a person should look at: a failed attempt is a warning, a server that
 gave up an error.
@@ -35,7 +35,7 @@ from typing import Literal, TextIO
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from launcher import events
+from launcher.supervise import events
 from launcher.untrusted import plain
 
 __all__ = ["EVENT_LEVELS", "Format", "configure", "level_of", "on_journal", "syslog_priority"]

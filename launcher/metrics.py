@@ -1,8 +1,9 @@
 """Prometheus metrics: an event hook that keeps them, and the HTTP endpoint that serves them.
 
-``Metrics`` is a supervisor event hook (``metrics(server, event)``, ``launcher.events``; see the
-event list) plus ``update_states(snapshots)`` for the state gauges. ``Metrics.serve(host,
-port)`` starts the exposition endpoint (``GET /metrics``) in a daemon thread.
+``Metrics`` is a supervisor event hook (``metrics(server, event)``,
+``launcher.supervise.events``; see the event list) plus ``update_states(snapshots)`` for the
+state gauges. ``Metrics.serve(host, port)`` starts the exposition endpoint (``GET /metrics``)
+in a daemon thread.
 
 The endpoint is prometheus-client's WSGI app (the same exposition, content negotiation and
 compression as its ``start_http_server``) on a server that bounds what a client can hold (any
@@ -58,7 +59,7 @@ Routers (``[[routers]]``, label ``router``):
 ``launcher_router_worker_registered{server}``       1 while the server is its worker
 ==================================================  ==================================
 
-State values are ``launcher.lifecycle.State`` values (``cuda_graph``, ``gave_up``, ...).
+State values are ``launcher.supervise.lifecycle.State`` values (``cuda_graph``, ``gave_up``, ...).
 """
 
 from __future__ import annotations
@@ -85,10 +86,11 @@ from prometheus_client import (
     make_wsgi_app,
 )
 
-from launcher import __version__, events
+from launcher import __version__
 from launcher.errors import ConfigError
 from launcher.facts import ServerFacts
-from launcher.lifecycle import State
+from launcher.supervise import events
+from launcher.supervise.lifecycle import State
 
 __all__ = ["Metrics", "MetricsServer", "ServerState"]
 
@@ -110,7 +112,8 @@ _STATES = [state.value for state in State]
 
 
 class ServerState(Protocol):
-    """What ``update_states`` reads from each server (``launcher.supervisor.Snapshot``)."""
+    """What ``update_states`` reads from each server
+    (``launcher.supervise.supervisor.Snapshot``)."""
 
     @property
     def server(self) -> str: ...
@@ -466,7 +469,7 @@ class Metrics:
                 self._set_state(server, State.GAVE_UP.value)
             case events.ServerStopped():
                 self._set_state(server, State.STOPPED.value)
-            case events.HostUnreachable():
+            case events.HostLost():
                 self.host_unreachable.labels(server, host).set(1)
             case events.HostReachable():
                 self.host_unreachable.labels(server, host).set(0)

@@ -85,8 +85,6 @@ import structlog
 from anyio.abc import TaskStatus
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result
 
-from launcher import events
-from launcher.backoff import Jitter, capped_exponential, jittered
 from launcher.errors import ConfigError, LauncherError
 from launcher.facts import operator_box
 from launcher.notify_messages import _HEADER_MAX as _HEADER_MAX
@@ -113,6 +111,8 @@ from launcher.notify_messages import (
 )
 from launcher.notify_messages import alert_title as alert_title
 from launcher.store.ledger import NotifyState
+from launcher.supervise import events
+from launcher.supervise.backoff import Jitter, capped_exponential, jittered
 
 __all__ = [
     "Kind",

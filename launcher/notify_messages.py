@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
-from launcher import events
 from launcher.durations import format_duration
 from launcher.facts import ServerFacts
 from launcher.params import LaunchParams
+from launcher.supervise import events
 
 _EVIDENCE_LINE_MAX = 300
 _LEDGER_MAX = 15

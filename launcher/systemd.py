@@ -216,7 +216,8 @@ async def run_watchdog(
 
 
 class ServerStatus(Protocol):
-    """What ``status_summary`` reads from each server (``launcher.supervisor.Snapshot``)."""
+    """What ``status_summary`` reads from each server
+    (``launcher.supervise.supervisor.Snapshot``)."""
 
     @property
     def server(self) -> str: ...

@@ -31,9 +31,9 @@ from typing import Any
 
 import anyio
 
-from launcher import events as ev
 from launcher.config.schema import Config, config_from_dict
 from launcher.host.transport.ssh import SSHTransport
+from launcher.supervise import events as ev
 from tests import procs
 from tests.simhost import SimHost, make_sim_host, model_dir
 from tests.sshd import Sshd

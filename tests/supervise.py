@@ -31,13 +31,13 @@ from typing import Any
 
 import anyio
 
-from launcher import events as ev
 from launcher.config.schema import Config, config_from_dict
 from launcher.host.transport.base import Transport
 from launcher.host.transport.local import LocalTransport
-from launcher.lifecycle import State
 from launcher.sim import gpustate
-from launcher.supervisor import ServerSupervisor
+from launcher.supervise import events as ev
+from launcher.supervise.lifecycle import State
+from launcher.supervise.supervisor import ServerSupervisor
 from tests import procs
 from tests.simhost import REPO, SimHost, free_port, make_sim_host, model_dir
 

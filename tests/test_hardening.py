@@ -32,7 +32,7 @@ from launcher.params import LaunchParams
 from launcher.sglang.classify import diagnose
 from launcher.sglang.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
 from launcher.store.lock import StateLock
-from launcher.supervisor import ServerSupervisor, Snapshot
+from launcher.supervise.supervisor import ServerSupervisor, Snapshot
 from tests.hostile_http import HostileHttp
 from tests.sshd import Sshd
 from tests.supervise import HOST, Recorder, SimSetup, json_lines, run_cli

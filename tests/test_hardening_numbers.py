@@ -31,7 +31,6 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from launcher import events as ev
 from launcher.cli import EXIT_NOT_READY, EXIT_OK
 from launcher.config.schema import config_from_dict
 from launcher.errors import RemoteCommandError
@@ -42,15 +41,16 @@ from launcher.host.follower import Frame, FrameDecoder, HostFollower
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import CommandResult, Duplex
 from launcher.host.transport.local import LocalTransport
-from launcher.lifecycle import State
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
-from launcher.router import Registrar, RouterSupervisor
 from launcher.sglang import logparse
 from launcher.sglang.budget import ModelFacts, NoEstimate
 from launcher.sglang.outcome import Numbers
 from launcher.sglang.versions import version_tuple
-from launcher.supervisor import ServerSupervisor, supervise_all
+from launcher.supervise import events as ev
+from launcher.supervise.lifecycle import State
+from launcher.supervise.router import Registrar, RouterSupervisor
+from launcher.supervise.supervisor import ServerSupervisor, supervise_all
 from launcher.untrusted import bounded_float, bounded_int, finite_number, parse_stamp
 from tests.simhost import free_port, model_dir
 from tests.supervise import SimSetup, cli_argv, cli_env, json_lines, run_cli

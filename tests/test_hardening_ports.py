@@ -32,8 +32,8 @@ from launcher.host.preflight import PortHolder as Holder
 from launcher.host.preflight import port_holder
 from launcher.host.transport.base import CommandResult
 from launcher.host.transport.local import LocalTransport
-from launcher.lifecycle import State
 from launcher.metrics import Metrics
+from launcher.supervise.lifecycle import State
 from tests.simhost import REPO
 from tests.supervise import Recorded, Recorder, SimSetup, run_cli, supervise
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import anyio
 import pytest
 
-from launcher import events
 from launcher.errors import HostUnreachable
 from launcher.host import agent as follow_agent
 from launcher.host import run
@@ -26,8 +25,9 @@ from launcher.host.run import AttemptSpec, LogChunk, RunExited, RunHandle
 from launcher.host.transport.base import Duplex, DuplexTransport
 from launcher.host.transport.local import LocalTransport
 from launcher.host.transport.ssh import SSHTransport
-from launcher.lifecycle import State
-from launcher.supervisor import ServerSupervisor, supervise_all
+from launcher.supervise import events
+from launcher.supervise.lifecycle import State
+from launcher.supervise.supervisor import ServerSupervisor, supervise_all
 from tests.hostile_http import HostileHttp
 from tests.simhost import free_port
 from tests.sshd import Sshd

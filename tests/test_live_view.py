@@ -22,7 +22,7 @@ from launcher.params import LaunchParams
 from launcher.sglang.logparse import LogFollower
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import Phase
-from launcher.supervisor import Snapshot, failure_note
+from launcher.supervise.supervisor import Snapshot, failure_note
 from tests.simhost import model_dir
 from tests.supervise import REPO, SERVER, SimSetup, cli_argv, cli_env
 

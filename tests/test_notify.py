@@ -17,7 +17,6 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from launcher import events as ev
 from launcher.errors import ConfigError
 from launcher.notify import (
     Kind,
@@ -35,6 +34,7 @@ from launcher.notify import (
 )
 from launcher.sglang.classify import diagnose_text
 from launcher.store.ledger import Ledger
+from launcher.supervise import events as ev
 from tests.faketime import FakeTime as FakeClock  # its clock and sleep move together
 from tests.httpsink import HANG, HttpSink, Reply
 

@@ -22,7 +22,7 @@ from launcher.errors import (
 from launcher.host import run as remote
 from launcher.host.transport.base import CommandResult
 from launcher.host.transport.local import LocalTransport
-from launcher.lifecycle import State
+from launcher.supervise.lifecycle import State
 from tests.supervise import SimSetup, ready_or_done, supervise
 
 pytestmark = pytest.mark.timeout(90)

@@ -23,7 +23,6 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from launcher import events as ev
 from launcher.config.schema import Config, config_from_dict
 from launcher.errors import ConfigError, HostUnreachable
 from launcher.host.router_api import RouterApiError, RouterClient
@@ -31,7 +30,8 @@ from launcher.host.transport.base import CommandResult
 from launcher.metrics import Metrics
 from launcher.notify import SlackNotifier
 from launcher.params import LaunchParams
-from launcher.router import Registrar, RouterSupervisor, plan_rows
+from launcher.supervise import events as ev
+from launcher.supervise.router import Registrar, RouterSupervisor, plan_rows
 from tests.faketime import FakeTime
 from tests.supervise import SimSetup, run_cli
 

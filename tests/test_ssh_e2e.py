@@ -24,9 +24,9 @@ from launcher.config.schema import Config
 from launcher.errors import HostUnreachable
 from launcher.host import run as remote
 from launcher.host.transport.base import CommandResult, Transport
-from launcher.lifecycle import State
 from launcher.sglang.logparse import LineSplitter
-from launcher.supervisor import RunningAttempt, ServerSupervisor, supervise_all
+from launcher.supervise.lifecycle import State
+from launcher.supervise.supervisor import RunningAttempt, ServerSupervisor, supervise_all
 from tests.simhost import free_port, model_dir
 from tests.sshd import Sshd, keygen
 from tests.sshsim import (

@@ -16,12 +16,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from launcher.backoff import RestartBackoff
 from launcher.errors import HostUnreachable
 from launcher.host import run
 from launcher.host.transport.local import LocalTransport
-from launcher.lifecycle import State
-from launcher.supervisor import ServerSupervisor
+from launcher.supervise.backoff import RestartBackoff
+from launcher.supervise.lifecycle import State
+from launcher.supervise.supervisor import ServerSupervisor
 from tests.faketime import RecordedSleep
 from tests.supervise import (
     Recorded,

@@ -1,6 +1,6 @@
 """The ledger recorder: a supervisor event hook that writes attempts to the attempt ledger.
 
-``LedgerRecorder`` translates the supervisor's events (``launcher.events``) into
+``LedgerRecorder`` translates the supervisor's events (``launcher.supervise.events``) into
 ``launcher.store.ledger.Ledger`` writes, applied in order by its own writer thread.
 
 Resource handling: ``LedgerRecorder`` owns one writer thread until ``close()``; the ledger stays
@@ -20,12 +20,12 @@ from typing import Any
 
 import structlog
 
-from launcher import events
 from launcher.errors import StateError
 from launcher.memory.calibration import CostGuess, ObservationKey, guess_of
 from launcher.params import LaunchParams
 from launcher.sglang.observed import Observed, speculative_key
 from launcher.store.ledger import Ledger, ObservationContext
+from launcher.supervise import events
 
 __all__ = ["LedgerRecorder"]
 

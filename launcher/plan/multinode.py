@@ -5,7 +5,7 @@ command on every node, differing only in ``--node-rank``; ``--nnodes`` and
 ``--dist-init-addr`` (node 0's address and ``dist_init_port``, or ``dist_init_addr``) are the
 same everywhere (SGLang ``arg_groups/fields/parallel.py``; 0.5.10 ``server_args.py`` spells
 them alike). ``gpus`` apply on each node; ``tp`` is global (TP16 over 2×8 GPUs: node 1 holds
-TP8-15). Pure: no I/O. The supervision of the rank group is ``launcher.ranks``.
+TP8-15). Pure: no I/O. The supervision of the rank group is ``launcher.supervise.ranks``.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ server, locally and over real SSH, next to the seeds' ``tail -1`` polling loop (
 
     .venv/bin/python scripts/bench/bench_detect.py [--trials 20] [--transport local|ssh|both]
 
-Each trial runs a real :class:`launcher.supervisor.ServerSupervisor` against a simulated SGLang
-server (tiny-1b-sim, sim time scale 0.003) and timestamps the supervisor's events in a hook:
+Each trial runs a real :class:`launcher.supervise.supervisor.ServerSupervisor` against a simulated
+SGLang server (tiny-1b-sim, sim time scale 0.003) and timestamps the supervisor's events in a hook:
 
 - kill:  SIGKILL of the server mid-load (during CUDA-graph capture) -> ``process.died``;
          latency = event time - kill time.
@@ -67,7 +67,7 @@ from launcher.host.transport.base import CommandResult, Transport  # noqa: E402
 from launcher.host.transport.local import LocalTransport  # noqa: E402
 from launcher.host.transport.ssh import SSHTransport  # noqa: E402
 from launcher.sglang.phases import Phase  # noqa: E402
-from launcher.supervisor import ServerSupervisor  # noqa: E402
+from launcher.supervise.supervisor import ServerSupervisor  # noqa: E402
 from tests.simhost import free_port, model_dir  # noqa: E402
 from tests.sshd import Sshd  # noqa: E402
 from tests.sshsim import Site, kill_leftovers, server_entry, ssh_config  # noqa: E402

@@ -81,9 +81,9 @@ REPLAY = REPO / "launcher" / "sim" / "replay.py"
 if str(REPO) not in sys.path:  # tests.* helpers are not installed; run from anywhere
     sys.path.insert(0, str(REPO))
 
-from launcher import events  # noqa: E402
 from launcher.sglang import logparse as lp  # noqa: E402
 from launcher.sglang.phases import Phase  # noqa: E402
+from launcher.supervise import events  # noqa: E402
 from tests.simhost import make_sim_host, model_dir  # noqa: E402
 from tests.sshd import Sshd  # noqa: E402
 from tests.sshsim import Site, kill_leftovers, server_entry  # noqa: E402
@@ -1342,8 +1342,8 @@ def driver_main(args: argparse.Namespace) -> int:
     from launcher.eventlog import configure
     from launcher.host.transport import make_transport
     from launcher.host.transport.local import install_pidfd_child_watcher
-    from launcher.lifecycle import State
-    from launcher.supervisor import RunningAttempt, ServerSupervisor, supervise_all
+    from launcher.supervise.lifecycle import State
+    from launcher.supervise.supervisor import RunningAttempt, ServerSupervisor, supervise_all
 
     out: IO[str] = sys.stdout
     lock = threading.Lock()

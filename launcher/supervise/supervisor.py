@@ -1,4 +1,4 @@
-"""Supervision of one server: the I/O around the pure state machine (launcher.lifecycle).
+"""Supervision of one server: the I/O around the pure state machine (launcher.supervise.lifecycle).
 
 Resource handling: every task of an attempt (log follower, stall watch, probes) lives in the
 attempt's own task group and is cancelled with it; killing a server is shielded from
@@ -39,8 +39,6 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from launcher import events
-from launcher.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import (
     AuthenticationFailed,
@@ -61,14 +59,24 @@ from launcher.host.gpus import check_gpus
 from launcher.host.preflight import PortHolder, port_holder
 from launcher.host.shell import RunDirUnsafe
 from launcher.host.transport.base import Transport
-from launcher.lifecycle import (
+from launcher.memory.policy import AttemptRecord, Bounds
+from launcher.notify import Redactor
+from launcher.params import LaunchParams
+from launcher.plan.command import ServerCommand, params_from_argv, server_command
+from launcher.sglang.classify import classify, diagnose
+from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseLine, ReadyLine
+from launcher.sglang.outcome import Outcome
+from launcher.sglang.phases import Phase
+from launcher.store.lock import make_private_dir, write_private_file
+from launcher.supervise import events
+from launcher.supervise.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
+from launcher.supervise.lifecycle import (
     Action,
     Adopted,
     BackoffElapsed,
     CleanedUp,
     DeadlineExceeded,
     Emit,
-    Event,
     Exited,
     FatalLineSeen,
     GpusFree,
@@ -77,6 +85,7 @@ from launcher.lifecycle import (
     Kill,
     Launch,
     Launched,
+    LifecycleInput,
     Limits,
     PhaseSeen,
     PreflightBlocked,
@@ -94,15 +103,6 @@ from launcher.lifecycle import (
     Unknown,
     WaitForGpus,
 )
-from launcher.memory.policy import AttemptRecord, Bounds
-from launcher.notify import Redactor
-from launcher.params import LaunchParams
-from launcher.plan.command import ServerCommand, params_from_argv, server_command
-from launcher.sglang.classify import classify, diagnose
-from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseLine, ReadyLine
-from launcher.sglang.outcome import Outcome
-from launcher.sglang.phases import Phase
-from launcher.store.lock import make_private_dir, write_private_file
 from launcher.untrusted import parse_stamp
 
 # Awaited with (server, reason) before launcher stops a server's processes (a router's
@@ -268,8 +268,8 @@ class ServerSupervisor:
         )
         # The inbox exists only while ``run`` runs (it closes both ends on the way out); events
         # posted before that wait in ``_early``.
-        self._inbox_send: MemoryObjectSendStream[Event] | None = None
-        self._early: list[Event] = []
+        self._inbox_send: MemoryObjectSendStream[LifecycleInput] | None = None
+        self._early: list[LifecycleInput] = []
         self._stop_asked: anyio.Event | None = None  # set by request_stop while ``run`` runs
         self._attempt: RunningAttempt | None = None
         self._launching = anyio.Lock()  # held while a launch runs
@@ -348,7 +348,7 @@ class ServerSupervisor:
         adopt: bool = True,
     ) -> State:
         """Supervise until the server gave up or a stop is requested; return the final state."""
-        send, inbox = anyio.create_memory_object_stream[Event](self.inbox_size)
+        send, inbox = anyio.create_memory_object_stream[LifecycleInput](self.inbox_size)
         self._inbox_send = send
         self._stop_asked = anyio.Event()
         early, self._early = self._early, []
@@ -360,10 +360,10 @@ class ServerSupervisor:
 
     async def _loop(
         self,
-        inbox: MemoryObjectReceiveStream[Event],
+        inbox: MemoryObjectReceiveStream[LifecycleInput],
         task_status: anyio.abc.TaskStatus[None],
         adopt: bool,
-        early: list[Event],
+        early: list[LifecycleInput],
     ) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
@@ -401,7 +401,7 @@ class ServerSupervisor:
 
     # -- the loop ----------------------------------------------------------------------
 
-    async def _post(self, event: Event) -> None:
+    async def _post(self, event: LifecycleInput) -> None:
         """Hand ``event`` to the loop. A full inbox makes the caller wait (back-pressure)
         instead of dropping the event: a lost CleanedUp or GpusFree would strand the server.
         Only once the loop has ended are events discarded (nothing is left to act on them)."""
@@ -413,11 +413,11 @@ class ServerSupervisor:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             self.log.debug("event.after_end", event_type=type(event).__name__)
 
-    async def _post_in_order(self, events: list[Event]) -> None:
+    async def _post_in_order(self, events: list[LifecycleInput]) -> None:
         for event in events:
             await self._post(event)
 
-    async def _dispatch(self, event: Event) -> None:
+    async def _dispatch(self, event: LifecycleInput) -> None:
         state = self.machine.state
         actions = self.machine.handle(event, self.clock())
         if self.machine.state is not state:
@@ -485,7 +485,7 @@ class ServerSupervisor:
             self._outages += 1
             self._back = anyio.Event()
             self._changed()
-        self._emit(events.HostUnreachable(
+        self._emit(events.HostLost(
             error=str(exc), unreachable_s=round(now - self._unreachable_since, 3),
             retry_in_s=retry_in_s,
         ))
@@ -509,7 +509,7 @@ class ServerSupervisor:
     def run_dir(self) -> str:
         return self.server.run_dir or self.host.run_dir
 
-    async def _first_event(self, adopt: bool) -> Event | None:
+    async def _first_event(self, adopt: bool) -> LifecycleInput | None:
         """Adopted (a running attempt was found) or Start, decided on a listing of the host's
         attempts that succeeded: launching on a failed listing could start a second copy
         beside a running server and leave that one unsupervised.
@@ -521,7 +521,7 @@ class ServerSupervisor:
         (RunDirUnsafe), gives the server up (HostRefused).
         None when a stop was requested before it was decided.
         """
-        decided: list[Event] = []
+        decided: list[LifecycleInput] = []
         stop_asked = self._stop_asked
         assert stop_asked is not None  # made by ``run``
         async with anyio.create_task_group() as tg:
@@ -538,7 +538,7 @@ class ServerSupervisor:
             tg.start_soon(stop_wins)
         return decided[0] if decided else None
 
-    async def _decide_first(self, adopt: bool) -> Event:
+    async def _decide_first(self, adopt: bool) -> LifecycleInput:
         waits = Doubling(min(1.0, self.listing_recheck_s), self.listing_recheck_s)
         while True:
             try:
@@ -1110,7 +1110,7 @@ class ServerSupervisor:
             await self.sleep(1.0)
         await self._post(GpuWaitTimedOut(holder="; ".join(problems)))
 
-    async def _sleep_then(self, seconds: float, event: Event) -> None:
+    async def _sleep_then(self, seconds: float, event: LifecycleInput) -> None:
         await self.sleep(seconds)
         await self._post(event)
 

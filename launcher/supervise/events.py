@@ -41,8 +41,8 @@ __all__ = [
     "GpuWaiting",
     "HistoryEntry",
     "Hook",
+    "HostLost",
     "HostReachable",
-    "HostUnreachable",
     "LaunchFailed",
     "ListingFailed",
     "ListingRetry",
@@ -273,7 +273,7 @@ class RankOutcome(_Record):
     outcome: Outcome | None
 
 
-# --- the state machine's (launcher.lifecycle) ------------------------------------------
+# --- the state machine's (launcher.supervise.lifecycle) ---------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -430,12 +430,13 @@ class ServerInternalError(Event):
     attempt: int | None = field(default=None, metadata=_OPTIONAL)
 
 
-# --- the supervisor's (launcher.supervisor, launcher.ranks) --------------------------------
+# --- the supervisor's (launcher.supervise.supervisor, launcher.supervise.ranks) ---------
 
 
 @dataclass(frozen=True, kw_only=True)
-class HostUnreachable(Event):
-    """The host (``node`` of a multi-node server) cannot be reached; reported every time."""
+class HostLost(Event):
+    """The host (``node`` of a multi-node server) cannot be reached; reported every time. (The
+    exception that says so is ``launcher.errors.HostUnreachable``.)"""
 
     name: ClassVar[str] = "host.unreachable"
     error: str
@@ -642,7 +643,8 @@ class RankStalled(Event):
     silent_s: float
 
 
-# --- the router's (launcher.router; ``server`` is the router's name) ------------------------
+# --- the router's (launcher.supervise.router; ``server`` is the router's name)
+# ------------------------
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,8 +38,6 @@ import anyio
 import anyio.abc
 import structlog
 
-from launcher import events
-from launcher.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
 from launcher.config.schema import Config, RouterConfig, ServerConfig, worker_url
 from launcher.errors import (
     HostUnreachable,
@@ -54,6 +52,8 @@ from launcher.host import run as remote
 from launcher.host.router_api import RouterClient, normalize
 from launcher.host.transport.base import Transport
 from launcher.sglang.flags import SECRET_ARG_ENV, mask_secret_flags
+from launcher.supervise import events
+from launcher.supervise.backoff import Doubling, RestartBackoff, Sleeper, sleep_or
 
 # Server events after which a server must not be a worker any more.
 LEAVE_EVENTS = (

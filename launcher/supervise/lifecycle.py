@@ -20,13 +20,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from launcher import events
-from launcher.backoff import RestartBackoff
 from launcher.errors import IllegalTransition
 from launcher.memory.policy import AttemptRecord, Bounds, next_params
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Confidence, Diagnosis, Outcome
 from launcher.sglang.phases import Phase
+from launcher.supervise import events
+from launcher.supervise.backoff import RestartBackoff
 
 
 class State(enum.StrEnum):
@@ -202,7 +202,7 @@ class StopRequested:
     kill: bool
 
 
-Event = (
+LifecycleInput = (
     Start
     | Unknown
     | PreflightPassed
@@ -330,7 +330,7 @@ class ServerMachine:
         self.state = State.GAVE_UP
         self.reason = reason
 
-    def handle(self, event: Event, now: float) -> list[Action]:
+    def handle(self, event: LifecycleInput, now: float) -> list[Action]:
         """Apply ``event`` at time ``now``; return what the supervisor must do next."""
         if isinstance(event, StopRequested):
             return self._stop(event)
@@ -392,7 +392,7 @@ class ServerMachine:
 
     # -- handlers ---------------------------------------------------------------------
 
-    def _illegal(self, event: Event) -> IllegalTransition:
+    def _illegal(self, event: LifecycleInput) -> IllegalTransition:
         return IllegalTransition(f"{type(event).__name__} in state {self.state.value}")
 
     def _on_Unknown(self, event: Unknown) -> list[Action]:

@@ -1,9 +1,9 @@
 """Supervision of a multi-node server: its ranks' I/O, presented to the state machine as one.
 
 A server with ``nodes = [...]`` runs one SGLang process per node (``launcher.plan.multinode``).
-:class:`MultiNodeSupervisor` is a :class:`~launcher.supervisor.ServerSupervisor` whose attempt
-is a group of ranks. The pure state machine (``launcher.lifecycle``) is unchanged: it sees one
-server, and this module turns the ranks' events into that server's.
+:class:`MultiNodeSupervisor` is a :class:`~launcher.supervise.supervisor.ServerSupervisor` whose
+attempt is a group of ranks. The pure state machine (``launcher.supervise.lifecycle``) is
+unchanged: it sees one server, and this module turns the ranks' events into that server's.
 
 - **Launch**: every rank at once, each in its own run directory on its own host (node 0's is
   named like the server, the others ``<server>.node<R>``). If one launch fails, the ranks that
@@ -53,8 +53,6 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from launcher import events
-from launcher.backoff import Doubling, sleep_or
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import HostKeyError, HostUnreachable, LauncherError, PreflightError
 from launcher.host import health
@@ -63,20 +61,6 @@ from launcher.host.gpus import check_gpus
 from launcher.host.shell import RunDirUnsafe
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
-from launcher.lifecycle import (
-    Adopted,
-    CleanedUp,
-    Event,
-    Exited,
-    FatalLineSeen,
-    HostRefused,
-    Launch,
-    Launched,
-    PhaseSeen,
-    ReadyLineSeen,
-    Stalled,
-    Start,
-)
 from launcher.plan.multinode import Rank, dist_init_addr, rank_commands, ranks_of
 from launcher.sglang.classify import classify, diagnose, diagnose_text
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseLine, ReadyLine
@@ -89,7 +73,23 @@ from launcher.sglang.multinode import (
 )
 from launcher.sglang.outcome import Diagnosis, Outcome
 from launcher.sglang.phases import Phase
-from launcher.supervisor import RunningAttempt, ServerSupervisor
+from launcher.supervise import events
+from launcher.supervise.backoff import Doubling, sleep_or
+from launcher.supervise.lifecycle import (
+    Adopted,
+    CleanedUp,
+    Exited,
+    FatalLineSeen,
+    HostRefused,
+    Launch,
+    Launched,
+    LifecycleInput,
+    PhaseSeen,
+    ReadyLineSeen,
+    Stalled,
+    Start,
+)
+from launcher.supervise.supervisor import RunningAttempt, ServerSupervisor
 
 __all__ = ["MultiNodeSupervisor", "stop_other_ranks"]
 
@@ -197,7 +197,7 @@ class MultiNodeSupervisor(ServerSupervisor):
             self._outages += 1
             self._back = self._back if self._unreachable_since is not None else anyio.Event()
             self._unreachable_since = min(self._node_down.values())
-        self._emit(events.HostUnreachable(
+        self._emit(events.HostLost(
             error=str(exc), node=host, unreachable_s=round(now - self._node_down[host], 3),
             retry_in_s=retry_in_s))
 
@@ -240,7 +240,7 @@ class MultiNodeSupervisor(ServerSupervisor):
             {h.attempt for h in running if h is not None}) == 1
         return remote.Survey(found[0].running if whole else None, latest)
 
-    async def _decide_first(self, adopt: bool) -> Event:
+    async def _decide_first(self, adopt: bool) -> LifecycleInput:
         event = await super()._decide_first(adopt)
         if isinstance(event, Start):
             leftovers = [(rank, s.running) for rank in self.ranks
