@@ -64,14 +64,14 @@ from launcher.errors import (
     UsageError,
     WontFit,
 )
-from launcher.eventlog import Format, configure, on_journal
+from launcher.hooks.logging import Format, configure, on_journal
+from launcher.hooks.slack import ServerInfo, SlackNotifier, webhook_url_ok
 from launcher.host import run
 from launcher.host.gpus import check_gpus
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.memory.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
 from launcher.memview import bar_text, legend
-from launcher.notify import ServerInfo, SlackNotifier, webhook_url_ok
 from launcher.params import LaunchParams
 from launcher.plan.first_attempt import Planned, estimate_servers
 from launcher.plan.multinode import rank_commands

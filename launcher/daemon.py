@@ -18,15 +18,16 @@ import structlog
 
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import LauncherError, WontFit
-from launcher.facts import ServerFacts
+from launcher.hooks.identity import ServerFacts
+from launcher.hooks.metrics import Metrics
 from launcher.hooks.recorder import LedgerRecorder
+from launcher.hooks.slack import SlackNotifier
+from launcher.hooks.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
 from launcher.host import run as remote
 from launcher.host.facts import GpuReadsOnce
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.host.transport.local import install_pidfd_child_watcher
-from launcher.metrics import Metrics
-from launcher.notify import SlackNotifier
 from launcher.params import LaunchParams
 from launcher.plan.first_attempt import Planned, plan_first_attempt
 from launcher.plan.fleet import context_of
@@ -43,7 +44,6 @@ from launcher.supervise.lifecycle import State
 from launcher.supervise.ranks import MultiNodeSupervisor
 from launcher.supervise.router import routers_for, wire
 from launcher.supervise.supervisor import ServerSupervisor, Snapshot, supervise_all
-from launcher.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
 
 __all__ = [
     "Options",

@@ -15,9 +15,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from launcher import facts
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import AuthenticationFailed, HostUnreachable, LauncherError
+from launcher.hooks import identity
 from launcher.host import health, run
 from launcher.host.transport.base import Transport
 from launcher.sglang.flags import mask_secret_flags_text
@@ -62,7 +62,7 @@ def iso(ts: float | None) -> str | None:
 def endpoint(config: Config, s: ServerConfig) -> str:
     """``host:port`` where clients reach the server: ``facts.endpoint``, the same answer
     Slack and metrics give."""
-    return facts.endpoint(s, config.host(s.host))
+    return identity.endpoint(s, config.host(s.host))
 
 
 def run_dir(config: Config, s: ServerConfig) -> str:

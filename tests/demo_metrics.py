@@ -25,8 +25,8 @@ import httpx
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from launcher.facts import ServerFacts
-from launcher.metrics import Metrics
+from launcher.hooks.identity import ServerFacts
+from launcher.hooks.metrics import Metrics
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Confidence, Outcome
 from launcher.sglang.phases import Phase

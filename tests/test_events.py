@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from launcher.eventlog import EVENT_LEVELS
+from launcher.hooks.logging import EVENT_LEVELS
+from launcher.hooks.slack import Redactor
 from launcher.memory.calibration import CostGuess
-from launcher.notify import Redactor
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Confidence, Outcome
 from launcher.sglang.phases import Phase

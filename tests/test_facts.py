@@ -7,7 +7,7 @@ import pytest
 
 from launcher import inspection
 from launcher.config.schema import config_from_dict
-from launcher.facts import ServerFacts
+from launcher.hooks.identity import ServerFacts
 
 
 @pytest.mark.parametrize(

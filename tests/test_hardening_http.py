@@ -21,7 +21,7 @@ import pytest
 
 from launcher.config.schema import config_from_dict
 from launcher.errors import ConfigError
-from launcher.notify import Redactor
+from launcher.hooks.slack import Redactor
 from launcher.sglang.logparse import MAX_KEPT_CHARS
 from tests.hostile_http import HostileHttp
 from tests.simhost import free_port
@@ -52,7 +52,7 @@ anyio.run(main)
 
 _SLACK_CALL = """
 import anyio, json, sys
-from launcher.notify import SlackNotifier
+from launcher.hooks.slack import SlackNotifier
 async def main():
     async def no_wait(_s): pass
     n = SlackNotifier(sys.argv[1], servers_info={}, max_tries=2, sleep=no_wait,

@@ -34,6 +34,8 @@ from structlog.testing import capture_logs
 from launcher.cli import EXIT_NOT_READY, EXIT_OK
 from launcher.config.schema import config_from_dict
 from launcher.errors import RemoteCommandError
+from launcher.hooks.metrics import Metrics
+from launcher.hooks.slack import SlackNotifier
 from launcher.host import agent as follow_agent
 from launcher.host import health
 from launcher.host import run as remote
@@ -41,8 +43,6 @@ from launcher.host.follower import Frame, FrameDecoder, HostFollower
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import CommandResult, Duplex
 from launcher.host.transport.local import LocalTransport
-from launcher.metrics import Metrics
-from launcher.notify import SlackNotifier
 from launcher.sglang import logparse
 from launcher.sglang.budget import ModelFacts, NoEstimate
 from launcher.sglang.outcome import Numbers

@@ -13,8 +13,8 @@ from structlog.testing import capture_logs
 
 from launcher import __version__
 from launcher.errors import ConfigError
-from launcher.facts import ServerFacts
-from launcher.metrics import Metrics, MetricsServer
+from launcher.hooks.identity import ServerFacts
+from launcher.hooks.metrics import Metrics, MetricsServer
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Confidence, Outcome
 from launcher.sglang.phases import Phase

@@ -18,7 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from launcher.errors import ConfigError
-from launcher.notify import (
+from launcher.hooks.slack import (
     Kind,
     Origin,
     Redactor,
@@ -915,10 +915,10 @@ def test_the_clipping_limits_are_within_slack_sdks() -> None:
     not imported at module load: see checked_blocks)."""
     from slack_sdk.models.blocks import HeaderBlock, SectionBlock
 
-    from launcher import notify
+    from launcher.hooks import slack
 
-    assert notify._HEADER_MAX <= HeaderBlock.text_max_length
-    assert notify._SECTION_MAX <= SectionBlock.text_max_length
+    assert slack._HEADER_MAX <= HeaderBlock.text_max_length
+    assert slack._SECTION_MAX <= SectionBlock.text_max_length
 
 
 def test_a_relaunch_after_an_unrecorded_kill_names_the_kill_not_an_access_line() -> None:

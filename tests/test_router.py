@@ -25,10 +25,10 @@ from structlog.testing import capture_logs
 
 from launcher.config.schema import Config, config_from_dict
 from launcher.errors import ConfigError, HostUnreachable
+from launcher.hooks.metrics import Metrics
+from launcher.hooks.slack import SlackNotifier
 from launcher.host.router_api import RouterApiError, RouterClient
 from launcher.host.transport.base import CommandResult
-from launcher.metrics import Metrics
-from launcher.notify import SlackNotifier
 from launcher.params import LaunchParams
 from launcher.supervise import events as ev
 from launcher.supervise.router import Registrar, RouterSupervisor, plan_rows

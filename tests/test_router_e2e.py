@@ -27,8 +27,8 @@ import httpx
 import pytest
 
 from launcher.config.schema import Config, config_from_dict
+from launcher.hooks.metrics import Metrics
 from launcher.host.transport.base import Transport
-from launcher.metrics import Metrics
 from launcher.supervise.router import Routing, router_status, wire
 from launcher.supervise.supervisor import ServerSupervisor
 from tests.simhost import free_port

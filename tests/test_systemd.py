@@ -26,7 +26,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from launcher.config.schema import SlackConfig, config_from_dict
-from launcher.systemd import (
+from launcher.hooks.systemd import (
     STATUS_MAX_CHARS,
     SdNotifier,
     run_watchdog,

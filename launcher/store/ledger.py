@@ -135,7 +135,7 @@ class LastGood:
 
 @dataclass(frozen=True)
 class NotifyState:
-    """The Slack notifier's memory of one (server, kind) of message (``launcher.notify``).
+    """The Slack notifier's memory of one (server, kind) of message (``launcher.hooks.slack``).
 
     ``last_sent``: wall-clock time it was last posted (None: never); ``suppressed``: repeats
     held back since then; ``firing_since``: when its alert began firing (None: not firing);

@@ -46,7 +46,7 @@ from launcher.errors import (
     format_traceback,
     is_transient,
 )
-from launcher.eventlog import level_of
+from launcher.hooks.logging import level_of
 from launcher.host import health
 from launcher.host import run as remote
 from launcher.host.router_api import RouterClient, normalize

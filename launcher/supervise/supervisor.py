@@ -51,7 +51,8 @@ from launcher.errors import (
     format_traceback,
     is_transient,
 )
-from launcher.eventlog import level_of
+from launcher.hooks.logging import level_of
+from launcher.hooks.slack import Redactor
 from launcher.host import health
 from launcher.host import run as remote
 from launcher.host.follower import HostFollower, followers_for
@@ -60,7 +61,6 @@ from launcher.host.preflight import PortHolder, port_holder
 from launcher.host.shell import RunDirUnsafe
 from launcher.host.transport.base import Transport
 from launcher.memory.policy import AttemptRecord, Bounds
-from launcher.notify import Redactor
 from launcher.params import LaunchParams
 from launcher.plan.command import ServerCommand, params_from_argv, server_command
 from launcher.sglang.classify import classify, diagnose
@@ -468,7 +468,7 @@ class ServerSupervisor:
         """Log ``event`` (its ``to_dict``: the log boundary) and hand it to every hook,
         its secrets masked."""
         event = self.redact(event)
-        # The level table: launcher.eventlog.
+        # The level table: launcher.hooks.logging.
         self.log.log(level_of(event), event.name, **event.to_dict())
         self._to_hooks(event)
 

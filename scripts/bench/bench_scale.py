@@ -1339,7 +1339,7 @@ def driver_main(args: argparse.Namespace) -> int:
 
     from launcher.config.placeholders import expand_placeholders
     from launcher.config.schema import load_config
-    from launcher.eventlog import configure
+    from launcher.hooks.logging import configure
     from launcher.host.transport import make_transport
     from launcher.host.transport.local import install_pidfd_child_watcher
     from launcher.supervise.lifecycle import State

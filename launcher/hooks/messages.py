@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
 from launcher.durations import format_duration
-from launcher.facts import ServerFacts
+from launcher.hooks.identity import ServerFacts
 from launcher.params import LaunchParams
 from launcher.supervise import events
 

@@ -88,7 +88,7 @@ from prometheus_client import (
 
 from launcher import __version__
 from launcher.errors import ConfigError
-from launcher.facts import ServerFacts
+from launcher.hooks.identity import ServerFacts
 from launcher.supervise import events
 from launcher.supervise.lifecycle import State
 

@@ -86,10 +86,10 @@ from anyio.abc import TaskStatus
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result
 
 from launcher.errors import ConfigError, LauncherError
-from launcher.facts import operator_box
-from launcher.notify_messages import _HEADER_MAX as _HEADER_MAX
-from launcher.notify_messages import _SECTION_MAX as _SECTION_MAX
-from launcher.notify_messages import (
+from launcher.hooks.identity import operator_box
+from launcher.hooks.messages import _HEADER_MAX as _HEADER_MAX
+from launcher.hooks.messages import _SECTION_MAX as _SECTION_MAX
+from launcher.hooks.messages import (
     _UNKNOWN,
     ALERTS,
     Kind,
@@ -109,7 +109,7 @@ from launcher.notify_messages import (
     router_ready_message,
     unhealthy_message,
 )
-from launcher.notify_messages import alert_title as alert_title
+from launcher.hooks.messages import alert_title as alert_title
 from launcher.store.ledger import NotifyState
 from launcher.supervise import events
 from launcher.supervise.backoff import Jitter, capped_exponential, jittered
