@@ -162,6 +162,9 @@ class Rewriter:
             comps = m.group(1).split(".")[1:]
             # "from launcher.store import StateLock" inside a string: the name picks the module
             follows = re.match(r"\s+import\s+(\w+)", text[m.end():])
+            if follows and (".".join([*comps, follows.group(1)]) in self.new_modules
+                            or ".".join([*comps, follows.group(1)]) in self.new_packages):
+                return m.group(0)  # "from launcher.cli import main": already the new package
             if follows and (".".join(comps), follows.group(1)) in self.symbols:
                 comps = [*comps, follows.group(1)]
                 new = self.map_dotted(comps)

@@ -395,7 +395,8 @@ def ready_or_done(rec: Recorder) -> bool:
 def run_cli(
     *args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
-    """``launcher *args`` as a real subprocess (``python -m launcher.cli``), output captured."""
+    """``launcher *args`` as a real subprocess (``python -m launcher.cli.main``), output
+    captured."""
     return subprocess.run(
         cli_argv(*args), cwd=REPO, env=cli_env(env), capture_output=True, text=True,
         timeout=timeout,
@@ -403,7 +404,7 @@ def run_cli(
 
 
 def cli_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", *args]
+    return [sys.executable, "-m", "launcher.cli.main", *args]
 
 
 def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 import launcher
-from launcher.cli import _tail_offset
+from launcher.cli.main import _tail_offset
 from launcher.host import run
 from launcher.host.transport.local import LocalTransport
 from tests.supervise import SERVER, SimSetup, run_cli
@@ -69,7 +69,7 @@ def test_help_metavars_are_conventional(command: str, usage: str) -> None:
     result = run_cli(command, "--help")
 
     assert result.returncode == 0, result.stderr
-    assert f"Usage: python -m launcher.cli {usage} " in result.stdout, result.stdout
+    assert f"Usage: python -m launcher.cli.main {usage} " in result.stdout, result.stdout
     assert "{" not in result.stdout and "<bool>" not in result.stdout, result.stdout
     top = run_cli("--help").stdout
     assert "[OPTIONS] COMMAND [ARGS]..." in top and "<bool>" not in top, top

@@ -286,7 +286,7 @@ def _multinode_config(version: str) -> str:
 def _plan(config: Path) -> list[dict[str, Any]]:
     """``launcher plan --json`` of ``config``, run as a user runs it."""
     done = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "plan", str(config), "--json"],
+        [sys.executable, "-m", "launcher.cli.main", "plan", str(config), "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from launcher import cli, inspection
+from launcher.cli import inspection, main
 from launcher.host import run
 from launcher.host.transport.local import LocalTransport
 from tests.simhost import free_port
@@ -192,7 +192,7 @@ def test_time_to_ready_is_rounded_like_the_events() -> None:
     """describe and history round a time to ready as the events' "ready in 8s" does (a plain
     duration would cut 7.59 s to 7s), in the two units of every other duration."""
     assert ("8s", "7s", "1m05s", "") == (
-        cli._to_ready(7.59), cli._to_ready(7.4), cli._to_ready(64.6), cli._to_ready(None))
+        main._to_ready(7.59), main._to_ready(7.4), main._to_ready(64.6), main._to_ready(None))
 
 
 def write_log(path: Path, lines: list[str]) -> str:

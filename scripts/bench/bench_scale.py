@@ -673,7 +673,7 @@ def log_rate(
 
 
 def cli_argv(rig: Rig, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", "up", str(rig.config_path),
+    return [sys.executable, "-m", "launcher.cli.main", "up", str(rig.config_path),
             "--log-format", "json", *extra]
 
 

@@ -42,7 +42,9 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from launcher import __version__, daemon, inspection
+from launcher import __version__, daemon
+from launcher.cli import inspection
+from launcher.cli.memview import bar_text, legend
 from launcher.config.placeholders import expand_placeholders
 from launcher.config.schema import (
     Config,
@@ -71,7 +73,6 @@ from launcher.host.gpus import check_gpus
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.memory.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
-from launcher.memview import bar_text, legend
 from launcher.params import LaunchParams
 from launcher.plan.first_attempt import Planned, estimate_servers
 from launcher.plan.multinode import rank_commands
