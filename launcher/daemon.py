@@ -16,33 +16,34 @@ from typing import Protocol
 import anyio
 import structlog
 
-from launcher import events, remote
-from launcher.config import Config, ServerConfig
+from launcher.config.schema import Config, ServerConfig
 from launcher.errors import LauncherError, WontFit
-from launcher.facts import ServerFacts
-from launcher.firstattempt import Planned, plan_first_attempt
-from launcher.fleet import context_of
-from launcher.lifecycle import State
-from launcher.metrics import Metrics
-from launcher.modelfacts import GpuReadsOnce
-from launcher.notify import SlackNotifier
+from launcher.hooks.identity import ServerFacts
+from launcher.hooks.metrics import Metrics
+from launcher.hooks.recorder import LedgerRecorder
+from launcher.hooks.slack import SlackNotifier
+from launcher.hooks.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
+from launcher.host import run as remote
+from launcher.host.facts import GpuReadsOnce
+from launcher.host.transport import make_transport
+from launcher.host.transport.base import Transport
+from launcher.host.transport.local import install_pidfd_child_watcher
 from launcher.params import LaunchParams
-from launcher.ranks import MultiNodeSupervisor
-from launcher.router import routers_for, wire
-from launcher.store import (
+from launcher.plan.first_attempt import Planned, plan_first_attempt
+from launcher.plan.fleet import context_of
+from launcher.store.ledger import (
     Ledger,
-    LedgerRecorder,
     ObservationContext,
-    StateLock,
     fingerprint,
     initial_params,
     ledger_path,
 )
-from launcher.supervisor import ServerSupervisor, Snapshot, supervise_all
-from launcher.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
-from launcher.transport import make_transport
-from launcher.transport.base import Transport
-from launcher.transport.local import install_pidfd_child_watcher
+from launcher.store.lock import StateLock
+from launcher.supervise import events
+from launcher.supervise.lifecycle import State
+from launcher.supervise.ranks import MultiNodeSupervisor
+from launcher.supervise.router import routers_for, wire
+from launcher.supervise.supervisor import ServerSupervisor, Snapshot, supervise_all
 
 __all__ = [
     "Options",
@@ -166,7 +167,7 @@ _Plan = tuple[ServerConfig, str, LaunchParams, str]
 
 @dataclass
 class _Keys:
-    """What each server's observations are filed under (``launcher.fleet``): the contexts the
+    """What each server's observations are filed under (``launcher.plan.fleet``): the contexts the
     first attempts' estimates gave, and the servers whose key is still to be read."""
 
     contexts: dict[str, ObservationContext] = field(default_factory=dict)

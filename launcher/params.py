@@ -12,7 +12,7 @@ DISABLE_DRAFT_EXTEND_ENV = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
 
 @dataclass(frozen=True, order=True)
 class LaunchParams:
-    """The memory settings of one attempt, rendered by ``launcher.command`` per SGLang version.
+    """The memory settings of one attempt, rendered by ``launcher.plan.command`` per SGLang version.
 
     ``None`` means "not passed": SGLang picks its auto default. Once a log has shown the
     resolved value, the supervisor records the explicit value instead.

@@ -3,7 +3,7 @@ counts and the largest modules.
 
 Usage: ``python scripts/import_graph.py [--units] [ROOT]`` (ROOT: a checkout, default the
 current directory). Without ``--units`` every module is a node; with it each subpackage
-(``launcher.sim``, ``launcher.sglang``, ``launcher.transport``) is one node, as the layer map
+(``launcher.sim``, ``launcher.sglang``, ``launcher.host.transport``) is one node, as the layer map
 in docs/architecture.md draws them. Imports inside ``if TYPE_CHECKING:`` count too (they are
 still a dependency of the code). Also prints the import loops (strongly connected components).
 Reads the source only (ast); imports nothing from launcher.
@@ -38,7 +38,7 @@ def imports_of(path: Path, name: str, modules: set[str]) -> set[str]:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join([*anchor, base]) if base else ".".join(anchor)
-            # "from launcher import remote" imports the module launcher.remote
+            # "from launcher import remote" imports the module launcher.host.run
             targets = [f"{base}.{a.name}" for a in node.names] + [base]
         for t in targets:
             while t and t not in modules:

@@ -131,7 +131,7 @@ step "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --for
   "$source_dir"
 # A venv whose interpreter lives somewhere the service user cannot read (a pyenv under /root)
 # would only fail at `systemctl start`; fail here instead.
-step runuser -u "$user" -- "$venv/bin/python" -I -c "import launcher.cli" ||
+step runuser -u "$user" -- "$venv/bin/python" -I -c "import launcher.cli.main" ||
   die "user $user cannot run $venv/bin/python; remove $venv and rerun with --python PATH"
 step install -D -m 0644 "$here/docs/systemd.md" "$prefix/docs/systemd.md"
 

@@ -5,12 +5,12 @@ dependencies) this file runs in.
 
     scripts/mutation [MODULE ...] [--jobs N] [--survivors FILE]
 
-MODULE is a path (``launcher/lifecycle.py``) or a name (``lifecycle``); none means all of
+MODULE is a path (``launcher/supervise/lifecycle.py``) or a name (``lifecycle``); none means all of
 ``MODULES``. Each module is mutated on its own, in a scratch copy of the tree under
 ``.mutation/<name>/`` (wiped first, so every run is full and nothing is cached), against only
 the test files ``MODULES`` names for it. stdout gets exactly one line per module:
 
-    mutation: launcher/lifecycle.py 512/555 = 92.3%
+    mutation: launcher/supervise/lifecycle.py 512/555 = 92.3%
 
 ``killed`` counts mutants a test failed on, plus those that timed out (a test detected an
 endless loop); ``total`` is every mutant mutmut generated, so a mutant no selected test reaches
@@ -38,8 +38,8 @@ WORK = ROOT / ".mutation"
 
 # module -> the test files (globs) that state its behaviour. Only these run against its mutants.
 MODULES: dict[str, list[str]] = {
-    "launcher/lifecycle.py": ["tests/test_lifecycle*.py"],
-    "launcher/policy.py": ["tests/test_policy*.py"],
+    "launcher/supervise/lifecycle.py": ["tests/test_lifecycle*.py"],
+    "launcher/memory/policy.py": ["tests/test_policy*.py"],
     # The real-log corpus and the evidence tests state most of what classify decides on real
     # logs (its newer code is reached by no other file).
     "launcher/sglang/classify.py": ["tests/test_classify*.py", "tests/test_logparse*.py",

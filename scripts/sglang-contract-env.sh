@@ -35,7 +35,7 @@ venv=${SGLANG_CONTRACT_VENV:-$cache_root/$digest}
 wheels=${SGLANG_CONTRACT_WHEELS:-/opt/wheels}
 python=${PYTHON:-python3}
 # 0.5.23: the newest release, flag --cuda-graph-max-bs-decode. 0.5.10: the last release launcher
-# drives with --cuda-graph-max-bs (launcher.command.DECODE_SPELLING_FROM is 0.5.15). Keep in step
+# drives with --cuda-graph-max-bs (launcher.plan.command.DECODE_SPELLING_FROM is 0.5.15). Keep in step
 # with VERSIONS in tests/test_sglang_contract.py.
 versions=(0.5.23 0.5.10)
 

@@ -25,12 +25,12 @@ import httpx
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from launcher import events as ev
-from launcher.facts import ServerFacts
-from launcher.metrics import Metrics
+from launcher.hooks.identity import ServerFacts
+from launcher.hooks.metrics import Metrics
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Confidence, Outcome
 from launcher.sglang.phases import Phase
+from launcher.supervise import events as ev
 from tests import procs
 from tests.simhost import REPO, free_port
 from tests.supervise import SimSetup, cli_argv, cli_env, run_cli
@@ -165,7 +165,7 @@ def every_family_fed() -> Exposition:
                                    adopted=False, params=params, history=()))
     metrics("demo", ev.RestartScheduled(delay_s=1.0, params=params, attempt=1, restarts_left=4,
                                         restart_budget=5, restart_window_s=3600.0))
-    metrics("demo", ev.HostUnreachable(error="down", unreachable_s=0.0))
+    metrics("demo", ev.HostLost(error="down", unreachable_s=0.0))
     metrics("demo", ev.HostReachable(unreachable_s=3.0))
     metrics("demo", ev.StallDetected(phase=Phase.WEIGHTS, silent_s=21.0, attempt=1))
     metrics("demo", ev.FollowFailed(error="lost", retry_in_s=1.0))

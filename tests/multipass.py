@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from launcher.memory.policy import AttemptRecord, Bounds, next_params
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
-from launcher.policy import AttemptRecord, Bounds, next_params
 from launcher.sglang.autoargs import capture_bs_list
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import GraphPass, Phase

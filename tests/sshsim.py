@@ -2,7 +2,7 @@
 
 A :class:`Site` is one "remote GPU host": a real sshd on 127.0.0.1 (tests.sshd) in front of a
 simulated GPU host (tests.simhost). :func:`ssh_config` turns sites and server entries into a
-validated :class:`launcher.config.Config` whose hosts use ``transport = "ssh"`` with the
+validated :class:`launcher.config.schema.Config` whose hosts use ``transport = "ssh"`` with the
 fixture's identity file and known_hosts, ``use_ssh_config = false``, the sim ``nvidia-smi``
 shim and the sim host's environment; :func:`server_entry` runs the ``sglang-sim-server`` shim.
 
@@ -31,9 +31,9 @@ from typing import Any
 
 import anyio
 
-from launcher import events as ev
-from launcher.config import Config, config_from_dict
-from launcher.transport.ssh import SSHTransport
+from launcher.config.schema import Config, config_from_dict
+from launcher.host.transport.ssh import SSHTransport
+from launcher.supervise import events as ev
 from tests import procs
 from tests.simhost import SimHost, make_sim_host, model_dir
 from tests.sshd import Sshd

@@ -31,13 +31,13 @@ from typing import Any
 
 import anyio
 
-from launcher import events as ev
-from launcher.config import Config, config_from_dict
-from launcher.lifecycle import State
+from launcher.config.schema import Config, config_from_dict
+from launcher.host.transport.base import Transport
+from launcher.host.transport.local import LocalTransport
 from launcher.sim import gpustate
-from launcher.supervisor import ServerSupervisor
-from launcher.transport.base import Transport
-from launcher.transport.local import LocalTransport
+from launcher.supervise import events as ev
+from launcher.supervise.lifecycle import State
+from launcher.supervise.supervisor import ServerSupervisor
 from tests import procs
 from tests.simhost import REPO, SimHost, free_port, make_sim_host, model_dir
 
@@ -395,7 +395,8 @@ def ready_or_done(rec: Recorder) -> bool:
 def run_cli(
     *args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
-    """``launcher *args`` as a real subprocess (``python -m launcher.cli``), output captured."""
+    """``launcher *args`` as a real subprocess (``python -m launcher.cli.main``), output
+    captured."""
     return subprocess.run(
         cli_argv(*args), cwd=REPO, env=cli_env(env), capture_output=True, text=True,
         timeout=timeout,
@@ -403,7 +404,7 @@ def run_cli(
 
 
 def cli_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", *args]
+    return [sys.executable, "-m", "launcher.cli.main", *args]
 
 
 def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

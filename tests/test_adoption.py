@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from launcher import remote
 from launcher.errors import CommandTimedOut, HostUnreachable, LauncherError
-from launcher.lifecycle import State
-from launcher.transport.base import CommandResult
-from launcher.transport.local import LocalTransport
+from launcher.host import run as remote
+from launcher.host.transport.base import CommandResult
+from launcher.host.transport.local import LocalTransport
+from launcher.supervise.lifecycle import State
 from tests.faketime import FakeTime
 from tests.supervise import Recorded, Recorder, SimSetup, ready_or_done, supervise
 

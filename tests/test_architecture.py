@@ -26,7 +26,7 @@ PURE_STDLIB = {
     "typing",
 }
 # The pure domain types launcher/sglang may use besides itself (no I/O either).
-DOMAIN = {"launcher.params", "launcher.durations", "launcher.errors", "launcher.numbers"}
+DOMAIN = {"launcher.params", "launcher.durations", "launcher.errors", "launcher.untrusted"}
 
 
 def _modules(under: Path) -> list[Path]:
@@ -73,7 +73,7 @@ def test_the_checker_sees_every_spelling_of_a_sim_import() -> None:
         "from launcher import simple\n"  # not the simulator
     )
     assert ["1: launcher.sim.memory", "2: launcher.sim.memory.simulate", "3: launcher.sim",
-            "4: launcher.sim.observe"] == sim_imports(src, "launcher.policy")
+            "4: launcher.sim.observe"] == sim_imports(src, "launcher.daemon")
 
 
 @pytest.mark.parametrize(

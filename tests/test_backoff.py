@@ -1,4 +1,4 @@
-"""Tests of launcher.backoff: the restart backoff after ready and the doubling waits, with
+"""Tests of launcher.supervise.backoff: the restart backoff after ready and the doubling waits, with
 explicit times (no sleeping), and ``sleep_or`` on a fake clock."""
 
 from __future__ import annotations
@@ -8,8 +8,14 @@ import random
 import anyio
 import pytest
 
-from launcher.backoff import Doubling, Jitter, RestartBackoff, capped_exponential, sleep_or
 from launcher.errors import PolicyError
+from launcher.supervise.backoff import (
+    Doubling,
+    Jitter,
+    RestartBackoff,
+    capped_exponential,
+    sleep_or,
+)
 from tests.faketime import FakeTime
 
 

@@ -15,8 +15,8 @@ from types import ModuleType
 
 import pytest
 
+from launcher.memory.policy import Bounds
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
-from launcher.policy import Bounds
 from launcher.sglang.outcome import Outcome
 from tests.scripts import import_script
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-import launcher.policy as policy
-from launcher.policy import AttemptRecord, Bounds
+import launcher.memory.policy as policy
+from launcher.memory.policy import AttemptRecord, Bounds
 from launcher.sglang.outcome import Outcome
 from launcher.sim.memory import simulate
 from launcher.sim.observe import observed

@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from launcher.policy import Bounds
+from launcher.memory.policy import Bounds
 from launcher.sglang.classify import diagnose_text
 from launcher.sglang.outcome import Outcome
 from launcher.sim.cmdline import build_parser

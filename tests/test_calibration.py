@@ -1,4 +1,4 @@
-"""Calibration (launcher.calibration): observed costs correct the estimator's guesses.
+"""Calibration (launcher.memory.calibration): observed costs correct the estimator's guesses.
 
 The hidden truth here is the estimator's own formula with other coefficients (the graph memory
 of this architecture on this GPU type x1.8, weights x1.03, 0.7 GiB more CUDA context):
@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from launcher.calibration import (
+from launcher.memory.calibration import (
     ALL_PASSES,
     COLD_MARGIN,
     Correction,

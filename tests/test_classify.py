@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.command import params_argv, params_from_argv
 from launcher.params import LaunchParams
+from launcher.plan.command import params_argv, params_from_argv
 from launcher.sglang.classify import ADVICE, RETRYABLE, classify, diagnose, diagnose_text
 from launcher.sglang.logparse import LineSplitter, LogFollower, split_records
 from launcher.sglang.outcome import Diagnosis, Outcome

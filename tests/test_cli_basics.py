@@ -13,9 +13,9 @@ import anyio
 import pytest
 
 import launcher
-from launcher import remote
-from launcher.cli import _tail_offset
-from launcher.transport.local import LocalTransport
+from launcher.cli.main import _tail_offset
+from launcher.host import run
+from launcher.host.transport.local import LocalTransport
 from tests.supervise import SERVER, SimSetup, run_cli
 
 pytestmark = pytest.mark.timeout(90)
@@ -69,7 +69,7 @@ def test_help_metavars_are_conventional(command: str, usage: str) -> None:
     result = run_cli(command, "--help")
 
     assert result.returncode == 0, result.stderr
-    assert f"Usage: python -m launcher.cli {usage} " in result.stdout, result.stdout
+    assert f"Usage: python -m launcher.cli.main {usage} " in result.stdout, result.stdout
     assert "{" not in result.stdout and "<bool>" not in result.stdout, result.stdout
     top = run_cli("--help").stdout
     assert "[OPTIONS] COMMAND [ARGS]..." in top and "<bool>" not in top, top
@@ -201,8 +201,8 @@ def test_tail_offset_reads_backwards_across_chunks(
     """`logs --tail N`'s start offset, with chunks of 3 bytes so that lines and newlines
     straddle chunk boundaries: the log from it is exactly the last N lines."""
     (tmp_path / "log").write_text(text)
-    handle = remote.RunHandle("s", 1, str(tmp_path), 0)
-    monkeypatch.setattr(remote, "READ_CHUNK", 3)
+    handle = run.RunHandle("s", 1, str(tmp_path), 0)
+    monkeypatch.setattr(run, "READ_CHUNK", 3)
 
     async def offsets() -> list[int]:
         t = LocalTransport("local")

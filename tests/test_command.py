@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.command import (
+from launcher.params import LaunchParams
+from launcher.plan.command import (
     build_command,
     env_is_read,
     graph_bs_flag,
@@ -12,7 +13,6 @@ from launcher.command import (
     params_argv,
     params_from_argv,
 )
-from launcher.params import LaunchParams
 
 
 def cmd(version: str, params: LaunchParams, **kw: object) -> list[str]:

@@ -1,5 +1,6 @@
 
-"""Tests of launcher.config and launcher.durations: real TOML files in tmp_path, real loading."""
+"""Tests of launcher.config.schema and launcher.durations: real TOML files in tmp_path, real
+loading."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.command import params_argv
-from launcher.config import (
+from launcher.config.placeholders import expand_placeholders
+from launcher.config.schema import (
     Config,
     HostConfig,
     MetricsConfig,
@@ -25,7 +26,7 @@ from launcher.config import (
 )
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
-from launcher.placeholders import expand_placeholders
+from launcher.plan.command import params_argv
 from launcher.sglang.phases import Phase
 
 REPO = Path(__file__).resolve().parent.parent

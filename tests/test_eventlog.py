@@ -1,4 +1,4 @@
-"""Log levels of supervision events and journald priority prefixes (launcher.eventlog).
+"""Log levels of supervision events and journald priority prefixes (launcher.hooks.logging).
 
 The end-to-end tests run `launcher up` as a real subprocess against a simulated server that
 SGLang rejects (bad argument: one failed attempt, then give-up) with its stdout in a file; for
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import structlog
 
-from launcher.eventlog import EVENT_LEVELS, configure, level_of, on_journal, syslog_priority
+from launcher.hooks.logging import EVENT_LEVELS, configure, level_of, on_journal, syslog_priority
 from tests.supervise import REPO, SERVER, SimSetup, cli_argv, cli_env
 
 pytestmark = pytest.mark.timeout(90)

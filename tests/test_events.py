@@ -1,5 +1,5 @@
-"""The typed events (launcher.events): names, the log boundary's ``to_dict`` and its inverse,
-and redaction that keeps the types. Pure: no I/O."""
+"""The typed events (launcher.supervise.events): names, the log boundary's ``to_dict`` and its
+inverse, and redaction that keeps the types. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from launcher import events as ev
-from launcher.calibration import CostGuess
-from launcher.eventlog import EVENT_LEVELS
-from launcher.notify import Redactor
+from launcher.hooks.logging import EVENT_LEVELS
+from launcher.hooks.slack import Redactor
+from launcher.memory.calibration import CostGuess
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Confidence, Outcome
 from launcher.sglang.phases import Phase
+from launcher.supervise import events as ev
 
 PARAMS = LaunchParams(0.8, 32, mamba_strategy="extra_buffer", env=(("SGLANG_X", "1"),))
 GUESS = CostGuess(weights_gib=30.0, kv_bytes_per_token=1024.0, graph_gib={"all": 1.5},
@@ -87,10 +87,10 @@ def test_to_dict_is_the_payload_the_log_always_had() -> None:
         "history": [{"params": {"mem_fraction_static": 0.9, "cuda_graph_max_bs": None},
                      "outcome": "oom_kv_cache", "phase": "kv_cache", "attempt": 2}],
     } == ready.to_dict()
-    assert {"error": "down", "unreachable_s": 1.5} == ev.HostUnreachable(
+    assert {"error": "down", "unreachable_s": 1.5} == ev.HostLost(
         error="down", unreachable_s=1.5).to_dict()
     assert {"error": "down", "node": "b", "unreachable_s": 1.5, "retry_in_s": 2.0} == (
-        ev.HostUnreachable(error="down", node="b", unreachable_s=1.5, retry_in_s=2.0).to_dict())
+        ev.HostLost(error="down", node="b", unreachable_s=1.5, retry_in_s=2.0).to_dict())
     assert {"try": 2, "error": "timeout"} == ev.ListingRetry(try_=2, error="timeout").to_dict()
     assert {} == ev.AttemptEnded(
         attempt=1, params=None, outcome="stopped", phase=None, numbers={}, evidence=(),

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher import inspection
-from launcher.config import config_from_dict
-from launcher.facts import ServerFacts
+from launcher.cli import inspection
+from launcher.config.schema import config_from_dict
+from launcher.hooks.identity import ServerFacts
 
 
 @pytest.mark.parametrize(

@@ -22,11 +22,11 @@ from typing import Any
 import anyio
 import pytest
 
-from launcher import events as ev
-from launcher.lifecycle import State
 from launcher.sglang.logparse import LineSplitter
 from launcher.sim import gpustate
-from launcher.supervisor import ServerSupervisor
+from launcher.supervise import events as ev
+from launcher.supervise.lifecycle import State
+from launcher.supervise.supervisor import ServerSupervisor
 from tests.netns import NetnsSshd
 from tests.simhost import free_port
 from tests.sshd import Sshd

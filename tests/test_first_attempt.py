@@ -1,4 +1,4 @@
-"""The memory estimate on a host: the facts reader (launcher/modelfacts.py) over the local
+"""The memory estimate on a host: the facts reader (launcher/host/facts.py) over the local
 transport and the simulated nvidia-smi, and the first attempt it chooses, end to end with the
 real CLI against simulated servers (docs/memory.md)."""
 
@@ -19,18 +19,18 @@ import anyio
 import pytest
 
 from launcher import daemon
-from launcher.cli import EXIT_GAVE_UP, EXIT_OK, EXIT_WONT_FIT
-from launcher.config import config_from_dict
+from launcher.cli.main import EXIT_GAVE_UP, EXIT_OK, EXIT_WONT_FIT
+from launcher.config.schema import config_from_dict
 from launcher.errors import WontFit
-from launcher.firstattempt import plan_first_attempt
-from launcher.modelfacts import MAX_CONFIG, Facts, read_gpus, read_model, server_shape
+from launcher.host.facts import MAX_CONFIG, Facts, read_gpus, read_model, server_shape
+from launcher.host.transport.base import CommandResult
+from launcher.host.transport.local import LocalTransport
 from launcher.params import LaunchParams
+from launcher.plan.first_attempt import plan_first_attempt
 from launcher.sglang.budget import GIB, GpuFacts, NoEstimate, choose
 from launcher.sim.memory import simulate
 from launcher.sim.server import scenario_from_argv
-from launcher.store import Ledger
-from launcher.transport.base import CommandResult
-from launcher.transport.local import LocalTransport
+from launcher.store.ledger import Ledger
 from tests.simhost import make_sim_host, model_dir
 from tests.supervise import SimSetup, cli_argv, cli_env, json_lines, run_cli
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from launcher.fleet import parse_names
-from launcher.store import Ledger, ledger_path
+from launcher.plan.fleet import parse_names
+from launcher.store.ledger import Ledger, ledger_path
 from tests.supervise import SimSetup, json_lines, run_cli
 
 pytestmark = pytest.mark.timeout(180)  # two `up`s and two `down`s

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import LogFormatError, RemoteCommandError
-from launcher.gpus import (
+from launcher.host.gpus import (
     ComputeApp,
     GpuCheck,
     GpuInfo,
@@ -17,7 +17,7 @@ from launcher.gpus import (
     query_compute_apps,
     query_gpus,
 )
-from launcher.transport.local import LocalTransport
+from launcher.host.transport.local import LocalTransport
 
 GPUS = "0, 4, 81559\n1, 30012, 81559\n2, [N/A], [N/A]\n"
 UUIDS = "0, GPU-aaa\n1, GPU-bbb\n2, GPU-ccc\n"

@@ -19,18 +19,20 @@ import httpx
 import pytest
 from rich.console import Console
 
-from launcher import cli, health, inspection, remote
-from launcher.cli import EXIT_GAVE_UP, EXIT_NOT_READY
-from launcher.config import SlackConfig, config_from_dict
+from launcher.cli import inspection, main
+from launcher.cli.main import EXIT_GAVE_UP, EXIT_NOT_READY
+from launcher.config.schema import SlackConfig, config_from_dict
 from launcher.errors import ConfigError, HostKeyError, RemoteCommandError, StateError
+from launcher.host import health
+from launcher.host import run as remote
+from launcher.host.transport.base import MAX_OUTPUT, CommandResult
+from launcher.host.transport.local import LocalTransport
+from launcher.host.transport.ssh import SSHTransport
 from launcher.params import LaunchParams
 from launcher.sglang.classify import diagnose
 from launcher.sglang.logparse import MAX_KEPT_CHARS, MAX_LINE_CHARS, LogFollower
-from launcher.store import StateLock
-from launcher.supervisor import ServerSupervisor, Snapshot
-from launcher.transport.base import MAX_OUTPUT, CommandResult
-from launcher.transport.local import LocalTransport
-from launcher.transport.ssh import SSHTransport
+from launcher.store.lock import StateLock
+from launcher.supervise.supervisor import ServerSupervisor, Snapshot
 from tests.hostile_http import HostileHttp
 from tests.sshd import Sshd
 from tests.supervise import HOST, Recorder, SimSetup, json_lines, run_cli
@@ -83,12 +85,12 @@ def test_live_view_and_messages_show_server_text_verbatim() -> None:
     text = MARKUP + " :warning:"
     snap = Snapshot(server="s[/]", host="h[bold]", state="gave_up", phase=None, progress=None,
                     attempt=1, params="0.8/8", elapsed_s=1.0, pid=None, reason=text)
-    view = rendered(cli._view([snap]))
+    view = rendered(main._view([snap]))
     assert text in view and "s[/]" in view and "h[bold]" in view
 
     console = Console(record=True, width=400, file=io.StringIO())
-    cli._say(console, ("sim0 gave up", "red"), f": {text}")
-    cli._error(console, RemoteCommandError(text), "s[/]: ")
+    main._say(console, ("sim0 gave up", "red"), f": {text}")
+    main._error(console, RemoteCommandError(text), "s[/]: ")
     lines = console.export_text().splitlines()
     assert [f"sim0 gave up: {text}", f"s[/]: RemoteCommandError: {text}"] == lines
 
@@ -98,10 +100,10 @@ def test_terminal_escapes_from_a_server_are_shown_not_sent() -> None:
     as visible ``\\x1b`` text, in messages and in table cells."""
     text = "boom \x1b[2J\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\ \x07"
     console = Console(record=True, width=400, file=io.StringIO(), force_terminal=True)
-    cli._say(console, ("sim0 gave up", "red"), f": {text}")
+    main._say(console, ("sim0 gave up", "red"), f": {text}")
     snap = Snapshot(server="s", host="h", state="gave_up", phase=None, progress=None,
                     attempt=1, params="", elapsed_s=1.0, pid=None, reason=text)
-    console.print(cli._view([snap]))
+    console.print(main._view([snap]))
     raw = console.file.getvalue()  # type: ignore[attr-defined]
     assert "\x1b[2J" not in raw and "\x1b]8" not in raw and "\x07" not in raw
     assert raw.count("\\x1b[2J") == 2 and raw.count("\\x07") == 2

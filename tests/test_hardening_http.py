@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from launcher.config import config_from_dict
+from launcher.config.schema import config_from_dict
 from launcher.errors import ConfigError
-from launcher.notify import Redactor
+from launcher.hooks.slack import Redactor
 from launcher.sglang.logparse import MAX_KEPT_CHARS
 from tests.hostile_http import HostileHttp
 from tests.simhost import free_port
@@ -37,7 +37,7 @@ MIB = 1 << 20
 
 _ROUTER_CALL = """
 import anyio, httpx, json, sys
-from launcher.router_api import RouterClient
+from launcher.host.router_api import RouterClient
 async def main():
     async with httpx.AsyncClient(trust_env=False, timeout=60) as client:
         try:
@@ -52,7 +52,7 @@ anyio.run(main)
 
 _SLACK_CALL = """
 import anyio, json, sys
-from launcher.notify import SlackNotifier
+from launcher.hooks.slack import SlackNotifier
 async def main():
     async def no_wait(_s): pass
     n = SlackNotifier(sys.argv[1], servers_info={}, max_tries=2, sleep=no_wait,
@@ -300,8 +300,8 @@ def test_the_redactor_masks_a_secret_cut_at_either_edge() -> None:
 async def test_a_log_tail_cut_inside_a_line_starts_at_the_next_line(tmp_path: Path) -> None:
     """L1, the 64 KiB tail: its first bytes cut a line (here inside the token); that piece is
     dropped, so no end of a secret without its start is kept."""
-    from launcher import remote
-    from launcher.transport.local import LocalTransport
+    from launcher.host import run as remote
+    from launcher.host.transport.local import LocalTransport
     from tests.supervise import HOST
 
     (tmp_path / "log").write_text("x" * 100 + TOKEN + "\nlast words\n")

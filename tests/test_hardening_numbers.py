@@ -5,7 +5,7 @@ Python refuses ``int()`` of more than 4300 digits (ValueError), ``float()`` make
 number ``inf``, ``json`` reads ``1e400`` as ``inf``, ``"²".isdigit()`` is true: each of those,
 read from a server's log, a /health answer, an attempt file, a model's config.json or the
 agent's frames, once stopped `up` for every server. Every such number now goes through
-``launcher.numbers``, and a supervision that raises anyway is given up alone.
+``launcher.untrusted``, and a supervision that raises anyway is given up alone.
 """
 
 from __future__ import annotations
@@ -31,25 +31,27 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from launcher import events as ev
-from launcher import follow_agent, health, remote
-from launcher.cli import EXIT_NOT_READY, EXIT_OK
-from launcher.config import config_from_dict
+from launcher.cli.main import EXIT_NOT_READY, EXIT_OK
+from launcher.config.schema import config_from_dict
 from launcher.errors import RemoteCommandError
-from launcher.hostfollow import Frame, FrameDecoder, HostFollower
-from launcher.lifecycle import State
-from launcher.metrics import Metrics
-from launcher.notify import SlackNotifier
-from launcher.numbers import bounded_float, bounded_int, finite_number, parse_stamp
-from launcher.router import Registrar, RouterSupervisor
+from launcher.hooks.metrics import Metrics
+from launcher.hooks.slack import SlackNotifier
+from launcher.host import agent as follow_agent
+from launcher.host import health
+from launcher.host import run as remote
+from launcher.host.follower import Frame, FrameDecoder, HostFollower
+from launcher.host.transport import make_transport
+from launcher.host.transport.base import CommandResult, Duplex
+from launcher.host.transport.local import LocalTransport
 from launcher.sglang import logparse
 from launcher.sglang.budget import ModelFacts, NoEstimate
 from launcher.sglang.outcome import Numbers
 from launcher.sglang.versions import version_tuple
-from launcher.supervisor import ServerSupervisor, supervise_all
-from launcher.transport import make_transport
-from launcher.transport.base import CommandResult, Duplex
-from launcher.transport.local import LocalTransport
+from launcher.supervise import events as ev
+from launcher.supervise.lifecycle import State
+from launcher.supervise.router import Registrar, RouterSupervisor
+from launcher.supervise.supervisor import ServerSupervisor, supervise_all
+from launcher.untrusted import bounded_float, bounded_int, finite_number, parse_stamp
 from tests.simhost import free_port, model_dir
 from tests.supervise import SimSetup, cli_argv, cli_env, json_lines, run_cli
 
@@ -536,7 +538,7 @@ def _answering(*pieces: bytes) -> tuple[socket.socket, threading.Thread]:
 
 
 async def test_probe_health_reads_at_most_4_kib_in_all_and_takes_only_3_digits() -> None:
-    """M1 in launcher.health: a status line of 8191 digits sent in two pieces is read to
+    """M1 in launcher.host.health: a status line of 8191 digits sent in two pieces is read to
     4 KiB in total and is not an HTTP answer (no ValueError); only 3 digits are a status."""
     srv, thread = _answering(b"HTTP/1.1 " + b"9" * 4086, b"9" * 4096 + b" OK\r\n\r\n")
     try:
@@ -614,7 +616,7 @@ def test_forged_started_at_and_exit_status_in_a_live_attempt_are_skipped(
 
 
 def test_the_follow_trailer_and_exit_status_files_take_no_5000_digit_number() -> None:
-    """M2 in launcher.remote: a trailer with a 5000-digit exit status or log size is
+    """M2 in launcher.host.run: a trailer with a 5000-digit exit status or log size is
     incomplete (the host is asked again), not a ValueError."""
     assert (False, 3, 10) == remote._parse_trailer(b"0 3 10\n")
     assert remote._parse_trailer(b"0 " + HUGE.encode() + b" 10\n") is None

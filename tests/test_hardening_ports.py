@@ -28,12 +28,12 @@ import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
 from launcher.errors import RemoteCommandError
-from launcher.lifecycle import State
-from launcher.metrics import Metrics
-from launcher.remote_preflight import PortHolder as Holder
-from launcher.remote_preflight import port_holder
-from launcher.transport.base import CommandResult
-from launcher.transport.local import LocalTransport
+from launcher.hooks.metrics import Metrics
+from launcher.host.preflight import PortHolder as Holder
+from launcher.host.preflight import port_holder
+from launcher.host.transport.base import CommandResult
+from launcher.host.transport.local import LocalTransport
+from launcher.supervise.lifecycle import State
 from tests.simhost import REPO
 from tests.supervise import Recorded, Recorder, SimSetup, run_cli, supervise
 
@@ -284,7 +284,7 @@ def test_status_console_log_shows_escapes_from_a_forged_pid_file(sim: SimSetup) 
 # descriptors can be counted apart from the test's; argv: read_timeout, max_connections.
 SERVE = """
 import sys, time
-from launcher.metrics import Metrics
+from launcher.hooks.metrics import Metrics
 server = Metrics().serve("127.0.0.1", 0, read_timeout=float(sys.argv[1]),
                          max_connections=int(sys.argv[2]))
 print(server.port, flush=True)

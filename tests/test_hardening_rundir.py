@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher import follow_agent, remote
-from launcher.cli import EXIT_OK
+from launcher.cli.main import EXIT_OK
 from launcher.errors import RemoteCommandError
-from launcher.transport.local import LocalTransport
+from launcher.host import agent as follow_agent
+from launcher.host import run
+from launcher.host.transport.local import LocalTransport
 from tests import procs
 from tests.supervise import HOST, SERVER, SimSetup, run_cli
 from tests.supervise import cli_env as launcher_env
@@ -144,19 +145,19 @@ async def test_a_private_run_dir_under_tmp_or_the_tmp_path_works(
     and under pytest's tmp_path: launch, list, probe, read, follow's finish, stop."""
     run_dir = (shared if where == "tmp" else tmp_path) / "run"
     t = LocalTransport(HOST)
-    spec = remote.AttemptSpec(server="srv", attempt=1, run_dir=str(run_dir),
+    spec = run.AttemptSpec(server="srv", attempt=1, run_dir=str(run_dir),
                               argv=["sh", "-c", "echo hello; exec sleep 30"], env={})
-    handle = await remote.launch(t, spec)
+    handle = await run.launch(t, spec)
     try:
-        assert handle == await remote.find_running(t, str(run_dir), "srv", adopting=True)
-        assert (await remote.probe(t, handle)).alive
-        assert (await remote.attempt_files(t, handle))["cmd"]
-        assert 0 <= await remote.log_age(t, handle)
+        assert handle == await run.find_running(t, str(run_dir), "srv", adopting=True)
+        assert (await run.probe(t, handle)).alive
+        assert (await run.attempt_files(t, handle))["cmd"]
+        assert 0 <= await run.log_age(t, handle)
     finally:
-        report = await remote.stop(t, handle, grace=5.0)
+        report = await run.stop(t, handle, grace=5.0)
     assert ["SIGTERM"] == report.signals_sent
-    assert b"hello\n" == await remote.read_log(t, handle)
-    assert b"hello\n" == await remote.tail_log(t, handle)
+    assert b"hello\n" == await run.read_log(t, handle)
+    assert b"hello\n" == await run.tail_log(t, handle)
 
 
 async def test_listing_refuses_a_symlink_in_an_attempt_directory(tmp_path: Path) -> None:
@@ -169,7 +170,7 @@ async def test_listing_refuses_a_symlink_in_an_attempt_directory(tmp_path: Path)
     run_dir.chmod(0o700)
     (d / "log").symlink_to("/etc/shadow")
     with pytest.raises(RemoteCommandError, match=f"unsafe run directory {d}/log: a symlink"):
-        await remote.latest_handle(LocalTransport(HOST), str(run_dir), "srv")
+        await run.latest_handle(LocalTransport(HOST), str(run_dir), "srv")
 
 
 async def test_listing_refuses_a_symlinked_run_dir(tmp_path: Path) -> None:
@@ -181,7 +182,7 @@ async def test_listing_refuses_a_symlinked_run_dir(tmp_path: Path) -> None:
         p.chmod(0o700)
     (tmp_path / "run").symlink_to(real)
     with pytest.raises(RemoteCommandError, match=f"unsafe run directory {tmp_path}/run: a sym"):
-        await remote.latest_handle(LocalTransport(HOST), str(tmp_path / "run"), "srv")
+        await run.latest_handle(LocalTransport(HOST), str(tmp_path / "run"), "srv")
 
 
 # -- H2 and L6 in the follow agent ----------------------------------------------------------
@@ -322,8 +323,8 @@ def slow_host(tmp_path: Path) -> Iterator[tuple[Path, LocalTransport]]:
     (fake / "gate").touch()  # whatever still waits goes on (and its shim exits 125)
 
 
-def slow_spec(tmp_path: Path) -> remote.AttemptSpec:
-    return remote.AttemptSpec(server="srv", attempt=1, run_dir=str(tmp_path / "run"),
+def slow_spec(tmp_path: Path) -> run.AttemptSpec:
+    return run.AttemptSpec(server="srv", attempt=1, run_dir=str(tmp_path / "run"),
                               argv=[REAL_SLEEP, "30"], env={}, secret_env={"HF_TOKEN": SECRET})
 
 
@@ -347,12 +348,12 @@ async def test_a_slow_start_is_waited_for_past_the_old_two_seconds(
     clock): the launch waits for it and returns the running server."""
     fake, t = slow_host
     (fake / "mode").write_text("gate-at-100\n")
-    handle = await remote.launch(t, slow_spec(tmp_path))
+    handle = await run.launch(t, slow_spec(tmp_path))
     try:
         assert int((fake / "ticks").read_text()) >= 100
-        assert (await remote.probe(t, handle)).alive
+        assert (await run.probe(t, handle)).alive
     finally:
-        await remote.stop(t, handle, grace=5.0)
+        await run.stop(t, handle, grace=5.0)
     assert not secret_left(Path(handle.dir))
 
 
@@ -363,7 +364,7 @@ async def test_a_launch_that_saw_no_pid_takes_the_claim_and_the_env(
     starts, even once setsid goes on) and leaves no env file with the secret behind."""
     fake, t = slow_host
     with pytest.raises(RemoteCommandError) as caught:
-        await remote.launch(t, slow_spec(tmp_path))
+        await run.launch(t, slow_spec(tmp_path))
     assert "it will not start" in caught.value.stderr
     d = tmp_path / "run" / "srv" / "1"
     assert (d / "claim").is_dir()
@@ -382,11 +383,11 @@ async def test_adopting_a_half_way_launch_claims_it_and_removes_its_env(
     fake, t = slow_host
     (fake / "mode").write_text("kill-at-50\n")
     with pytest.raises(RemoteCommandError):
-        await remote.launch(t, slow_spec(tmp_path))
+        await run.launch(t, slow_spec(tmp_path))
     d = tmp_path / "run" / "srv" / "1"
     assert 50 == int((fake / "ticks").read_text())
     assert (d / "env").exists()  # the launcher died with it there
-    assert await remote.find_running(t, str(tmp_path / "run"), "srv", adopting=True) is None
+    assert await run.find_running(t, str(tmp_path / "run"), "srv", adopting=True) is None
     assert (d / "claim").is_dir() and not secret_left(d)
     (fake / "gate").touch()
     assert "125" == settle(d)
@@ -401,7 +402,7 @@ async def test_a_shim_that_finds_the_attempt_claimed_removes_its_env(
     fake, t = slow_host
     (fake / "mode").write_text("kill-at-50\n")
     with pytest.raises(RemoteCommandError):
-        await remote.launch(t, slow_spec(tmp_path))
+        await run.launch(t, slow_spec(tmp_path))
     d = tmp_path / "run" / "srv" / "1"
     (d / "claim").mkdir()
     assert secret_left(d) == ["env"]

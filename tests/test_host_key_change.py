@@ -14,8 +14,8 @@ import anyio
 import pytest
 
 from launcher.errors import HostKeyChanged
-from launcher.lifecycle import State
-from launcher.supervisor import ServerSupervisor
+from launcher.supervise.lifecycle import State
+from launcher.supervise.supervisor import ServerSupervisor
 from tests.simhost import free_port
 from tests.sshd import Sshd, fingerprint, keygen
 from tests.sshsim import (

@@ -1,4 +1,4 @@
-"""One session per host (launcher.hostfollow + launcher.follow_agent): the frame format as
+"""One session per host (launcher.host.follower + launcher.host.agent): the frame format as
 pure unit tests, then the agent following real processes on the local transport and over a
 real sshd (a cut connection, more servers than MaxSessions)."""
 
@@ -17,15 +17,17 @@ from pathlib import Path
 import anyio
 import pytest
 
-from launcher import events, follow_agent, remote
 from launcher.errors import HostUnreachable
-from launcher.hostfollow import Frame, FrameDecoder, FrameError, HostFollower
-from launcher.lifecycle import State
-from launcher.remote import AttemptSpec, LogChunk, RunExited, RunHandle
-from launcher.supervisor import ServerSupervisor, supervise_all
-from launcher.transport.base import Duplex, DuplexTransport
-from launcher.transport.local import LocalTransport
-from launcher.transport.ssh import SSHTransport
+from launcher.host import agent as follow_agent
+from launcher.host import run
+from launcher.host.follower import Frame, FrameDecoder, FrameError, HostFollower
+from launcher.host.run import AttemptSpec, LogChunk, RunExited, RunHandle
+from launcher.host.transport.base import Duplex, DuplexTransport
+from launcher.host.transport.local import LocalTransport
+from launcher.host.transport.ssh import SSHTransport
+from launcher.supervise import events
+from launcher.supervise.lifecycle import State
+from launcher.supervise.supervisor import ServerSupervisor, supervise_all
 from tests.hostile_http import HostileHttp
 from tests.simhost import free_port
 from tests.sshd import Sshd
@@ -188,7 +190,7 @@ async def running(transport: DuplexTransport) -> AsyncIterator[HostFollower]:
 
 async def launch(transport: DuplexTransport, run_dir: Path, server: str, argv: list[str],
                  ) -> RunHandle:
-    return await remote.launch(transport, AttemptSpec(server, 1, str(run_dir), argv, {}))
+    return await run.launch(transport, AttemptSpec(server, 1, str(run_dir), argv, {}))
 
 
 async def collect(follower: HostFollower, handle: RunHandle, offset: int = 0,
@@ -347,7 +349,7 @@ async def test_a_cut_connection_is_resumed_at_the_byte_offset(
     finally:
         await transport.aclose()
         for handle in handles:
-            await remote.stop(local, handle, grace=0.1)
+            await run.stop(local, handle, grace=0.1)
     assert [0, 1, 2] == sorted(set(cuts))
     assert 2 == opened
     for i, handle in enumerate(handles):
@@ -403,7 +405,7 @@ async def test_more_servers_than_max_sessions_all_come_up_on_a_stock_sshd(
 
 
 async def test_the_agent_probes_health_on_the_host() -> None:
-    """Probes made by the agent answer like launcher.health.probe_health: the status code,
+    """Probes made by the agent answer like launcher.host.health.probe_health: the status code,
     a timeout at the deadline, the connection error; no socket of ours per probe."""
     silent = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
     with socket.socket() as s:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from launcher.lifecycle import State
+from launcher.supervise.lifecycle import State
 from tests.supervise import SimSetup, ready_or_done, supervise
 
 pytestmark = pytest.mark.timeout(90)

@@ -1,4 +1,4 @@
-"""The launch claim (launcher.remote): a launch left half-way can never start a second copy.
+"""The launch claim (launcher.host.run): a launch left half-way can never start a second copy.
 
 Local transport and real processes: the shim script is run as on a host, attempt directories
 are made as a launch cut off at that step would leave them.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import remote
-from launcher.transport.local import LocalTransport
+from launcher.host import run
+from launcher.host.transport.local import LocalTransport
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 def run_shim(attempt: Path) -> subprocess.CompletedProcess[bytes]:
     """The launch's shim, as the wrapper runs it, for a server that would just exit 0."""
-    return subprocess.run(["sh", "-c", remote._SHIM, "sh", str(attempt), "", "true"],
+    return subprocess.run(["sh", "-c", run._SHIM, "sh", str(attempt), "", "true"],
                           capture_output=True, timeout=30)
 
 
@@ -38,7 +38,7 @@ async def test_listing_without_adopting_claims_nothing(tmp_path: Path) -> None:
     attempt = tmp_path / "runs" / "llm" / "1"
     attempt.mkdir(parents=True)
     (attempt / "env").touch()  # the launch writes it before it starts the wrapper
-    found = await remote.find_running(LocalTransport("h"), str(tmp_path / "runs"), "llm")
+    found = await run.find_running(LocalTransport("h"), str(tmp_path / "runs"), "llm")
     assert (None, False) == (found, (attempt / "claim").exists())
     assert 0 == run_shim(attempt).returncode  # the launch still goes ahead
     assert (attempt / "pid").exists()
@@ -49,7 +49,7 @@ async def test_adopting_claims_a_launch_cut_off_before_its_shim_ran(tmp_path: Pa
     exits 125 without writing a pid or starting the server."""
     attempt = tmp_path / "runs" / "llm" / "1"
     attempt.mkdir(parents=True)
-    found = await remote.find_running(LocalTransport("h"), str(tmp_path / "runs"), "llm",
+    found = await run.find_running(LocalTransport("h"), str(tmp_path / "runs"), "llm",
                                       adopting=True)
     shim = run_shim(attempt)
     assert (None, True) == (found, (attempt / "claim").is_dir())
@@ -78,7 +78,7 @@ async def test_adopting_waits_for_the_pid_of_a_shim_that_claimed_first(
     writer = threading.Thread(target=write_pid_soon)
     writer.start()
     try:
-        found = await remote.find_running(LocalTransport("h"), str(tmp_path / "runs"), "llm",
+        found = await run.find_running(LocalTransport("h"), str(tmp_path / "runs"), "llm",
                                           adopting=True)
     finally:
         writer.join()

@@ -8,18 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from launcher import events as ev
-from launcher.calibration import CostGuess, ObservationKey, learn
+from launcher.hooks.recorder import LedgerRecorder
+from launcher.memory.calibration import CostGuess, ObservationKey, learn
 from launcher.params import LaunchParams
 from launcher.sglang.logparse import LogFollower
 from launcher.sglang.observed import Observed
-from launcher.store import (
-    _MIGRATIONS,
-    SCHEMA_VERSION,
-    Ledger,
-    LedgerRecorder,
-    ObservationContext,
-)
+from launcher.store.ledger import _MIGRATIONS, SCHEMA_VERSION, Ledger, ObservationContext
+from launcher.supervise import events as ev
 
 KEY = ObservationKey("Qwen3ForCausalLM", "NVIDIA H200", "0.5.23", "")
 GUESS = CostGuess(weights_gib=30.0, kv_bytes_per_token=65536.0,

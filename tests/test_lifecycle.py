@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.backoff import RestartBackoff
 from launcher.errors import IllegalTransition
-from launcher.lifecycle import (
+from launcher.memory.policy import Bounds
+from launcher.params import LaunchParams
+from launcher.sglang.outcome import Confidence, Diagnosis, Numbers, Outcome
+from launcher.sglang.phases import Phase
+from launcher.supervise.backoff import RestartBackoff
+from launcher.supervise.lifecycle import (
     Adopted,
     BackoffElapsed,
     CleanedUp,
@@ -36,10 +40,6 @@ from launcher.lifecycle import (
     StopRequested,
     WaitForGpus,
 )
-from launcher.params import LaunchParams
-from launcher.policy import Bounds
-from launcher.sglang.outcome import Confidence, Diagnosis, Numbers, Outcome
-from launcher.sglang.phases import Phase
 
 
 def machine(**limits: object) -> ServerMachine:

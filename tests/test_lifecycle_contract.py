@@ -15,16 +15,19 @@ from typing import Any
 
 import pytest
 
-from launcher.backoff import Jitter, RestartBackoff
 from launcher.errors import IllegalTransition
-from launcher.lifecycle import (
+from launcher.memory.policy import AttemptRecord, Bounds, next_params
+from launcher.params import LaunchParams
+from launcher.sglang.outcome import Diagnosis, Numbers, Outcome
+from launcher.sglang.phases import Phase
+from launcher.supervise.backoff import Jitter, RestartBackoff
+from launcher.supervise.lifecycle import (
     Action,
     Adopted,
     BackoffElapsed,
     CleanedUp,
     DeadlineExceeded,
     Emit,
-    Event,
     Exited,
     FatalLineSeen,
     GpusFree,
@@ -32,6 +35,7 @@ from launcher.lifecycle import (
     Kill,
     Launch,
     Launched,
+    LifecycleInput,
     Limits,
     PhaseSeen,
     PreflightBlocked,
@@ -48,10 +52,6 @@ from launcher.lifecycle import (
     StopRequested,
     WaitForGpus,
 )
-from launcher.params import LaunchParams
-from launcher.policy import AttemptRecord, Bounds, next_params
-from launcher.sglang.outcome import Diagnosis, Numbers, Outcome
-from launcher.sglang.phases import Phase
 
 
 @dataclass(frozen=True, eq=False)
@@ -268,7 +268,7 @@ def test_log_lines_of_a_dead_attempt_are_ignored() -> None:
     launched(m)
     m.handle(Exited(status=1, diagnosis=capture_oom()), 1)
     fatal = Diagnosis(outcome=Outcome.PORT_IN_USE, phase=Phase.INIT)
-    late: list[Event] = [PhaseSeen(Phase.WEIGHTS), ReadyLineSeen(), Stalled(silent_s=99.0),
+    late: list[LifecycleInput] = [PhaseSeen(Phase.WEIGHTS), ReadyLineSeen(), Stalled(silent_s=99.0),
                          FatalLineSeen(fatal), ProbeResult(ok=True), Exited(1, crashed())]
     for event in late:
         assert [] == m.handle(event, 2)
@@ -570,7 +570,7 @@ def test_a_stop_while_backing_off_never_relaunches(kill: bool) -> None:
 # --- terminal states ---------------------------------------------------------------------
 
 
-def _late_events() -> list[Event]:
+def _late_events() -> list[LifecycleInput]:
     return [
         PreflightPassed(), PreflightBlocked("x", transient=True), Launched(pid=1),
         PhaseSeen(Phase.WEIGHTS), ReadyLineSeen(), FatalLineSeen(crashed()),
@@ -657,7 +657,7 @@ def test_gpu_wait_timeout_gives_up_with_exact_reason() -> None:
     ],
 )
 def test_impossible_events_raise_naming_event_and_state(
-    setup: str, event: Event, message: str
+    setup: str, event: LifecycleInput, message: str
 ) -> None:
     m = machine()
     if setup == "init":

@@ -14,21 +14,25 @@ from collections.abc import Callable
 
 import pytest
 
-from launcher import events
-from launcher.backoff import Jitter, RestartBackoff
 from launcher.errors import IllegalTransition
-from launcher.lifecycle import (
+from launcher.memory.policy import Bounds
+from launcher.params import LaunchParams
+from launcher.sglang.outcome import Confidence, Diagnosis, Outcome
+from launcher.sglang.phases import Phase
+from launcher.supervise import events
+from launcher.supervise.backoff import Jitter, RestartBackoff
+from launcher.supervise.lifecycle import (
     Adopted,
     BackoffElapsed,
     CleanedUp,
     Emit,
-    Event,
     Exited,
     GpusFree,
     HostRefused,
     Kill,
     Launch,
     Launched,
+    LifecycleInput,
     Limits,
     PhaseSeen,
     PreflightBlocked,
@@ -43,10 +47,6 @@ from launcher.lifecycle import (
     StopRequested,
     Unknown,
 )
-from launcher.params import LaunchParams
-from launcher.policy import Bounds
-from launcher.sglang.outcome import Confidence, Diagnosis, Outcome
-from launcher.sglang.phases import Phase
 
 INITIAL = LaunchParams(0.70, 32)
 LISTING = "cannot list its attempts on gpu1: ssh: connect timed out"
@@ -177,7 +177,9 @@ def test_unknown_once_supervising_is_a_bug_named_by_event_and_state(
 @pytest.mark.parametrize("late", [Unknown(LISTING), HostRefused("host key changed")],
                          ids=["unknown", "host_refused"])
 @pytest.mark.parametrize("kill", [True, False])
-def test_terminal_machine_ignores_late_unknown_and_host_refusal(late: Event, kill: bool) -> None:
+def test_terminal_machine_ignores_late_unknown_and_host_refusal(
+    late: LifecycleInput, kill: bool
+) -> None:
     """After the end, a late listing failure or host refusal changes nothing: no action, the
     state and the reason stay."""
     m = machine()

@@ -14,8 +14,8 @@ import anyio
 import pytest
 
 from launcher.errors import RemoteCommandError
-from launcher.transport.base import Transport
-from launcher.transport.local import LocalTransport, install_pidfd_child_watcher
+from launcher.host.transport.base import Transport
+from launcher.host.transport.local import LocalTransport, install_pidfd_child_watcher
 
 DUMP = "import json, os, sys; print(json.dumps([sys.argv[1:], dict(os.environ)]))"
 

@@ -21,7 +21,7 @@ from launcher.sglang.logparse import (
     LogFollower,
     MemoryFigure,
     OomFigures,
-    PhaseEntered,
+    PhaseLine,
     Progress,
     ReadyLine,
     Signature,
@@ -290,7 +290,7 @@ def test_killed_only_counts_as_a_bare_line() -> None:
 def test_follower_enters_every_phase_in_order(name: str) -> None:
     """A full start-up log enters init .. ready once each, in order, and ends ready."""
     follower, events = follow(read_log(name))
-    assert list(Phase) == [e.phase for e in of_type(events, PhaseEntered)]
+    assert list(Phase) == [e.phase for e in of_type(events, PhaseLine)]
     assert Phase.READY == follower.phase
     assert 1 == len(of_type(events, ReadyLine))
 
@@ -337,7 +337,7 @@ def test_follower_progress_is_the_current_phases_fraction() -> None:
 def test_phases_only_move_forward() -> None:
     """A draft model's "Load weight begin" after graph capture does not move the phase back."""
     _, events = follow(read_log("v0523_oom_graph_capture_seed_tp4.log"))
-    entered = [e.phase for e in of_type(events, PhaseEntered)]
+    entered = [e.phase for e in of_type(events, PhaseLine)]
     assert [Phase.INIT, Phase.WEIGHTS, Phase.KV_CACHE, Phase.CUDA_GRAPH] == entered
 
 

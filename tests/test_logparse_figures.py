@@ -24,7 +24,7 @@ from launcher.sglang.logparse import (
     MemoryFigure,
     OomFigures,
     ParsedLine,
-    PhaseEntered,
+    PhaseLine,
     Progress,
     ReadyLine,
     Signature,
@@ -129,7 +129,7 @@ def test_the_ready_line_event_carries_the_line_and_its_record_number() -> None:
     follower = LogFollower()
     for line in lines[:ready]:
         follower.feed_line(line)
-    assert [PhaseEntered(Phase.READY), ReadyLine(lines[ready], ready)] == (
+    assert [PhaseLine(Phase.READY), ReadyLine(lines[ready], ready)] == (
         follower.feed_line(lines[ready])
     )
     assert (ready, lines[ready]) == (follower.ready_line_no, follower.ready_line)
@@ -141,7 +141,7 @@ def test_init_and_baseline_usage_are_memory_figures_of_their_rank() -> None:
     follower = LogFollower()
     dist = ("[2026-06-17 19:51:10 TP1] Init torch distributed ends. elapsed=0.52 s, "
             "mem usage=0.31 GB")
-    assert [PhaseEntered(Phase.INIT), MemoryFigure(Figure.DIST_INIT_USAGE, 0.31, "TP1")] == (
+    assert [PhaseLine(Phase.INIT), MemoryFigure(Figure.DIST_INIT_USAGE, 0.31, "TP1")] == (
         follower.feed_line(dist)
     )
     baseline = "[2026-06-17 19:51:11 TP0] Memory baseline taken. mem usage=0.44 GB"
@@ -268,7 +268,7 @@ def test_a_capture_bar_gives_its_avail_figure_then_its_progress() -> None:
     """The first bar of a phase enters it; a later one gives the figure and the progress."""
     follower = LogFollower()
     assert [
-        PhaseEntered(Phase.CUDA_GRAPH),
+        PhaseLine(Phase.CUDA_GRAPH),
         MemoryFigure(Figure.GRAPH_PROGRESS_AVAIL, 19.5, None),
         Progress(Phase.CUDA_GRAPH, 1, 4),
     ] == follower.feed_line(DECODE_BAR)
@@ -282,7 +282,7 @@ def test_a_one_shard_model_shows_full_progress() -> None:
     """Real gh2527:5: "Loading safetensors checkpoint shards: 100% Completed | 1/1"."""
     follower = LogFollower()
     line = real_line("gh2527_capture_ninja_missing_laptop.log", 5)
-    assert [PhaseEntered(Phase.WEIGHTS), Progress(Phase.WEIGHTS, 1, 1)] == (
+    assert [PhaseLine(Phase.WEIGHTS), Progress(Phase.WEIGHTS, 1, 1)] == (
         follower.feed_line(line)
     )
     assert ((1, 1), 1.0) == (follower.steps, follower.progress)
@@ -294,7 +294,7 @@ def test_an_empty_shard_bar_shows_no_fraction() -> None:
     follower = LogFollower()
     line = ("Loading safetensors checkpoint shards:   0% Completed | 0/0 "
             "[00:00<?, ?it/s]")
-    assert [PhaseEntered(Phase.WEIGHTS), Progress(Phase.WEIGHTS, 0, 0)] == (
+    assert [PhaseLine(Phase.WEIGHTS), Progress(Phase.WEIGHTS, 0, 0)] == (
         follower.feed_line(line)
     )
     assert (None, None) == (follower.steps, follower.progress)
@@ -580,7 +580,7 @@ def test_kv_lines_give_their_k_v_or_kv_figures() -> None:
     kv = ("[2026-06-17 19:52:42 TP0] KV Cache is allocated. #tokens: 655360, "
           "K size: 12.00 GB, V size: 8.00 GB")
     assert [
-        PhaseEntered(Phase.KV_CACHE),
+        PhaseLine(Phase.KV_CACHE),
         MemoryFigure(Figure.KV_K_SIZE, 12.0, "TP0"),
         MemoryFigure(Figure.KV_V_SIZE, 8.0, "TP0"),
     ] == follower.feed_line(kv)
@@ -598,7 +598,7 @@ def test_the_capture_end_and_summary_lines_give_their_figures() -> None:
         MemoryFigure(Figure.GRAPH_END_USAGE, 0.93, None),
         MemoryFigure(Figure.GRAPH_END_AVAIL, 52.97, None),
     ] == follower.feed_line(end)
-    assert [PhaseEntered(Phase.WARMUP), MemoryFigure(Figure.SUMMARY_AVAIL, 52.97, None)] == (
+    assert [PhaseLine(Phase.WARMUP), MemoryFigure(Figure.SUMMARY_AVAIL, 52.97, None)] == (
         follower.feed_line(summary)
     )
     assert (154231, 52.97) == (follower.numbers.max_total_num_tokens,

@@ -1,8 +1,8 @@
-"""The per-GPU memory bar of `plan`/`diagnose` (launcher/memview.py): pure rendering."""
+"""The per-GPU memory bar of `plan`/`diagnose` (launcher/cli/memview.py): pure rendering."""
 
 from __future__ import annotations
 
-from launcher.memview import BAR_WIDTH, PARTS, bar_text, legend
+from launcher.cli.memview import BAR_WIDTH, PARTS, bar_text, legend
 from launcher.sglang.budget import GpuBar
 
 

@@ -12,21 +12,21 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from launcher import __version__
-from launcher import events as ev
 from launcher.errors import ConfigError
-from launcher.facts import ServerFacts
-from launcher.lifecycle import State
-from launcher.metrics import Metrics, MetricsServer
+from launcher.hooks.identity import ServerFacts
+from launcher.hooks.metrics import Metrics, MetricsServer
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Confidence, Outcome
 from launcher.sglang.phases import Phase
+from launcher.supervise import events as ev
+from launcher.supervise.lifecycle import State
 
 Labels = frozenset[tuple[str, str]]
 
 
 @dataclass
 class Snap:
-    """The attributes update_states reads (launcher.supervisor.Snapshot has them)."""
+    """The attributes update_states reads (launcher.supervise.supervisor.Snapshot has them)."""
 
     server: str
     state: str
@@ -229,10 +229,10 @@ async def test_host_outages_are_a_gauge_and_their_seconds_a_counter(
     metrics: Metrics, served: MetricsServer
 ) -> None:
     """host.unreachable sets the gauge; host.reachable clears it and adds the outage's length."""
-    metrics("llama", ev.HostUnreachable(error="down", unreachable_s=0.0))
+    metrics("llama", ev.HostLost(error="down", unreachable_s=0.0))
     during = await scrape(served)
     metrics("llama", ev.HostReachable(unreachable_s=12.5))
-    metrics("llama", ev.HostUnreachable(error="down", unreachable_s=0.0))
+    metrics("llama", ev.HostLost(error="down", unreachable_s=0.0))
     metrics("llama", ev.HostReachable(unreachable_s=2.0))
     after = await scrape(served)
     assert 1 == during["launcher_host_unreachable", S("llama")]
@@ -320,7 +320,7 @@ async def test_rare_event_series_exist_at_zero_from_the_first_attempt(
     metrics("llama", ev.RestartScheduled(delay_s=1.0, params=NO_PARAMS, attempt=1,
                                          restarts_left=4, restart_budget=5,
                                          restart_window_s=3600.0))
-    metrics("llama", ev.HostUnreachable(error="down", unreachable_s=0.0))
+    metrics("llama", ev.HostLost(error="down", unreachable_s=0.0))
     metrics("llama", ev.AttemptStarted(attempt=2, params=NO_PARAMS))
     second = await scrape(served)
     names = ("launcher_restarts_total", "launcher_follow_failures_total",

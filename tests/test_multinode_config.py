@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import Config, load_config
+from launcher.config.schema import Config, load_config
 from launcher.errors import ConfigError
-from launcher.multinode import dist_init_addr, rank_commands
 from launcher.params import LaunchParams
+from launcher.plan.multinode import dist_init_addr, rank_commands
 from tests.supervise import run_cli
 
 HOSTS = """

@@ -4,7 +4,7 @@ Host gpu-a is a real sshd on 127.0.0.1, host gpu-b one on 127.0.0.2, each in fro
 simulated GPU host (gpu-b's servers bind their HTTP port on 127.0.0.2, as a second machine
 would). The server runs TP4 over 2 GPUs per node; the ranks rendezvous on node 0's address
 (--dist-init-addr 127.0.0.1:PORT) and a dead peer kills the others as gloo does
-(launcher.sim.multinode). launcher.ranks.MultiNodeSupervisor launches, follows, stops and
+(launcher.sim.multinode). launcher.supervise.ranks.MultiNodeSupervisor launches, follows, stops and
 relaunches the ranks through the SSH transports.
 """
 
@@ -23,9 +23,9 @@ from typing import Any
 import anyio
 import pytest
 
-from launcher.config import Config
-from launcher.lifecycle import State
-from launcher.ranks import MultiNodeSupervisor
+from launcher.config.schema import Config
+from launcher.supervise.lifecycle import State
+from launcher.supervise.ranks import MultiNodeSupervisor
 from tests.simhost import free_port, model_dir
 from tests.sshd import Sshd
 from tests.sshsim import (

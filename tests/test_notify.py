@@ -17,9 +17,8 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from launcher import events as ev
 from launcher.errors import ConfigError
-from launcher.notify import (
+from launcher.hooks.slack import (
     Kind,
     Origin,
     Redactor,
@@ -34,7 +33,8 @@ from launcher.notify import (
     unhealthy_message,
 )
 from launcher.sglang.classify import diagnose_text
-from launcher.store import Ledger
+from launcher.store.ledger import Ledger
+from launcher.supervise import events as ev
 from tests.faketime import FakeTime as FakeClock  # its clock and sleep move together
 from tests.httpsink import HANG, HttpSink, Reply
 
@@ -915,10 +915,10 @@ def test_the_clipping_limits_are_within_slack_sdks() -> None:
     not imported at module load: see checked_blocks)."""
     from slack_sdk.models.blocks import HeaderBlock, SectionBlock
 
-    from launcher import notify
+    from launcher.hooks import slack
 
-    assert notify._HEADER_MAX <= HeaderBlock.text_max_length
-    assert notify._SECTION_MAX <= SectionBlock.text_max_length
+    assert slack._HEADER_MAX <= HeaderBlock.text_max_length
+    assert slack._SECTION_MAX <= SectionBlock.text_max_length
 
 
 def test_a_relaunch_after_an_unrecorded_kill_names_the_kill_not_an_access_line() -> None:

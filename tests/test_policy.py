@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import PolicyError
-from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
-from launcher.policy import (
+from launcher.memory.policy import (
     ASSUMED_GRAPH_BS,
     ASSUMED_MEM_FRACTION,
     KV_CUSHION,
@@ -21,6 +20,7 @@ from launcher.policy import (
     next_params,
     resolve_params,
 )
+from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
 from launcher.sglang.autoargs import auto_cuda_graph_max_bs, auto_mem_fraction_static
 from launcher.sglang.classify import diagnose_text
 from launcher.sglang.outcome import Numbers, Outcome

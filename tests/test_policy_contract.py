@@ -1,5 +1,5 @@
-"""Contract tests of the OOM policy (issue 18): each states one rule of ``launcher.policy`` and
-checks it with numbers worked out by hand from the rule (the module docstring's formulas and
+"""Contract tests of the OOM policy (issue 18): each states one rule of ``launcher.memory.policy``
+and checks it with numbers worked out by hand from the rule (the module docstring's formulas and
 SGLang's own figures), never copied from what the code returned.
 
 Module constants (``KV_CUSHION``, ``KV_GROWTH``, ``ROUNDING_GIB``, ``DEFAULT_STEP_GIB``) are not
@@ -13,8 +13,7 @@ from dataclasses import replace
 import pytest
 
 from launcher.errors import PolicyError
-from launcher.params import LaunchParams
-from launcher.policy import (
+from launcher.memory.policy import (
     ASSUMED_GRAPH_BS,
     ASSUMED_MEM_FRACTION,
     AttemptRecord,
@@ -24,6 +23,7 @@ from launcher.policy import (
     next_params,
     resolve_params,
 )
+from launcher.params import LaunchParams
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import Phase
 

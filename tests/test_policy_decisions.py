@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from launcher.memory.policy import AttemptRecord, Bounds, Decision, next_params, resolve_params
 from launcher.params import LaunchParams
-from launcher.policy import AttemptRecord, Bounds, Decision, next_params, resolve_params
 from launcher.sglang.autoargs import auto_cuda_graph_max_bs
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import Phase

@@ -1,5 +1,5 @@
-"""Contract tests of the multi-pass capture fit (``launcher.policy._pass_fit``, issue 18): how a
-capture or warmup OOM in a log that names its passes is split into what stays fixed, what
+"""Contract tests of the multi-pass capture fit (``launcher.memory.policy._pass_fit``, issue 18):
+how a capture or warmup OOM in a log that names its passes is split into what stays fixed, what
 scales with the graph bs and what is a guess for passes still to come, seen through the
 decision ``next_params`` takes.
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.memory.policy import AttemptRecord, Bounds, Decision, next_params
 from launcher.params import LaunchParams
-from launcher.policy import AttemptRecord, Bounds, Decision, next_params
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import Phase
 

@@ -13,8 +13,8 @@ import random
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from launcher.memory.policy import AttemptRecord, Bounds, next_params
 from launcher.params import LaunchParams
-from launcher.policy import AttemptRecord, Bounds, next_params
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import GraphPass
 from launcher.sim.memory import MemoryScenario, simulate

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.lifecycle import State
+from launcher.supervise.lifecycle import State
 from tests.simhost import free_port
 from tests.sshd import Sshd
 from tests.sshsim import EventRecorder, Site, kill_leftovers, server_entry, ssh_config

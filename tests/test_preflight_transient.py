@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from launcher import remote
 from launcher.errors import (
     CommandTimedOut,
     HostUnreachable,
@@ -20,9 +19,10 @@ from launcher.errors import (
     RemoteCommandError,
     TransportError,
 )
-from launcher.lifecycle import State
-from launcher.transport.base import CommandResult
-from launcher.transport.local import LocalTransport
+from launcher.host import run as remote
+from launcher.host.transport.base import CommandResult
+from launcher.host.transport.local import LocalTransport
+from launcher.supervise.lifecycle import State
 from tests.supervise import SimSetup, ready_or_done, supervise
 
 pytestmark = pytest.mark.timeout(90)

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from launcher.config import Config, config_from_dict
-from launcher.lifecycle import State
+from launcher.config.schema import Config, config_from_dict
+from launcher.supervise.lifecycle import State
 from tests.supervise import SERVER, SimSetup, run_cli, supervise
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,4 +1,4 @@
-"""The supervisor's probe (launcher.health.probe_health): one plain HTTP/1.1 GET against real
+"""The supervisor's probe (launcher.host.health.probe_health): one plain HTTP/1.1 GET against real
 sockets, locally and over a real sshd's direct channel."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from contextlib import contextmanager
 import anyio
 import pytest
 
-from launcher import health
-from launcher.transport.local import LocalTransport
-from launcher.transport.ssh import SSHTransport
+from launcher.host import health
+from launcher.host.transport.local import LocalTransport
+from launcher.host.transport.ssh import SSHTransport
 from tests.hostile_http import HostileHttp
 from tests.sshd import Sshd
 

@@ -1,4 +1,4 @@
-"""The remote-run protocol (launcher.remote) over the local transport, with real processes."""
+"""The remote-run protocol (launcher.host.run) over the local transport, with real processes."""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from launcher import remote
 from launcher.errors import ConfigError, HostUnreachable, RemoteCommandError, StateError
-from launcher.remote import AttemptSpec, LogChunk, RunExited, RunHandle
-from launcher.transport.base import CommandResult, Transport
-from launcher.transport.local import LocalTransport
-from launcher.transport.ssh import SSHTransport
+from launcher.host import run as remote
+from launcher.host.run import AttemptSpec, LogChunk, RunExited, RunHandle
+from launcher.host.transport.base import CommandResult, Transport
+from launcher.host.transport.local import LocalTransport
+from launcher.host.transport.ssh import SSHTransport
 from tests.sshd import Sshd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -215,8 +215,8 @@ async def test_launch_survives_the_death_of_the_launching_process(tmp_path: Path
     """A server launched by a process that is then SIGKILLed (with its group) keeps running."""
     child_code = (
         "import sys, anyio\n"
-        "from launcher.remote import AttemptSpec, launch\n"
-        "from launcher.transport.local import LocalTransport\n"
+        "from launcher.host.run import AttemptSpec, launch\n"
+        "from launcher.host.transport.local import LocalTransport\n"
         "async def main():\n"
         "    spec = AttemptSpec('srv', 1, sys.argv[1], ['sleep', '30'], {}, {})\n"
         "    handle = await launch(LocalTransport('here'), spec)\n"

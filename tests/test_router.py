@@ -23,15 +23,15 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from launcher import events as ev
-from launcher.config import Config, config_from_dict
+from launcher.config.schema import Config, config_from_dict
 from launcher.errors import ConfigError, HostUnreachable
-from launcher.metrics import Metrics
-from launcher.notify import SlackNotifier
+from launcher.hooks.metrics import Metrics
+from launcher.hooks.slack import SlackNotifier
+from launcher.host.router_api import RouterApiError, RouterClient
+from launcher.host.transport.base import CommandResult
 from launcher.params import LaunchParams
-from launcher.router import Registrar, RouterSupervisor, plan_rows
-from launcher.router_api import RouterApiError, RouterClient
-from launcher.transport.base import CommandResult
+from launcher.supervise import events as ev
+from launcher.supervise.router import Registrar, RouterSupervisor, plan_rows
 from tests.faketime import FakeTime
 from tests.supervise import SimSetup, run_cli
 

@@ -1,6 +1,6 @@
 """The real SGLang router (``sglang-router`` 0.3.2 from PyPI) in front of three simulated
 servers, all on a "remote" host behind a real sshd, supervised and registered as ``launcher up``
-wires them (``launcher.router.wire``).
+wires them (``launcher.supervise.router.wire``).
 
 The router comes from the test environment ``scripts/sglang-router-env.sh`` builds
 (``scripts/setup.sh --test``); without it these tests fail, naming the command. Requests go
@@ -26,11 +26,11 @@ import anyio
 import httpx
 import pytest
 
-from launcher.config import Config, config_from_dict
-from launcher.metrics import Metrics
-from launcher.router import Routing, router_status, wire
-from launcher.supervisor import ServerSupervisor
-from launcher.transport.base import Transport
+from launcher.config.schema import Config, config_from_dict
+from launcher.hooks.metrics import Metrics
+from launcher.host.transport.base import Transport
+from launcher.supervise.router import Routing, router_status, wire
+from launcher.supervise.supervisor import ServerSupervisor
 from tests.simhost import free_port
 from tests.sshd import Sshd
 from tests.sshsim import (

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from launcher.lifecycle import State
+from launcher.supervise.lifecycle import State
 from tests.simhost import model_dir
 from tests.supervise import SimSetup, ready_or_done, supervise
 

@@ -18,8 +18,8 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from launcher.lifecycle import State
-from launcher.transport.ssh import SESSIONS_PER_CONNECTION, SSHTransport
+from launcher.host.transport.ssh import SESSIONS_PER_CONNECTION, SSHTransport
+from launcher.supervise.lifecycle import State
 from tests.simhost import free_port
 from tests.sshd import Sshd
 from tests.sshsim import EventRecorder, Site, kill_leftovers, server_entry, ssh_config

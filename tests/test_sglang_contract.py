@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from launcher.command import build_command, graph_bs_flag, mamba_strategy_flag
 from launcher.params import LaunchParams
+from launcher.plan.command import build_command, graph_bs_flag, mamba_strategy_flag
 from launcher.sglang.versions import GATED_LAUNCH_FROM, at_least
 from launcher.sim.logfmt import Dialect
 from launcher.sim.server import Flags
@@ -286,7 +286,7 @@ def _multinode_config(version: str) -> str:
 def _plan(config: Path) -> list[dict[str, Any]]:
     """``launcher plan --json`` of ``config``, run as a user runs it."""
     done = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "plan", str(config), "--json"],
+        [sys.executable, "-m", "launcher.cli.main", "plan", str(config), "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,

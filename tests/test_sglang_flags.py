@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from launcher.command import params_argv, params_from_argv
 from launcher.params import LaunchParams
+from launcher.plan.command import params_argv, params_from_argv
 from launcher.sglang.flags import OWNED_FLAGS, PARAM_FLAGS, PARAM_SWITCHES, PARAM_TYPES
 from launcher.sglang.versions import SUPPORTED_VERSIONS
 

@@ -20,13 +20,13 @@ from typing import Any
 import anyio
 import pytest
 
-from launcher import remote
-from launcher.config import Config
+from launcher.config.schema import Config
 from launcher.errors import HostUnreachable
-from launcher.lifecycle import State
+from launcher.host import run as remote
+from launcher.host.transport.base import CommandResult, Transport
 from launcher.sglang.logparse import LineSplitter
-from launcher.supervisor import RunningAttempt, ServerSupervisor, supervise_all
-from launcher.transport.base import CommandResult, Transport
+from launcher.supervise.lifecycle import State
+from launcher.supervise.supervisor import RunningAttempt, ServerSupervisor, supervise_all
 from tests.simhost import free_port, model_dir
 from tests.sshd import Sshd, keygen
 from tests.sshsim import (

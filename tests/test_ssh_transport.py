@@ -24,7 +24,7 @@ from launcher.errors import (
     HostUnreachable,
     RemoteCommandError,
 )
-from launcher.transport.ssh import INITIAL_WAIT_S, JITTER_S, SSHTransport, shell_command
+from launcher.host.transport.ssh import INITIAL_WAIT_S, JITTER_S, SSHTransport, shell_command
 from tests.sshd import Sshd, free_port, keygen
 
 ssh = pytest.mark.ssh

@@ -16,8 +16,9 @@ from typing import Any
 import anyio
 import pytest
 
-from launcher import cli, inspection, remote
-from launcher.transport.local import LocalTransport
+from launcher.cli import inspection, main
+from launcher.host import run
+from launcher.host.transport.local import LocalTransport
 from tests.simhost import free_port
 from tests.sshd import Sshd
 from tests.sshsim import FAST_POLICY, Site, kill_leftovers, server_entry
@@ -191,7 +192,7 @@ def test_time_to_ready_is_rounded_like_the_events() -> None:
     """describe and history round a time to ready as the events' "ready in 8s" does (a plain
     duration would cut 7.59 s to 7s), in the two units of every other duration."""
     assert ("8s", "7s", "1m05s", "") == (
-        cli._to_ready(7.59), cli._to_ready(7.4), cli._to_ready(64.6), cli._to_ready(None))
+        main._to_ready(7.59), main._to_ready(7.4), main._to_ready(64.6), main._to_ready(None))
 
 
 def write_log(path: Path, lines: list[str]) -> str:
@@ -226,8 +227,8 @@ def test_since_offset_reads_backwards_across_chunks(
     """`logs --since`'s start offset with 7-byte chunks (stamps straddle chunk borders): the
     log from it starts at the first line stamped at or after the cut-off."""
     text = write_log(tmp_path / "log", LOG)
-    handle = remote.RunHandle("s", 1, str(tmp_path), 0)
-    monkeypatch.setattr(remote, "READ_CHUNK", 7)
+    handle = run.RunHandle("s", 1, str(tmp_path), 0)
+    monkeypatch.setattr(run, "READ_CHUNK", 7)
 
     async def offset() -> int:
         t = LocalTransport("local")

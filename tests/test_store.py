@@ -18,26 +18,25 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from launcher import events as ev
-from launcher.config import HostConfig, ServerConfig
+from launcher.config.schema import HostConfig, ServerConfig
 from launcher.errors import StateError
+from launcher.hooks.recorder import LedgerRecorder
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Confidence, Outcome
 from launcher.sglang.phases import Phase
-from launcher.store import (
+from launcher.store.ledger import (
     _MIGRATIONS,
-    LOCK_FILENAME,
     LOG_TAIL_LIMIT,
     SCHEMA_VERSION,
     AttemptRow,
     Ledger,
-    LedgerRecorder,
     NotifyState,
-    StateLock,
     fingerprint,
     initial_params,
     ledger_path,
 )
+from launcher.store.lock import LOCK_FILENAME, StateLock
+from launcher.supervise import events as ev
 
 REPO = Path(__file__).resolve().parents[1]
 P1 = LaunchParams(0.88, 256)
@@ -366,7 +365,7 @@ _HOLD_LOCK = """
     from pathlib import Path
     import structlog
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    from launcher.store import StateLock
+    from launcher.store.lock import StateLock
     with StateLock(Path(sys.argv[1])):
         print("locked", flush=True)
         sys.stdin.read()
@@ -445,7 +444,7 @@ _CRASH = """
     import structlog
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     from launcher.params import LaunchParams
-    from launcher.store import Ledger
+    from launcher.store.ledger import Ledger
     path = Path(sys.argv[1])
     ledger = Ledger(path)
     ledger.attempt_started("llama", "fp1", 1, LaunchParams(0.85, 160), 100.0)
@@ -618,9 +617,9 @@ def test_recorder_keeps_a_relaunchs_extra_params(ledger: Ledger) -> None:
 
 
 def _machine(base: int) -> Any:
-    from launcher.backoff import RestartBackoff
-    from launcher.lifecycle import Limits, ServerMachine
-    from launcher.policy import Bounds
+    from launcher.memory.policy import Bounds
+    from launcher.supervise.backoff import RestartBackoff
+    from launcher.supervise.lifecycle import Limits, ServerMachine
 
     m = ServerMachine(
         initial=P1, limits=Limits(bounds=Bounds(0.5, 0.95, 1, 6)),
@@ -633,7 +632,7 @@ def _machine(base: int) -> Any:
 
 def _feed(m: Any, hook: LedgerRecorder, clock: FakeClock, event: object, now: float) -> None:
     """Apply ``event`` to the machine at ``now`` and pass its emits to the recorder."""
-    from launcher.lifecycle import Emit
+    from launcher.supervise.lifecycle import Emit
 
     clock.now = now
     for action in m.handle(event, now):
@@ -642,7 +641,7 @@ def _feed(m: Any, hook: LedgerRecorder, clock: FakeClock, event: object, now: fl
 
 
 def _to_ready(m: Any, hook: LedgerRecorder, clock: FakeClock, t: float) -> None:
-    from launcher.lifecycle import Launched, ProbeResult, ReadyLineSeen
+    from launcher.supervise.lifecycle import Launched, ProbeResult, ReadyLineSeen
 
     _feed(m, hook, clock, Launched(pid=100), t + 1)
     _feed(m, hook, clock, ReadyLineSeen(), t + 30)
@@ -658,7 +657,7 @@ def test_ready_after_a_restart_marks_its_own_attempt_not_the_first(ledger: Ledge
     attempt 4, which gets ready: row 4 is ready with its own time to ready and rows 1-3 keep
     what they were (the bug: the per-run count 1 was taken for the number, so attempt #1,
     an OOM, was rewritten as ready and #4 never got a time to ready)."""
-    from launcher.lifecycle import PreflightPassed, Start
+    from launcher.supervise.lifecycle import PreflightPassed, Start
 
     for n, outcome in [(1, "oom_graph_capture"), (2, "oom_graph_capture"), (3, "ready")]:
         ledger.attempt_started("llama", "fp1", n, P1, 10.0 * n)
@@ -683,7 +682,7 @@ def test_ready_after_a_restart_marks_its_own_attempt_not_the_first(ledger: Ledge
 def test_adopting_a_ready_attempt_is_not_a_fresh_ready(ledger: Ledger) -> None:
     """A restarted daemon adopts attempt 3 (ready in 42 s under the daemon that launched it)
     and sees it ready again at once: row 3 keeps 42 s, row 1 stays an OOM."""
-    from launcher.lifecycle import Adopted, ProbeResult, ReadyLineSeen
+    from launcher.supervise.lifecycle import Adopted, ProbeResult, ReadyLineSeen
 
     ledger.attempt_started("llama", "fp1", 1, P1, 10.0)
     ledger.attempt_finished("llama", 1, outcome="oom_kv_cache", phase="kv_cache", numbers={},
@@ -705,7 +704,7 @@ def test_adopting_a_ready_attempt_is_not_a_fresh_ready(ledger: Ledger) -> None:
 def test_adopting_an_attempt_mid_load_times_it_from_its_launch(ledger: Ledger) -> None:
     """The daemon that launched attempt 2 died while it loaded; the adopting daemon sees it
     ready at t=130: its time to ready is counted from its launch at t=100."""
-    from launcher.lifecycle import Adopted, ProbeResult, ReadyLineSeen
+    from launcher.supervise.lifecycle import Adopted, ProbeResult, ReadyLineSeen
 
     ledger.attempt_started("llama", "fp1", 2, P1, 100.0)
     clock = FakeClock(110.0)

@@ -16,12 +16,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from launcher import remote
-from launcher.backoff import RestartBackoff
 from launcher.errors import HostUnreachable
-from launcher.lifecycle import State
-from launcher.supervisor import ServerSupervisor
-from launcher.transport.local import LocalTransport
+from launcher.host import run
+from launcher.host.transport.local import LocalTransport
+from launcher.supervise.backoff import RestartBackoff
+from launcher.supervise.lifecycle import State
+from launcher.supervise.supervisor import ServerSupervisor
 from tests.faketime import RecordedSleep
 from tests.supervise import (
     Recorded,
@@ -412,7 +412,7 @@ class FollowDrops(LocalTransport):
 
     def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                ) -> AsyncGenerator[bytes, None]:
-        if self.drops > 0 and remote._FOLLOW in argv:
+        if self.drops > 0 and run._FOLLOW in argv:
             self.drops -= 1
             return self._lost()
         return super().stream(argv, env=env)

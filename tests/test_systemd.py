@@ -25,8 +25,8 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from launcher.config import SlackConfig, config_from_dict
-from launcher.systemd import (
+from launcher.config.schema import SlackConfig, config_from_dict
+from launcher.hooks.systemd import (
     STATUS_MAX_CHARS,
     SdNotifier,
     run_watchdog,
@@ -394,7 +394,7 @@ async def test_blocked_event_loop_sends_no_pings(notify_socket: tuple[str, Recei
 
 @dataclass
 class Snap:
-    """The attributes status_summary reads (launcher.supervisor.Snapshot has them)."""
+    """The attributes status_summary reads (launcher.supervise.supervisor.Snapshot has them)."""
 
     server: str
     state: str
@@ -429,7 +429,8 @@ def test_status_summary_edge_cases() -> None:
 
 @dataclass
 class UnreachableSnap(Snap):
-    """A snapshot whose host is unreachable (launcher.supervisor.Snapshot.unreachable_s)."""
+    """A snapshot whose host is unreachable
+    (launcher.supervise.supervisor.Snapshot.unreachable_s)."""
 
     unreachable_s: float | None = None
 

@@ -27,8 +27,8 @@ Public API (stable; ``fleetlearn`` builds on it)::
                HybridFacts.per_req_bytes, draft_kv_bytes_per_token(...): the simulator's
                hidden costs come from these same rules (launcher.sim.server.scenario_for)
 
-Host side: ``launcher.modelfacts.read_facts`` reads the facts over a Transport;
-``launcher.firstattempt.plan_first_attempt(..., coeffs=...)`` applies the ledger-first rule.
+Host side: ``launcher.host.facts.read_facts`` reads the facts over a Transport;
+``launcher.plan.first_attempt.plan_first_attempt(..., coeffs=...)`` applies the ledger-first rule.
 
 All sizes are GiB (SGLang's "GB" in its logs is GiB) unless a name says bytes; all per-rank
 figures are for one GPU of the server. The formulas and where each comes from in SGLang's source
@@ -81,7 +81,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from launcher.numbers import finite_number
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import (
     SPEC_DEFAULT_MAX_RUNNING_REQUESTS,
@@ -99,6 +98,7 @@ from launcher.sglang.versions import (
     ONE_STATIC_BUDGET_FROM,
     at_least,
 )
+from launcher.untrusted import finite_number
 
 __all__ = [
     "DEFAULT_COEFFICIENTS",

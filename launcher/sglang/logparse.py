@@ -35,10 +35,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from launcher.numbers import bounded_float, bounded_int
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Numbers
 from launcher.sglang.phases import GraphPass, Phase
+from launcher.untrusted import bounded_float, bounded_int
 
 __all__ = [
     "DEFAULT_TAIL",
@@ -53,7 +53,7 @@ __all__ = [
     "MemoryFigure",
     "OomFigures",
     "ParsedLine",
-    "PhaseEntered",
+    "PhaseLine",
     "Progress",
     "RaisedException",
     "ReadyLine",
@@ -512,7 +512,7 @@ def fill_error_figures(numbers: Numbers, message: str, *, overwrite: bool) -> No
 
 
 @dataclass(frozen=True)
-class PhaseEntered:
+class PhaseLine:
     """The server entered ``phase`` (phases only move forward)."""
 
     phase: Phase
@@ -629,7 +629,7 @@ class Traceback:
         return [self.header, *(e.line for e in self.exceptions)]
 
 
-LogEvent = PhaseEntered | Progress | MemoryFigure | ReadyLine | FailureSignature | Traceback
+LogEvent = PhaseLine | Progress | MemoryFigure | ReadyLine | FailureSignature | Traceback
 
 # ---------------------------------------------------------------------------------------------
 # Traceback assembly
@@ -1203,7 +1203,7 @@ class LogFollower:
         if self.phase is not None and phase.order <= self.phase.order:
             return []
         self.phase = phase
-        return [PhaseEntered(phase)]
+        return [PhaseLine(phase)]
 
     def _figure(self, name: Figure, gib: float, rank: str | None) -> MemoryFigure:
         target = _FIGURE_FIELDS.get(name)

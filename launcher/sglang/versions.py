@@ -7,7 +7,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from launcher.numbers import bounded_int
+from launcher.untrusted import bounded_int
 
 __all__ = [
     "AUTO_TABLE_2_FROM",

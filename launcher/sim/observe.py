@@ -11,8 +11,8 @@ property tests and the benchmark script share it.
 
 from __future__ import annotations
 
+from launcher.memory.policy import AttemptRecord, Bounds, next_params
 from launcher.params import LaunchParams
-from launcher.policy import AttemptRecord, Bounds, next_params
 from launcher.sglang.logparse import parse_size_gib
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import Phase

@@ -4,8 +4,8 @@ server, locally and over real SSH, next to the seeds' ``tail -1`` polling loop (
 
     .venv/bin/python scripts/bench/bench_detect.py [--trials 20] [--transport local|ssh|both]
 
-Each trial runs a real :class:`launcher.supervisor.ServerSupervisor` against a simulated SGLang
-server (tiny-1b-sim, sim time scale 0.003) and timestamps the supervisor's events in a hook:
+Each trial runs a real :class:`launcher.supervise.supervisor.ServerSupervisor` against a simulated
+SGLang server (tiny-1b-sim, sim time scale 0.003) and timestamps the supervisor's events in a hook:
 
 - kill:  SIGKILL of the server mid-load (during CUDA-graph capture) -> ``process.died``;
          latency = event time - kill time.
@@ -61,13 +61,13 @@ if str(REPO) not in sys.path:  # run as a plain script: make launcher and tests 
 import anyio  # noqa: E402
 import structlog  # noqa: E402
 
-from launcher import remote  # noqa: E402
-from launcher.config import Config, config_from_dict  # noqa: E402
+from launcher.config.schema import Config, config_from_dict  # noqa: E402
+from launcher.host import run as remote  # noqa: E402
+from launcher.host.transport.base import CommandResult, Transport  # noqa: E402
+from launcher.host.transport.local import LocalTransport  # noqa: E402
+from launcher.host.transport.ssh import SSHTransport  # noqa: E402
 from launcher.sglang.phases import Phase  # noqa: E402
-from launcher.supervisor import ServerSupervisor  # noqa: E402
-from launcher.transport.base import CommandResult, Transport  # noqa: E402
-from launcher.transport.local import LocalTransport  # noqa: E402
-from launcher.transport.ssh import SSHTransport  # noqa: E402
+from launcher.supervise.supervisor import ServerSupervisor  # noqa: E402
 from tests.simhost import free_port, model_dir  # noqa: E402
 from tests.sshd import Sshd  # noqa: E402
 from tests.sshsim import Site, kill_leftovers, server_entry, ssh_config  # noqa: E402
@@ -255,7 +255,7 @@ def seeds_replay(
 
 
 def _script_names() -> dict[str, str]:
-    """launcher.remote's shell scripts (its ``_UPPER`` string constants) by text, to name
+    """launcher.host.run's shell scripts (its ``_UPPER`` string constants) by text, to name
     the calls a trace shows; whatever version of remote.py is loaded."""
     return {
         value: name.strip("_").lower()

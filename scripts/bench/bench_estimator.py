@@ -9,7 +9,7 @@ No processes, no GPU. Each scenario is a real model's ``config.json`` dimensions
 size on a real GPU type, with *hidden true costs* that only the simulator's memory model
 (``launcher.sim.memory``, the arithmetic the simulated SGLang server runs) knows. Contenders,
 on the same scenarios; after a failed first attempt every one of them continues with today's
-policy (``launcher.policy.next_params``), as ``launcher up`` does:
+policy (``launcher.memory.policy.next_params``), as ``launcher up`` does:
 
 - ``configured``: today: the configured params (auto, p=0.5, or explicit values as in
   bench_oom's plain scenarios), then the policy's backoff.
@@ -22,7 +22,7 @@ policy (``launcher.policy.next_params``), as ``launcher up`` does:
   the same architecture on the same GPU type (another model of the family when the catalogue
   has one, else the same model at another tp / other processes), every attempt of it as
   ``LedgerRecorder`` files it (``launcher.sglang.observed`` figures, the uncorrected guess);
-  ``launcher.calibration.learn_estimate`` corrects the estimate and gives the margin.
+  ``launcher.memory.calibration.learn_estimate`` corrects the estimate and gives the margin.
 
 Hidden true costs (per GiB figures per GPU; the "family" draws are shared by every model of one
 architecture on one GPU type, the rest are drawn per scenario). Derived from SGLang's formulas
@@ -108,15 +108,15 @@ from typing import Any
 from bench_oom import Case as OomCase
 from bench_oom import best_fraction, pick_tp, policy_decide, step_rule, with_params
 
-from launcher.calibration import (
+from launcher.memory.calibration import (
     Correction,
     KeyedObservation,
     ObservationKey,
     guess_of,
     learn_estimate,
 )
+from launcher.memory.policy import AttemptRecord, Bounds
 from launcher.params import LaunchParams
-from launcher.policy import AttemptRecord, Bounds
 from launcher.sglang.autoargs import (
     auto_chunked_prefill_size,
     captured_sizes,

@@ -7,15 +7,15 @@ Usage::
         [--family multipass,eagle] [--points shipped,oracle-warmup] [--floor 0.5]
 
 THIS IS A WHAT-IF, NOT THE SHIPPED POLICY. For each point of the sweep the script rebinds, in
-its own process only, module attributes of ``launcher.policy`` that hold the policy's priors
+its own process only, module attributes of ``launcher.memory.policy`` that hold the policy's priors
 for what a failing log does not show, runs ``scripts/bench/bench_oom.py``'s family benchmark
 (``draw_family_case`` -> ``run`` -> ``score``, the ``policy`` strategy only), and puts the
 shipped values back before the next point (``patched``; a ``finally`` restores them, and
-``main`` checks at the end that they are the shipped objects again). ``launcher/policy.py``
+``main`` checks at the end that they are the shipped objects again). ``launcher/memory/policy.py``
 and ``scripts/bench/bench_oom.py`` are not edited; CI never runs this script.
 
 The priors (names as the policy looks them up *at call time*, by global name inside
-``launcher.policy``; ``check_patch_points`` verifies this before any figure is printed):
+``launcher.memory.policy``; ``check_patch_points`` verifies this before any figure is printed):
 
 - ``default_warmup_gib(pre)`` (read by ``_Facts.need``, ``_Facts.estimate`` and ``_by_step``):
   the activation need after capture, assumed until a warmup OOM shows it. Swept as the shipped
@@ -61,7 +61,7 @@ Oracle rows bound what any prior for these unknowns could give:
 
 Where this may mislead:
 
-- Only the names above are rebound. A copy bound elsewhere (``from launcher.policy import
+- Only the names above are rebound. A copy bound elsewhere (``from launcher.memory.policy import
   KV_CUSHION`` in another module, a default argument) would not see the patch;
   ``check_patch_points`` fails if a reading function no longer loads a name as a global, or
   if any loaded module holds the shipped function or dict under the name (a float copied by
@@ -109,9 +109,9 @@ from bench_oom import (
     with_params,
 )
 
-import launcher.policy as policy
+import launcher.memory.policy as policy
+from launcher.memory.policy import AttemptRecord, Bounds
 from launcher.params import LaunchParams
-from launcher.policy import AttemptRecord, Bounds
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import GraphPass
 from launcher.sim.memory import GraphPass as SimPass
@@ -205,8 +205,8 @@ def check_patch_points(modules: Sequence[ModuleType] | None = None) -> list[str]
     """Problems that would make a patch miss the policy (empty when every patch is read).
 
     Each reading function must load the name as a global (``co_names``), and no loaded module
-    but ``launcher.policy`` may hold the shipped object under the same name (a copy bound at
-    import, which rebinding ``launcher.policy``'s attribute would not reach).
+    but ``launcher.memory.policy`` may hold the shipped object under the same name (a copy bound at
+    import, which rebinding ``launcher.memory.policy``'s attribute would not reach).
     """
     problems = []
     for name, readers in PATCH_POINTS.items():
@@ -365,7 +365,7 @@ def patched(point: Point) -> Iterator[None]:
 
 
 def restore() -> None:
-    """Put the shipped objects back into ``launcher.policy``."""
+    """Put the shipped objects back into ``launcher.memory.policy``."""
     policy.default_warmup_gib = SHIPPED_WARMUP
     policy.LATER_PASS_SHARE = SHIPPED_SHARE
     policy.KV_CUSHION = SHIPPED_CUSHION
@@ -376,7 +376,7 @@ def restore() -> None:
 
 
 def is_shipped() -> bool:
-    """Whether ``launcher.policy`` holds the shipped objects."""
+    """Whether ``launcher.memory.policy`` holds the shipped objects."""
     return (
         policy.default_warmup_gib is SHIPPED_WARMUP
         and policy.LATER_PASS_SHARE is SHIPPED_SHARE
@@ -768,7 +768,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bounds = Bounds(args.floor, args.ceiling, 1, args.max_attempts)
     began = time.perf_counter()
     print(
-        f"what-if sweep of launcher.policy's priors (shipped policy unchanged): families "
+        f"what-if sweep of launcher.memory.policy's priors (shipped policy unchanged): families "
         f"{', '.join(names)}, seeds {', '.join(map(str, seeds))}, n={args.n}, fraction in "
         f"[{args.floor:.2f}, {args.ceiling:.2f}], max_attempts {args.max_attempts}",
         flush=True,

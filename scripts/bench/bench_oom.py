@@ -12,7 +12,7 @@ No processes, no GPU: every attempt is the simulator's memory model (``simulate`
 the log classifier reads SGLang's log (``observed``), and handed to a strategy that picks the
 next setting. Three strategies, the same scenarios, starting values, bounds and attempt cap:
 
-- ``policy``: ``launcher.policy.next_params``.
+- ``policy``: ``launcher.memory.policy.next_params``.
 - ``fixed-0.05``: after an OOM, fraction - 0.05 with the graph bs unchanged; after
   kv_too_small, fraction + 0.05 (SGLang's own advice, applied mechanically).
 - ``seeds-0.10``: after an OOM, fraction - 0.10 and half the graph bs; after kv_too_small,
@@ -161,16 +161,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from launcher import policy  # its priors by attribute: bench_frontier rebinds them
+from launcher.memory import policy  # its priors by attribute: bench_frontier rebinds them
+from launcher.memory.policy import AttemptRecord, Bounds, _Context, _learn, _pass_width, next_params
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
-from launcher.policy import (
-    AttemptRecord,
-    Bounds,
-    _Context,
-    _learn,
-    _pass_width,
-    next_params,
-)
 from launcher.sglang.autoargs import capture_bs_list
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import GraphPass
@@ -1137,7 +1130,8 @@ def _wasted_cause(case: Case, r: Run, k: int, bounds: Bounds) -> tuple[str, tupl
 def wasted_attempts(cases: Sequence[Case], scored: Sequence[Scored], bounds: Bounds) -> list[str]:
     """The policy's failed attempts after the first (feasible runs whose first attempt failed
     on memory), by cause, with the policy's guess against the simulator's figure (means). The
-    guess is ``launcher.policy``'s own learning (``_learn``) on the history before the attempt."""
+    guess is ``launcher.memory.policy``'s own learning (``_learn``) on the history before the
+    attempt."""
     causes: Counter[str] = Counter()
     figures: dict[str, list[tuple[float, ...]]] = {}
     for case, x in zip(cases, scored, strict=True):

@@ -81,9 +81,9 @@ REPLAY = REPO / "launcher" / "sim" / "replay.py"
 if str(REPO) not in sys.path:  # tests.* helpers are not installed; run from anywhere
     sys.path.insert(0, str(REPO))
 
-from launcher import events  # noqa: E402
 from launcher.sglang import logparse as lp  # noqa: E402
 from launcher.sglang.phases import Phase  # noqa: E402
+from launcher.supervise import events  # noqa: E402
 from tests.simhost import make_sim_host, model_dir  # noqa: E402
 from tests.sshd import Sshd  # noqa: E402
 from tests.sshsim import Site, kill_leftovers, server_entry  # noqa: E402
@@ -673,7 +673,7 @@ def log_rate(
 
 
 def cli_argv(rig: Rig, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", "up", str(rig.config_path),
+    return [sys.executable, "-m", "launcher.cli.main", "up", str(rig.config_path),
             "--log-format", "json", *extra]
 
 
@@ -1337,13 +1337,13 @@ def driver_main(args: argparse.Namespace) -> int:
     """``launcher up`` minus the ledger and the live view, with one observing subclass."""
     import anyio
 
-    from launcher.config import load_config
-    from launcher.eventlog import configure
-    from launcher.lifecycle import State
-    from launcher.placeholders import expand_placeholders
-    from launcher.supervisor import RunningAttempt, ServerSupervisor, supervise_all
-    from launcher.transport import make_transport
-    from launcher.transport.local import install_pidfd_child_watcher
+    from launcher.config.placeholders import expand_placeholders
+    from launcher.config.schema import load_config
+    from launcher.hooks.logging import configure
+    from launcher.host.transport import make_transport
+    from launcher.host.transport.local import install_pidfd_child_watcher
+    from launcher.supervise.lifecycle import State
+    from launcher.supervise.supervisor import RunningAttempt, ServerSupervisor, supervise_all
 
     out: IO[str] = sys.stdout
     lock = threading.Lock()

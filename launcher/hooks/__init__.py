@@ -1,0 +1,1 @@
+"""Hooks: what the supervisor's events feed (Slack, metrics, systemd, logs, the ledger recorder)."""

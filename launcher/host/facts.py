@@ -1,0 +1,283 @@
+"""The facts the memory estimate needs, read on a server's host over its Transport.
+
+Reads, bounded: the model's ``config.json`` (at most :data:`MAX_CONFIG` bytes), its
+``model.safetensors.index.json`` (at most :data:`MAX_INDEX` bytes; ``metadata.total_size``), or
+else the sizes of its ``*.safetensors`` files; the same for a separate draft model
+(``--speculative-draft-model-path`` in ``extra_args``); and ``nvidia-smi``'s totals and use for the
+server's GPUs. The arithmetic is :mod:`launcher.sglang.budget`'s.
+
+Error handling: a missing, unreadable or malformed file, or an unusable nvidia-smi answer, is a
+:class:`~launcher.sglang.budget.NoEstimate` ("no estimate: <why>"), never a crash; an unreachable
+host stays :class:`~launcher.errors.HostUnreachable` (transient, the caller decides).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+
+from launcher.config.schema import HostConfig, ServerConfig
+from launcher.errors import LogFormatError, RemoteCommandError
+from launcher.host.gpus import query_gpus
+from launcher.host.transport.base import CommandResult, Transport
+from launcher.params import LaunchParams
+from launcher.sglang.budget import (
+    DEFAULT_COEFFICIENTS,
+    Coefficients,
+    Estimate,
+    GpuFacts,
+    ModelFacts,
+    NoEstimate,
+    ServerShape,
+    SpecShape,
+    WeightFacts,
+    dtype_bytes,
+    estimate,
+    weight_bytes_from_index,
+)
+
+__all__ = [
+    "MAX_CONFIG",
+    "MAX_INDEX",
+    "Facts",
+    "GpuReadsOnce",
+    "read_facts",
+    "read_gpus",
+    "read_model",
+    "server_shape",
+]
+
+MAX_CONFIG = 1 << 20  # a config.json is a few KiB
+MAX_INDEX = 24 << 20  # the largest index.json (a 1T-parameter MoE) is a few MiB
+
+# Speculative defaults SGLang picks when the shape is unset (speculative_hook
+# ``_auto_choose_speculative_params``): (steps, topk, draft tokens).
+_SPEC_AUTO = (3, 1, 4)
+_SPEC_AUTO_LLAMA = (5, 4, 8)
+_SPEC_EAGLE = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+
+# `cat` of at most $2 bytes of $1; exit 3 when the file is missing, 4 when it is larger.
+_READ = (
+    'f="$1"; case "$f" in "~/"*) f="$HOME/${f#"~/"}";; esac; '
+    '[ -f "$f" ] || exit 3; '
+    'n=$(wc -c < "$f") || exit 5; [ "$n" -le "$2" ] || exit 4; cat "$f"'
+)
+# The byte size of each *.safetensors file of directory $1, one per line.
+_SIZES = (
+    'd="$1"; case "$d" in "~/"*) d="$HOME/${d#"~/"}";; esac; '
+    '[ -d "$d" ] || exit 3; for f in "$d"/*.safetensors; do [ -f "$f" ] && wc -c < "$f"; done; true'
+)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything read for one server."""
+
+    model: ModelFacts
+    weights: WeightFacts
+    gpus: list[GpuFacts]
+    shape: ServerShape
+    draft: ModelFacts | None = None
+    draft_weights: WeightFacts | None = None
+
+    def estimate(self, coeffs: Coefficients = DEFAULT_COEFFICIENTS) -> Estimate:
+        return estimate(self.model, self.weights, self.gpus, self.shape, draft=self.draft,
+                        draft_weights=self.draft_weights, coeffs=coeffs)
+
+
+async def _read(transport: Transport, path: str, limit: int) -> bytes | None:
+    """The file's bytes; None when it does not exist. NoEstimate when too large/unreadable."""
+    r = await transport.run(["sh", "-c", _READ, "sh", path, str(limit)], timeout=60.0)
+    if r.exit_status == 3:
+        return None
+    if r.exit_status == 4:
+        raise NoEstimate(f"{path} is larger than {limit >> 20} MiB")
+    if not r.ok:
+        raise NoEstimate(f"cannot read {path} on {transport.host_name} "
+                         f"(exit status {r.exit_status})")
+    return r.stdout
+
+
+def _json(data: bytes, path: str) -> Any:
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise NoEstimate(f"{path} is not valid JSON ({str(exc)[:120]})") from None
+
+
+async def read_model(transport: Transport, path: str) -> tuple[ModelFacts, WeightFacts]:
+    """``config.json`` and the weight bytes of the model directory ``path`` on the host."""
+    base = path.rstrip("/")
+    cfg_path = f"{base}/config.json"
+    raw = await _read(transport, cfg_path, MAX_CONFIG)
+    if raw is None:
+        raise NoEstimate(f"{cfg_path} does not exist on {transport.host_name}")
+    model = ModelFacts.from_config(_json(raw, cfg_path))
+    idx_path = f"{base}/model.safetensors.index.json"
+    raw = await _read(transport, idx_path, MAX_INDEX)
+    if raw is not None:
+        return model, WeightFacts(weight_bytes_from_index(_json(raw, idx_path)), "index")
+    r = await transport.run(["sh", "-c", _SIZES, "sh", base], timeout=60.0)
+    sizes = [int(x) for x in r.stdout.decode("ascii", "replace").split() if x.isdigit()]
+    if not r.ok or not sizes:
+        raise NoEstimate(f"{base} has neither model.safetensors.index.json nor *.safetensors "
+                         "files")
+    return model, WeightFacts(sum(sizes), "files")
+
+
+async def read_gpus(transport: Transport, nvidia_smi: Sequence[str],
+                    indices: Sequence[int]) -> list[GpuFacts]:
+    """Total and used memory of the GPUs ``indices`` (nvidia-smi, MiB → GiB)."""
+    try:
+        gpus = {g.index: g for g in await query_gpus(transport, nvidia_smi)}
+    except (RemoteCommandError, LogFormatError) as exc:
+        raise NoEstimate(f"nvidia-smi: {str(exc)[:200]}") from None
+    out = []
+    for i in indices:
+        g = gpus.get(i)
+        if g is None or g.total_mib is None:
+            raise NoEstimate(f"nvidia-smi on {transport.host_name} does not show GPU {i}'s "
+                             "total memory")
+        out.append(GpuFacts(i, g.total_mib / 1024, (g.used_mib or 0) / 1024))
+    return out
+
+
+class GpuReadsOnce:
+    """A Transport for one host's first-attempt estimates that runs each distinct nvidia-smi
+    query (an argv starting with ``nvidia_smi``) once and answers every later identical
+    query with the same :class:`CommandResult` (exit status and output, failed or not).
+
+    Every other call goes to ``inner`` as it is. Concurrent identical queries wait for the
+    first (one lock per argv). A query that raises (host unreachable, timeout) is not
+    remembered: the next caller runs it again, so errors reach each caller as they did
+    without the wrapper. Meant for the estimates made before any launch (the GPUs' use does
+    not change between them); the supervisor's preflight keeps reading nvidia-smi itself.
+    ``aclose`` does not close ``inner`` (its owner does).
+    """
+
+    def __init__(self, inner: Transport, nvidia_smi: Sequence[str]) -> None:
+        self.inner = inner
+        self._prefix = list(nvidia_smi)
+        self._results: dict[tuple[str, ...], CommandResult] = {}
+        self._locks: dict[tuple[str, ...], anyio.Lock] = {}
+        self.queries = 0  # nvidia-smi commands actually run (for tests and benchmarks)
+
+    @property
+    def host_name(self) -> str:
+        return self.inner.host_name
+
+    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
+                  env: Mapping[str, str] | None = None, timeout: float | None = 30.0,
+                  check: bool = False) -> CommandResult:
+        n = len(self._prefix)
+        if (not n or list(argv[:n]) != self._prefix or stdin is not None or env is not None
+                or check):
+            return await self.inner.run(argv, stdin=stdin, env=env, timeout=timeout,
+                                        check=check)
+        key = tuple(argv)
+        lock = self._locks.setdefault(key, anyio.Lock())
+        async with lock:
+            cached = self._results.get(key)
+            if cached is None:
+                self.queries += 1
+                cached = await self.inner.run(argv, timeout=timeout)
+                self._results[key] = cached
+            return cached
+
+    def stream(self, argv: Sequence[str], *,
+               env: Mapping[str, str] | None = None) -> AsyncIterator[bytes]:
+        return self.inner.stream(argv, env=env)
+
+    def forward_port(self, remote_port: int) -> AbstractAsyncContextManager[int]:
+        return self.inner.forward_port(remote_port)
+
+    async def aclose(self) -> None:
+        """Nothing: ``inner`` belongs to the caller."""
+
+
+def _flags(argv: Sequence[str]) -> dict[str, str]:
+    """``--name value`` / ``--name=value`` / bare ``--name`` ("") of an argv."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--"):
+            name, eq, value = a.partition("=")
+            if eq:
+                out[name] = value
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                out[name] = argv[i + 1]
+                i += 1
+            else:
+                out[name] = ""
+        i += 1
+    return out
+
+
+def _num(flags: dict[str, str], *names: str) -> int | None:
+    for n in names:
+        v = flags.get(n, "").lower().replace("k", "000")
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def server_shape(server: ServerConfig, version: str, params: LaunchParams,
+                 model: ModelFacts) -> tuple[ServerShape, str | None]:
+    """The server's shape from its config and ``extra_args``, as SGLang resolves it
+    (speculative auto shape; draft tokens = steps + 1 with topk 1), and the draft model path
+    (None: the checkpoint's own MTP layers, or no speculative decoding)."""
+    f = _flags(server.extra_args)
+    spec: SpecShape | None = None
+    draft_path: str | None = None
+    algo = f.get("--speculative-algorithm", "").upper()
+    if algo in _SPEC_EAGLE:
+        steps = _num(f, "--speculative-num-steps")
+        topk = _num(f, "--speculative-eagle-topk")
+        tokens = _num(f, "--speculative-num-draft-tokens")
+        if steps is None:
+            auto = (_SPEC_AUTO_LLAMA if model.arch in ("LlamaForCausalLM", "Grok1ForCausalLM")
+                    else _SPEC_AUTO)
+            steps, topk, tokens = auto
+        topk = topk or 1
+        if topk == 1 or tokens is None:
+            tokens = steps + 1
+        spec = SpecShape("EAGLE" if algo == "NEXTN" else algo, steps, topk, tokens)
+        path = f.get("--speculative-draft-model-path") or f.get("--speculative-draft-model")
+        if path and path.rstrip("/") != server.model_path.rstrip("/"):
+            draft_path = path
+    shape = ServerShape(
+        tp=server.tp,
+        sglang_version=version,
+        kv_cache_dtype=f.get("--kv-cache-dtype", "auto") or "auto",
+        context_len=_num(f, "--context-length"),
+        chunked_prefill_size=_num(f, "--chunked-prefill-size"),
+        max_running_requests=params.max_running_requests or _num(f, "--max-running-requests"),
+        spec=spec,
+        overlap="--disable-overlap-schedule" not in f and not params.disable_overlap_schedule,
+        mamba_full_memory_ratio=params.mamba_full_memory_ratio or 0.9,
+        disable_cuda_graph="--disable-cuda-graph" in f,
+    )
+    return shape, draft_path
+
+
+async def read_facts(transport: Transport, host: HostConfig, server: ServerConfig,
+                     version: str, params: LaunchParams | None = None) -> Facts:
+    """Read every fact for ``server`` on its host. Raises NoEstimate."""
+    p = params or server.launch_params()
+    model, weights = await read_model(transport, server.model_path)
+    f = _flags(server.extra_args)
+    ssm = f.get("--mamba-ssm-dtype")
+    if ssm and model.hybrid is not None:  # --mamba-ssm-dtype overrides config.json's
+        model = replace(model, hybrid=replace(model.hybrid, ssm_dtype_bytes=dtype_bytes(ssm, 4)))
+    shape, draft_path = server_shape(server, version, p, model)
+    draft = draft_weights = None
+    if draft_path is not None:
+        draft, draft_weights = await read_model(transport, draft_path)
+    gpus = await read_gpus(transport, host.nvidia_smi, server.gpus)  # every replica's GPUs
+    return Facts(model, weights, gpus, shape, draft, draft_weights)

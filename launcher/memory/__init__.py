@@ -1,0 +1,1 @@
+"""launcher's memory layer."""

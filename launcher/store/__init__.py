@@ -1,0 +1,1 @@
+"""Local state: the state-directory lock (``lock``) and the attempt ledger (``ledger``)."""
