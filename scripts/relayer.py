@@ -58,6 +58,7 @@ MODULE_TABLE: list[tuple[str, str, str]] = [
     ("leaf", "numbers", "untrusted"),
     ("leaf", "plaintext", "untrusted"),
     ("memory", "policy", "memory.policy"),
+    ("memory", "sglang.budget", "sglang.modelfacts"),  # split: see SYMBOLS
     ("memory", "calibration", "memory.calibration"),
     ("config", "config", "config.schema"),
     ("config", "config_sources", "config.sources"),
@@ -107,6 +108,23 @@ SYMBOLS: dict[tuple[str, str], str] = {
     ("store", "StateLock"): "store.lock",
     ("store", "LOCK_FILENAME"): "store.lock",
     ("store", "_MIGRATIONS"): "store.ledger",
+    # sglang/budget.py: the model facts stay (sglang.modelfacts), the estimate and the priors
+    # move to the memory layer.
+    ("sglang.budget", "DEFAULT_MARGIN"): "memory.estimate",
+    ("sglang.budget", "KV_SHARE"): "memory.estimate",
+    ("sglang.budget", "MIN_MARGIN_GIB"): "memory.estimate",
+    ("sglang.budget", "Budget"): "memory.estimate",
+    ("sglang.budget", "Choice"): "memory.estimate",
+    ("sglang.budget", "Estimate"): "memory.estimate",
+    ("sglang.budget", "GpuBar"): "memory.estimate",
+    ("sglang.budget", "Observed"): "memory.estimate",
+    ("sglang.budget", "choose"): "memory.estimate",
+    ("sglang.budget", "estimate"): "memory.estimate",
+    ("sglang.budget", "observed_bar"): "memory.estimate",
+    ("sglang.budget", "DEFAULT_COEFFICIENTS"): "memory.priors",
+    ("sglang.budget", "HIDDEN_ONLY_COEFFICIENTS"): "memory.priors",
+    ("sglang.budget", "SOURCE_SHAPED_COEFFICIENTS"): "memory.priors",
+    ("sglang.budget", "Coefficients"): "memory.priors",
 }
 
 # Renamed public names: (new module, old name) -> new name. One name, one class.

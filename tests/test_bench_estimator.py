@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from launcher.params import LaunchParams
-from launcher.sglang.budget import GIB, ModelFacts
+from launcher.sglang.modelfacts import GIB, ModelFacts
 from launcher.sim.memory import simulate
 from launcher.sim.observe import observed
 from tests.scripts import import_script

@@ -1,5 +1,6 @@
-"""``scripts/bench/bench_frontier.py``'s patching: each patched prior reaches the policy, and the
-shipped policy is back after every point (the figures themselves are in docs/benchmarks.md).
+"""``scripts/bench/bench_frontier.py``'s points: each point's ``Priors`` reaches the policy, and
+the shipped oracle seams are back after every point (the figures themselves are in
+docs/benchmarks.md).
 
 Pure: multipass scenarios of ``bench_oom``'s generator through simulate -> observed ->
 ``next_params``; no I/O.
@@ -15,6 +16,7 @@ import pytest
 
 import launcher.memory.policy as policy
 from launcher.memory.policy import AttemptRecord, Bounds
+from launcher.memory.priors import DEFAULT_PRIORS, Priors
 from launcher.sglang.outcome import Outcome
 from launcher.sim.memory import simulate
 from launcher.sim.observe import observed
@@ -42,38 +44,36 @@ def failures(frontier: ModuleType, outcome: Outcome) -> list[tuple[Any, list[Att
     return found
 
 
-def next_fraction(frontier: ModuleType, case: Any, history: list[AttemptRecord]) -> float:
-    params = frontier.oracle_decision(case, BOUNDS, history).params
+def next_fraction(
+    frontier: ModuleType, case: Any, history: list[AttemptRecord], point: Any = None
+) -> float:
+    params = frontier.oracle_decision(case, BOUNDS, history, point).params
     assert params is not None and params.mem_fraction_static is not None
     return float(params.mem_fraction_static)
 
 
-def test_a_point_patches_the_policy_and_restores_the_shipped_objects(
+def test_a_point_is_a_priors_value_and_the_oracle_seams_are_restored(
     frontier: ModuleType,
 ) -> None:
-    shipped = (policy.default_warmup_gib, policy.LATER_PASS_SHARE, policy.KV_CUSHION,
-               policy.DEFAULT_STEP_GIB, policy._later_passes, policy._pass_fit)
     point = frontier.Point("t", warmup_scale=4.0, draft_share=1.0, cushion=0.1, step_gib=0.05,
                            oracle_later=True)
+    priors = point.priors()
+    assert (priors.kv_cushion, priors.step_gib, priors.draft_after_target_share) == (
+        0.1, 0.05, 1.0)
+    assert priors.warmup_gib(100.0) == pytest.approx(4 * DEFAULT_PRIORS.warmup_gib(100.0))
+    assert DEFAULT_PRIORS == Priors()  # the shipped value is untouched
+    shipped = (policy._later_passes, policy._pass_fit)
     with pytest.raises(RuntimeError), frontier.patched(point):
-        assert policy.KV_CUSHION == 0.1
-        assert policy.DEFAULT_STEP_GIB == 0.05
-        assert policy.LATER_PASS_SHARE["draft_after_target"] == 1.0
-        assert policy.default_warmup_gib(100.0) == pytest.approx(4 * shipped[0](100.0))
-        assert policy._later_passes is not shipped[4]
+        assert policy._later_passes is not shipped[0]
         raise RuntimeError("a point that fails half-way")
-    after = (policy.default_warmup_gib, policy.LATER_PASS_SHARE, policy.KV_CUSHION,
-             policy.DEFAULT_STEP_GIB, policy._later_passes, policy._pass_fit)
-    assert all(a is b for a, b in zip(after, shipped, strict=True))
-    assert shipped[1] == {"same_model": 1.0, "draft_after_target": 0.25}  # never mutated
+    assert (policy._later_passes, policy._pass_fit) == shipped
     assert frontier.is_shipped()
 
 
 def test_the_cushion_moves_the_step_after_kv_too_small(frontier: ModuleType) -> None:
     case, history = failures(frontier, Outcome.KV_TOO_SMALL)[0]
     shipped = next_fraction(frontier, case, history)
-    with frontier.patched(frontier.Point("c", cushion=0.10)):
-        wider = next_fraction(frontier, case, history)
+    wider = next_fraction(frontier, case, history, frontier.Point("c", cushion=0.10))
     # SGLang's minimum (or weights / pre) + the cushion: 0.08 more of pre, to the thousandth.
     assert wider - shipped == pytest.approx(0.08, abs=0.0015)
 
@@ -89,14 +89,13 @@ def test_the_warmup_prior_moves_the_step_after_a_capture_oom(frontier: ModuleTyp
         pre = n.pre_load_avail_gib
         cap = n.mem_fraction_static - (n.tried_gib - n.free_gib) / pre
         shipped = next_fraction(frontier, case, history)
-        guess = policy.default_warmup_gib(pre)
+        guess = DEFAULT_PRIORS.warmup_gib(pre)
         true = case.scenario.warmup_gib
         if shipped + max(guess, guess - true) / pre > cap - 0.002:
             continue  # the deficit caps the step: no prior shows there
-        with frontier.patched(frontier.Point("w", warmup_scale=0.0)):
-            none = next_fraction(frontier, case, history)
-        with frontier.patched(frontier.Point("o", oracle_warmup=True)):
-            oracle = next_fraction(frontier, case, history)
+        none = next_fraction(frontier, case, history, frontier.Point("w", warmup_scale=0.0))
+        oracle = next_fraction(frontier, case, history,
+                               frontier.Point("o", oracle_warmup=True))
         assert none - shipped == pytest.approx(guess / pre, abs=0.0015)
         assert oracle - shipped == pytest.approx((guess - true) / pre, abs=0.0015)
         checked += 1
@@ -106,9 +105,9 @@ def test_the_warmup_prior_moves_the_step_after_a_capture_oom(frontier: ModuleTyp
 def test_a_copy_bound_elsewhere_is_reported(frontier: ModuleType) -> None:
     assert frontier.check_patch_points() == []
     copy = ModuleType("elsewhere")
-    copy.default_warmup_gib = policy.default_warmup_gib  # type: ignore[attr-defined]
+    copy._pass_fit = policy._pass_fit  # type: ignore[attr-defined]
     problems = frontier.check_patch_points([copy])
-    assert problems == ["elsewhere holds its own binding of policy.default_warmup_gib"]
+    assert problems == ["elsewhere holds its own binding of policy._pass_fit"]
 
 
 @pytest.mark.parametrize("point", ["shipped", "cushion-0", "oracle-all+cushion-0"])
@@ -121,7 +120,7 @@ def test_a_pool_too_small_with_no_window_at_the_starting_bs_costs_a_second_relau
     blind = frontier.blind_runs(fam.truths)
     assert len(blind) >= 3
     chosen = next(p for p in frontier.POINTS if p.name == point)
-    strategy = frontier.ORACLE_POLICY if chosen.oracle else frontier.POLICY
+    strategy = frontier.strategy_for(chosen)
     with frontier.patched(chosen):
         for i in blind:
             case = fam.cases[i]

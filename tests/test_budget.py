@@ -1,7 +1,7 @@
-"""The memory estimator (launcher/sglang/budget.py) against figures computed by hand from
-SGLang's formulas. Each test names the SGLang function the figure comes from (paths under
-``sglang/srt/`` of 0.5.23 unless said otherwise). Pure: no I/O but reading the shipped sim
-model configs, which are real-format config.json files."""
+"""The memory estimator (launcher/sglang/modelfacts.py, launcher/memory/estimate.py) against
+figures computed by hand from SGLang's formulas. Each test names the SGLang function the figure
+comes from (paths under ``sglang/srt/`` of 0.5.23 unless said otherwise). Pure: no I/O but
+reading the shipped sim model configs, which are real-format config.json files."""
 
 from __future__ import annotations
 
@@ -11,24 +11,23 @@ from typing import Any
 
 import pytest
 
-from launcher.params import LaunchParams
-from launcher.sglang.autoargs import auto_cuda_graph_max_bs, prefill_graph_tokens
-from launcher.sglang.budget import (
+from launcher.memory.estimate import MIN_MARGIN_GIB, choose, estimate, observed_bar
+from launcher.memory.priors import (
     DEFAULT_COEFFICIENTS,
-    GIB,
     HIDDEN_ONLY_COEFFICIENTS,
-    MIN_MARGIN_GIB,
     SOURCE_SHAPED_COEFFICIENTS,
     Coefficients,
+)
+from launcher.params import LaunchParams
+from launcher.sglang.autoargs import auto_cuda_graph_max_bs, prefill_graph_tokens
+from launcher.sglang.modelfacts import (
+    GIB,
     GpuFacts,
     ModelFacts,
     NoEstimate,
     ServerShape,
     SpecShape,
     WeightFacts,
-    choose,
-    estimate,
-    observed_bar,
     weight_bytes_from_header,
     weight_bytes_from_index,
 )

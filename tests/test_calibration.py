@@ -25,15 +25,8 @@ from launcher.memory.calibration import (
     learn_estimate,
     select,
 )
-from launcher.sglang.budget import (
-    GIB,
-    Estimate,
-    GpuFacts,
-    ModelFacts,
-    ServerShape,
-    WeightFacts,
-    estimate,
-)
+from launcher.memory.estimate import Estimate, estimate
+from launcher.sglang.modelfacts import GIB, GpuFacts, ModelFacts, ServerShape, WeightFacts
 from launcher.sglang.observed import Observed
 
 # config.json dimensions of Qwen3-8B and Qwen3-32B (huggingface.co/Qwen/Qwen3-8B, -32B)

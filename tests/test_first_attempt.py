@@ -25,9 +25,10 @@ from launcher.errors import WontFit
 from launcher.host.facts import MAX_CONFIG, Facts, read_gpus, read_model, server_shape
 from launcher.host.transport.base import CommandResult
 from launcher.host.transport.local import LocalTransport
+from launcher.memory.estimate import choose
 from launcher.params import LaunchParams
 from launcher.plan.first_attempt import plan_first_attempt
-from launcher.sglang.budget import GIB, GpuFacts, NoEstimate, choose
+from launcher.sglang.modelfacts import GIB, GpuFacts, NoEstimate
 from launcher.sim.memory import simulate
 from launcher.sim.server import scenario_from_argv
 from launcher.store.ledger import Ledger

@@ -44,7 +44,7 @@ from launcher.host.transport import make_transport
 from launcher.host.transport.base import CommandResult, Duplex
 from launcher.host.transport.local import LocalTransport
 from launcher.sglang import logparse
-from launcher.sglang.budget import ModelFacts, NoEstimate
+from launcher.sglang.modelfacts import ModelFacts, NoEstimate
 from launcher.sglang.outcome import Numbers
 from launcher.sglang.versions import version_tuple
 from launcher.supervise import events as ev

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from launcher.cli.memview import BAR_WIDTH, PARTS, bar_text, legend
-from launcher.sglang.budget import GpuBar
+from launcher.memory.estimate import GpuBar
 
 
 def bar(**kw: float) -> GpuBar:

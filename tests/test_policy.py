@@ -12,7 +12,6 @@ from launcher.errors import PolicyError
 from launcher.memory.policy import (
     ASSUMED_GRAPH_BS,
     ASSUMED_MEM_FRACTION,
-    KV_CUSHION,
     STEP_FRACTION,
     AttemptRecord,
     Bounds,
@@ -20,6 +19,7 @@ from launcher.memory.policy import (
     next_params,
     resolve_params,
 )
+from launcher.memory.priors import DEFAULT_PRIORS
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
 from launcher.sglang.autoargs import auto_cuda_graph_max_bs, auto_mem_fraction_static
 from launcher.sglang.classify import diagnose_text
@@ -506,7 +506,7 @@ def test_kv_too_small_goes_to_the_stated_minimum_plus_a_cushion_not_the_auto_val
     rec = record(p, TOO_SMALL, min_mem_fraction=0.648, pre_load_avail_gib=93.4,
                  post_weights_avail_gib=32.88, total_gib=94.97, mem_fraction_static=0.6)
     mfs, bs = decide(rec)
-    assert (32, True) == (bs, 0.648 < mfs <= 0.648 + KV_CUSHION + 0.002)
+    assert (32, True) == (bs, 0.648 < mfs <= 0.648 + DEFAULT_PRIORS.kv_cushion + 0.002)
 
 
 def hybrid_record(params: LaunchParams, **numbers: object) -> AttemptRecord:

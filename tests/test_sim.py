@@ -20,7 +20,7 @@ import pytest
 
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import auto_chunked_prefill_size
-from launcher.sglang.budget import GIB, ModelFacts
+from launcher.sglang.modelfacts import GIB, ModelFacts
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
 from launcher.sim.faults import FaultKind, FaultPlan, FaultProfileError, load_profile, parse_profile

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from launcher.sglang.budget import GIB, ModelFacts
+from launcher.sglang.modelfacts import GIB, ModelFacts
 from launcher.sim.memory import MemoryScenario
 from launcher.sim.server import scenario_from_argv
 from tests.simhost import model_dir
@@ -150,7 +150,7 @@ def test_eagle_draft_is_sglang_shaped_from_its_tensors(version: str, tp: int) ->
     assert s.spec.draft_graph_overhead_gib == 8 / 1024
     # one layer of 8 KV heads of 128 (K and V), 2 bytes: max(1, 8 // tp) x 512 per token
     assert s.spec.draft_kv_gib_per_1k_tokens * GIB / 1000 == pytest.approx(max(1, 8 // tp) * 512)
-    # the config's tensor figures are launcher.sglang.budget's formula for the draft's config
+    # the config's tensor figures are launcher.sglang.modelfacts's formula for the draft's config
     draft = ModelFacts.from_config(
         json.loads((model_dir("llama-70b-eagle-sim") / "config.json").read_text()))
     extra = EAGLE_WHOLE - LLAMA_WHOLE

@@ -72,11 +72,11 @@ from launcher.host import run
 from launcher.host.gpus import check_gpus
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
+from launcher.memory.estimate import observed_bar
 from launcher.memory.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
 from launcher.params import LaunchParams
 from launcher.plan.first_attempt import Planned, estimate_servers
 from launcher.plan.multinode import rank_commands
-from launcher.sglang.budget import observed_bar
 from launcher.sglang.classify import diagnose_text
 from launcher.sglang.flags import mask_secret_flags
 from launcher.sglang.outcome import Diagnosis

@@ -1,6 +1,6 @@
 """Memory pictures for `launcher plan` and `launcher diagnose`: one stacked bar per GPU.
 
-Renders :class:`~launcher.sglang.budget.GpuBar` as rich ``Text`` built with ``append`` only
+Renders :class:`~launcher.memory.estimate.GpuBar` as rich ``Text`` built with ``append`` only
 (no markup is parsed, so no text from a host or a log can inject any). Part of the CLI layer:
 it returns renderables and prints nothing.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from launcher.sglang.budget import GpuBar
+from launcher.memory.estimate import GpuBar
 
 __all__ = ["BAR_WIDTH", "PARTS", "bar_text", "legend"]
 

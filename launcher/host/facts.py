@@ -4,11 +4,11 @@ Reads, bounded: the model's ``config.json`` (at most :data:`MAX_CONFIG` bytes), 
 ``model.safetensors.index.json`` (at most :data:`MAX_INDEX` bytes; ``metadata.total_size``), or
 else the sizes of its ``*.safetensors`` files; the same for a separate draft model
 (``--speculative-draft-model-path`` in ``extra_args``); and ``nvidia-smi``'s totals and use for the
-server's GPUs. The arithmetic is :mod:`launcher.sglang.budget`'s.
+server's GPUs. The arithmetic is :mod:`launcher.memory.estimate`'s.
 
 Error handling: a missing, unreadable or malformed file, or an unusable nvidia-smi answer, is a
-:class:`~launcher.sglang.budget.NoEstimate` ("no estimate: <why>"), never a crash; an unreachable
-host stays :class:`~launcher.errors.HostUnreachable` (transient, the caller decides).
+:class:`~launcher.sglang.modelfacts.NoEstimate` ("no estimate: <why>"), never a crash; an
+unreachable host stays :class:`~launcher.errors.HostUnreachable` (transient, the caller decides).
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from launcher.config.schema import HostConfig, ServerConfig
 from launcher.errors import LogFormatError, RemoteCommandError
 from launcher.host.gpus import query_gpus
 from launcher.host.transport.base import CommandResult, Transport
+from launcher.memory.estimate import Estimate, estimate
+from launcher.memory.priors import DEFAULT_COEFFICIENTS, Coefficients
 from launcher.params import LaunchParams
-from launcher.sglang.budget import (
-    DEFAULT_COEFFICIENTS,
-    Coefficients,
-    Estimate,
+from launcher.sglang.modelfacts import (
     GpuFacts,
     ModelFacts,
     NoEstimate,
@@ -37,7 +36,6 @@ from launcher.sglang.budget import (
     SpecShape,
     WeightFacts,
     dtype_bytes,
-    estimate,
     weight_bytes_from_index,
 )
 

@@ -1,6 +1,6 @@
 """Learning from the fleet: per-component cost corrections from the ledger's observations.
 
-Pure (no I/O). The estimator (``launcher.sglang.budget``) guesses each memory component of a
+Pure (no I/O). The estimator (``launcher.memory.estimate``) guesses each memory component of a
 server per GPU from the model's files (``CostGuess``); the ledger keeps, per attempt, what the
 log showed those components cost (``launcher.sglang.observed.Observed``) beside the guess the
 attempt started from. ``calibrate`` turns observations into corrections per component
@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from launcher.sglang.budget import DEFAULT_MARGIN, GIB, Estimate
+from launcher.memory.estimate import DEFAULT_MARGIN, Estimate
+from launcher.sglang.modelfacts import GIB
 from launcher.sglang.observed import Observed
 
 __all__ = [
@@ -55,7 +56,7 @@ __all__ = [
     "select",
 ]
 
-# The margin ``launcher.sglang.budget.choose`` leaves (a share of the estimated graph +
+# The margin ``launcher.memory.estimate.choose`` leaves (a share of the estimated graph +
 # activation memory): the estimator's cold prior, and what measured costs of this
 # architecture on this GPU type warrant (the log's rounding, run-to-run noise, and the spread
 # between observations, added on top).
@@ -190,7 +191,7 @@ class Correction:
 
     @property
     def margin(self) -> float:
-        """The margin for ``budget.choose`` (share of graphs + activations) this basis
+        """The margin for ``estimate.choose`` (share of graphs + activations) this basis
         warrants: the cold one without observations; less once measured, more the more the
         observations disagree (never more than the cold one)."""
         if self.match is Match.NONE:
@@ -437,7 +438,7 @@ def describe(correction: Correction) -> str:
             + ", ".join(parts) + f"; margin {correction.margin:.3f}")
 
 
-# --- the estimator's side (launcher.sglang.budget) -------------------------------------------
+# --- the estimator's side (launcher.memory.estimate) -----------------------------------------
 
 
 def guess_of(e: Estimate, bs: int) -> CostGuess:

@@ -15,17 +15,18 @@ Graphs are captured largest batch size first: the first step allocates about ``a
 ``a`` and ``c`` (``c`` is what a later step tried; ``a x bs`` is what the steps before it
 consumed, less their ``c``), and from a warmup OOM the whole graph memory and the warmup need.
 It then proposes the highest fraction estimated to fit at the largest batch size whose
-estimate still leaves a useful KV pool (``KV_CUSHION``)::
+estimate still leaves a useful KV pool (``Priors.kv_cushion``)::
 
     need(bs) = gone + a x bs + c x steps(bs) + warmup + margin     fraction = 1 - need(bs) / pre
 
 ``gone`` is headroom a real log shows missing when capture began (0 in the simulator); with
 no capture figures it makes this the plain deficit rule, ``mfs - (tried - free + ...) / pre``.
-Unknowns take documented defaults (``DEFAULT_STEP_GIB``, ``default_warmup_gib``); a wrong
+Unknowns take the priors (``priors=``, :class:`~launcher.memory.priors.Priors`: ``step_gib``,
+``warmup_gib``, each with its source); a wrong
 guess costs one more attempt, whose log then has the exact figure.
 
 KV too small: SGLang's stated minimum (or (weights + counted draft weights) / pre) plus
-``KV_CUSHION`` (times ``1 + --mamba-full-memory-ratio`` for a hybrid, whose state cache takes
+``Priors.kv_cushion`` (times ``1 + --mamba-full-memory-ratio`` for a hybrid, whose state cache takes
 ``r / (1 + r)`` of the pool first), never SGLang's auto value (only without any figure is the
 auto value a floor);
 once a pool > 0 was too small, the most the brackets allow (an OOM there brings the graph
@@ -38,10 +39,10 @@ Multi-pass capture (a log that names its passes, ``Numbers.graph_pass``): SGLang
 prefill, target decode/verify, then the draft's decode and extend graphs, each from what the
 pass before left. A capture OOM then says that everything since the *first* pass began is needed
 again (``start - free``, ``start`` capped at ``(1 - mfs) x pre``), plus what was ``tried``, the
-failing pass's remaining steps and an estimate of the passes still to come (``LATER_PASS_SHARE``
-of the failing pass's size; after a prefill pass, scaled by the tokens the decode graph runs
-against the prefill shape's; draft extend after draft decode by SGLang's capture widths,
-``_pass_width``). Each pass's own size comes from its begin line
+failing pass's remaining steps and an estimate of the passes still to come
+(``Priors.draft_after_target_share`` of the failing pass's size; after a prefill pass, scaled
+by the tokens the decode graph runs against the prefill shape's; draft extend after draft
+decode by SGLang's capture widths, ``_pass_width``). Each pass's own size comes from its begin line
 (``Numbers.graph_begins``, ``_PassFit``): prefill passes stay fixed, a decode-like pass's first
 step scales with the effective bs, each further captured size costs a step. On 0.5.10 the
 draft's weights and KV pool load between the target's and the draft's graphs, out of the same
@@ -72,6 +73,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from launcher.errors import PolicyError
+from launcher.memory.priors import DEFAULT_PRIORS, Priors
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
 from launcher.sglang.autoargs import (
     SPEC_DEFAULT_MAX_RUNNING_REQUESTS,
@@ -80,7 +82,7 @@ from launcher.sglang.autoargs import (
     capture_bs_list,
     captured_sizes,
 )
-from launcher.sglang.budget import mamba_slot_ratio
+from launcher.sglang.modelfacts import mamba_slot_ratio
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import GraphPass, Phase
 from launcher.sglang.prescribe import prescription
@@ -102,10 +104,7 @@ ASSUMED_TP = 1
 ASSUMED_VERSION = DEFAULT_VERSION
 
 STEP_FRACTION = 0.05  # fraction step when a failure came without numbers (SGLang: 0.05-0.1)
-DEFAULT_STEP_GIB = 0.02  # per captured graph after the first, until a log shows a later step
 ROUNDING_GIB = 0.005  # SGLang prints GiB to 2 decimals: each figure is within half a hundredth
-# Smallest KV pool worth proposing when no minimum is known, as a fraction of pre.
-KV_CUSHION = 0.02
 KV_GROWTH = 4.0  # a pool found too small is multiplied by this for the next estimate
 
 _MILLI = 1000
@@ -117,12 +116,6 @@ SPEC_RUNNING_REQUESTS = SPEC_DEFAULT_MAX_RUNNING_REQUESTS
 SPEC_AUTO_STEPS = 3
 # 0.5.23 counts the draft model's weights in the static budget (kv_cache_configurator.py:3057).
 DRAFT_IN_BUDGET_FROM = ONE_STATIC_BUDGET_FROM
-# A capture pass not yet seen is estimated as this share of the failing pass's size: a target
-# graph after the target prefill graph as much again (scaled by the tokens each runs); a draft
-# graph after a target graph a quarter (the draft is one layer); draft extend after draft
-# decode as much again per captured token (``_pass_width``). A wrong guess costs one attempt,
-# whose log then has that pass's own figures.
-LATER_PASS_SHARE = {"same_model": 1.0, "draft_after_target": 0.25}
 # Capture passes whose size does not depend on the decode graph bs: the prefill graphs are
 # captured per token count (cuda_graph_setup.py, 0.5.23), not per request.
 PREFILL_PASSES = frozenset({GraphPass.TARGET_PREFILL, GraphPass.DRAFT_PREFILL})
@@ -136,15 +129,6 @@ MAMBA_FULL_MEMORY_RATIO = 0.9
 def margin_gib(pre: float) -> float:
     """Safety margin added to an estimated need: 0.1 GiB, or 0.25% of ``pre`` when larger."""
     return max(0.1, 0.0025 * pre)
-
-
-def default_warmup_gib(pre: float) -> float:
-    """Warmup activations assumed until a warmup OOM shows them: 2% of ``pre``, 0.5-2.5 GiB.
-
-    Bigger GPUs get bigger auto chunked-prefill sizes, hence bigger activations; 2% keeps the
-    KV left on the table by a wrong guess under 0.03 of ``pre``.
-    """
-    return min(2.5, max(0.5, 0.02 * pre))
 
 
 @dataclass(frozen=True)
@@ -225,6 +209,7 @@ class _Context:
     spec: bool = False
     cap: int | None = None  # graphs are captured only up to this bs (None: no known cap)
     draft_extend_off: bool = False  # SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 in the last params
+    priors: Priors = DEFAULT_PRIORS  # the guesses for what no log shows yet
 
 
 @dataclass
@@ -265,7 +250,7 @@ class _Facts:
     def need(self, bs: int) -> float:
         """Estimated GiB needed after the KV pool at graph max ``bs`` (margin included)."""
         assert self.pre is not None
-        warmup = self.warmup if self.warmup is not None else default_warmup_gib(self.pre)
+        warmup = self.warmup if self.warmup is not None else self.ctx.priors.warmup_gib(self.pre)
         return self.hidden + self.graphs(bs) + warmup + margin_gib(self.pre)
 
     def graphs(self, bs: int, *, without_extend: bool = False) -> float:
@@ -283,7 +268,7 @@ class _Facts:
         known = dict(self.graph_at)
         if bs in known:
             return known[bs]
-        step = self.c if self.c is not None else DEFAULT_STEP_GIB
+        step = self.c if self.c is not None else self.ctx.priors.step_gib
         return (self.a or 0.0) * bs + step * len(capture_bs_list(bs))
 
     def estimate(self, bs: int, *, optimistic: bool = False, without_extend: bool = False) -> int:
@@ -299,7 +284,7 @@ class _Facts:
         if optimistic:
             need -= margin_gib(self.pre)
             if self.warmup is None:
-                need -= default_warmup_gib(self.pre)
+                need -= self.ctx.priors.warmup_gib(self.pre)
         # 0.5.10's draft pool comes out of the same headroom and grows with the fraction:
         # (1 - m) x pre >= need + k x (m x pre - base)  <=>  m <= (pre - need + k x base) /
         # (pre x (1 + k)).
@@ -314,7 +299,7 @@ class _Facts:
         ``handle_max_mamba_cache``, 0.5.23 ``_handle_max_mamba_cache``), so its cushion is
         ``1 + r`` times the plain one.
         """
-        cushion = KV_CUSHION * (1 + self.mamba_ratio)
+        cushion = self.ctx.priors.kv_cushion * (1 + self.mamba_ratio)
         lo = self.lo
         if self.stated_min is not None:
             lo = max(lo, _up(self.stated_min + cushion))
@@ -451,14 +436,14 @@ def _learn(history: Sequence[AttemptRecord], ctx: _Context, bounds: Bounds) -> _
     if facts.c is None and a_values and facts.graph_at:
         # A capture OOM's first step gave the slope, a warmup OOM the whole graph memory at
         # some bs: what the slope leaves of it is the later steps, which sizes them (rather
-        # than DEFAULT_STEP_GIB, whose error the slope would absorb and misplace at other bs).
+        # than the step prior, whose error the slope would absorb and misplace at other bs).
         slope = max(a_values)
         per_step = max(
             (g - slope * b) / len(capture_bs_list(b)) for b, g in facts.graph_at.items()
         )
-        if per_step > DEFAULT_STEP_GIB:
+        if per_step > ctx.priors.step_gib:
             facts.c = per_step
-    step = facts.c if facts.c is not None else DEFAULT_STEP_GIB
+    step = facts.c if facts.c is not None else ctx.priors.step_gib
     for bs, graphs in facts.graph_at.items():
         a_values.append(max(0.0, graphs - step * len(capture_bs_list(bs))) / bs)
     if a_values:
@@ -530,7 +515,7 @@ def _later_passes(gpass: GraphPass, n: Numbers, ctx: _Context, extend_off: bool)
     """The capture passes SGLang runs after ``gpass``, each with its estimated size as a share
     of ``gpass``'s first step.
 
-    A draft pass after a target pass: ``LATER_PASS_SHARE["draft_after_target"]`` of it (no
+    A draft pass after a target pass: ``Priors.draft_after_target_share`` of it (no
     SGLang formula relates the draft model's cost per token to the target's, and no log shows
     it before the draft's graphs). A pass of the same model after another: as large per
     captured token, since SGLang sizes every decode-like graph from ``max_bs x`` its width
@@ -544,7 +529,7 @@ def _later_passes(gpass: GraphPass, n: Numbers, ctx: _Context, extend_off: bool)
     extend = not (extend_off and at_least(ctx.version, DRAFT_EXTEND_SWITCH_FROM))
     drafts = [p for p, keep in ((GraphPass.DRAFT_DECODE, steps > 1),
                                 (GraphPass.DRAFT_EXTEND, extend)) if keep]
-    same, after = LATER_PASS_SHARE["same_model"], LATER_PASS_SHARE["draft_after_target"]
+    same, after = ctx.priors.same_model_share, ctx.priors.draft_after_target_share
     if gpass is GraphPass.TARGET_PREFILL:
         target = GraphPass.TARGET_VERIFY if spec else GraphPass.TARGET_DECODE
         return [(target, same), *((p, after) for p in drafts if spec)]
@@ -569,7 +554,7 @@ class _PassFit:
     the GiB of each decode-like pass's first capture step (activations and static buffers
     sized from the largest captured bs), proportional to the effective bs. ``step``: GiB per
     further captured size of each of ``passes`` decode-like passes. ``later_*``: the part
-    that is a guess for passes not yet begun (``LATER_PASS_SHARE``); ``ext_*``: the
+    that is a guess for passes not yet begun (``Priors.draft_after_target_share``); ``ext_*``: the
     draft-extend pass's part. ``exact``: every pass ended (a warmup OOM).
     """
 
@@ -631,7 +616,7 @@ def _pass_fit(
     spec = ctx.spec or n.speculative
     old_draft = spec and not at_least(ctx.version, DRAFT_IN_BUDGET_FROM)
     n_steps = len(captured_sizes(bs, spec=spec))
-    c = step_known if step_known is not None else DEFAULT_STEP_GIB
+    c = step_known if step_known is not None else ctx.priors.step_gib
     draft_w = n.draft_weights_gib or 0.0
     draft_kv = n.draft_kv_gib
     acc = {"fixed": 0.0, "scaled": 0.0, "passes": 0, "ext": 0.0, "ext_passes": 0}
@@ -788,6 +773,7 @@ def next_params(
     *,
     tp: int | None = None,
     sglang_version: str | None = None,
+    priors: Priors = DEFAULT_PRIORS,
 ) -> Decision:
     """What to launch after ``history`` (oldest first), or give up.
 
@@ -801,7 +787,8 @@ def next_params(
     - Give up once ``bounds.max_attempts`` attempts have run since the last ready one.
 
     ``tp`` and ``sglang_version`` only serve SGLang's auto rules when an auto param was launched
-    and the log did not show its value (assumed 1 and 0.5.23 when not given).
+    and the log did not show its value (assumed 1 and 0.5.23 when not given). ``priors``: the
+    guesses for what the logs do not show yet (:class:`~launcher.memory.priors.Priors`).
     Raises ``PolicyError`` for impossible bounds.
     """
     _check(bounds)
@@ -815,6 +802,7 @@ def next_params(
         sglang_version or ASSUMED_VERSION,
         spec=spec,
         draft_extend_off=last.params.env_value(DISABLE_DRAFT_EXTEND_ENV) == "1",
+        priors=priors,
     )
     mfs, bs = _resolve(last.params, last.numbers, ctx)
     if last.outcome is Outcome.READY:
@@ -900,7 +888,7 @@ def _hybrid_decision(last: AttemptRecord, mfs: float, bounds: Bounds, ctx: _Cont
       speculative decoding) of state budget, i.e. per ``(1 + r) / r`` times that of rest, which
       grows by ``pre`` per unit of fraction. The figures are "Not enough"'s K and
       ``mamba_cache_per_req``, ``Load weight begin``'s ``pre`` and the server_args dump's
-      strategy (slots per request, ``budget.mamba_slot_ratio``; ``auto`` resolves to
+      strategy (slots per request, ``modelfacts.mamba_slot_ratio``; ``auto`` resolves to
       ``extra_buffer`` with overlap, 5).
     - Without those figures (0.5.23 prints no per-request size with "too small", and its
       ``Mamba Cache is allocated`` line only after that check), the fraction is raised by
@@ -1119,7 +1107,7 @@ def _by_step(
         if n.tried_gib is not None and n.free_gib is not None and size:
             deficit = n.tried_gib - n.free_gib + margin_gib(size)
             if last.outcome is not Outcome.OOM_RUNTIME:
-                deficit += default_warmup_gib(size)
+                deficit += facts.ctx.priors.warmup_gib(size)
             step = deficit / size
         target = _down(mfs - step)
     if target >= facts.lo and facts.lo <= facts.hi(bs, ceiling):

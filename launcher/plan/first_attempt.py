@@ -5,7 +5,7 @@ Order (docs/memory.md):
 1. the ledger's last good params for the same fingerprint (``store.initial_params``) win;
 2. else, with ``[policy] initial = "auto"`` (the default) and ``mem_fraction_static`` or
    ``cuda_graph_max_bs`` unset, or with ``initial = "estimate"``, the estimate chooses
-   (:func:`launcher.sglang.budget.choose`, margin ``[policy] estimate_margin``);
+   (:func:`launcher.memory.estimate.choose`, margin ``[policy] estimate_margin``);
 3. else the configured params.
 
 When the estimate says no setting fits, the result is ``refused``: `up` launches nothing
@@ -28,16 +28,11 @@ from launcher.host.facts import Facts, GpuReadsOnce, read_facts
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.memory.calibration import Correction, Match, describe
+from launcher.memory.estimate import Choice, Estimate, choose
+from launcher.memory.priors import DEFAULT_COEFFICIENTS, Coefficients
 from launcher.params import LaunchParams
 from launcher.plan.fleet import gpu_model, learned
-from launcher.sglang.budget import (
-    DEFAULT_COEFFICIENTS,
-    Choice,
-    Coefficients,
-    Estimate,
-    NoEstimate,
-    choose,
-)
+from launcher.sglang.modelfacts import NoEstimate
 from launcher.sglang.versions import DEFAULT_VERSION
 from launcher.store.ledger import Ledger, ObservationContext, ledger_path
 

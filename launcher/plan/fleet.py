@@ -21,7 +21,8 @@ from launcher.errors import HostKeyError, LauncherError
 from launcher.host.facts import Facts, read_facts
 from launcher.host.transport.base import Transport
 from launcher.memory.calibration import Correction, ObservationKey, learn_estimate
-from launcher.sglang.budget import Estimate, NoEstimate
+from launcher.memory.estimate import Estimate
+from launcher.sglang.modelfacts import NoEstimate
 from launcher.sglang.observed import speculative_key
 from launcher.store.ledger import Ledger, ObservationContext
 

@@ -55,7 +55,7 @@ from launcher.sglang.autoargs import (
     captured_sizes,
     prefill_graph_tokens,
 )
-from launcher.sglang.budget import mamba_cache_slots, mamba_slot_ratio
+from launcher.sglang.modelfacts import mamba_cache_slots, mamba_slot_ratio
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
 from launcher.sglang.versions import (
@@ -105,7 +105,7 @@ class HybridScenario:
         return self.conv_gib_per_req + self.ssm_gib_per_req
 
     def ratio(self) -> int:
-        """0.5.23's state slots per request (``sglang.budget.mamba_slot_ratio``)."""
+        """0.5.23's state slots per request (``sglang.modelfacts.mamba_slot_ratio``)."""
         return mamba_slot_ratio(self.strategy, self.overlap,
                                 disable_radix_cache=self.disable_radix_cache)
 
@@ -163,7 +163,7 @@ class MemoryScenario:
     capture_graphs: bool = True  # False: --disable-cuda-graph
     mla: bool = False  # MLA attention (0.5.23's auto fraction reserves 1.5 GiB of prefill graphs)
     # weights every rank holds whole (MLA's q_a/kv_a projections, the MoE router, K/V heads when
-    # kv_heads < tp): ``launcher.sglang.budget.ModelFacts.replicated_bytes``
+    # kv_heads < tp): ``launcher.sglang.modelfacts.ModelFacts.replicated_bytes``
     replicated_gib: float = 0.0
 
     @property

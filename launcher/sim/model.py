@@ -7,9 +7,9 @@ speculative and hybrid flags resolved the way SGLang resolves them, and ``scenar
 The model's ``"sim"`` object::
 
     weights_gib           whole model (each TP rank holds (weights_gib - replicated) / tp +
-                          replicated, replicated by launcher.sglang.budget's rule)
+                          replicated, replicated by launcher.sglang.modelfacts's rule)
     kv_gib_per_1k_tokens  optional, whole model / tp: only for a config.json without the keys
-                          launcher.sglang.budget.ModelFacts needs; otherwise SGLang's cell
+                          launcher.sglang.modelfacts.ModelFacts needs; otherwise SGLang's cell
                           size is computed from the HF keys (MLA is not sharded by tp)
     graph_gib_per_bs      per rank: activation pool of the largest decode graph, per bs
                           (per captured token); or, SGLang-shaped, from the tensor keys below
@@ -66,7 +66,7 @@ from typing import Any
 
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import auto_chunked_prefill_size
-from launcher.sglang.budget import (
+from launcher.sglang.modelfacts import (
     GIB,
     ModelFacts,
     NoEstimate,
@@ -131,7 +131,7 @@ class ModelSpec:
     mla: bool = False
     draft: dict[str, Any] | None = None
     hybrid: dict[str, Any] | None = None
-    # The HF config as launcher.sglang.budget reads it: SGLang's per-token KV bytes, Mamba state
+    # The HF config as launcher.sglang.modelfacts reads it: SGLang's per-token KV bytes, Mamba state
     # per slot and replicated weights follow from it (None: too few keys, the sim's figures
     # are used as given).
     facts: ModelFacts | None = None
@@ -403,7 +403,7 @@ def kv_gib_per_1k(
     model: ModelSpec, tp: int, version: str, flags: Flags | None, spec: Speculative | None
 ) -> tuple[float, float]:
     """(target, draft) KV GiB per 1000 tokens on one rank, by SGLang's cell size
-    (``launcher.sglang.budget``: MHA/GQA ``max(1, kv_heads // tp)`` heads, MLA not sharded by
+    (``launcher.sglang.modelfacts``: MHA/GQA ``max(1, kv_heads // tp)`` heads, MLA not sharded by
     tp, the draft's cell from the target's). Without usable config keys: the model's
     ``sim.kv_gib_per_1k_tokens`` (whole model) / tp."""
     s = model.sim
@@ -510,7 +510,7 @@ def scenario_for(
         ssm = float(h.get("ssm_gib_per_req", 0.0))
         model_ssm_dtype = str(h.get("ssm_dtype", "float32"))
         if model.facts is not None and model.facts.hybrid is not None:
-            # Mamba2StateShape.create + mamba_cache_per_req (launcher.sglang.budget)
+            # Mamba2StateShape.create + mamba_cache_per_req (launcher.sglang.modelfacts)
             conv_b, ssm_b = model.facts.hybrid.per_req_bytes(tp)
             conv, ssm = conv_b / GIB, ssm_b / GIB
             model_ssm_dtype = "float32" if model.facts.hybrid.ssm_dtype_bytes == 4 else "bfloat16"

@@ -30,8 +30,8 @@ import structlog
 from launcher.config.schema import HostConfig, ServerConfig
 from launcher.errors import StateError
 from launcher.memory.calibration import CostGuess, KeyedObservation, ObservationKey
+from launcher.memory.estimate import Estimate
 from launcher.params import LaunchParams
-from launcher.sglang.budget import Estimate
 from launcher.sglang.observed import Observed
 from launcher.store.lock import make_private_dir
 

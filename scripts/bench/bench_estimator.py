@@ -15,7 +15,7 @@ policy (``launcher.memory.policy.next_params``), as ``launcher up`` does:
   bench_oom's plain scenarios), then the policy's backoff.
 - ``seeds-0.10``: the same start, then the seeds' rule (OOM: fraction - 0.10 and half the graph
   bs; kv_too_small: + 0.10).
-- ``estimate-cold``: the first attempt from ``launcher.sglang.budget`` (``estimate`` on the
+- ``estimate-cold``: the first attempt from ``launcher.memory.estimate`` (``estimate`` on the
   model's config, checkpoint size and the GPUs as nvidia-smi shows them; ``choose`` with the
   params unset, its default margin), with an empty ledger.
 - ``estimate-warm``: the same, after the ledger recorded one earlier run of another server of
@@ -115,25 +115,21 @@ from launcher.memory.calibration import (
     guess_of,
     learn_estimate,
 )
+from launcher.memory.estimate import Estimate, choose, estimate
 from launcher.memory.policy import AttemptRecord, Bounds
+from launcher.memory.priors import DEFAULT_COEFFICIENTS, HIDDEN_ONLY_COEFFICIENTS, Coefficients
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import (
     auto_chunked_prefill_size,
     captured_sizes,
 )
-from launcher.sglang.budget import (
-    DEFAULT_COEFFICIENTS,
+from launcher.sglang.modelfacts import (
     GIB,
-    HIDDEN_ONLY_COEFFICIENTS,
-    Coefficients,
-    Estimate,
     GpuFacts,
     ModelFacts,
     NoEstimate,
     ServerShape,
     WeightFacts,
-    choose,
-    estimate,
 )
 from launcher.sglang.observed import Observed
 from launcher.sglang.outcome import Outcome
@@ -229,7 +225,7 @@ GPUS = (
     ("NVIDIA B200", 178.36),
 )
 VERSIONS = ("0.5.10", "0.5.23")
-# --prior: the cold prior the estimator starts from (budget.Coefficients)
+# --prior: the cold prior the estimator starts from (priors.Coefficients)
 PRIORS: dict[str, Coefficients] = {"hidden": HIDDEN_ONLY_COEFFICIENTS,
                                    "source": DEFAULT_COEFFICIENTS}
 _prior = ["source"]  # set once by main_estimator
@@ -601,8 +597,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --estimator: scenarios in the learning-curve table (100)")
     parser.add_argument("--prior", choices=sorted(PRIORS), default="source",
                         help="with --estimator: the cold prior (source: the default, "
-                        "budget.DEFAULT_COEFFICIENTS; hidden: the earlier hidden-only "
-                        "budget.HIDDEN_ONLY_COEFFICIENTS)")
+                        "priors.DEFAULT_COEFFICIENTS; hidden: the earlier hidden-only "
+                        "priors.HIDDEN_ONLY_COEFFICIENTS)")
 
 
 if __name__ == "__main__":

@@ -6,46 +6,42 @@ Usage::
     nice -n 19 .venv/bin/python scripts/bench/bench_frontier.py [--seeds 1,2,3] [--n 200]
         [--family multipass,eagle] [--points shipped,oracle-warmup] [--floor 0.5]
 
-THIS IS A WHAT-IF, NOT THE SHIPPED POLICY. For each point of the sweep the script rebinds, in
-its own process only, module attributes of ``launcher.memory.policy`` that hold the policy's priors
-for what a failing log does not show, runs ``scripts/bench/bench_oom.py``'s family benchmark
-(``draw_family_case`` -> ``run`` -> ``score``, the ``policy`` strategy only), and puts the
-shipped values back before the next point (``patched``; a ``finally`` restores them, and
-``main`` checks at the end that they are the shipped objects again). ``launcher/memory/policy.py``
-and ``scripts/bench/bench_oom.py`` are not edited; CI never runs this script.
+THIS IS A WHAT-IF, NOT THE SHIPPED POLICY. For each point of the sweep the script builds a
+:class:`launcher.memory.priors.Priors` value (``Point.priors``: the shipped ``DEFAULT_PRIORS``
+with some fields replaced) and passes it to ``next_params(..., priors=)`` through
+``scripts/bench/bench_oom.py``'s family benchmark (``draw_family_case`` -> ``run`` -> ``score``,
+the ``policy`` strategy only). Nothing shipped is rebound for a prior; CI never runs this
+script.
 
-The priors (names as the policy looks them up *at call time*, by global name inside
-``launcher.memory.policy``; ``check_patch_points`` verifies this before any figure is printed):
+The priors swept (fields of ``Priors``):
 
-- ``default_warmup_gib(pre)`` (read by ``_Facts.need``, ``_Facts.estimate`` and ``_by_step``):
-  the activation need after capture, assumed until a warmup OOM shows it. Swept as the shipped
-  function times k in {0, 0.5, 1, 2, 4}.
-- ``LATER_PASS_SHARE`` (read by ``_later_passes``): a capture pass not yet begun as a share of
-  the failing pass. Only ``"draft_after_target"`` is swept, {0.25 (shipped), 0.5, 1.0};
-  the module attribute is rebound to a new dict (the shipped dict is never mutated).
-- ``KV_CUSHION`` (read by ``_Facts.soft_lo``): the smallest useful KV pool, as a fraction of
+- the warmup guess (``Priors.warmup_gib``, read by ``_Facts.need``, ``_Facts.estimate`` and
+  ``_by_step``): the activation need after capture, assumed until a warmup OOM shows it.
+  Swept as the shipped rule times k in {0, 0.5, 1, 2, 4} (``Priors.scaled_warmup``).
+- ``draft_after_target_share`` (read by ``_later_passes``): a draft capture pass not yet begun
+  as a share of the failing target pass, {0.25 (shipped), 0.5, 1.0}.
+- ``kv_cushion`` (read by ``_Facts.soft_lo``): the smallest useful KV pool, as a fraction of
   ``pre``, {0, 0.01, 0.02 (shipped), 0.05, 0.10}. ``soft_lo`` serves both the step after
   ``kv_too_small`` (SGLang's minimum + cushion) and, after an OOM, the lowest fraction the
-  model-based search accepts before it cuts the graph bs, so the cushion moves both. 0 and
-  0.01 were added below the shipped 0.02: after ``kv_too_small`` the graphs are unseen and
-  the relaunch fails where the window above SGLang's minimum is narrower than the cushion, so
-  a smaller cushion saves attempts there and leaves more headroom.
-- ``DEFAULT_STEP_GIB`` (read by ``_Facts.graphs``, ``_learn`` and ``_pass_fit``): the cost of
-  each captured graph after the first, until a log shows a later step. Not in issue 9's list,
-  added because the oracle rows showed it: when a pass's *first* step fails (the common
-  capture OOM), no log line sizes the later steps, and the generator draws the per-graph cost
-  U(0.001, 0.05) GiB against the prior's 0.02, over up to 52 captured sizes. Swept {0.02
-  (shipped), 0.035, 0.05}.
+  model-based search accepts before it cuts the graph bs, so the cushion moves both.
+- ``step_gib`` (read by ``_Facts.graphs``, ``_learn`` and ``_pass_fit``): the cost of each
+  captured graph after the first, until a log shows a later step. When a pass's *first* step
+  fails (the common capture OOM), no log line sizes the later steps, and the generator draws
+  the per-graph cost U(0.001, 0.05) GiB against the prior's 0.02, over up to 52 captured sizes.
+  Swept {0.02 (shipped), 0.035, 0.05}.
 
 Oracle rows bound what any prior for these unknowns could give:
 
-- ``oracle-warmup``: ``default_warmup_gib`` returns, for each case, the case's true activation
+- ``oracle-warmup``: the warmup guess is, for each case, the case's true activation
   need after capture, ``scenario.warmup_gib`` (``launcher.sim.memory.simulate`` charges
   nothing else after the last capture pass). The policy still adds its margin
   (``margin_gib``) on top, as it does to a seen warmup.
 - ``oracle-later`` (the points ``oracle-warmup+later`` and ``oracle-all*``): additionally
   what loads after a failing capture pass is true, from the simulator at the attempt's own
-  params. ``_later_passes`` keeps the policy's choice of which
+  params. These rows replace two private functions of the policy (an oracle replaces the
+  policy's reasoning, not a prior), in this process only, restored after the point
+  (``patched``; ``check_patch_points`` verifies before any figure that the policy still looks
+  them up by global name). ``_later_passes`` keeps the policy's choice of which
   passes follow, with each share set so that ``share x first + step x sizes`` is that pass's
   true size (``first``: the failing pass's first-step activations, a prefill pass's whole
   size; after a prefill pass the policy's own token ratio is divided back out).
@@ -54,19 +50,13 @@ Oracle rows bound what any prior for these unknowns could give:
   true pool as if the log had shown its ``KV Cache is allocated`` line. Approximate: the
   share multiplies the policy's *estimate* of the failing pass's first step, and sizes are
   exact only at the attempt's own bs and fraction.
-- ``oracle-all``: additionally ``DEFAULT_STEP_GIB`` is, per case, the target's true per-graph
+- ``oracle-all``: additionally ``step_gib`` is, per case, the target's true per-graph
   cost (``graph_overhead_gib``; the draft's, drawn separately, is not given).
   Still hidden even here: the graphs after ``kv_too_small`` (no capture has run; the issue's
-  rule, SGLang's minimum + ``KV_CUSHION``, meets them blind), and the margin the policy adds.
+  rule, SGLang's minimum + ``kv_cushion``, meets them blind), and the margin the policy adds.
 
 Where this may mislead:
 
-- Only the names above are rebound. A copy bound elsewhere (``from launcher.memory.policy import
-  KV_CUSHION`` in another module, a default argument) would not see the patch;
-  ``check_patch_points`` fails if a reading function no longer loads a name as a global, or
-  if any loaded module holds the shipped function or dict under the name (a float copied by
-  value, ``KV_CUSHION`` or ``DEFAULT_STEP_GIB``, cannot be told apart that way; none is
-  copied in ``launcher/`` today).
 - The families' generator draws the hidden quantities (warmup U(0.1, 3) GiB, draft graphs)
   independently of what the log shows (bench_oom's module docstring), so a prior can only be
   a bet on the generator's ranges; a good point here says nothing about real models.
@@ -102,7 +92,6 @@ from bench_oom import (
     Strategy,
     Truth,
     draw_family_case,
-    policy_decide,
     run,
     score,
     truth,
@@ -111,26 +100,19 @@ from bench_oom import (
 
 import launcher.memory.policy as policy
 from launcher.memory.policy import AttemptRecord, Bounds
+from launcher.memory.priors import DEFAULT_PRIORS, Priors
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import GraphPass
 from launcher.sim.memory import GraphPass as SimPass
 from launcher.sim.memory import simulate
 
-# The shipped objects, captured at import: what every point starts from and is restored to.
-SHIPPED_WARMUP = policy.default_warmup_gib
-SHIPPED_SHARE = policy.LATER_PASS_SHARE
-SHIPPED_CUSHION = policy.KV_CUSHION
-SHIPPED_STEP = policy.DEFAULT_STEP_GIB
+# The shipped oracle seams, captured at import: restored after every oracle-later point.
 SHIPPED_LATER = policy._later_passes
 SHIPPED_PASS_FIT = policy._pass_fit
 
 # Each patched name and the policy functions that must read it as a global at call time.
 PATCH_POINTS: dict[str, tuple[Callable[..., object], ...]] = {
-    "default_warmup_gib": (policy._Facts.need, policy._Facts.estimate, policy._by_step),
-    "LATER_PASS_SHARE": (policy._later_passes,),
-    "KV_CUSHION": (policy._Facts.soft_lo,),
-    "DEFAULT_STEP_GIB": (policy._Facts.graphs, policy._learn, policy._pass_fit),
     "_later_passes": (policy._pass_fit,),
     "_pass_fit": (policy._learn,),
 }
@@ -143,9 +125,9 @@ class Point:
 
     name: str
     warmup_scale: float = 1.0
-    draft_share: float = SHIPPED_SHARE["draft_after_target"]
-    cushion: float = SHIPPED_CUSHION
-    step_gib: float = SHIPPED_STEP
+    draft_share: float = DEFAULT_PRIORS.draft_after_target_share
+    cushion: float = DEFAULT_PRIORS.kv_cushion
+    step_gib: float = DEFAULT_PRIORS.step_gib
     oracle_warmup: bool = False
     oracle_later: bool = False
     oracle_step: bool = False
@@ -153,6 +135,18 @@ class Point:
     @property
     def oracle(self) -> bool:
         return self.oracle_warmup or self.oracle_later or self.oracle_step
+
+    def priors(self, case: Case | None = None) -> Priors:
+        """The priors of this point; the oracle fields take ``case``'s true figures."""
+        p = replace(DEFAULT_PRIORS.scaled_warmup(self.warmup_scale),
+                    draft_after_target_share=self.draft_share, kv_cushion=self.cushion,
+                    step_gib=self.step_gib)
+        if case is not None and self.oracle_warmup:
+            w = case.scenario.warmup_gib
+            p = replace(p, warmup_share=0.0, warmup_min_gib=w, warmup_max_gib=w)
+        if case is not None and self.oracle_step:
+            p = replace(p, step_gib=case.scenario.graph_overhead_gib)
+        return p
 
     def describe(self) -> str:
         warm = "true" if self.oracle_warmup else f"x{self.warmup_scale:g}"
@@ -213,12 +207,7 @@ def check_patch_points(modules: Sequence[ModuleType] | None = None) -> list[str]
         for fn in readers:
             if name not in fn.__code__.co_names:
                 problems.append(f"{fn.__qualname__} no longer reads {name} by global lookup")
-    shipped = {
-        "default_warmup_gib": SHIPPED_WARMUP,
-        "LATER_PASS_SHARE": SHIPPED_SHARE,
-        "_later_passes": SHIPPED_LATER,
-        "_pass_fit": SHIPPED_PASS_FIT,
-    }
+    shipped = {"_later_passes": SHIPPED_LATER, "_pass_fit": SHIPPED_PASS_FIT}
     for mod in modules if modules is not None else list(sys.modules.values()):
         if mod is policy or mod is None:
             continue
@@ -244,16 +233,10 @@ class Oracle:
     attempt (keyed by the ``Numbers`` object the policy reads), ``AttemptTruth``."""
 
     case: Case | None = None
-    step: bool = False  # oracle_step: DEFAULT_STEP_GIB is set per case (``oracle_decision``)
     attempts: dict[int, AttemptTruth] = field(default_factory=dict)
 
 
 ORACLE = Oracle()
-
-
-def _oracle_warmup(pre: float) -> float:
-    assert ORACLE.case is not None, "the oracle warmup is read outside a case"
-    return ORACLE.case.scenario.warmup_gib
 
 
 def _first_step(p: SimPass) -> float:
@@ -271,7 +254,7 @@ def _oracle_later(
 ) -> list[tuple[GraphPass, float]]:
     """``_later_passes`` with true shares (module docstring, ``oracle-later``): the passes the
     policy expects, each sized so that ``share x first + step x captured sizes`` is the true
-    pass at this attempt's bs (``step``: ``DEFAULT_STEP_GIB`` as the fit uses it)."""
+    pass at this attempt's bs (``step``: ``Priors.step_gib`` as the fit uses it)."""
     guessed = SHIPPED_LATER(gpass, n, ctx, extend_off)
     truth_ = ORACLE.attempts.get(id(n))
     if not guessed or truth_ is None:
@@ -284,7 +267,7 @@ def _oracle_later(
     if base <= 0:
         return guessed
     after = {p.name: p for p in truth_.passes[names.index(gpass.value) + 1:]}
-    step = policy.DEFAULT_STEP_GIB
+    step = ctx.priors.step_gib
     out = []
     for p, _share in guessed:
         true = after.get(p.value)
@@ -341,21 +324,9 @@ def _oracle_pass_fit(
 
 @contextmanager
 def patched(point: Point) -> Iterator[None]:
-    """Rebind the policy's priors for ``point``; the shipped objects are restored on exit."""
+    """Replace the policy's oracle seams for an ``oracle_later`` point; the shipped functions
+    are restored on exit. (Priors are not patched: ``Point.priors`` passes them.)"""
     try:
-        if point.oracle_warmup:
-            policy.default_warmup_gib = _oracle_warmup
-        elif point.warmup_scale != 1.0:
-            k = point.warmup_scale
-
-            def scaled(pre: float) -> float:
-                return k * SHIPPED_WARMUP(pre)
-
-            policy.default_warmup_gib = scaled
-        policy.LATER_PASS_SHARE = {**SHIPPED_SHARE, "draft_after_target": point.draft_share}
-        policy.KV_CUSHION = point.cushion
-        policy.DEFAULT_STEP_GIB = point.step_gib
-        ORACLE.step = point.oracle_step
         if point.oracle_later:
             policy._later_passes = _oracle_later
             policy._pass_fit = _oracle_pass_fit
@@ -365,26 +336,14 @@ def patched(point: Point) -> Iterator[None]:
 
 
 def restore() -> None:
-    """Put the shipped objects back into ``launcher.memory.policy``."""
-    policy.default_warmup_gib = SHIPPED_WARMUP
-    policy.LATER_PASS_SHARE = SHIPPED_SHARE
-    policy.KV_CUSHION = SHIPPED_CUSHION
-    policy.DEFAULT_STEP_GIB = SHIPPED_STEP
+    """Put the shipped functions back into ``launcher.memory.policy``."""
     policy._later_passes = SHIPPED_LATER
     policy._pass_fit = SHIPPED_PASS_FIT
-    ORACLE.step = False
 
 
 def is_shipped() -> bool:
-    """Whether ``launcher.memory.policy`` holds the shipped objects."""
-    return (
-        policy.default_warmup_gib is SHIPPED_WARMUP
-        and policy.LATER_PASS_SHARE is SHIPPED_SHARE
-        and policy.KV_CUSHION == SHIPPED_CUSHION
-        and policy.DEFAULT_STEP_GIB == SHIPPED_STEP
-        and policy._later_passes is SHIPPED_LATER
-        and policy._pass_fit is SHIPPED_PASS_FIT
-    )
+    """Whether ``launcher.memory.policy`` holds the shipped functions."""
+    return policy._later_passes is SHIPPED_LATER and policy._pass_fit is SHIPPED_PASS_FIT
 
 
 def attempt_truth(case: Case, params: LaunchParams) -> AttemptTruth:
@@ -408,32 +367,31 @@ def attempt_truth(case: Case, params: LaunchParams) -> AttemptTruth:
 
 
 def oracle_decision(
-    case: Case, bounds: Bounds, history: Sequence[AttemptRecord]
+    case: Case, bounds: Bounds, history: Sequence[AttemptRecord], point: Point | None = None
 ) -> policy.Decision:
-    """``next_params`` with ``ORACLE`` told the case and each attempt's truth (read by the
-    oracle rows' patches; under the shipped priors it is the plain policy)."""
+    """``next_params`` with ``point``'s priors for ``case`` (the shipped ones by default) and
+    ``ORACLE`` told the case and each attempt's truth (read by the oracle-later seams)."""
     ORACLE.case = case
-    if ORACLE.step:
-        policy.DEFAULT_STEP_GIB = case.scenario.graph_overhead_gib
     ORACLE.attempts = {id(rec.numbers): attempt_truth(case, rec.params) for rec in history}
     try:
         s = case.scenario
+        priors = (point or SHIPPED).priors(case)
         return policy.next_params(
-            case.initial, bounds, history, tp=s.tp, sglang_version=s.sglang_version
+            case.initial, bounds, history, tp=s.tp, sglang_version=s.sglang_version,
+            priors=priors,
         )
     finally:
         ORACLE.case = None
         ORACLE.attempts = {}
 
 
-def _oracle_decide(
-    case: Case, bounds: Bounds, history: Sequence[AttemptRecord]
-) -> LaunchParams | None:
-    return oracle_decision(case, bounds, history).params
+def strategy_for(point: Point) -> Strategy:
+    """The ``policy`` strategy deciding with ``point``'s priors."""
 
+    def decide(case: Case, bounds: Bounds, history: Sequence[AttemptRecord]) -> LaunchParams | None:
+        return oracle_decision(case, bounds, history, point).params
 
-POLICY = Strategy("policy", policy_decide)
-ORACLE_POLICY = Strategy("policy", _oracle_decide)
+    return Strategy("policy", decide)
 
 
 # --- measuring -------------------------------------------------------------------------------
@@ -570,7 +528,7 @@ def load(name: str, seed: int, n: int, bounds: Bounds) -> Family:
 
 
 def measure(point: Point, fam: Family, bounds: Bounds) -> list[Scored]:
-    strategy = ORACLE_POLICY if point.oracle else POLICY
+    strategy = strategy_for(point)
     with patched(point):
         runs = [run(c, bounds, strategy) for c in fam.cases]
     return [fam.score(i, r, bounds) for i, r in enumerate(runs)]
@@ -790,7 +748,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     trails.setdefault((p.name, name), Counter()).update(extra_trails(scored))
             print(f"  seed {seed} {name}: {time.perf_counter() - t0:.1f} s", flush=True)
     if not is_shipped():
-        print("the shipped priors were not restored", file=sys.stderr)
+        print("the shipped policy functions were not restored", file=sys.stderr)
         return 3
     print("\n".join(report(wanted, names, seeds, results, trails, blind)))
     print(f"\n({time.perf_counter() - began:.1f} s)")

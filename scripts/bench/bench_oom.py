@@ -97,9 +97,10 @@ Where the generator may flatter the policy (read the family tables with this in 
   pool is exactly the target's token count times its cell (as SGLang sizes it), which the
   policy solves for with the fraction.
 - The policy's constants were not tuned to these draws, but its priors for what no log shows
-  yet (warmup after a capture OOM, ``default_warmup_gib``; passes not yet begun,
-  ``LATER_PASS_SHARE``) decide most of the attempts after a first failure: the warmup need is
-  drawn U(0.1, 3) GiB whatever the model, the draft graphs independently of the target's.
+  yet (warmup after a capture OOM, ``Priors.warmup_gib``; passes not yet begun,
+  ``Priors.draft_after_target_share``) decide most of the attempts after a first failure: the
+  warmup need is drawn U(0.1, 3) GiB whatever the model, the draft graphs independently of
+  the target's.
 - The truth used for "feasible" and "headroom" searches only the fraction and graph bs at the
   attempt's own request cap and env; it never credits the spec parameters (never changed, by
   design) nor Mamba knobs the policy does not touch.
@@ -136,7 +137,7 @@ figures (tensor-derived for ``llama-70b-sim``, ``tiny-1b-sim`` and the EAGLE dra
 A draw the simulated server refuses (argparse exit 2, ``ConfigFailure``) is skipped and counted.
 The first attempt's params are the command line's fraction, graph bs and request cap. Where it
 may flatter the policy: few models (eight configs), and the policy's priors were written beside
-the seeds' fitted figures (``LATER_PASS_SHARE["draft_after_target"]`` 0.25 is exactly
+the seeds' fitted figures (``Priors.draft_after_target_share`` 0.25 is exactly
 kimi-k2.5-eagle3-sim's draft/target per-token ratio, 0.005 / 0.02); the seed-fitted models
 carry one per-rank figure at every tp and GPU; and everything listed above for ``--families``
 (an exact log, deterministic memory). Where it may be harsh: the seed-fitted DeepSeek-V4 graph
@@ -161,7 +162,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from launcher.memory import policy  # its priors by attribute: bench_frontier rebinds them
 from launcher.memory.policy import AttemptRecord, Bounds, _Context, _learn, _pass_width, next_params
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
 from launcher.sglang.autoargs import capture_bs_list
@@ -1099,7 +1099,7 @@ def _wasted_cause(case: Case, r: Run, k: int, bounds: Bounds) -> tuple[str, tupl
                 true_c = s.spec.draft_graph_overhead_gib
             else:
                 true_c = s.graph_overhead_gib
-            guess = facts.c if facts.c is not None else policy.DEFAULT_STEP_GIB
+            guess = facts.c if facts.c is not None else ctx.priors.step_gib
             return f"a later capture step of {name} (GiB per graph)", (guess, true_c)
         if name not in seen:
             target = passes.get("target_verify") or passes.get("target_decode")
@@ -1110,19 +1110,19 @@ def _wasted_cause(case: Case, r: Run, k: int, bounds: Bounds) -> tuple[str, tupl
                 1e-9, target.allocations[0][1] - target.allocations[-1][1])
             last = earlier[-1].numbers
             if name.startswith("draft") and (last.graph_pass or "").startswith("target"):
-                guess = policy.LATER_PASS_SHARE["draft_after_target"]
+                guess = ctx.priors.draft_after_target_share
             elif name == GraphPass.DRAFT_EXTEND and last.graph_pass == GraphPass.DRAFT_DECODE:
                 guess = _pass_width(GraphPass.DRAFT_EXTEND, last, s.sglang_version) / _pass_width(
                     GraphPass.DRAFT_DECODE, last, s.sglang_version)
             else:
-                guess = policy.LATER_PASS_SHARE["same_model"]
+                guess = ctx.priors.same_model_share
             return (f"a pass not yet seen: {name} (first step / the target pass's)",
                     (guess, share))
         return f"the first step of a pass already seen ({name})", ()
     if rec.outcome is Outcome.OOM_RUNTIME:
         guess = facts.warmup
         if guess is None:
-            guess = policy.default_warmup_gib(facts.pre or 1.0)
+            guess = ctx.priors.warmup_gib(facts.pre or 1.0)
         return "warmup OOM after a capture OOM (GiB)", (guess, s.warmup_gib)
     return f"{rec.outcome.value} after an earlier failure", ()
 

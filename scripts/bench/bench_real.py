@@ -7,7 +7,8 @@ Usage::
 
 No processes, no GPU. Every case under ``tests/fixtures/real_startups/`` (read with
 ``tests/real_startups.py``; a case the loader rejects is skipped with its reason printed) is run
-through ``launcher.sglang.budget`` (``ModelFacts.from_config`` on its ``config.json`` and
+through ``launcher.sglang.modelfacts`` and ``launcher.memory.estimate``
+(``ModelFacts.from_config`` on its ``config.json`` and
 ``draft_config.json``, ``estimate(...)``, ``Estimate.at(mfs, bs)``, ``Estimate.graphs_gib``),
 and each component is set against what the log prints. SGLang's "GB" is GiB (``1 << 30``:
 ``get_available_gpu_memory`` returns ``free_gpu_memory / (1 << 30)``, sglang/srt/utils/common.py
@@ -86,21 +87,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from launcher.memory.estimate import Estimate, choose, estimate
+from launcher.memory.priors import DEFAULT_COEFFICIENTS, Coefficients
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import captured_sizes
-from launcher.sglang.budget import (
-    DEFAULT_COEFFICIENTS,
+from launcher.sglang.modelfacts import (
     GIB,
-    Coefficients,
-    Estimate,
     GpuFacts,
     ModelFacts,
     NoEstimate,
     ServerShape,
     SpecShape,
     WeightFacts,
-    choose,
-    estimate,
 )
 
 _TESTS = Path(__file__).resolve().parents[2] / "tests"
