@@ -6,6 +6,7 @@ reading the shipped sim model configs, which are real-format config.json files."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,11 @@ from launcher.memory.priors import (
     Coefficients,
 )
 from launcher.params import LaunchParams
-from launcher.sglang.autoargs import auto_cuda_graph_max_bs, prefill_graph_tokens
+from launcher.sglang.autoargs import (
+    auto_cuda_graph_max_bs,
+    default_attention_backend,
+    prefill_graph_tokens,
+)
 from launcher.sglang.modelfacts import (
     GIB,
     GpuFacts,
@@ -257,10 +262,11 @@ def test_prefill_bytes_per_token_shard_the_layer_not_the_residual() -> None:
     assert hidden.activations_gib() == pytest.approx(4096 * 2.5e-8 * 8192)
 
 
-def test_the_source_shaped_graph_prior_is_14_times_the_tensors_and_shrinks_with_tp() -> None:
-    """llama-70b-sim, 0.5.10, bs 8 (captures [1, 2, 4, 8]): 0.5 + 14 x bytes x 8 / GiB +
-    1.6e-7 x 8192 x 80 x 4; from tp 2 to tp 4 the per-token term loses only half of the
-    sharded bytes (86016 + 32000) / 2, while the hidden-only prior does not move."""
+def test_the_source_shaped_graph_prior_is_3_05_times_the_tensors_and_shrinks_with_tp() -> None:
+    """llama-70b-sim, 0.5.10, bs 8 (captures [1, 2, 4, 8]), a GPU of unknown name (FlashInfer's
+    0.57 GiB): 0.57 + 3.05 x bytes x 8 / GiB + 1.49e-7 x 8192 x 80 x 4; from tp 2 to tp 4 the
+    per-token term loses only half of the sharded bytes (86016 + 32000) / 2, while the
+    hidden-only prior does not move."""
     m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
 
     def graphs(tp: int, coeffs: Coefficients) -> float:
@@ -268,12 +274,13 @@ def test_the_source_shaped_graph_prior_is_14_times_the_tensors_and_shrinks_with_
         return estimate(m, w, gpus, ServerShape(tp=tp, sglang_version="0.5.10"),
                         coeffs=coeffs).graphs_gib(8)
 
+    per_graph = 1.49e-7 * 8192 * 80 * 4
     src = SOURCE_SHAPED_COEFFICIENTS
-    assert graphs(2, src) == pytest.approx(0.5 + 14 * 391_984 * 8 / GIB + 0.4194304)
-    assert graphs(2, src) - graphs(4, src) == pytest.approx(14 * 59_008 * 8 / GIB)
+    assert graphs(2, src) == pytest.approx(0.57 + 3.05 * 391_984 * 8 / GIB + per_graph)
+    assert graphs(2, src) - graphs(4, src) == pytest.approx(3.05 * 59_008 * 8 / GIB)
     assert graphs(2, DEFAULT_COEFFICIENTS) == pytest.approx(graphs(2, src))
     hidden = HIDDEN_ONLY_COEFFICIENTS
-    assert graphs(2, hidden) == pytest.approx(0.5 + 4e-6 * 8192 * 8 + 0.4194304)
+    assert graphs(2, hidden) == pytest.approx(0.57 + 4e-6 * 8192 * 8 + per_graph)
     assert graphs(2, hidden) == pytest.approx(graphs(4, hidden))
 
 
@@ -294,11 +301,12 @@ def test_graph_memory_grows_with_draft_tokens_and_is_capped_by_running_requests(
     m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
     c = Coefficients(graph_overhead_gib_per_layer_hidden=0.0, draft_graph_gib_per_token_hidden=0.0,
                      draft_graph_overhead_gib=0.0, prefill_graph_gib_per_shape=0.0,
-                     graph_fixed_gib=0.0)
+                     graph_fixed_gib=0.0, graph_fixed_fa3_gib=0.0,
+                     graph_fixed_flashinfer_gib=0.0)
     plain = estimate(m, w, h100s(2), ServerShape(tp=2), coeffs=c)
     spec = estimate(m, w, h100s(2), ServerShape(tp=2, spec=SpecShape("EAGLE", 3, 1, 4)),
                     draft=facts("llama-70b-sim"), draft_weights=WeightFacts(GIB), coeffs=c)
-    per_token = 14 * 391_984 / GIB  # the source-shaped prior at tp 2 (hand-computed above)
+    per_token = 3.05 * 391_984 / GIB  # the source-shaped prior at tp 2 (hand-computed above)
     assert plain.graphs_gib(256) == pytest.approx(per_token * 256)
     assert spec.graphs_gib(256) == pytest.approx(per_token * 48 * 4)
 
@@ -308,19 +316,22 @@ def test_draft_decode_graphs_hold_one_steps_activations_whatever_the_steps() -> 
     graph (eagle_worker.draft_forward), so its pool holds one step's activations: more steps
     add nothing, a wider topk adds per token. Hand-computed with only the draft's per-token
     term on (g = 1e-6 GiB per token per unit of hidden, 8192 wide, no per-graph cost), bs 48
-    (the spec cap), 4 draft tokens:
+    (the spec cap), 4 draft tokens, 0.5.23 (draft extend runs the whole tree, 4 per request):
     - steps 2 and steps 5, topk 1: draft decode 48 x 1 x g + draft extend 48 x 4 x g, equal;
     - topk 2 (steps 3, 4 draft tokens): draft decode 48 x 2 x g, one 48 x g more than topk 1.
+    0.5.10 captures draft extend at steps + 1 per request (DRAFT_EXTEND_FULL_WIDTH_FROM):
+    steps 2 gives 48 x g + 48 x 3 x g, steps 5 48 x g + 48 x 6 x g.
     """
     m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
     g = 1e-6 * 8192
     c = Coefficients(graph_gib_per_token_hidden=0.0, graph_bytes_scale=0.0,
                      graph_overhead_gib_per_layer_hidden=0.0, draft_graph_gib_per_token_hidden=1e-6,
                      draft_graph_overhead_gib=0.0, prefill_graph_gib_per_shape=0.0,
-                     graph_fixed_gib=0.0)
+                     graph_fixed_gib=0.0, graph_fixed_fa3_gib=0.0,
+                     graph_fixed_flashinfer_gib=0.0)
 
-    def graphs(spec: SpecShape) -> float:
-        e = estimate(m, w, h100s(2), ServerShape(tp=2, sglang_version="0.5.10", spec=spec),
+    def graphs(spec: SpecShape, version: str = "0.5.23") -> float:
+        e = estimate(m, w, h100s(2), ServerShape(tp=2, sglang_version=version, spec=spec),
                      draft=facts("llama-70b-sim"), draft_weights=WeightFacts(GIB), coeffs=c)
         return e.graphs_gib(256)
 
@@ -329,22 +340,78 @@ def test_draft_decode_graphs_hold_one_steps_activations_whatever_the_steps() -> 
     assert five == pytest.approx(two)
     wide = graphs(SpecShape("EAGLE", 3, 2, 4))
     assert wide == pytest.approx(two + 48 * g)
+    assert graphs(SpecShape("EAGLE", 2, 1, 4), "0.5.10") == pytest.approx(48 * g + 48 * 3 * g)
+    assert graphs(SpecShape("EAGLE", 5, 1, 4), "0.5.10") == pytest.approx(48 * g + 48 * 6 * g)
 
 
-def test_graph_memory_has_sglangs_fixed_half_gib_once_per_capture() -> None:
-    """The cold prior counts SGLang's 512 MiB ``reserved_mem`` base (attention-backend buffers
-    allocated after the KV pool) once, whatever the bs. Hand-computed: llama-70b-sim (hidden
-    8192, 80 layers, 391,984 tensor bytes per captured token at tp 2), tp 2, 0.5.10, bs 8
-    captures [1, 2, 4, 8]: 0.5 + 14 x 391,984 x 8 / GiB + 1.6e-7 x 8192 x 80 x 4."""
+def test_graph_memory_has_the_attention_backends_fixed_part_once_per_capture() -> None:
+    """The attention backend's buffers, allocated after the KV pool, counted once whatever the
+    bs, by the backend SGLang picks (the real start-ups: FA3 0.10 GiB, FlashInfer 0.57 GiB,
+    docs/memory.md). Hand-computed: llama-70b-sim (LlamaForCausalLM, hidden 8192, 80 layers,
+    391,984 tensor bytes per captured token at tp 2), tp 2, 0.5.10, bs 8 captures [1, 2, 4, 8]:
+    fixed + 3.05 x 391,984 x 8 / GiB + 1.49e-7 x 8192 x 80 x 4; on an H100 SGLang picks FA3,
+    on a GPU of unknown name the estimate takes FlashInfer's; with graphs disabled the buffers
+    are still there."""
     m, w = facts("llama-70b-sim"), weights("llama-70b-sim")
-    e = estimate(m, w, h100s(2), ServerShape(tp=2, sglang_version="0.5.10"))
-    assert e.graphs_gib(8) == pytest.approx(0.5 + 14 * 391_984 * 8 / GIB + 0.4194304)
-    without = estimate(m, w, h100s(2), ServerShape(tp=2, sglang_version="0.5.10"),
-                       coeffs=Coefficients(graph_fixed_gib=0.0))
+    rest = 3.05 * 391_984 * 8 / GIB + 1.49e-7 * 8192 * 80 * 4
+    named = [GpuFacts(i, 79.19, 0.0, "NVIDIA H100 80GB HBM3") for i in range(2)]
+    shape = ServerShape(tp=2, sglang_version="0.5.10")
+    h100 = estimate(m, w, named, shape)
+    assert h100.attention_backend == "fa3"
+    assert h100.graphs_gib(8) == pytest.approx(0.10 + rest)
+    e = estimate(m, w, h100s(2), shape)
+    assert e.attention_backend == "flashinfer"
+    assert e.graphs_gib(8) == pytest.approx(0.57 + rest)
+    without = estimate(m, w, h100s(2), shape, coeffs=Coefficients(graph_fixed_flashinfer_gib=0.0))
     for bs in (1, 8, 64, 256):
-        assert e.graphs_gib(bs) - without.graphs_gib(bs) == pytest.approx(0.5)
-    off = estimate(m, w, h100s(2), ServerShape(tp=2, disable_cuda_graph=True))
-    assert off.graphs_gib(64) == 0.0
+        assert e.graphs_gib(bs) - without.graphs_gib(bs) == pytest.approx(0.57)
+    off = estimate(m, w, named, replace(shape, disable_cuda_graph=True))
+    assert off.graphs_gib(8) == pytest.approx(0.10)
+    # --attention-backend wins over SGLang's choice
+    assert estimate(m, w, named, replace(shape, attention_backend="flashinfer")).graphs_gib(
+        8) == pytest.approx(0.57 + rest)
+
+
+def test_flashinfer_gets_its_wider_workspace_for_qwen2() -> None:
+    """flashinfer_backend.py:421-431 (0.5.23): 512 MiB of workspace instead of 384 for
+    Qwen2ForCausalLM and kin, so 128 MiB more of fixed buffers."""
+    q = replace(facts("llama-70b-sim"), arch="Qwen2ForCausalLM")
+    w = weights("llama-70b-sim")
+    shape = ServerShape(tp=2, sglang_version="0.5.10", attention_backend="flashinfer")
+    llama = estimate(facts("llama-70b-sim"), w, h100s(2), shape)
+    assert estimate(q, w, h100s(2), shape).graphs_gib(8) - llama.graphs_gib(8) == pytest.approx(
+        0.125)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "version", "mla", "arch", "topk", "backend"),
+    [
+        # docs-llama31-8b-h100-tp1-mf0874-bs4-20250812: "Use fa3 backend by default"
+        ("NVIDIA H100 80GB HBM3", "0.5.23", False, "LlamaForCausalLM", None, "fa3"),
+        # docs-eagle3-llama31-8b-h100-tp1-mf06-bs4-20250811: topk 8, "Use flashinfer"
+        ("NVIDIA H100 80GB HBM3", "0.5.23", False, "LlamaForCausalLM", 8, "flashinfer"),
+        ("NVIDIA H200", "0.5.23", False, "LlamaForCausalLM", 1, "fa3"),
+        # docs-qwen25-vl-7b-h100-tp1-mf0784-bs4-20250902: not on 0.5.6's FA3 list
+        ("NVIDIA H100 80GB HBM3", "0.5.6", False, "Qwen2_5_VLForConditionalGeneration", None,
+         "flashinfer"),
+        ("NVIDIA H100 80GB HBM3", "0.5.10", False, "Qwen2_5_VLForConditionalGeneration", None,
+         "fa3"),
+        ("NVIDIA H100 80GB HBM3", "0.5.23", True, "DeepseekV3ForCausalLM", None, "fa3"),
+        ("NVIDIA B200", "0.5.23", False, "LlamaForCausalLM", None, "trtllm_mha"),
+        ("NVIDIA B200", "0.5.6", False, "LlamaForCausalLM", None, "flashinfer"),
+        ("NVIDIA B200", "0.5.23", True, "DeepseekV3ForCausalLM", None, "flashinfer"),
+        ("NVIDIA A100-SXM4-80GB", "0.5.23", False, "LlamaForCausalLM", None, "flashinfer"),
+        ("NVIDIA A100-SXM4-80GB", "0.5.23", True, "DeepseekV3ForCausalLM", None, "triton"),
+        ("AMD Instinct MI300X", "0.5.23", False, "LlamaForCausalLM", None, "aiter"),
+        ("", "0.5.23", False, "LlamaForCausalLM", None, "flashinfer"),
+    ],
+)
+def test_the_default_attention_backend_is_sglangs_choice(
+    gpu: str, version: str, mla: bool, arch: str, topk: int | None, backend: str
+) -> None:
+    """arg_groups/model_override_base.py:277-350 ``get_default_attn_backend`` (0.5.23), 0.5.6
+    server_args.py:1294-1302 with ``is_fa3_default_architecture``."""
+    assert default_attention_backend(gpu, version, mla=mla, arch=arch, spec_topk=topk) == backend
 
 
 def test_moe_layers_add_fused_moe_caches_per_routed_token() -> None:

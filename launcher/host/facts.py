@@ -260,6 +260,7 @@ def server_shape(server: ServerConfig, version: str, params: LaunchParams,
         overlap="--disable-overlap-schedule" not in f and not params.disable_overlap_schedule,
         mamba_full_memory_ratio=params.mamba_full_memory_ratio or 0.9,
         disable_cuda_graph="--disable-cuda-graph" in f,
+        attention_backend=f.get("--attention-backend") or None,
     )
     return shape, draft_path
 

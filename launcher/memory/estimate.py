@@ -54,12 +54,15 @@ from dataclasses import dataclass, replace
 from launcher.memory.priors import DEFAULT_COEFFICIENTS, Coefficients
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import (
+    FLASHINFER_FAMILY,
     SPEC_DEFAULT_MAX_RUNNING_REQUESTS,
     auto_chunked_prefill_size,
     auto_cuda_graph_max_bs,
     auto_mem_fraction_static,
     capture_bs_list,
     captured_sizes,
+    default_attention_backend,
+    flashinfer_workspace_bytes,
     prefill_graph_tokens,
 )
 from launcher.sglang.modelfacts import (
@@ -75,7 +78,12 @@ from launcher.sglang.modelfacts import (
     mamba_slot_ratio,
 )
 from launcher.sglang.outcome import Numbers
-from launcher.sglang.versions import AUTO_TABLE_2_FROM, ONE_STATIC_BUDGET_FROM, at_least
+from launcher.sglang.versions import (
+    AUTO_TABLE_2_FROM,
+    DRAFT_EXTEND_FULL_WIDTH_FROM,
+    ONE_STATIC_BUDGET_FROM,
+    at_least,
+)
 
 __all__ = [
     "DEFAULT_MARGIN",
@@ -224,11 +232,36 @@ class Estimate:
             return s.max_running_requests or SPEC_DEFAULT_MAX_RUNNING_REQUESTS
         return s.max_running_requests
 
+    @property
+    def attention_backend(self) -> str:
+        """``--attention-backend``, else the one SGLang picks for this model, GPU and version
+        (:func:`launcher.sglang.autoargs.default_attention_backend`)."""
+        s = self.shape
+        if s.attention_backend:
+            return s.attention_backend
+        name = self.gpus[0].name if self.gpus else ""
+        return default_attention_backend(
+            name, s.sglang_version, mla=self.model.mla, arch=self.model.arch,
+            spec_topk=s.spec.topk if s.spec is not None else None)
+
+    def graph_fixed_gib(self) -> float:
+        """The attention backend's buffers, allocated after the KV pool whether graphs are
+        captured or not (:meth:`Coefficients.graph_fixed`; FlashInfer's wider workspace for the
+        architectures that get one, :func:`launcher.sglang.autoargs.flashinfer_workspace_bytes`).
+        """
+        backend = self.attention_backend
+        fixed = self.coeffs.graph_fixed(backend)
+        if backend in FLASHINFER_FAMILY:
+            fixed += (flashinfer_workspace_bytes(self.model.arch)
+                      - flashinfer_workspace_bytes("")) / GIB
+        return fixed
+
     def graphs_gib(self, bs: int) -> float:
-        """CUDA-graph memory per rank for decode graph max ``bs`` (all capture passes)."""
+        """CUDA-graph memory per rank for decode graph max ``bs`` (all capture passes, and the
+        attention backend's buffers; with graphs disabled the buffers alone)."""
         s, m, c = self.shape, self.model, self.coeffs
         if s.disable_cuda_graph:
-            return 0.0
+            return self.graph_fixed_gib() * c.graphs_scale
         spec = s.spec
         sizes = captured_sizes(bs, spec=spec is not None, cap=self.request_cap())
         top = sizes[-1]
@@ -236,7 +269,7 @@ class Estimate:
         tokens = top * per_req
         per_token = (c.graph_gib_per_token_hidden * m.hidden_size
                      + c.graph_bytes_scale * m.graph_bytes_per_token(s.tp) / GIB)
-        total = c.graph_fixed_gib + per_token * tokens
+        total = self.graph_fixed_gib() + per_token * tokens
         total += tokens * m.moe_bytes_per_token(s.tp) / GIB  # fused_moe caches of the top graph
         total += c.graph_overhead_gib_per_layer_hidden * m.hidden_size * m.num_layers * len(sizes)
         if at_least(s.sglang_version, AUTO_TABLE_2_FROM):
@@ -254,7 +287,12 @@ class Estimate:
                 # activations (eagle_worker.draft_forward, 0.5.10 l.652-700; 0.5.23
                 # eagle_worker_v2.py l.808-850; scripts/bench/README.md "round draftstep").
                 total += g * top * spec.topk + per_graph
-            total += g * top * spec.num_draft_tokens + per_graph  # draft extend
+            # Draft extend: the whole tree per request from 0.5.23, steps + 1 before
+            # (DRAFT_EXTEND_FULL_WIDTH_FROM).
+            width = (spec.num_draft_tokens if at_least(s.sglang_version,
+                                                        DRAFT_EXTEND_FULL_WIDTH_FROM)
+                     else spec.num_steps + 1)
+            total += g * top * width + per_graph
             if at_least(s.sglang_version, ONE_STATIC_BUDGET_FROM):
                 total += c.prefill_graph_gib_per_shape * len(self.prefill_shapes())
         return total * c.graphs_scale

@@ -51,21 +51,34 @@ class Coefficients:
     :data:`HIDDEN_ONLY_COEFFICIENTS` is the earlier hidden-only prior (docs/memory.md)."""
 
     context_gib: float = _prior(
-        1.0, "CUDA context + NCCL buffers before weights at tp 1: nvidia-smi total minus "
-        "'Load weight begin. avail mem' of the real start-ups (docs/memory.md)")
+        1.07, "CUDA context + NCCL buffers before weights at tp 1: median of nvidia-smi's "
+        "total minus 'Load weight begin. avail mem' over the 27 fit-half real start-ups with a "
+        "gap < 3 GiB (scripts/bench/bench_real.py; docs/memory.md lists the case ids)")
     context_gib_per_extra_rank: float = _prior(0.1, "NCCL buffers per extra rank (guess)")
     graph_gib_per_token_hidden: float = _prior(
         0.0, "hidden-only per-token term, 0 in the default (HIDDEN_ONLY_COEFFICIENTS: 4e-6)")
     graph_bytes_scale: float = _prior(
-        14.0, "times ModelFacts.graph_bytes_per_token: keeps the hidden-only prior's level for "
-        "Qwen2.5-7B (0.93 GB at bs 160, tests/fixtures/real_logs/gh11949_warmup_403_proxy.log)")
+        3.05, "times ModelFacts.graph_bytes_per_token: non-negative least squares (relative "
+        "residuals) with the per-graph term on the 11 fit-half decode/verify capture passes "
+        "(bs 4 docs start-ups and gh11830's bs 512 B200 capture; docs/memory.md)")
     graph_overhead_gib_per_layer_hidden: float = _prior(
-        1.6e-7, "per captured graph per unit of hidden x layers (guess)")
+        1.49e-7, "per captured graph per unit of hidden x layers: the same fit")
     graph_fixed_gib: float = _prior(
-        0.5, "SGLang's reserved_mem = 512 MiB of attention-backend meta data "
-        "(server_args.py, 0.5.10 and 0.5.23)")
-    draft_graph_gib_per_token_hidden: float = _prior(1e-6, "draft graphs per token (guess)")
-    draft_graph_overhead_gib: float = _prior(0.01, "draft graphs per graph (guess)")
+        0.5, "backends without a fitted figure (triton, aiter, ...): SGLang's reserved_mem = "
+        "512 MiB of attention-backend meta data (server_args.py, 0.5.10 and 0.5.23)")
+    graph_fixed_fa3_gib: float = _prior(
+        0.10, "FA3: 'Memory pool end' avail - first 'Capture cuda graph begin' avail, median of "
+        "the 4 fit-half FA3 start-ups (docs/memory.md lists the case ids)")
+    graph_fixed_flashinfer_gib: float = _prior(
+        0.57, "FlashInfer (and trtllm_mha, its subclass) with its 384 MiB workspace: the same "
+        "figure, median of the 7 fit-half FlashInfer start-ups (docs/memory.md)")
+    draft_graph_gib_per_token_hidden: float = _prior(
+        1e-6, "draft graphs per token per unit of hidden (guess, kept: every real draft capture "
+        "is at bs <= 4, where it cannot be told from the per-graph term)")
+    draft_graph_overhead_gib: float = _prior(
+        0.0, "draft graphs per graph: least squares (relative residuals, >= 0) on the 8 "
+        "fit-half EAGLE draft/draft-extend passes beside the per-token guess gives 0 "
+        "(docs/memory.md)")
     prefill_graph_gib_per_shape: float = _prior(
         8 / 1024, "memory_hook.reserve_for_graph_mb: 8 MiB per prefill shape (0.5.23)")
     mla_prefill_graph_gib: float = _prior(
@@ -81,6 +94,15 @@ class Coefficients:
 
     def context(self, tp: int) -> float:
         return self.context_gib + self.context_gib_per_extra_rank * max(0, tp - 1)
+
+    def graph_fixed(self, backend: str) -> float:
+        """GiB allocated after the KV pool and before capture for ``backend`` (its buffers,
+        allocated even with CUDA graphs disabled)."""
+        if backend == "fa3":
+            return self.graph_fixed_fa3_gib
+        if backend in ("flashinfer", "trtllm_mha"):
+            return self.graph_fixed_flashinfer_gib
+        return self.graph_fixed_gib
 
 
 DEFAULT_COEFFICIENTS = Coefficients()

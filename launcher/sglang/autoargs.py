@@ -8,15 +8,24 @@ start-up does from these, and the policy assumes them for a param it was not tol
 
 from __future__ import annotations
 
-from launcher.sglang.versions import AUTO_TABLE_2_FROM, ONE_STATIC_BUDGET_FROM, at_least
+from launcher.sglang.versions import (
+    AUTO_TABLE_2_FROM,
+    FA3_ANY_MHA_FROM,
+    ONE_STATIC_BUDGET_FROM,
+    at_least,
+)
 
 __all__ = [
+    "FLASHINFER_FAMILY",
     "SPEC_DEFAULT_MAX_RUNNING_REQUESTS",
     "auto_chunked_prefill_size",
     "auto_cuda_graph_max_bs",
     "auto_mem_fraction_static",
     "capture_bs_list",
     "captured_sizes",
+    "default_attention_backend",
+    "flashinfer_workspace_bytes",
+    "gpu_family",
     "prefill_graph_tokens",
 ]
 
@@ -143,3 +152,82 @@ def prefill_graph_tokens(max_tokens: int) -> list[int]:
 
 # Speculative decoding sets --max-running-requests to 48 unless given.
 SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48
+
+
+# --- the attention backend ------------------------------------------------------------------
+
+# 0.5.6 utils/common.py:2758-2775 ``is_fa3_default_architecture``: the MHA architectures that
+# got FA3 by default on Hopper before every MHA model did (``FA3_ANY_MHA_FROM``).
+FA3_DEFAULT_ARCHS = frozenset({
+    "Qwen2ForCausalLM", "Llama4ForConditionalGeneration", "LlamaForCausalLM", "Olmo2ForCausalLM",
+    "Gemma2ForCausalLM", "Gemma3ForConditionalGeneration", "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "Glm4vMoeForConditionalGeneration",
+    "Step3VLForConditionalGeneration",
+})
+# Backends built on FlashInfer's workspace: trtllm_mha is a subclass of FlashInferAttnBackend
+# (0.5.23 layers/attention/trtllm_mha_backend.py:176).
+FLASHINFER_FAMILY = frozenset({"flashinfer", "trtllm_mha"})
+# FlashInfer's workspace (0.5.23 environ.py:1221 ``SGLANG_FLASHINFER_WORKSPACE_SIZE`` 384 MiB);
+# 512 MiB for these architectures (layers/attention/flashinfer_backend.py:421-431).
+_FLASHINFER_WORKSPACE = 384 << 20
+_FLASHINFER_WIDE_WORKSPACE = 512 << 20
+_WIDE_WORKSPACE_ARCHS = frozenset({
+    "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MiMoForCausalLM", "Qwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration",
+})
+
+
+def gpu_family(name: str) -> str:
+    """The GPU family SGLang's backend choice tells apart, from nvidia-smi's name: ``hopper``
+    (compute capability 9: H100, H200, H800, H20, GH200), ``sm100`` (B200, B300, GB200,
+    GB300), ``hip`` (AMD Instinct), ``cuda`` (any other NVIDIA GPU), ``unknown`` (no name)."""
+    n = name.upper()
+    if not n.strip():
+        return "unknown"
+    if "AMD" in n or "INSTINCT" in n or " MI2" in n or " MI3" in n or n.startswith("MI"):
+        return "hip"
+    words = n.replace("-", " ").split()
+    if any(w in ("H100", "H200", "H800", "H20", "GH200") for w in words):
+        return "hopper"
+    if any(w in ("B200", "B300", "GB200", "GB300", "B100") for w in words):
+        return "sm100"
+    return "cuda"
+
+
+def default_attention_backend(
+    gpu_name: str,
+    version: str,
+    *,
+    mla: bool = False,
+    arch: str = "",
+    spec_topk: int | None = None,
+) -> str:
+    """The attention backend SGLang picks when ``--attention-backend`` is unset (0.5.23
+    arg_groups/model_override_base.py:277-350 ``get_default_attn_backend``, logged by
+    arg_groups/overrides.py:1126-1139 "Attention backend not specified. Use ... by default.").
+
+    MHA: ``fa3`` on Hopper unless speculative decoding runs with topk > 1
+    (utils/common.py:3960 ``is_no_spec_infer_or_topk_one``; before ``FA3_ANY_MHA_FROM`` only for
+    ``FA3_DEFAULT_ARCHS``); ``trtllm_mha`` on SM100 (same condition; FlashInfer before
+    ``FA3_ANY_MHA_FROM``); ``aiter`` on AMD; else ``flashinfer``. MLA: ``fa3`` on Hopper,
+    ``flashinfer`` on SM100, else ``triton`` (``aiter`` on AMD for 16 or 128 heads: read as
+    ``aiter``). An unknown GPU reads as ``flashinfer``, the backend with the larger buffers."""
+    family = gpu_family(gpu_name)
+    topk_one = spec_topk is None or spec_topk == 1
+    if mla:
+        return {"hopper": "fa3", "sm100": "flashinfer", "hip": "aiter",
+                "unknown": "flashinfer"}.get(family, "triton")
+    if family == "hopper" and topk_one and (at_least(version, FA3_ANY_MHA_FROM)
+                                             or arch in FA3_DEFAULT_ARCHS):
+        return "fa3"
+    if family == "sm100" and topk_one and at_least(version, FA3_ANY_MHA_FROM):
+        return "trtllm_mha"
+    if family == "hip":
+        return "aiter"
+    return "flashinfer"
+
+
+def flashinfer_workspace_bytes(arch: str) -> int:
+    """FlashInfer's workspace buffer for a model architecture (384 MiB; 512 MiB for Qwen2/
+    Qwen3/MiMo/Qwen3-VL: layers/attention/flashinfer_backend.py:421-431, 0.5.23)."""
+    return _FLASHINFER_WIDE_WORKSPACE if arch in _WIDE_WORKSPACE_ARCHS else _FLASHINFER_WORKSPACE

@@ -482,6 +482,7 @@ class ServerShape:
     mamba_full_memory_ratio: float = 0.9
     disable_cuda_graph: bool = False
     min_kv_tokens: int = DEFAULT_MIN_KV_TOKENS
+    attention_backend: str | None = None  # --attention-backend; None: SGLang's default
 
 
 

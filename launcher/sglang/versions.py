@@ -16,6 +16,7 @@ __all__ = [
     "DRAFT_EXTEND_FULL_WIDTH_FROM",
     "DRAFT_EXTEND_SWITCH_FROM",
     "DRAFT_KV_INDICES_TOPK_FROM",
+    "FA3_ANY_MHA_FROM",
     "GATED_LAUNCH_FROM",
     "MAMBA_RADIX_SPELLING_FROM",
     "ONE_STATIC_BUDGET_FROM",
@@ -63,6 +64,13 @@ GATED_LAUNCH_FROM: Version = (0, 5, 23)
 # --mem-fraction-static (kv_cache_configurator.py); graphs are captured in passes, target
 # prefill first; the auto fraction no longer reserves extra memory for speculative decoding.
 ONE_STATIC_BUDGET_FROM: Version = (0, 5, 23)
+# The default attention backend for an MHA model on Hopper is FA3 whatever the architecture,
+# and trtllm_mha on SM100 (0.5.10 server_args.py:2217-2275 ``_get_default_attn_backend``;
+# 0.5.23 arg_groups/model_override_base.py:277-350 ``get_default_attn_backend``). 0.5.6 gives
+# FA3 only to the architectures of utils/common.py:2758-2775 ``is_fa3_default_architecture``
+# (server_args.py:1294-1302) and FlashInfer on SM100; the release in between that changed it
+# is not pinned, so 0.5.7-0.5.9 are read as 0.5.10.
+FA3_ANY_MHA_FROM: Version = (0, 5, 7)
 # A KV pool <= 0 error states the minimum viable fraction ("minimum viable = ...").
 STATED_MINIMUM_FROM: Version = (0, 5, 23)
 

@@ -43,9 +43,11 @@ component's error does not leak into the next:
   reads it).
 
 Errors are |estimate - log| / log; the summary gives medians over the cases that have the
-component. The first summary line, ``real: weights median err X% · kv tokens Y% · graphs Z% ·
-n=N`` (X/Y/Z "-" when no case has the component), is launcher's priors
-(``DEFAULT_COEFFICIENTS``) on every case; the line before it counts the skipped components.
+component. The last line, ``real: weights median err X% · kv tokens Y% · graphs Z% · n=N ·
+held-out graphs B% before the refit, A% after`` (X/Y/Z "-" when no case has the component), is
+launcher's priors (``DEFAULT_COEFFICIENTS``) on every case, then the held-out half's graph error
+under the priors before they were refitted to these cases (``BEFORE_REFIT``) and under
+launcher's; the line before it counts the skipped components.
 
 **Fit / held-out split.** A case is in the *fit* half when the last hex digit of
 ``sha256(case id)`` is even, else *held out* (:func:`split`): stable as cases are added, and
@@ -54,13 +56,19 @@ independent of the case's figures. On the fit half the script fits, by stated ru
 
 - ``context_gib``: median of total - free at load begin, over cases where that is < 3 GiB (a
   larger gap means another process held the GPU: the docs CI ran notebooks side by side).
-- ``graph_fixed_gib``: median of ``Memory pool end`` avail - the target's first ``Capture ...
-  begin`` avail (what is allocated between the KV pool and the capture).
+- the fixed part per attention backend (``graph_fixed_fa3_gib``, ``graph_fixed_flashinfer_gib``,
+  ``graph_fixed_gib`` for the rest; the backend is the estimator's own choice,
+  ``Estimate.attention_backend``, checked against the log's "Use X backend by default"): median of
+  ``Memory pool end`` avail - the target's first ``Capture ... begin`` avail (what is allocated
+  between the KV pool and the capture), less FlashInfer's wider workspace for the architectures
+  that get one.
 - ``graph_bytes_scale`` (per captured token, x ``ModelFacts.graph_bytes_per_token``) and
   ``graph_overhead_gib_per_layer_hidden`` (per graph): non-negative least squares on the decode
-  passes' ``mem usage``.
-- ``draft_graph_gib_per_token_hidden`` and ``draft_graph_overhead_gib``: the same on the draft
-  and draft-extend passes (passes printed < 0, free memory that rose during capture, left out).
+  passes' ``mem usage``, each residual relative to its pass (one bs-512 capture would otherwise
+  outweigh every bs-4 one); three significant figures.
+- ``draft_graph_overhead_gib``: the same on the draft and draft-extend passes (passes printed
+  < 0, free memory that rose during capture, left out), with ``draft_graph_gib_per_token_hidden``
+  kept: every draft capture in the cases is at bs <= 4, where the two cannot be told apart.
 - warmup (``warmup_bytes_scale``): not fitted, no log prints the warmup's peak.
 
 It prints the fitted values beside launcher's, the summary on the fit half and on the held-out
@@ -79,6 +87,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import re
 import statistics
 import sys
 import tomllib
@@ -111,6 +120,13 @@ from real_startups import Case, CaseError, case_dirs, load_case  # noqa: E402
 # held part of the GPU (the docs CI ran notebooks side by side from ~2025-03 to ~2025-08).
 SHARED_GPU_GAP_GIB = 3.0
 SUMMARY_PREFIX = "real"
+# launcher's priors before they were refitted to these cases (one fixed part for every backend,
+# the per-token scale that kept the hidden-only level): the "before" of the held-out figure.
+BEFORE_REFIT = Coefficients(
+    context_gib=1.0, graph_fixed_gib=0.5, graph_fixed_fa3_gib=0.5, graph_fixed_flashinfer_gib=0.5,
+    graph_bytes_scale=14.0, graph_overhead_gib_per_layer_hidden=1.6e-7,
+    draft_graph_gib_per_token_hidden=1e-6, draft_graph_overhead_gib=0.01,
+)
 
 
 def split(case_id: str) -> str:
@@ -209,6 +225,7 @@ def shape_of(case: Case, flags: dict[str, Any]) -> ServerShape:
         chunked_prefill_size=fl.chunked_prefill_size or None,
         max_running_requests=fl.max_running_requests or None,
         spec=spec, disable_cuda_graph=fl.disable_cuda_graph,
+        attention_backend=case.attention_backend or None,
     )
 
 
@@ -223,7 +240,7 @@ def graph_parts(e: Estimate, bs: int) -> dict[str, float]:
     no_draft = replace(e, coeffs=no_draft_c).graphs_gib(bs)
     no_prefill = replace(e, coeffs=replace(no_draft_c, prefill_graph_gib_per_shape=0.0,
                                             mla_prefill_graph_gib=0.0)).graphs_gib(bs)
-    fixed = c.graph_fixed_gib * c.graphs_scale if total else 0.0
+    fixed = e.graph_fixed_gib() * c.graphs_scale if total else 0.0
     parts = {"fixed": fixed, "prefill": no_draft - no_prefill,
              "decode": no_prefill - fixed}
     spec = e.shape.spec
@@ -412,17 +429,45 @@ def _nnls2(xs: Sequence[tuple[float, float]], ys: Sequence[float]) -> tuple[floa
     return min(((a_only, 0.0), (0.0, b_only)), key=lambda ab: sse(*ab))
 
 
+# The fixed part is fitted per attention backend: FA3's buffers are ~0.1 GiB, FlashInfer's
+# workspace alone 384 MiB (docs/memory.md); the other backends share one field.
+FIXED_FIELD = {"fa3": "graph_fixed_fa3_gib", "flashinfer": "graph_fixed_flashinfer_gib",
+               "other": "graph_fixed_gib"}
+
+
+def _fixed_key(backend: str) -> str:
+    if backend == "fa3":
+        return "fa3"
+    return "flashinfer" if backend in ("flashinfer", "trtllm_mha") else "other"
+
+
+def log_backend(case: Case) -> str | None:
+    """The attention backend the log shows: SGLang's "Use X backend by default" line, else
+    the server_args dump's (``case.attention_backend``), else None."""
+    m = re.search(r"Use (\w+) backend by default", (case.path / "log.txt").read_text(
+        encoding="utf-8", errors="replace"))
+    return m.group(1) if m else (case.attention_backend or None)
+
+
+def _sig(v: float) -> float:
+    """Three significant figures: the fitted values are stated to this precision (and a sum's
+    last bits do not depend on the order of the cases)."""
+    return float(f"{v:.3g}")
+
+
 @dataclass(frozen=True)
 class Fit:
     coeffs: Coefficients
     n: dict[str, int]
+    ids: dict[str, list[str]] = field(default_factory=dict)  # the cases behind each field
 
 
 def fit(cases: Sequence[Case], base: Coefficients = DEFAULT_COEFFICIENTS) -> Fit:
     """The coefficients the cases support, by the rules in the module docstring; a coefficient
     without data keeps ``base``'s value."""
     ctx: list[float] = []
-    fixed: list[float] = []
+    fixed: dict[str, list[float]] = {}
+    ids: dict[str, list[str]] = {}
     dec_x: list[tuple[float, float]] = []
     dec_y: list[float] = []
     dr_x: list[tuple[float, float]] = []
@@ -435,13 +480,16 @@ def fit(cases: Sequence[Case], base: Coefficients = DEFAULT_COEFFICIENTS) -> Fit
             continue
         if row.context_log is not None and row.context_log < SHARED_GPU_GAP_GIB:
             ctx.append(row.context_log)
+            ids.setdefault("context_gib", []).append(case.id)
         passes = log_passes(case)
         target = [p for p in passes if not _is_draft(p[0])]
         pool_end = _opt(f.get("memory_pool_end_avail_gb"))
         if not target or pool_end is None or target[0][1] is None:
             continue
-        fixed.append(pool_end - target[0][1])
         e = row_estimate(case, base)
+        ids.setdefault(FIXED_FIELD[_fixed_key(e.attention_backend)], []).append(case.id)
+        fixed.setdefault(_fixed_key(e.attention_backend), []).append(
+            pool_end - target[0][1] - (e.graph_fixed_gib() - base.graph_fixed(e.attention_backend)))
         model, spec = e.model, e.shape.spec
         sizes = captured_sizes(row.bs, spec=spec is not None, cap=e.request_cap())
         top = sizes[-1]
@@ -455,27 +503,39 @@ def fit(cases: Sequence[Case], base: Coefficients = DEFAULT_COEFFICIENTS) -> Fit
             if key == "decode":
                 dec_x.append((per_token_gib * top * per_req, graph_unit))
                 dec_y.append(usage)
+                ids.setdefault("graph_bytes_scale", []).append(case.id)
             elif spec is not None and key in ("draft", "draft_extend"):
                 width = spec.topk if key == "draft" else spec.num_draft_tokens
                 dr_x.append((model.hidden_size * top * width, len(sizes)))
                 dr_y.append(usage)
+                ids.setdefault("draft_graph_overhead_gib", []).append(case.id)
     c = base
-    n = {"context": len(ctx), "fixed": len(fixed), "decode passes": len(dec_y),
-         "draft passes": len(dr_y)}
+    n = {"context": len(ctx), **{f"fixed {k}": len(v) for k, v in sorted(fixed.items())},
+         "decode passes": len(dec_y), "draft passes": len(dr_y)}
     if ctx:
-        c = replace(c, context_gib=statistics.median(ctx))
-    if fixed:
-        c = replace(c, graph_fixed_gib=max(statistics.median(fixed), 0.0))
+        c = replace(c, context_gib=round(statistics.median(ctx), 2))
+    for key, values in fixed.items():
+        c = replace(c, **{FIXED_FIELD[key]: round(max(statistics.median(values), 0.0), 2)})
     if dec_y:
-        s, o = _nnls2(dec_x, dec_y)
-        c = replace(c, graph_bytes_scale=s, graph_overhead_gib_per_layer_hidden=o)
+        # Relative residuals (each pass's row divided by its own figure): the benchmark's
+        # error is relative, and one bs-512 capture would otherwise outweigh every bs-4 one.
+        s, o = _nnls2([(x1 / y, x2 / y) for (x1, x2), y in zip(dec_x, dec_y, strict=True)],
+                      [1.0] * len(dec_y))
+        c = replace(c, graph_bytes_scale=_sig(s), graph_overhead_gib_per_layer_hidden=_sig(o))
     if dr_y:
-        g, o = _nnls2(dr_x, dr_y)
-        c = replace(c, draft_graph_gib_per_token_hidden=g, draft_graph_overhead_gib=o)
-    return Fit(c, n)
+        # Every draft capture in the cases is at bs <= 4 (<= 32 tokens), where a per-token term
+        # cannot be told from a per-graph one: the per-token prior is kept, the per-graph term
+        # fitted beside it (least squares on relative residuals, >= 0).
+        g = base.draft_graph_gib_per_token_hidden
+        rows = [((y - g * x1) / y, x2 / y) for (x1, x2), y in zip(dr_x, dr_y, strict=True)]
+        den = sum(x * x for _, x in rows)
+        o = max(0.0, sum(r * x for r, x in rows) / den) if den else base.draft_graph_overhead_gib
+        c = replace(c, draft_graph_overhead_gib=_sig(o))
+    return Fit(c, n, {k: sorted(set(v)) for k, v in ids.items()})
 
 
-FITTED_FIELDS = ("context_gib", "graph_fixed_gib", "graph_bytes_scale",
+FITTED_FIELDS = ("context_gib", "graph_fixed_gib", "graph_fixed_fa3_gib",
+                 "graph_fixed_flashinfer_gib", "graph_bytes_scale",
                  "graph_overhead_gib_per_layer_hidden", "draft_graph_gib_per_token_hidden",
                  "draft_graph_overhead_gib", "warmup_bytes_scale")
 
@@ -563,6 +623,16 @@ def bench(root: Path = CASES, quiet: bool = False) -> list[str]:
     fit_rows, _ = run_rows(fit_cases, fitted.coeffs)
     held_rows, _ = run_rows(held_cases, fitted.coeffs)
     held_default = [r for r in rows if r.half == "held_out"]
+    held_before, _ = run_rows(held_cases, BEFORE_REFIT)
+    backends = []
+    for c in cases:
+        try:
+            est_backend = row_estimate(c).attention_backend
+        except NoEstimate:
+            continue
+        backends.append((c.id, est_backend, log_backend(c)))
+    shown = [b for b in backends if b[2] is not None]
+    wrong = [f"{i} (estimator {e}, log {g})" for i, e, g in shown if e != g]
     uncapped = [r for r in rows if r.kv_cap is None and r.kv_tokens_est is not None]
     free_errs = [abs(r.free_est - r.free_log) for r in rows
                  if r.free_est is not None and r.free_log is not None]
@@ -574,11 +644,16 @@ def bench(root: Path = CASES, quiet: bool = False) -> list[str]:
         *(f"  {name}: {getattr(DEFAULT_COEFFICIENTS, name):g} -> "
           f"{getattr(fitted.coeffs, name):g}" for name in FITTED_FIELDS),
         "  (warmup_bytes_scale: not fitted, no log prints the warmup's peak)",
+        *(f"  cases behind {name}: {', '.join(v)}" for name, v in sorted(fitted.ids.items())),
         "what the fitted priors would change (free at start = total - context, params unset):",
         *what_changes(cases, fitted.coeffs),
         summary(fit_rows, f"{SUMMARY_PREFIX} fit half, fitted priors"),
         summary(held_rows, f"{SUMMARY_PREFIX} held-out half, fitted priors"),
+        summary(held_before, f"{SUMMARY_PREFIX} held-out half, priors before the refit"),
         summary(held_default, f"{SUMMARY_PREFIX} held-out half, launcher's priors"),
+        f"{SUMMARY_PREFIX} attention backend: the estimator's = the log's on "
+        f"{len(shown) - len(wrong)} of {len(shown)} cases"
+        + (f"; differs: {', '.join(wrong)}" if wrong else ""),
         summary(uncapped, f"{SUMMARY_PREFIX} KV pool sized by mem_fraction_static only "
                           "(no --max-total-tokens)"),
         f"{SUMMARY_PREFIX} kv GiB median err {_pct(_median(r.kv_gib_err for r in rows))}% · "
@@ -588,7 +663,8 @@ def bench(root: Path = CASES, quiet: bool = False) -> list[str]:
         f"{_g(_median(r.context_log for r in rows))} GiB vs prior "
         f"{DEFAULT_COEFFICIENTS.context_gib:g}",
         skipped_line(rows),
-        summary(rows),
+        summary(rows) + f" · held-out graphs {_pct(_median(r.graphs_err for r in held_before))}% "
+        f"before the refit, {_pct(_median(r.graphs_err for r in held_default))}% after",
     ]
     return lines
 
