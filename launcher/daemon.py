@@ -28,6 +28,7 @@ from launcher.host.facts import GpuReadsOnce
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.host.transport.local import install_pidfd_child_watcher
+from launcher.memory.estimate import Estimate
 from launcher.params import LaunchParams
 from launcher.plan.first_attempt import Planned, plan_first_attempt
 from launcher.plan.fleet import context_of
@@ -162,7 +163,8 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
         await close_transports(transports)
 
 
-_Plan = tuple[ServerConfig, str, LaunchParams, str]
+# (server, version, first params, why, the first attempt's memory estimate)
+_Plan = tuple[ServerConfig, str, LaunchParams, str, Estimate | None]
 
 
 @dataclass
@@ -249,7 +251,7 @@ async def _first_attempts(config: Config, servers: list[ServerConfig],
         initial, why = first.params, first.reason
         log.info("params.initial", server=s.name, params=initial.describe(), reason=why,
                  source=first.source, sglang_version=version)
-        plans.append((s, version, initial, why))
+        plans.append((s, version, initial, why, first.estimate))
     if refused:
         raise WontFit(
             "the memory estimate says nothing fits; nothing was launched:\n" + "\n".join(
@@ -265,9 +267,9 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
                      notifier: SlackNotifier, opts: Options, view: View | None,
                      router_keys: dict[str, str | None] | None = None) -> Result:
     log = structlog.get_logger("launcher")
-    servers = [s for s, _, _, _ in plans]
+    servers = [s for s, _, _, _, _ in plans]
     facts: dict[str, ServerFacts] = {}
-    for s, version, _, _ in plans:
+    for s, version, _, _, _ in plans:
         facts[s.name] = ServerFacts.of(s, config.host(s.host), version)
         notifier.describe(s.name, facts[s.name])
     recorder = LedgerRecorder(ledger, fingerprints, contexts=keys.contexts)
@@ -289,13 +291,13 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
         MultiNodeSupervisor(config, s, transports, sglang_version=version,
                             secret_env=secrets[s.name], stop_on_exit=opts.stop_on_exit,
                             initial=initial, initial_reason=why, hooks=hooks,
-                            before_stop=routing.before_stop)
+                            before_stop=routing.before_stop, estimate=estimate)
         if s.nnodes > 1 else
         ServerSupervisor(config, s, transports[s.host], sglang_version=version,
                          secret_env=secrets[s.name], stop_on_exit=opts.stop_on_exit,
                          initial=initial, initial_reason=why, hooks=hooks,
-                         before_stop=routing.before_stop)
-        for s, version, initial, why in plans
+                         before_stop=routing.before_stop, estimate=estimate)
+        for s, version, initial, why, estimate in plans
     ]
     interrupted = False
 

@@ -393,8 +393,10 @@ def test_up_estimates_a_hosts_servers_at_once_with_one_nvidia_smi_query_each(
     assert [p.refused for p in expected] == [False] * 5 + [True]
     assert refused.value.servers == ["s5"]
     assert expected[5].reason in str(refused.value)
-    assert [(s.name, params, why) for s, _, params, why in plans] == [
+    assert [(s.name, params, why) for s, _, params, why, _ in plans] == [
         (s.name, p.params, p.reason) for s, p in zip(cfg.servers, expected[:5], strict=False)]
+    # each supervisor gets its server's estimate (the relaunch after a pool too small uses it)
+    assert [e is not None for *_, e in plans] == [p.estimate is not None for p in expected[:5]]
     assert keys.contexts == {s.name: p.observation for s, p in zip(cfg.servers, expected[:5],
                                                                    strict=False)}
     assert len(alone.smi_calls) == 12  # memory and names, per server

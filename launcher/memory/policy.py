@@ -73,6 +73,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from launcher.errors import PolicyError
+from launcher.memory.estimate import Estimate
 from launcher.memory.priors import DEFAULT_PRIORS, Priors
 from launcher.params import DISABLE_DRAFT_EXTEND_ENV, LaunchParams
 from launcher.sglang.autoargs import (
@@ -774,6 +775,7 @@ def next_params(
     tp: int | None = None,
     sglang_version: str | None = None,
     priors: Priors = DEFAULT_PRIORS,
+    estimate: Estimate | None = None,
 ) -> Decision:
     """What to launch after ``history`` (oldest first), or give up.
 
@@ -789,6 +791,9 @@ def next_params(
     ``tp`` and ``sglang_version`` only serve SGLang's auto rules when an auto param was launched
     and the log did not show its value (assumed 1 and 0.5.23 when not given). ``priors``: the
     guesses for what the logs do not show yet (:class:`~launcher.memory.priors.Priors`).
+    ``estimate``: the memory estimate of this server (its model, GPUs, flags), whose graph and
+    warmup figures size the graph bs of the relaunch after a pool too small (no capture has run
+    yet, so no log shows them); None: the graph bs is kept there.
     Raises ``PolicyError`` for impossible bounds.
     """
     _check(bounds)
@@ -838,8 +843,9 @@ def next_params(
     if last.outcome in _TRANSIENT:
         return Decision(_same(last), f"{last.outcome.value}: retry with the same settings")
     if last.outcome is Outcome.HYBRID_STATE_TOO_SMALL:
-        return _hybrid_decision(last, mfs, bounds, ctx)
-    return _memory_decision(last, mfs, bs, bounds, _learn(history, ctx, bounds))
+        decision = _hybrid_decision(last, mfs, bounds, ctx)
+        return _graph_aware(decision, last, bs, bounds, estimate, ctx)
+    return _memory_decision(last, mfs, bs, bounds, _learn(history, ctx, bounds), estimate)
 
 
 def _same(rec: AttemptRecord) -> LaunchParams:
@@ -960,7 +966,8 @@ def _gib(value: float | None) -> str:
 
 
 def _memory_decision(
-    last: AttemptRecord, mfs: float, raw_bs: int, bounds: Bounds, facts: _Facts
+    last: AttemptRecord, mfs: float, raw_bs: int, bounds: Bounds, facts: _Facts,
+    estimate: Estimate | None = None,
 ) -> Decision:
     # Under speculative decoding graph bs above the running-request cap captures nothing more:
     # the search runs on the bs SGLang really captures.
@@ -996,18 +1003,68 @@ def _memory_decision(
                 (milli, new_bs), extend_off = switched, True
     else:
         milli, new_bs = _by_step(last, mfs, ladder[0], facts, bounds, ladder, ceiling)
+    graphs_note = ""
+    if (last.outcome is Outcome.KV_TOO_SMALL and estimate is not None
+            and facts.pre is not None and not facts.has_model()):
+        open_here = [b for b in open_bs if b <= new_bs and facts.hi(b, ceiling) >= milli]
+        new_bs, graphs_note = _graph_bs_for(estimate, _f(milli), facts.pre, new_bs, open_here)
     milli = min(milli, max(facts.lo, _deficit_cap(last, mfs, new_bs, bs, facts)))
     params = replace(last.params, mem_fraction_static=_f(milli))
     if new_bs != bs or raw_bs == bs or params.cuda_graph_max_bs is None:
         params = replace(params, cuda_graph_max_bs=new_bs if new_bs != bs else raw_bs)
     if extend_off:
         params = params.with_env(DISABLE_DRAFT_EXTEND_ENV, "1")
-    why = _why(last, mfs, bs, milli, new_bs, facts)
+    why = _why(last, mfs, bs, milli, new_bs, facts) + graphs_note
     if extend_off:
         why += f"; {DISABLE_DRAFT_EXTEND_ENV}=1 (draft extend graph off)"
     if facts.ctx.spec:
         why += "; speculative params unchanged"
     return Decision(params, why)
+
+
+def _graph_need(e: Estimate, bs: int, pre: float) -> float:
+    """GiB the estimate says graphs and warmup take at graph max ``bs``, with the margin (and,
+    up to 0.5.15, the draft's weights, loaded from the same headroom)."""
+    need = e.graphs_gib(bs) + e.activations_gib() + margin_gib(pre)
+    return need if e.one_budget else need + e.draft_weights_gib
+
+
+def _graph_bs_for(
+    e: Estimate, mfs: float, pre: float, bs: int, ladder: Sequence[int]
+) -> tuple[int, str]:
+    """After a pool too small: the largest graph bs (``bs`` or down ``ladder``) whose graphs and
+    warmup, by the estimate, fit the headroom ``(1 - mfs) x pre`` the relaunch leaves; the
+    smallest on the ladder when none does. Returns it and the reason's words ("" when ``bs``
+    fits). The figures are the estimate's for the model; no capture has run yet, so no log
+    shows them (issue 26: the gain named when the mean-attempts target was ended)."""
+    headroom = (1 - mfs) * pre
+    need = _graph_need(e, bs, pre)
+    if need <= headroom or not ladder:
+        return bs, ""
+    fits = [b for b in ladder if _graph_need(e, b, pre) <= headroom]
+    new = fits[0] if fits else ladder[-1]
+    if new == bs:
+        return bs, ""
+    return new, (f"; the estimate's graphs and warmup at bs {bs} ({need:.2f} GiB with the "
+                 f"margin) exceed the {headroom:.2f} GiB headroom at {mfs:.3f}: graph bs "
+                 f"{bs}→{new} ({_graph_need(e, new, pre):.2f} GiB)")
+
+
+def _graph_aware(
+    decision: Decision, last: AttemptRecord, bs: int, bounds: Bounds,
+    estimate: Estimate | None, ctx: _Context,
+) -> Decision:
+    """A hybrid state-cache decision with its graph bs lowered, as after ``kv_too_small``,
+    where the estimate says the raised fraction leaves too little headroom for the graphs."""
+    p, pre = decision.params, last.numbers.pre_load_avail_gib
+    if p is None or estimate is None or not pre or p.mem_fraction_static is None:
+        return decision
+    cap = _cap_of(last.params, last.numbers, ctx.spec, bs)
+    new_bs, note = _graph_bs_for(estimate, p.mem_fraction_static, pre, cap,
+                                 _bs_ladder(cap, bounds))
+    if not note:
+        return decision
+    return Decision(replace(p, cuda_graph_max_bs=new_bs), decision.reason + note)
 
 
 def _draft_extend_switch(facts: _Facts, bounds: Bounds) -> bool:

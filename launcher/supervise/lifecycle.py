@@ -21,6 +21,7 @@ import enum
 from dataclasses import dataclass, field
 
 from launcher.errors import IllegalTransition
+from launcher.memory.estimate import Estimate
 from launcher.memory.policy import AttemptRecord, Bounds, next_params
 from launcher.params import LaunchParams
 from launcher.sglang.outcome import Confidence, Diagnosis, Outcome
@@ -287,6 +288,9 @@ class Limits:
     start_deadline: float = 1800.0
     tp: int | None = None  # helps the policy resolve auto params the log did not show
     sglang_version: str | None = None
+    # The first attempt's memory estimate: its graph figure sizes the graph bs of the relaunch
+    # after a pool too small (``next_params(..., estimate=)``).
+    estimate: Estimate | None = None
 
 
 @dataclass
@@ -707,7 +711,8 @@ class ServerMachine:
         if self.started_at is not None and now - self.started_at > self.limits.start_deadline:
             return self._give_up(f"start-up deadline of {self.limits.start_deadline:.0f}s passed")
         decision = next_params(self.initial, self.limits.bounds, self._policy_history,
-                               tp=self.limits.tp, sglang_version=self.limits.sglang_version)
+                               tp=self.limits.tp, sglang_version=self.limits.sglang_version,
+                               estimate=self.limits.estimate)
         if decision.params is None:
             return self._give_up(decision.reason)
         self.params = decision.params

@@ -60,6 +60,7 @@ from launcher.host.gpus import check_gpus
 from launcher.host.preflight import PortHolder, port_holder
 from launcher.host.shell import RunDirUnsafe
 from launcher.host.transport.base import Transport
+from launcher.memory.estimate import Estimate
 from launcher.memory.policy import AttemptRecord, Bounds
 from launcher.params import LaunchParams
 from launcher.plan.command import ServerCommand, params_from_argv, server_command
@@ -216,6 +217,7 @@ class ServerSupervisor:
         inbox_size: int = 1000,
         before_stop: BeforeStop | None = None,
         host_follower: HostFollower | None = None,
+        estimate: Estimate | None = None,
     ) -> None:
         self.config = config
         self.before_stop = before_stop
@@ -256,6 +258,7 @@ class ServerSupervisor:
                 start_deadline=p.start_deadline,
                 tp=server.tp,
                 sglang_version=sglang_version,
+                estimate=estimate,
             ),
             restart=RestartBackoff(
                 p.restart_backoff_initial,
