@@ -186,3 +186,40 @@ def test_deepseek_v4_graphs_cost_sglangs_8_mib_per_graph_and_keep_the_seeds_tota
     assert verify.total_gib == pytest.approx(0.24594 * 64 + 20 * 0.4, abs=1e-9)
     assert verify.total_gib == pytest.approx(23.74016, abs=1e-9)
     assert extend.allocations[0] == (32, pytest.approx(7.50, abs=1e-9))
+
+
+# --- against real start-ups (tests/fixtures/real_startups/) ---------------------------------
+
+REAL_1B = "docs-llama32-1b-h100-tp1-mf0874-bs4-20250811"  # Llama-3.2-1B-Instruct, H100, FA3
+
+
+def test_tiny_1b_starts_like_the_real_llama_3_2_1b_start_ups() -> None:
+    """tiny-1b-sim is Llama-3.2-1B's geometry; on the sim's H100 at the real case's settings
+    (SGLang 0.5.0rc0, read as 0.5.6: no prefill graphs; 0.874, graph bs 4) its start-up shows
+    the real log's figures: CUDA context (total - free at load begin) 1.07 GiB, the attention
+    backend's buffers (pool end - capture begin) 0.09 GiB (sim: FA3's 0.10, the fit half's
+    median), the decode pass's ``mem usage`` 0.04 GiB, each within 0.01 (+ the log's rounding
+    to hundredths)."""
+    from launcher.memory.priors import DEFAULT_COEFFICIENTS
+    from launcher.params import LaunchParams
+    from launcher.sim.memory import simulate
+    from launcher.sim.model import load_model, scenario_for
+    from tests.real_startups import ROOT, load_case
+
+    case = load_case(ROOT / REAL_1B)
+    f = case.figures
+    real_context = case.gpu_total_gib - f["load_weight_begin_avail_gb"]
+    real_buffers = f["memory_pool_end_avail_gb"] - case.graph_passes[0].begin_avail_gb
+    real_decode = case.graph_passes[0].mem_usage_gb
+    model = load_model(str(model_dir("tiny-1b-sim")))
+    assert ModelFacts.from_config(case.config) == ModelFacts.from_config(
+        json.loads((model_dir("tiny-1b-sim") / "config.json").read_text()))
+    s = scenario_for(model, case.gpu_total_gib, 1, 0.0, "0.5.6", gpu_name=case.gpu)
+    trace = simulate(s, LaunchParams(0.874, 4))
+    assert trace.ok
+    decode = s.graph_passes(4, trace.max_running_requests)
+    assert [p.name for p in decode] == ["target_decode"]
+    assert s.context_gib == DEFAULT_COEFFICIENTS.context_gib == pytest.approx(real_context,
+                                                                               abs=0.015)
+    assert s.attention_buffers_gib == pytest.approx(real_buffers, abs=0.015)
+    assert decode[0].total_gib == pytest.approx(real_decode, abs=0.015)

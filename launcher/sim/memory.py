@@ -9,9 +9,12 @@ It follows SGLang's own arithmetic (docs/sglang.md, "Memory"):
 - KV pool = free after weights - pre x (1 - mem_fraction_static). A pool <= 0 is SGLang's
   "Not enough memory. Please try to increase --mem-fraction-static"; so is a pool below the
   scenario's minimum token count.
-- What is left after the pool is exactly ``pre x (1 - mfs)``: CUDA graphs and warmup
-  activations must fit in it. Graphs are captured largest batch size first: the first capture
-  allocates the activation pool for ``max_bs``, every captured graph adds a small overhead.
+- What is left after the pool is exactly ``pre x (1 - mfs)``: the attention backend's buffers
+  (``attention_buffers_gib``, allocated by ``init_attention_backend`` before capture, also
+  without graphs; the real start-ups' figures, FA3 0.10 GiB, FlashInfer 0.57 GiB), CUDA graphs
+  and warmup activations must fit in it. Graphs are captured largest batch size first: the
+  first capture allocates the activation pool for ``max_bs``, every captured graph adds a small
+  overhead.
 - Warmup needs ``warmup_gib`` of transient activations after capture.
 
 A setting (mfs, bs) is therefore feasible iff ``low < mfs <= high(bs)`` where
@@ -161,6 +164,10 @@ class MemoryScenario:
     max_running_requests: int | None = None  # --max-running-requests (spec: its resolved cap)
     context_len: int = 4096
     capture_graphs: bool = True  # False: --disable-cuda-graph
+    # The attention backend's buffers, allocated after the KV pool and before capture (also
+    # with graphs disabled): the real start-ups' figures, ``launcher.memory.priors``
+    # (FA3 0.10 GiB, FlashInfer 0.57 GiB); 0 for a scenario drawn without a backend.
+    attention_buffers_gib: float = 0.0
     mla: bool = False  # MLA attention (0.5.23's auto fraction reserves 1.5 GiB of prefill graphs)
     # weights every rank holds whole (MLA's q_a/kv_a projections, the MoE router, K/V heads when
     # kv_heads < tp): ``launcher.sglang.modelfacts.ModelFacts.replicated_bytes``
@@ -318,7 +325,8 @@ class MemoryScenario:
         if self.spec is not None or self.hybrid is not None:
             return self._feasible_by_search(max_bs)
         low = (w + self.min_kv_gib()) / pre
-        high = 1 - (self.graph_total_gib(max_bs) + self.warmup_gib) / pre
+        high = 1 - (self.attention_buffers_gib + self.graph_total_gib(max_bs)
+                    + self.warmup_gib) / pre
         return (low, high) if high > low else None
 
     def _feasible_by_search(self, max_bs: int) -> tuple[float, float] | None:
@@ -683,6 +691,20 @@ def simulate(s: MemoryScenario, params: LaunchParams) -> StartupTrace:
 
     passes: list[PassTrace] = []
     t["passes"] = passes
+    buffers = s.attention_buffers_gib
+    if buffers > free:
+        # init_attention_backend runs after the pool: read as a failed first capture step
+        # (without graphs, as the warmup's OOM)
+        first = s.graph_passes(bs, reqs)[:1]
+        if not first:
+            return trace(Failure(Outcome.OOM_RUNTIME, Phase.WARMUP, buffers, free,
+                                 kind="attention_buffers"))
+        gp = first[0]
+        passes.append(PassTrace(gp.name, gp.sizes, gp.tokens_per_req, free,
+                                [(gp.allocations[0][0], free)]))
+        return trace(Failure(Outcome.OOM_GRAPH_CAPTURE, Phase.CUDA_GRAPH, buffers, free, step=0,
+                             graph_pass=gp.name, kind="attention_buffers"))
+    free -= buffers
     if spec is not None and s.new_order:
         free, fail = _capture(s.graph_passes(bs, reqs), free, passes)
         if fail is not None:

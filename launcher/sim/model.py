@@ -35,7 +35,9 @@ The model's ``"sim"`` object::
                           tokens x (whole + split / tp)
     min_kv_tokens         a smaller pool is "Not enough memory"
     shard_gib             checkpoint shard size (whole model)
-    context_gib           optional, per rank: CUDA context + NCCL before weights (default 1.0)
+    context_gib           optional, per rank: CUDA context + NCCL before weights (default: the
+                          real start-ups' figure, ``launcher.memory.priors``: 1.07 GiB at tp 1,
+                          + 0.1 per extra rank)
     prefill_graph_gib     optional, per rank: 0.5.23's prefill graphs, the largest shape's pool
     prefill_graph_overhead_gib  optional, per rank, per captured prefill shape
     mla                   optional bool: MLA attention (one ``KV size`` in the KV line)
@@ -64,8 +66,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.memory.priors import DEFAULT_COEFFICIENTS
 from launcher.params import LaunchParams
-from launcher.sglang.autoargs import auto_chunked_prefill_size
+from launcher.sglang.autoargs import (
+    FLASHINFER_FAMILY,
+    auto_chunked_prefill_size,
+    default_attention_backend,
+    flashinfer_workspace_bytes,
+)
 from launcher.sglang.modelfacts import (
     GIB,
     ModelFacts,
@@ -461,11 +469,13 @@ def scenario_for(
     flags: Flags | None = None,
     spec: Speculative | None = None,
     hybrid: Hybrid | None = None,
+    gpu_name: str = "",
 ) -> MemoryScenario:
     """The memory scenario of one server of ``model`` at ``tp`` on GPUs of ``gpu_total_gib``
     (with ``flags``:
     its chunk size, context length, request cap, graphs on/off, speculative decoding and
-    Mamba settings)."""
+    Mamba settings). ``gpu_name`` (nvidia-smi's) picks the attention backend as SGLang does,
+    whose buffers take the real start-ups' figures (:func:`attention_buffers_gib`)."""
     s = model.sim
     base = MemoryScenario(gpu_total_gib=gpu_total_gib, weights_gib=s["weights_gib"])
     kv_target, kv_draft = kv_gib_per_1k(model, tp, version, flags, spec)
@@ -535,7 +545,8 @@ def scenario_for(
         weights_gib=s["weights_gib"],
         tp=tp,
         other_used_gib=other_used_gib,
-        context_gib=s.get("context_gib", base.context_gib),
+        # unless the model's seed says otherwise, the real start-ups' figure (the prior's)
+        context_gib=s.get("context_gib", DEFAULT_COEFFICIENTS.context(tp)),
         kv_gib_per_1k_tokens=kv_target,
         min_kv_tokens=int(s.get("min_kv_tokens", base.min_kv_tokens)),
         graph_gib_per_bs=(
@@ -559,9 +570,28 @@ def scenario_for(
         ),
         context_len=context_len,
         capture_graphs=not (flags is not None and flags.disable_cuda_graph),
+        attention_buffers_gib=attention_buffers_gib(
+            model, version, gpu_name, flags.attention_backend if flags is not None else None,
+            spec.topk if spec is not None else None),
         mla=model.mla,
         replicated_gib=model.facts.replicated_bytes(tp) / GIB if model.facts is not None else 0.0,
     )
+
+
+def attention_buffers_gib(
+    model: ModelSpec, version: str, gpu_name: str, backend: str | None, spec_topk: int | None
+) -> float:
+    """The attention backend's buffers on one rank: ``--attention-backend`` or SGLang's default
+    for the model, GPU and version (``launcher.sglang.autoargs.default_attention_backend``),
+    sized by the figures the real start-ups gave (``launcher.memory.priors``: FA3 0.10 GiB,
+    FlashInfer 0.57 GiB, the 128 MiB wider FlashInfer workspace of Qwen2/Qwen3), so the
+    simulator's capture begins where a real one does."""
+    chosen = backend or default_attention_backend(gpu_name, version, mla=model.mla,
+                                                  arch=model.arch, spec_topk=spec_topk)
+    gib = DEFAULT_COEFFICIENTS.graph_fixed(chosen)
+    if chosen in FLASHINFER_FAMILY:
+        gib += (flashinfer_workspace_bytes(model.arch) - flashinfer_workspace_bytes("")) / GIB
+    return gib
 
 
 def scenario_from_argv(

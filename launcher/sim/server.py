@@ -201,6 +201,7 @@ class Server:
             flags=self.flags,
             spec=self.spec,
             hybrid=self.hybrid,
+            gpu_name=self.host.gpu_name,
         )
 
     def _resolve(self) -> tuple[float, int]:
@@ -476,6 +477,10 @@ class Server:
         if self.spec is not None and self.scenario.new_order:
             self._draft_weights_phase()
         self._kv_phase()
+        fail = self._trace().failure
+        if fail is None or fail.kind != "attention_buffers":
+            # init_attention_backend: the backend's buffers, after the pool, before capture
+            self._allocate(self.scenario.attention_buffers_gib)
         self._graph_phase(self._trace().passes if not draft_after_target else self._target_passes())
         if draft_after_target:
             self._draft_weights_phase()
