@@ -291,7 +291,10 @@ def _graph_ratios(
         if name == ALL_PASSES:
             if o.ready_avail_gib is None or not o.graph_mem_gib:
                 continue
-            seen: float | None = sum(o.graph_mem_gib.values())
+            # the estimate's graphs include the attention backend's buffers, which the log
+            # shows before the first pass (``Observed.attention_buffers_gib``)
+            seen: float | None = (sum(o.graph_mem_gib.values())
+                                  + (o.attention_buffers_gib or 0.0))
         else:
             seen = o.graph_mem_gib.get(name)
         if seen is not None and seen > 0:

@@ -14,6 +14,9 @@ in the ledger and carried by the ``attempt.ended`` event). The lines behind each
   YGB`` -> ``mamba_slots``, ``mamba_state_gib``;
 - ``Capture <pass> CUDA graph end. [bs=[...], ]elapsed=.. s, mem usage=X GB, avail mem=Y GB.``
   -> ``graph_mem_gib[pass]``;
+- ``Memory pool end. avail mem=X GB`` less the first ``Capture ... begin ... avail mem=Y GB`` ->
+  ``attention_buffers_gib``: what the attention backend allocated between the KV pool and the
+  capture (FlashInfer's workspace, FA3's metadata), which no pass's ``mem usage`` counts;
 - ``max_total_num_tokens=..., ..., available_gpu_mem=X GB`` (at ready) -> ``ready_avail_gib``.
 
 SGLang labels GiB "GB"; all figures here are GiB.
@@ -58,6 +61,7 @@ class Observed:
     mamba_slots: int | None = None
     mamba_state_gib: float | None = None
     graph_mem_gib: Mapping[str, float] = field(default_factory=dict)  # GraphPass value -> GiB
+    attention_buffers_gib: float | None = None  # pool end - first capture begin (>= 0)
     # The graph bs setting (the resolved cuda_graph_max_bs of the args dump), else the largest
     # batch size a capture line listed: what an estimate for this attempt was made for.
     graph_max_bs: int | None = None
@@ -73,6 +77,10 @@ class Observed:
         data = numbers.as_dict() if isinstance(numbers, Numbers) else numbers
         graphs = data.get("graph_mem_gib") or {}
         bs = _int(data, "cuda_graph_max_bs")
+        pool_end = _float(data, "pool_end_avail_gib")
+        first_begin = _float(data, "graph_first_begin_avail_gib")
+        buffers = (max(0.0, pool_end - first_begin)
+                   if pool_end is not None and first_begin is not None else None)
         return cls(
             weights_gib=_float(data, "weights_gib"),
             draft_weights_gib=_float(data, "draft_weights_gib"),
@@ -85,6 +93,7 @@ class Observed:
             mamba_slots=_int(data, "mamba_cache_size"),
             mamba_state_gib=_float(data, "mamba_state_gib"),
             graph_mem_gib={str(k): float(v) for k, v in dict(graphs).items()},
+            attention_buffers_gib=buffers,
             graph_max_bs=bs if bs is not None else _int(data, "graph_captured_max_bs"),
             ready_avail_gib=_float(data, "ready_avail_gib"),
             mem_fraction_static=_float(data, "mem_fraction_static"),

@@ -120,8 +120,11 @@ from launcher.memory.policy import AttemptRecord, Bounds
 from launcher.memory.priors import DEFAULT_COEFFICIENTS, HIDDEN_ONLY_COEFFICIENTS, Coefficients
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import (
+    FLASHINFER_FAMILY,
     auto_chunked_prefill_size,
     captured_sizes,
+    default_attention_backend,
+    flashinfer_workspace_bytes,
 )
 from launcher.sglang.modelfacts import (
     GIB,
@@ -229,6 +232,9 @@ VERSIONS = ("0.5.10", "0.5.23")
 PRIORS: dict[str, Coefficients] = {"hidden": HIDDEN_ONLY_COEFFICIENTS,
                                    "source": DEFAULT_COEFFICIENTS}
 _prior = ["source"]  # set once by main_estimator
+# --truth: the hidden costs' generator (drawn: the ranges below; real: around the real
+# start-ups' figures, ``_truth_real``)
+_truth_kind = ["drawn"]  # set once by main_estimator
 EXPLICIT_BS = (8, 16, 32, 48, 64, 96, 128, 160, 256, 384, 512)
 
 
@@ -332,6 +338,54 @@ def _truth(seed: int, facts: ModelFacts, weight_bytes: int, gpu: str, total: flo
     )
 
 
+def _truth_real(seed: int, facts: ModelFacts, weight_bytes: int, gpu: str, total: float,
+                other: float, tp: int, version: str, rng: random.Random) -> MemoryScenario:
+    """The hidden costs drawn around the real start-ups' figures (``--truth real``;
+    tests/fixtures/real_startups through scripts/bench/bench_real.py, docs/memory.md):
+
+    - CUDA context at tp 1: family U(0.84, 1.6) GiB (the cases show 0.84-1.60), + U(0.1, 0.6)
+      at tp > 1 (no case), + U(-0.05, 0.05) per scenario.
+    - the attention backend's buffers after the pool, for the backend SGLang picks on this GPU
+      (``default_attention_backend``): FA3 family U(0.09, 0.10), FlashInfer / trtllm_mha
+      U(0.53, 0.58) (+ 0.125 of wider workspace for Qwen2/Qwen3), others U(0.1, 0.6) (no case).
+    - decode graphs: the refitted prior's terms (3.05 x the tensors per captured token, 1.49e-7
+      x hidden x layers per graph, the fused_moe caches x U(1.0, 1.5)), times a family factor
+      U(0.6, 2.0): the range of log / estimate over the real cases' decode passes (0.62 for the
+      one bs-512 capture, up to 2.0 for bs-4 ones). The truth has the prior's shape, only its
+      level is drawn: this flatters the estimator where the real shape differs.
+    - 0.5.23 prefill graphs: 8 MiB per shape, + U(0.75, 3) GiB for MLA (no case).
+    - weights and warmup as ``_truth`` (no real warmup figure: no log prints it).
+    """
+    drawn = _truth(seed, facts, weight_bytes, gpu, total, other, tp, version, rng)
+    fam = random.Random(f"{seed}|real|{facts.arch}|{gpu}")
+    context = fam.uniform(0.84, 1.6) + (fam.uniform(0.1, 0.6) if tp > 1 else 0.0)
+    scale = fam.uniform(0.6, 2.0)
+    moe = fam.uniform(1.0, 1.5)
+    backend = default_attention_backend(gpu, version, mla=facts.mla, arch=facts.arch)
+    if backend == "fa3":
+        buffers = fam.uniform(0.09, 0.10)
+    elif backend in FLASHINFER_FAMILY:
+        buffers = fam.uniform(0.53, 0.58) + (flashinfer_workspace_bytes(facts.arch)
+                                              - flashinfer_workspace_bytes("")) / GIB
+    else:
+        buffers = fam.uniform(0.1, 0.6)
+    prior = DEFAULT_COEFFICIENTS
+    per_token = scale * prior.graph_bytes_scale * facts.graph_bytes_per_token(tp) / GIB
+    per_graph = scale * prior.graph_overhead_gib_per_layer_hidden * facts.hidden_size \
+        * facts.num_layers
+    new_order = version == "0.5.23"
+    mla_prefill = fam.uniform(0.75, 3.0) if facts.mla else 0.0
+    return replace(
+        drawn,
+        context_gib=context + rng.uniform(-0.05, 0.05),
+        attention_buffers_gib=buffers,
+        graph_gib_per_bs=per_token + facts.moe_bytes_per_token(tp) * moe / GIB,
+        graph_overhead_gib=per_graph,
+        prefill_graph_gib=mla_prefill if new_order else 0.0,
+        prefill_graph_overhead_gib=8 / 1024 if new_order else 0.0,
+    )
+
+
 def draw(seed: int, rng: random.Random, index: int, *, model: str | None = None,
          gpu: str | None = None, version: str | None = None) -> Scenario | None:
     """A scenario (None when the model's weights cannot fit this GPU type at tp 8)."""
@@ -343,7 +397,8 @@ def draw(seed: int, rng: random.Random, index: int, *, model: str | None = None,
         return None
     other = 0.0 if rng.random() < 0.6 else rng.uniform(0.5, 0.15 * total)
     ver = version or rng.choice(VERSIONS)
-    truth = _truth(seed, facts, size, gpu_name, total, other, tp, ver, rng)
+    make = _truth_real if _truth_kind[0] == "real" else _truth
+    truth = make(seed, facts, size, gpu_name, total, other, tp, ver, rng)
     mfs = None if rng.random() < 0.5 else round(rng.uniform(0.55, 0.95), 2)
     bs = None if rng.random() < 0.5 else rng.choice(EXPLICIT_BS)
     return Scenario(index, name, facts, size, gpu_name, total, other, tp, ver, truth,
@@ -390,6 +445,9 @@ def observed_costs(trace: StartupTrace) -> Observed:
         kv_pool_gib=r(trace.kv_pool_gib) if trace.kv_pool_gib and trace.kv_pool_gib > 0 else None,
         graph_mem_gib={p.name: round(p.mem_gib, 2) for p in trace.passes
                        if p.mem_gib is not None},
+        attention_buffers_gib=(r(trace.pool_end_free_gib - trace.passes[0].begin_free_gib)
+                               if trace.passes and trace.pool_end_free_gib is not None
+                               else None),
         graph_max_bs=trace.cuda_graph_max_bs,
         ready_avail_gib=r(trace.graph_end_free_gib),
         mem_fraction_static=round(trace.mem_fraction_static, 3),
@@ -523,7 +581,8 @@ def bench(args: argparse.Namespace) -> list[str]:
     lines = [
         f"Estimator benchmark: {len(scenarios)} scenarios, {len(kept)} feasible "
         f"(fraction in [{bounds.mem_fraction_floor:.2f}, {bounds.mem_fraction_ceiling:.2f}]), "
-        f"seed {args.seed}, max_attempts {bounds.max_attempts}, prior {_prior[0]}",
+        f"seed {args.seed}, max_attempts {bounds.max_attempts}, prior {_prior[0]}, "
+        f"truth {_truth_kind[0]}",
         "",
         "| contender | first attempt ready | mean attempts to ready | never ready | "
         "KV headroom left mean / p95 |",
@@ -567,7 +626,7 @@ def learning_curve(args: argparse.Namespace, kept: Sequence[Scenario],
             choice = choose(e, LaunchParams(), margin=correction.margin)
             _, bs = s.truth.resolve(choice.params)
             t = s.truth
-            true_need = t.graph_total_gib(bs) + t.warmup_gib
+            true_need = t.attention_buffers_gib + t.graph_total_gib(bs) + t.warmup_gib
             need_err.append(abs(e.graphs_gib(bs) + e.activations_gib() - true_need) / true_need)
             est_range, true_range = e.feasible_range(bs), t.feasible_range(bs)
             if est_range is not None and true_range is not None:
@@ -582,6 +641,7 @@ def learning_curve(args: argparse.Namespace, kept: Sequence[Scenario],
 def main_estimator(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     _prior[0] = args.prior
+    _truth_kind[0] = args.truth
     try:
         print("\n".join(bench(args)))
     except NoEstimate as exc:  # a catalogue entry the estimator cannot read: a bench bug
@@ -599,6 +659,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --estimator: the cold prior (source: the default, "
                         "priors.DEFAULT_COEFFICIENTS; hidden: the earlier hidden-only "
                         "priors.HIDDEN_ONLY_COEFFICIENTS)")
+    parser.add_argument("--truth", choices=("drawn", "real"), default="drawn",
+                        help="with --estimator: the hidden costs (drawn: the ranges of the module "
+                        "docstring; real: around the real start-ups' figures, _truth_real)")
 
 
 if __name__ == "__main__":
