@@ -69,3 +69,30 @@ def test_the_hidden_graph_and_warmup_costs_shard_like_sglangs_tensors(bench: Mod
     assert truth(2).warmup_gib / truth(4).warmup_gib == pytest.approx(
         (rw + (1 - rw) / 2) / (rw + (1 - rw) / 4))
     assert 0.1 <= r <= 0.4 and 16 <= c <= 64 and 8 <= w <= 30
+
+
+def test_the_real_truth_takes_the_real_start_ups_figures(bench: ModuleType) -> None:
+    """``--truth real``: on an H100 a Llama model gets FA3's buffers (0.09-0.10 GiB), on an
+    L40S FlashInfer's (0.53-0.58); the context is within the cases' 0.84-1.6 GiB at tp 1; the
+    decode graphs are the refitted prior's per-token term times a family factor in
+    [0.6, 2.0]."""
+    facts = next(ModelFacts.from_config(c) for n, c, _ in bench.MODELS if n == "Llama-3.1-8B")
+    from launcher.memory.priors import DEFAULT_COEFFICIENTS
+
+    def truth(gpu: str, total: float) -> Any:
+        return bench._truth_real(1, facts, 16_060_522_496, gpu, total, 0.0, 1, "0.5.23",
+                                 random.Random(0))
+
+    h100, l40s = truth("NVIDIA H100 80GB HBM3", 79.19), truth("NVIDIA L40S", 44.39)
+    assert 0.09 <= h100.attention_buffers_gib <= 0.10
+    assert 0.53 <= l40s.attention_buffers_gib <= 0.58
+    assert 0.79 <= h100.context_gib <= 1.65
+    prior = DEFAULT_COEFFICIENTS.graph_bytes_scale * facts.graph_bytes_per_token(1) / GIB
+    assert 0.6 * prior <= h100.graph_gib_per_bs <= 2.0 * prior
+    args = argparse.Namespace(n=6, seed=2, max_attempts=8, ceiling=0.95, show=0, curve=2)
+    bench._truth_kind[0] = "real"
+    try:
+        lines = bench.bench(args)
+    finally:
+        bench._truth_kind[0] = "drawn"
+    assert any("truth real" in line for line in lines)
