@@ -59,6 +59,7 @@ from pydantic_settings import (
 
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
+from launcher.memory.estimate import DEFAULT_MARGIN
 from launcher.params import LaunchParams
 from launcher.sglang.flags import (
     OWNED_FLAGS,
@@ -307,7 +308,7 @@ class PolicyConfig(_Model):
     # last good params for the same launch win over all three.
     initial: Literal["auto", "estimate", "configured"] = "auto"
     # The share of the estimated graph + activation memory the estimate keeps spare.
-    estimate_margin: Annotated[float, Field(ge=0.0, le=2.0)] = 0.15
+    estimate_margin: Annotated[float, Field(ge=0.0, le=2.0)] = DEFAULT_MARGIN
     stall: StallBudgets = Field(default_factory=StallBudgets)
 
 
