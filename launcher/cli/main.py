@@ -28,6 +28,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -68,7 +69,7 @@ from launcher.errors import (
 )
 from launcher.hooks.logging import Format, configure, on_journal
 from launcher.hooks.slack import ServerInfo, SlackNotifier, webhook_url_ok
-from launcher.host import run
+from launcher.host import preflight, run
 from launcher.host.gpus import check_gpus
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
@@ -1459,13 +1460,12 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         except LauncherError as exc:
             problems.append(f"SGLang version: {exc}")
             version = "?"
-        if s.model_path.startswith("/") and not await run.path_exists(t, s.model_path):
-            problems.append(f"model path {s.model_path} does not exist")
         running = await run.find_running(t, _run_dir(config, s), s.name)
-        if running is None:  # a running server of ours holds its GPUs and port: that's fine
-            problems += await check_gpus(t, config.host(s.host).nvidia_smi, s.gpus)
-            if await run.port_in_use(t, s.port):
-                problems.append(f"port {s.port} is already in use")
+        target = preflight.Target(s.host, config.host(s.host).nvidia_smi, s.name, s.gpus,
+                                  s.model_path, s.port)
+        if running is not None:  # a running server of ours holds its GPUs and port: fine
+            target = replace(target, gpus=(), port=None)
+        problems += [str(p) for p in await preflight.check(t, target)]
         note = f" (running, pid {running.pid})" if running else ""
         return [f"SGLang {version}{note}", *problems]
 

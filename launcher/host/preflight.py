@@ -1,20 +1,26 @@
-"""The checks before a launch on a host: is the port free, does the model path exist, which
-sglang version would the server's command run. Each is one short command over the same
-transport and ``sh`` conventions as the run protocol (``remote``); the supervisor, ``ranks``
-and ``launcher check`` call them through ``remote``, which re-exports them.
+"""The checks before a launch on a host: are the GPUs free, is the port free, does the model
+path exist, which sglang version would the server's command run. Each is one short command over
+the same transport and ``sh`` conventions as the run protocol (``launcher.host.run``).
+
+:func:`check` is the one preflight of a host: the supervisor, the multi-node supervisor (once
+per node) and ``launcher check`` all call it. It returns typed :class:`Problem` values; each
+knows whether it may pass with time (``transient``: busy GPUs, the supervisor waits) or is
+fatal (a missing GPU or model path, a taken port: the supervisor gives up).
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import re
 import shlex
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from launcher.errors import ConfigError, RemoteCommandError
+from launcher.host.gpus import gpu_findings
 from launcher.host.shell import _PRELUDE, _fail, _sh
 from launcher.host.transport.base import Transport
 from launcher.sglang.versions import DEFAULT_VERSION, MAX_COMPONENT_DIGITS
@@ -255,3 +261,112 @@ async def detect_sglang_version(transport: Transport, command: list[str]) -> str
             stderr=result.stderr[-2000:].decode("utf-8", "replace"), remedy=_VERSION_REMEDY,
         )
     return version
+
+
+# --- the one preflight ---------------------------------------------------------------------
+
+
+class ProblemKind(enum.Enum):
+    """What a preflight problem is about; ``transient`` says whether it may pass with time."""
+
+    GPU_BUSY = "gpu_busy"  # a wanted GPU holds memory or a foreign process: wait
+    GPU_MISSING = "gpu_missing"  # the host has no such GPU: fatal
+    MODEL_MISSING = "model_missing"  # an absolute model path that does not exist: fatal
+    PORT_TAKEN = "port_taken"  # the server's port is held (after any wait for it): fatal
+    DIST_PORT_BUSY = "dist_port_busy"  # torch's store of an earlier attempt: wait
+    HOST_UNAVAILABLE = "host_unavailable"  # the host cannot be asked right now: wait
+    CHECK_FAILED = "check_failed"  # a check failed otherwise: fatal
+
+    @property
+    def transient(self) -> bool:
+        """Whether this kind of problem may pass with time (the supervisor waits for it)."""
+        return self in _TRANSIENT
+
+
+_TRANSIENT = frozenset({
+    ProblemKind.GPU_BUSY, ProblemKind.DIST_PORT_BUSY, ProblemKind.HOST_UNAVAILABLE,
+})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a launch cannot start now: its ``kind``, the ``message`` a user reads and,
+    where there is one, the ``remedy``. ``str()`` is the message, then ``fix: remedy`` on its
+    own line (as ``LauncherError`` prints)."""
+
+    kind: ProblemKind
+    message: str
+    remedy: str = ""
+
+    @property
+    def transient(self) -> bool:
+        """Whether it may pass with time (``ProblemKind.transient``)."""
+        return self.kind.transient
+
+    def on(self, host: str) -> Problem:
+        """This problem with ``host: `` before its message (a node of a multi-node server)."""
+        return replace(self, message=f"{host}: {self.message}")
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  fix: {self.remedy}" if self.remedy else self.message
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a launch needs of one host: ``gpus`` free (none: not checked), ``model_path``
+    present when it is absolute (None: not checked), ``port`` free (None: not checked).
+    ``server`` names the server in remedies."""
+
+    host: str
+    nvidia_smi: Sequence[str]
+    server: str = ""
+    gpus: Sequence[int] = ()
+    model_path: str | None = None
+    port: int | None = None
+
+
+PortCheck = Callable[[Transport, str, int], Awaitable[Problem | None]]
+"""``(transport, host, port)`` → None once the port is free, else its ``PORT_TAKEN`` problem.
+The supervisor's waits for a taken port; :func:`port_taken` asks once."""
+
+
+def port_problem(host: str, port: int, holder: PortHolder) -> Problem:
+    """The ``PORT_TAKEN`` problem of ``port`` on ``host``, naming its holder."""
+    return Problem(ProblemKind.PORT_TAKEN,
+                   f"port {port} is already in use on {host} ({holder.describe()})")
+
+
+async def port_taken(transport: Transport, host: str, port: int) -> Problem | None:
+    """The default ``PortCheck``: asks once (``port_holder``)."""
+    holder = await port_holder(transport, port)
+    return None if holder is None else port_problem(host, port, holder)
+
+
+async def check(transport: Transport, target: Target, *,
+                port_check: PortCheck = port_taken) -> list[Problem]:
+    """Every problem of ``target`` on its host, the fatal ones first; empty when a launch may
+    start. The GPUs are asked first: a GPU the host does not have ends the check with one
+    ``GPU_MISSING`` problem naming every missing GPU (nothing else is worth asking). Then the
+    model path, then the port through ``port_check``.
+
+    Error handling: a check that cannot be made raises its ``LauncherError`` (the caller
+    retries what ``is_transient``); problems are returned, never raised.
+    """
+    busy: list[Problem] = []
+    if target.gpus:
+        found = await gpu_findings(transport, target.nvidia_smi, target.gpus)
+        missing = [f.text for f in found if f.missing]
+        if missing:
+            return [Problem(ProblemKind.GPU_MISSING, "; ".join(missing),
+                            remedy=f"fix the gpus of server {target.server}")]
+        busy = [Problem(ProblemKind.GPU_BUSY, f.text) for f in found]
+    fatal: list[Problem] = []
+    path = target.model_path
+    if path is not None and path.startswith("/") and not await path_exists(transport, path):
+        fatal.append(Problem(ProblemKind.MODEL_MISSING,
+                             f"model path {path} does not exist on {target.host}"))
+    if target.port is not None:
+        taken = await port_check(transport, target.host, target.port)
+        if taken is not None:
+            fatal.append(taken)
+    return fatal + busy

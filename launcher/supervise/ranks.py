@@ -40,7 +40,7 @@ import collections
 import copy
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -54,10 +54,11 @@ from tenacity import (
 )
 
 from launcher.config.schema import Config, ServerConfig
-from launcher.errors import HostKeyError, HostUnreachable, LauncherError, PreflightError
-from launcher.host import health
+from launcher.errors import HostKeyError, HostUnreachable, LauncherError
+from launcher.host import health, preflight
 from launcher.host import run as remote
 from launcher.host.gpus import check_gpus
+from launcher.host.preflight import Problem, ProblemKind
 from launcher.host.shell import RunDirUnsafe
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
@@ -276,52 +277,51 @@ class MultiNodeSupervisor(ServerSupervisor):
 
     # -- preflight and GPUs ----------------------------------------------------------------
 
-    async def _preflight_checks(self) -> tuple[list[str], bool]:
+    async def _preflight_checks(self) -> list[Problem]:
         s = self.server
-        fatal: list[str] = []
-        busy = await self._busy_gpus()
+        gpus = await self._gpu_problems()
+        if _missing(gpus):
+            return gpus
+        fatal: list[Problem] = []
 
         async def node_checks(rank: Rank) -> None:
-            t = self._transport(rank)
-            if s.model_path.startswith("/") and not await remote.path_exists(t, s.model_path):
-                fatal.append(f"model path {s.model_path} does not exist on {rank.host}")
             # Nodes >= 1 bind the same port for SGLang's dummy /health. A taken one is waited
             # for (on every node at once, one bound: ``_port_taken``).
-            taken = await self._port_taken(t, rank.host, s.port)
-            if taken is not None:
-                fatal.append(taken)
+            target = replace(self._preflight_target(rank.host), gpus=())
+            fatal.extend(await preflight.check(self._transport(rank), target,
+                                               port_check=self._port_taken))
 
         await _on_every_node(self.ranks, node_checks)
         if not fatal and self._port_wait_since is not None:  # the GPUs' answer is old
-            busy = await self._busy_gpus()
+            gpus = await self._gpu_problems()
+            if _missing(gpus):
+                return gpus
         addr = dist_init_addr(self.config, s)
         if addr is not None:
             port = int(addr.rpartition(":")[2])
             if await remote.port_in_use(self._transport(self.ranks[0]), port):
-                busy.append(f"dist-init port {port} is still in use on {self.ranks[0].host} "
-                            "(torch's store of an earlier attempt)")
-        if fatal:
-            return sorted(fatal) + busy, False
-        return busy, True
+                gpus.append(Problem(
+                    ProblemKind.DIST_PORT_BUSY,
+                    f"dist-init port {port} is still in use on {self.ranks[0].host} "
+                    "(torch's store of an earlier attempt)"))
+        return sorted(fatal, key=lambda p: p.message) + gpus
 
-    async def _busy_gpus(self) -> list[str]:
+    async def _gpu_problems(self) -> list[Problem]:
         """Problems with the server's GPUs on every node (asked at once), each prefixed with
-        its host; a GPU that does not exist raises (fatal)."""
-        found: dict[int, list[str]] = {}
+        its host; the first node (in rank order) with a missing GPU: only its problems."""
+        found: dict[int, list[Problem]] = {}
 
         async def node_gpus(rank: Rank) -> None:
-            host = self.config.host(rank.host)
-            found[rank.rank] = await check_gpus(self._transport(rank), host.nvidia_smi,
-                                                self.server.gpus)
+            target = replace(self._preflight_target(rank.host), model_path=None, port=None)
+            found[rank.rank] = await preflight.check(self._transport(rank), target)
 
         await _on_every_node(self.ranks, node_gpus)
-        problems: list[str] = []
+        problems: list[Problem] = []
         for rank in self.ranks:
-            missing = [p for p in found[rank.rank] if "not present" in p]
-            if missing:
-                raise PreflightError(f"{rank.host}: " + "; ".join(missing),
-                                     remedy=f"fix the gpus of server {self.server.name}")
-            problems += [f"{rank.host}: {p}" for p in found[rank.rank]]
+            here = [p.on(rank.host) for p in found[rank.rank]]
+            if _missing(here):
+                return here
+            problems += here
         return problems
 
     # -- launch ----------------------------------------------------------------------------
@@ -707,6 +707,10 @@ async def _on_every_node(ranks: list[Rank],
             tg.start_soon(one, rank)
     if errors:
         raise errors[min(errors)]
+
+
+def _missing(problems: list[Problem]) -> bool:
+    return any(p.kind is ProblemKind.GPU_MISSING for p in problems)
 
 
 def _phase_of_order(order: int) -> Phase:

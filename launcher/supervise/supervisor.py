@@ -45,7 +45,6 @@ from launcher.errors import (
     HostKeyError,
     HostUnreachable,
     LauncherError,
-    PreflightError,
     StateError,
     describe_exception,
     format_traceback,
@@ -53,11 +52,17 @@ from launcher.errors import (
 )
 from launcher.hooks.logging import level_of
 from launcher.hooks.slack import Redactor
-from launcher.host import health
+from launcher.host import health, preflight
 from launcher.host import run as remote
 from launcher.host.follower import HostFollower, followers_for
-from launcher.host.gpus import check_gpus
-from launcher.host.preflight import PortHolder, port_holder
+from launcher.host.preflight import (
+    PortHolder,
+    Problem,
+    ProblemKind,
+    Target,
+    port_holder,
+    port_problem,
+)
 from launcher.host.shell import RunDirUnsafe
 from launcher.host.transport.base import Transport
 from launcher.memory.policy import AttemptRecord, Bounds
@@ -634,17 +639,18 @@ class ServerSupervisor:
 
     async def _preflight(self) -> None:
         self._port_wait_since = None  # each preflight's wait for a taken port is bounded anew
-        problems, transient = await self._preflight_problems()
+        problems = await self._preflight_problems()
         if not problems:
             await self._post(PreflightPassed())
         else:
-            await self._post(PreflightBlocked("; ".join(problems), transient=transient))
+            await self._post(PreflightBlocked("; ".join(map(str, problems)),
+                                              transient=all(p.transient for p in problems)))
 
-    async def _preflight_problems(self) -> tuple[list[str], bool]:
-        """(problems, all transient). GPUs busy is transient; so is a host that cannot be
-        asked right now (``is_transient``: unreachable, a command timeout, a refused
-        session), after the checks were retried ``preflight_tries`` times. The rest is
-        fatal."""
+    async def _preflight_problems(self) -> list[Problem]:
+        """``preflight.check``'s problems. A host that cannot be asked right now
+        (``is_transient``: unreachable, a command timeout, a refused session) is a transient
+        ``HOST_UNAVAILABLE`` problem after the checks were retried ``preflight_tries`` times;
+        any other failure of a check is a fatal ``CHECK_FAILED``."""
         retrying = self._transient_retrying(self.preflight_tries, events.PreflightRetry)
         try:
             async for attempt in retrying:
@@ -652,29 +658,41 @@ class ServerSupervisor:
                     return await self._preflight_checks()
         except LauncherError as exc:
             if is_transient(exc):
-                return [f"host cannot be asked now: {exc}"], True
-            return [str(exc)], False
+                return [Problem(ProblemKind.HOST_UNAVAILABLE, f"host cannot be asked now: {exc}")]
+            return [Problem(ProblemKind.CHECK_FAILED, str(exc))]
         raise AssertionError("unreachable")  # pragma: no cover (reraise=True)
 
-    async def _preflight_checks(self) -> tuple[list[str], bool]:
+    def _preflight_target(self, host: str) -> Target:
+        """What this server needs of ``host``: its GPUs, its model path, its port."""
         s = self.server
-        fatal: list[str] = []
-        busy = await self._busy_gpus()
-        if s.model_path.startswith("/") and not await remote.path_exists(
-            self.transport, s.model_path
-        ):
-            fatal.append(f"model path {s.model_path} does not exist on {s.host}")
-        taken = await self._port_taken(self.transport, s.host, s.port)
-        if taken is not None:
-            fatal.append(taken)
-        elif self._port_wait_since is not None:  # waited for the port: the GPUs' answer is old
-            busy = await self._busy_gpus()
-        if fatal:
-            return fatal + busy, False
-        return busy, True
+        return Target(host, self.config.host(host).nvidia_smi, s.name, s.gpus, s.model_path,
+                      s.port)
 
-    async def _port_taken(self, transport: Transport, host: str, port: int) -> str | None:
-        """None once ``port`` is free on ``host``, else the (fatal) problem naming its holder.
+    async def _preflight_checks(self) -> list[Problem]:
+        s = self.server
+        target = self._preflight_target(s.host)
+        problems = await preflight.check(self.transport, target, port_check=self._port_taken)
+        if self._port_wait_since is None or any(p.kind is ProblemKind.PORT_TAKEN
+                                                for p in problems):
+            return problems
+        # Waited for the port: the GPUs' answer is old. Ask them again.
+        gpus = await self._gpu_problems()
+        if any(p.kind is ProblemKind.GPU_MISSING for p in gpus):
+            return gpus
+        return [p for p in problems if p.kind is not ProblemKind.GPU_BUSY] + gpus
+
+    async def _gpu_problems(self) -> list[Problem]:
+        """``preflight.check`` of the server's GPUs alone."""
+        target = replace(self._preflight_target(self.server.host), model_path=None, port=None)
+        return await preflight.check(self.transport, target)
+
+    async def _busy_gpus(self) -> list[str]:
+        """Problems with the server's GPUs, as text (a missing GPU's with its remedy)."""
+        return [str(p) for p in await self._gpu_problems()]
+
+    async def _port_taken(self, transport: Transport, host: str, port: int) -> Problem | None:
+        """None once ``port`` is free on ``host``, else the (fatal) problem naming its holder
+        (a ``preflight.PortCheck``).
 
         SGLang's port is not reserved while the server is down: another user of the host can
         bind it during a restart. So a taken port is waited for like busy GPUs, polling once a
@@ -689,7 +707,7 @@ class ServerSupervisor:
             holder = await port_holder(transport, port)
             if holder is None:
                 return None
-            problem = f"port {port} is already in use on {host} ({holder.describe()})"
+            problem = port_problem(host, port, holder)
             if holder.ours and self.machine.ready_at is None:
                 return problem
             now = self.clock()
@@ -697,7 +715,8 @@ class ServerSupervisor:
                 self._port_wait_since = now
             waited = now - self._port_wait_since
             if waited >= self.policy.gpu_free_timeout:
-                return f"{problem} for {waited:.0f} s (gpu_free_timeout)"
+                return replace(problem, message=f"{problem.message} for {waited:.0f} s "
+                                                "(gpu_free_timeout)")
             if holder != told:
                 told = holder
                 self._emit(events.PortWaiting(
@@ -705,15 +724,6 @@ class ServerSupervisor:
                     wait_s=self.policy.gpu_free_timeout, uid=holder.uid, pid=holder.pid,
                 ))
             await self.sleep(1.0)
-
-    async def _busy_gpus(self) -> list[str]:
-        """Problems with the server's GPUs; a GPU that does not exist raises (fatal)."""
-        problems = await check_gpus(self.transport, self.host.nvidia_smi, self.server.gpus)
-        missing = [p for p in problems if "not present" in p]
-        if missing:
-            raise PreflightError("; ".join(missing),
-                                 remedy=f"fix the gpus of server {self.server.name}")
-        return problems
 
     async def _launch(self, action: Launch) -> None:
         cmd = self._command(action.attempt, action.params)
