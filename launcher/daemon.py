@@ -117,7 +117,7 @@ async def sglang_version_of(server: ServerConfig, transport: Transport) -> str:
 async def _already_running(config: Config, server: ServerConfig, transport: Transport) -> bool:
     """Whether an attempt of ``server`` runs on its host (to be adopted); False when the
     listing fails (the refusal stands)."""
-    run_dir = server.run_dir or config.host(server.host).run_dir
+    run_dir = config.run_dir_of(server)
     try:
         return await remote.find_running(transport, run_dir, server.name) is not None
     except LauncherError:

@@ -159,3 +159,17 @@ def test_plan_json_shows_every_rank(tmp_path: Path) -> None:
     text = run_cli("plan", str(path))
     assert 0 == text.returncode, text.stderr
     assert "rank 1" in text.stdout and "on gpu-b" in text.stdout
+
+
+def test_run_dir_of_is_the_units_own_else_its_hosts(tmp_path: Path) -> None:
+    """``Config.run_dir_of``: a server's ``run_dir`` wins on every node; without one, each
+    node's host's ``run_dir`` (node 0's host by default)."""
+    hosts = HOSTS.replace('address = "10.0.4.22"', 'address = "10.0.4.22"\nrun_dir = "/b/runs"')
+    config = load(tmp_path, hosts + DSV3)
+    dsv3 = config.server("dsv3")
+    assert "~/.launcher/runs" == config.run_dir_of(dsv3)
+    assert "/b/runs" == config.run_dir_of(dsv3, "gpu-b")
+
+    own = load(tmp_path, hosts + DSV3.replace('tp = 16', 'tp = 16\nrun_dir = "/srv/runs"'))
+    assert ["/srv/runs", "/srv/runs"] == [
+        own.run_dir_of(own.server("dsv3"), h) for h in ("gpu-a", "gpu-b")]

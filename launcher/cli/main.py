@@ -473,7 +473,6 @@ def plan(
         if (found := _guard(partial(_remembered_params, config, s))) is not None}
     planned = anyio.run(partial(estimate_servers, config, selected, warm=warm))
     for s in selected:
-        host = config.host(s.host)
         version = s.sglang_version or DEFAULT_VERSION
         first = planned[s.name]
         params, params_source = warm.get(s.name) or (
@@ -502,7 +501,7 @@ def plan(
                 "env": _planned_env(cmd.masked_env()),
                 "params": params.as_dict(),
                 "params_source": params_source,
-                "run_dir": posixpath.normpath(f"{s.run_dir or host.run_dir}/{s.name}")
+                "run_dir": posixpath.normpath(f"{config.run_dir_of(s)}/{s.name}")
                 + "/<attempt>",
                 "ranks": ranks,
                 "oom_ladder": [
@@ -603,7 +602,7 @@ def _plan_ranks(config: Config, s: ServerConfig, params: LaunchParams, version: 
     """Every rank's host, command line and run dir (one entry, rank 0, for one host)."""
     return [
         {"rank": rank.rank, "host": rank.host, "argv": cmd.argv, "command": shlex.join(cmd.argv),
-         "run_dir": f"{s.run_dir or config.host(rank.host).run_dir}/{rank.run_name}/<attempt>"}
+         "run_dir": f"{config.run_dir_of(s, rank.host)}/{rank.run_name}/<attempt>"}
         for rank, cmd in rank_commands(config, s, params, version, secrets)
     ]
 
@@ -934,10 +933,6 @@ def history(
 # --- down / status / logs / check ----------------------------------------------------
 
 
-def _run_dir(config: Config, s: ServerConfig) -> str:
-    return inspection.run_dir(config, s)
-
-
 async def _per_server(config: Config, servers: list[ServerConfig],
                       fn: Callable[[ServerConfig, Transport], Any], *,
                       one_try: bool = False) -> list[Any]:
@@ -976,7 +971,7 @@ def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         return said
 
     async def stop_first(s: ServerConfig, t: Transport) -> str:
-        handle = await run.find_running(t, _run_dir(config, s), s.name)
+        handle = await run.find_running(t, config.run_dir_of(s), s.name)
         if handle is None:
             return "not running"
         report = await run.stop(t, handle)
@@ -1411,7 +1406,7 @@ def logs(
     s = _guard(lambda: config.server(name))
 
     async def show(s: ServerConfig, t: Transport) -> None:
-        handle = await _attempt_handle(t, _run_dir(config, s), s, attempt)
+        handle = await _attempt_handle(t, config.run_dir_of(s), s, attempt)
         offset = 0 if tail is None else await _tail_offset(t, handle, tail)
         if since is not None:
             now = await inspection.host_now(t)
@@ -1460,7 +1455,7 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         except LauncherError as exc:
             problems.append(f"SGLang version: {exc}")
             version = "?"
-        running = await run.find_running(t, _run_dir(config, s), s.name)
+        running = await run.find_running(t, config.run_dir_of(s), s.name)
         target = preflight.Target(s.host, config.host(s.host).nvidia_smi, s.name, s.gpus,
                                   s.model_path, s.port)
         if running is not None:  # a running server of ours holds its GPUs and port: fine

@@ -803,6 +803,13 @@ class Config(BaseSettings):
             [f"hosts: no host named {name!r}; {_known([h.name for h in self.hosts], name)}"]
         )
 
+    def run_dir_of(self, unit: ServerConfig | RouterConfig, host: str | None = None) -> str:
+        """The directory on ``host`` (default: the unit's own; a multi-node server's other
+        nodes name theirs) under which ``unit``'s attempts run, as ``<it>/<name>/<attempt>``
+        (``<name>.node<R>`` for a rank): the unit's ``run_dir``, else the host's. Kept as
+        written (its ``~`` is the remote user's)."""
+        return unit.run_dir or self.host(host or unit.host).run_dir
+
     def policy_for(self, server_name: str) -> PolicyConfig:
         """The global ``[policy]`` with the server's ``policy`` table applied field by field."""
         return self.server(server_name).policy.applied_to(self.policy)

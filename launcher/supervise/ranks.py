@@ -221,9 +221,6 @@ class MultiNodeSupervisor(ServerSupervisor):
     def _transport(self, rank: Rank) -> Transport:
         return self.transports[rank.host]
 
-    def _run_dir_on(self, rank: Rank) -> str:
-        return self.server.run_dir or self.config.host(rank.host).run_dir
-
     # -- first event: survey every node ----------------------------------------------------
 
     async def _survey(self) -> remote.Survey:
@@ -232,8 +229,8 @@ class MultiNodeSupervisor(ServerSupervisor):
             async for attempt in self._transient_retrying(self.listing_tries, events.ListingRetry):
                 with attempt:
                     found[rank.rank] = await remote.survey(
-                        self._transport(rank), self._run_dir_on(rank), rank.run_name,
-                        adopting=True)
+                        self._transport(rank), self.config.run_dir_of(self.server, rank.host),
+                        rank.run_name, adopting=True)
         self._found = found
         latest = max(s.latest for s in found.values())
         running = [s.running for s in found.values()]
@@ -343,8 +340,8 @@ class MultiNodeSupervisor(ServerSupervisor):
                 for rank, cmd in cmds:
                     spec = remote.AttemptSpec(
                         server=rank.run_name, attempt=action.attempt,
-                        run_dir=self._run_dir_on(rank), argv=cmd.argv, env=cmd.env,
-                        secret_env=cmd.secret_env)
+                        run_dir=self.config.run_dir_of(self.server, rank.host), argv=cmd.argv,
+                        env=cmd.env, secret_env=cmd.secret_env)
                     tg.start_soon(one, rank, spec)
             if errors:
                 self._attempt = None
@@ -728,7 +725,7 @@ async def stop_other_ranks(config: Config, server: ServerConfig, *, grace: float
         transport = make_transport(host)
         where = f"node {rank.rank} ({rank.host})"
         try:
-            run_dir = server.run_dir or host.run_dir
+            run_dir = config.run_dir_of(server, rank.host)
             handle = await remote.find_running(transport, run_dir, rank.run_name)
             done = "not running (it goes with node 0)"
             if handle is not None:

@@ -512,7 +512,7 @@ class ServerSupervisor:
 
     @property
     def run_dir(self) -> str:
-        return self.server.run_dir or self.host.run_dir
+        return self.config.run_dir_of(self.server)
 
     async def _first_event(self, adopt: bool) -> LifecycleInput | None:
         """Adopted (a running attempt was found) or Start, decided on a listing of the host's
