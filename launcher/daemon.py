@@ -29,13 +29,12 @@ from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.host.transport.local import install_pidfd_child_watcher
 from launcher.params import LaunchParams
-from launcher.plan.first_attempt import Planned, plan_first_attempt
+from launcher.plan.first_attempt import Planned, plan_first_attempt, warm_start
 from launcher.plan.fleet import context_of
 from launcher.store.ledger import (
     Ledger,
     ObservationContext,
     fingerprint,
-    initial_params,
     ledger_path,
 )
 from launcher.store.lock import StateLock
@@ -186,11 +185,10 @@ async def _first_attempt(config: Config, s: ServerConfig, transport: Transport,
     version = await sglang_version_of(s, transport)
     fp = fingerprint(s, config.host(s.host), version)
     configured = s.launch_params()
-    initial, why = initial_params(ledger, fp, configured, opts.fresh)
-    first = await plan_first_attempt(
-        config, s, transport, version, configured,
-        warm=None if initial is configured else (initial, why), configured_reason=why,
-        ledger=ledger)
+    start = warm_start(ledger, config, s, [version], fresh=opts.fresh)
+    first = await plan_first_attempt(config, s, transport, version, configured,
+                                     warm=start.warm, configured_reason=start.reason,
+                                     ledger=ledger)
     return version, fp, first
 
 

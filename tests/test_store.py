@@ -32,7 +32,6 @@ from launcher.store.ledger import (
     Ledger,
     NotifyState,
     fingerprint,
-    initial_params,
     ledger_path,
 )
 from launcher.store.lock import LOCK_FILENAME, StateLock
@@ -280,27 +279,6 @@ def test_failure_after_ready_keeps_time_to_ready(ledger: Ledger) -> None:
                             evidence=["OOM"], log_tail="", ended_at=900.0)
     [row] = ledger.history()
     assert ("oom_runtime", 60.0, 900.0) == (row.outcome, row.seconds_to_ready, row.ended_at)
-
-
-# --- warm start --------------------------------------------------------------------------
-
-
-def test_initial_params_warm_starts_from_last_good(ledger: Ledger) -> None:
-    """With last good params known, they are used and the reason names their date."""
-    ledger.server_ready("llama", "fp1", P2, 10.0, 3, at=1_700_000_000.0)
-    assert (P2, "warm start from last good params of 2023-11-14 22:13 UTC") == initial_params(
-        ledger, "fp1", P1, fresh=False
-    )
-
-
-def test_initial_params_uses_configured_when_fresh_or_unknown(ledger: Ledger) -> None:
-    """fresh, or a fingerprint never ready, gives the configured params with a reason."""
-    ledger.server_ready("llama", "fp1", P2, 10.0, 3, at=1_700_000_000.0)
-    fresh, fresh_reason = initial_params(ledger, "fp1", P1, fresh=True)
-    unknown, unknown_reason = initial_params(ledger, "fp-new", P1, fresh=False)
-    assert (P1, P1) == (fresh, unknown)
-    assert "fresh start" in fresh_reason
-    assert "no last good params" in unknown_reason
 
 
 # --- fingerprint -------------------------------------------------------------------------

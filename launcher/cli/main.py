@@ -75,14 +75,14 @@ from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.memory.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
 from launcher.params import LaunchParams
-from launcher.plan.first_attempt import Planned, estimate_servers
+from launcher.plan.first_attempt import Planned, estimate_servers, warm_start
 from launcher.plan.multinode import rank_commands
 from launcher.sglang.budget import observed_bar
 from launcher.sglang.classify import diagnose_text
 from launcher.sglang.flags import mask_secret_flags
 from launcher.sglang.outcome import Diagnosis
 from launcher.sglang.versions import DEFAULT_VERSION, SUPPORTED_VERSIONS
-from launcher.store.ledger import Ledger, fingerprint, ledger_path
+from launcher.store.ledger import Ledger, ledger_path
 from launcher.store.lock import make_private_dir
 from launcher.supervise import events
 from launcher.supervise.ranks import stop_other_ranks
@@ -444,11 +444,9 @@ def _remembered_params(config: Config, s: ServerConfig) -> tuple[LaunchParams, s
         return None
     versions = [s.sglang_version] if s.sglang_version else list(SUPPORTED_VERSIONS)
     with Ledger(path) as ledger:
-        found = [e for v in versions
-                 if (e := ledger.last_good_entry(fingerprint(s, config.host(s.host), v)))]
-    if not found:
+        entry = warm_start(ledger, config, s, versions, fresh=False).last_good
+    if entry is None:
         return None
-    entry = max(found, key=lambda e: e.updated_at)
     return entry.params, f"last good, {inspection.iso(entry.updated_at)}; `up --fresh` ignores them"
 
 
@@ -483,7 +481,7 @@ def plan(
         p = config.policy_for(s.name)
         ladder = capture_oom_ladder(
             params,
-            Bounds(p.mem_fraction_floor, p.mem_fraction_ceiling, p.graph_bs_floor, p.max_attempts),
+            p.bounds(),
             gpu_total_gib=None,
             tp=s.tp,
             sglang_version=version,

@@ -59,6 +59,7 @@ from pydantic_settings import (
 
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
+from launcher.memory.policy import Bounds
 from launcher.params import LaunchParams
 from launcher.sglang.flags import (
     OWNED_FLAGS,
@@ -309,6 +310,15 @@ class PolicyConfig(_Model):
     # The share of the estimated graph + activation memory the estimate keeps spare.
     estimate_margin: Annotated[float, Field(ge=0.0, le=2.0)] = 0.15
     stall: StallBudgets = Field(default_factory=StallBudgets)
+
+    def bounds(self) -> Bounds:
+        """The OOM policy's search limits (``memory.policy.Bounds``), every field from this
+        policy: what the supervisor searches within and what `plan`'s ladder shows."""
+        return Bounds(
+            self.mem_fraction_floor, self.mem_fraction_ceiling, self.graph_bs_floor,
+            self.max_attempts, apply_prescribed_fixes=self.apply_prescribed_fixes,
+            allow_disable_draft_extend_graph=self.allow_disable_draft_extend_graph,
+        )
 
 
 class StallOverride(_Model):

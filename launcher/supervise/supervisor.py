@@ -65,7 +65,7 @@ from launcher.host.preflight import (
 )
 from launcher.host.shell import RunDirUnsafe
 from launcher.host.transport.base import Transport
-from launcher.memory.policy import AttemptRecord, Bounds
+from launcher.memory.policy import AttemptRecord
 from launcher.params import LaunchParams
 from launcher.plan.command import ServerCommand, params_from_argv, server_command
 from launcher.sglang.classify import classify, diagnose
@@ -251,11 +251,7 @@ class ServerSupervisor:
             initial=first,
             initial_reason=initial_reason,
             limits=Limits(
-                bounds=Bounds(
-                    p.mem_fraction_floor, p.mem_fraction_ceiling, p.graph_bs_floor, p.max_attempts,
-                    apply_prescribed_fixes=p.apply_prescribed_fixes,
-                    allow_disable_draft_extend_graph=p.allow_disable_draft_extend_graph,
-                ),
+                bounds=p.bounds(),
                 max_stalls=p.max_stalls,
                 probe_failures=p.probe_failures,
                 start_deadline=p.start_deadline,
