@@ -146,13 +146,17 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
                 with anyio.CancelScope(shield=True):
                     await notifier.aclose(10.0)
                 raise
+            recorder = LedgerRecorder(ledger, fingerprints, contexts=keys.contexts)
             async with anyio.create_task_group() as tg:
                 await tg.start(notifier.run)
+                await tg.start(recorder.run)
                 try:
-                    result = await _supervise(config, plans, fingerprints, keys, secrets,
-                                              transports, ledger, notifier, opts, view,
-                                              router_keys)
+                    result = await _supervise(config, plans, recorder, keys, secrets,
+                                              transports, notifier, opts, view, router_keys)
                 finally:
+                    # Every attempt row written before the ledger closes (shielded, bounded;
+                    # a cancelled recorder drains what is queued too).
+                    await recorder.aclose(10.0)
                     with anyio.CancelScope(shield=True):
                         await notifier.aclose(10.0)
                     tg.cancel_scope.cancel()
@@ -257,9 +261,9 @@ async def _first_attempts(config: Config, servers: list[ServerConfig],
     return plans, fingerprints, keys
 
 
-async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str, str],
+async def _supervise(config: Config, plans: list[_Plan], recorder: LedgerRecorder,
                      keys: _Keys, secrets: dict[str, dict[str, str]],
-                     transports: dict[str, Transport], ledger: Ledger,
+                     transports: dict[str, Transport],
                      notifier: SlackNotifier, opts: Options, view: View | None,
                      router_keys: dict[str, str | None] | None = None) -> Result:
     log = structlog.get_logger("launcher")
@@ -268,7 +272,6 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
     for s, version, _, _ in plans:
         facts[s.name] = ServerFacts.of(s, config.host(s.host), version)
         notifier.describe(s.name, facts[s.name])
-    recorder = LedgerRecorder(ledger, fingerprints, contexts=keys.contexts)
     hooks: list[events.Hook] = [recorder, notifier]
     metrics = Metrics(facts=facts) if config.metrics else None
     metrics_server = None
@@ -377,7 +380,6 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
             sd.close()
         if metrics_server is not None:
             await anyio.to_thread.run_sync(metrics_server.close)
-        recorder.close()
     gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
     left: list[str] = []
     if interrupted or opts.until_ready:
