@@ -11,6 +11,8 @@ from launcher.config.schema import Config, load_config
 from launcher.errors import ConfigError
 from launcher.params import LaunchParams
 from launcher.plan.multinode import dist_init_addr, rank_commands
+from launcher.supervise.ranks import MultiNodeSupervisor
+from launcher.supervise.supervisor import ServerSupervisor
 from tests.supervise import run_cli
 
 HOSTS = """
@@ -173,3 +175,13 @@ def test_run_dir_of_is_the_units_own_else_its_hosts(tmp_path: Path) -> None:
     own = load(tmp_path, hosts + DSV3.replace('tp = 16', 'tp = 16\nrun_dir = "/srv/runs"'))
     assert ["/srv/runs", "/srv/runs"] == [
         own.run_dir_of(own.server("dsv3"), h) for h in ("gpu-a", "gpu-b")]
+
+
+def test_the_multinode_supervisor_overrides_only_the_documented_extension_points() -> None:
+    """``MultiNodeSupervisor`` replaces no private method of ``ServerSupervisor``: only the
+    public extension points its docstring lists."""
+    base = ServerSupervisor.__doc__ or ""
+    overridden = {name for name in vars(MultiNodeSupervisor)
+                  if name in vars(ServerSupervisor) and not name.startswith("__")}
+    assert overridden and not [n for n in overridden if n.startswith("_")], overridden
+    assert [] == [n for n in sorted(overridden) if f"``{n}``" not in base]

@@ -2,8 +2,12 @@
 
 A server with ``nodes = [...]`` runs one SGLang process per node (``launcher.plan.multinode``).
 :class:`MultiNodeSupervisor` is a :class:`~launcher.supervise.supervisor.ServerSupervisor` whose
-attempt is a group of ranks. The pure state machine (``launcher.supervise.lifecycle``) is
-unchanged: it sees one server, and this module turns the ranks' events into that server's.
+attempt is a group of ranks: it overrides the supervisor's extension points (``survey``,
+``clear_leftovers``, ``adopt``, ``preflight_checks``, ``gpu_problems``, ``launch``,
+``follow_attempt``, ``stop_attempt``, ``attempt_tail``, ``host_unreachable``,
+``host_reachable``) and nothing else of it. The pure state machine
+(``launcher.supervise.lifecycle``) is unchanged: it sees one server, and this module turns the
+ranks' events into that server's.
 
 - **Launch**: every rank at once, each in its own run directory on its own host (node 0's is
   named like the server, the others ``<server>.node<R>``). If one launch fails, the ranks that
@@ -78,17 +82,14 @@ from launcher.supervise import events
 from launcher.supervise.backoff import Doubling, sleep_or
 from launcher.supervise.lifecycle import (
     Adopted,
-    CleanedUp,
     Exited,
     FatalLineSeen,
     HostRefused,
     Launch,
     Launched,
-    LifecycleInput,
     PhaseSeen,
     ReadyLineSeen,
     Stalled,
-    Start,
 )
 from launcher.supervise.supervisor import RunningAttempt, ServerSupervisor
 
@@ -188,7 +189,7 @@ class MultiNodeSupervisor(ServerSupervisor):
 
     # -- per-node reachability -----------------------------------------------------------
 
-    def _host_unreachable(self, exc: Exception, retry_in_s: float | None = None,
+    def host_unreachable(self, exc: Exception, retry_in_s: float | None = None,
                           node: str | None = None) -> None:
         host = node or self.server.host
         now = self.clock()
@@ -202,7 +203,7 @@ class MultiNodeSupervisor(ServerSupervisor):
             error=str(exc), node=host, unreachable_s=round(now - self._node_down[host], 3),
             retry_in_s=retry_in_s))
 
-    def _host_reachable(self, node: str | None = None) -> None:
+    def host_reachable(self, node: str | None = None) -> None:
         host = node or self.server.host
         since = self._node_down.pop(host, None)
         if since is None:
@@ -223,7 +224,7 @@ class MultiNodeSupervisor(ServerSupervisor):
 
     # -- first event: survey every node ----------------------------------------------------
 
-    async def _survey(self) -> remote.Survey:
+    async def survey(self) -> remote.Survey:
         found: dict[int, remote.Survey] = {}
         for rank in self.ranks:
             async for attempt in self._transient_retrying(self.listing_tries, events.ListingRetry):
@@ -238,22 +239,18 @@ class MultiNodeSupervisor(ServerSupervisor):
             {h.attempt for h in running if h is not None}) == 1
         return remote.Survey(found[0].running if whole else None, latest)
 
-    async def _decide_first(self, adopt: bool) -> LifecycleInput:
-        event = await super()._decide_first(adopt)
-        if isinstance(event, Start):
-            leftovers = [(rank, s.running) for rank in self.ranks
-                         if (s := self._found.get(rank.rank)) is not None
-                         and s.running is not None]
-            if leftovers:  # a partial group (or adoption declined): stop it, node 0 first
-                self._emit(events.RanksLeftovers(ranks=tuple(
-                    events.RankRun(rank=r.rank, host=r.host, attempt=h.attempt)
-                    for r, h in leftovers)))
-                for rank, handle in leftovers:
-                    await self._stop_rank(rank, handle, "leftover",
-                                          self.grace if rank.rank == 0 else self.follower_grace)
-        return event
+    async def clear_leftovers(self) -> None:
+        leftovers = [(rank, s.running) for rank in self.ranks
+                     if (s := self._found.get(rank.rank)) is not None and s.running is not None]
+        if leftovers:  # a partial group (or adoption declined): stop it, node 0 first
+            self._emit(events.RanksLeftovers(ranks=tuple(
+                events.RankRun(rank=r.rank, host=r.host, attempt=h.attempt)
+                for r, h in leftovers)))
+            for rank, handle in leftovers:
+                await self._stop_rank(rank, handle, "leftover",
+                                      self.grace if rank.rank == 0 else self.follower_grace)
 
-    async def _adopt(self, handle: remote.RunHandle) -> Adopted:
+    async def adopt(self, handle: remote.RunHandle) -> Adopted:
         params = await self._params_of(handle)
         launched = await self._launched_at(handle)
         handles = [self._found[r.rank].running for r in self.ranks]
@@ -274,9 +271,9 @@ class MultiNodeSupervisor(ServerSupervisor):
 
     # -- preflight and GPUs ----------------------------------------------------------------
 
-    async def _preflight_checks(self) -> list[Problem]:
+    async def preflight_checks(self) -> list[Problem]:
         s = self.server
-        gpus = await self._gpu_problems()
+        gpus = await self.gpu_problems()
         if _missing(gpus):
             return gpus
         fatal: list[Problem] = []
@@ -290,7 +287,7 @@ class MultiNodeSupervisor(ServerSupervisor):
 
         await _on_every_node(self.ranks, node_checks)
         if not fatal and self._port_wait_since is not None:  # the GPUs' answer is old
-            gpus = await self._gpu_problems()
+            gpus = await self.gpu_problems()
             if _missing(gpus):
                 return gpus
         addr = dist_init_addr(self.config, s)
@@ -303,7 +300,7 @@ class MultiNodeSupervisor(ServerSupervisor):
                     "(torch's store of an earlier attempt)"))
         return sorted(fatal, key=lambda p: p.message) + gpus
 
-    async def _gpu_problems(self) -> list[Problem]:
+    async def gpu_problems(self) -> list[Problem]:
         """Problems with the server's GPUs on every node (asked at once), each prefixed with
         its host; the first node (in rank order) with a missing GPU: only its problems."""
         found: dict[int, list[Problem]] = {}
@@ -323,7 +320,7 @@ class MultiNodeSupervisor(ServerSupervisor):
 
     # -- launch ----------------------------------------------------------------------------
 
-    async def _launch(self, action: Launch) -> None:
+    async def launch(self, action: Launch) -> None:
         cmds = rank_commands(self.config, self.server, action.params, self.version,
                              self.secret_env, action.attempt)
         handles: dict[int, remote.RunHandle] = {}
@@ -370,7 +367,7 @@ class MultiNodeSupervisor(ServerSupervisor):
             await self._post(Launched(pid=att.handle.pid))
             self._start_attempt_tasks(att)
 
-    async def _attempt_tasks(self, att: RunningAttempt) -> None:
+    async def follow_attempt(self, att: RunningAttempt) -> None:
         assert isinstance(att, _GroupAttempt)
         with att.scope:
             async with anyio.create_task_group() as tg:
@@ -391,19 +388,19 @@ class MultiNodeSupervisor(ServerSupervisor):
                     await remote.log_age(run.transport, run.handle)
                 except HostUnreachable as exc:
                     wait = waits.next()
-                    self._host_unreachable(exc, wait, node=host)
+                    self.host_unreachable(exc, wait, node=host)
                     await self._node_wait(host, wait)
                     continue
                 except LauncherError:
                     pass
-                self._host_reachable(node=host)
+                self.host_reachable(node=host)
             try:
                 async for item in remote.follow(run.transport, run.handle, run.offset):
                     if isinstance(item, remote.LogChunk):
                         run.offset = item.end_offset
                         run.last_advance = self.clock()
                         waits.reset()
-                        self._host_reachable(node=host)
+                        self.host_reachable(node=host)
                         for line in splitter.feed(item.data):
                             await self._on_rank_line(att, run, line)
                     else:
@@ -417,7 +414,7 @@ class MultiNodeSupervisor(ServerSupervisor):
                 return
             except HostUnreachable as exc:
                 wait = waits.next()
-                self._host_unreachable(exc, wait, node=host)
+                self.host_unreachable(exc, wait, node=host)
                 await self._node_wait(host, wait)
             except LauncherError as exc:
                 status = await self._rank_status(run)
@@ -593,12 +590,12 @@ class MultiNodeSupervisor(ServerSupervisor):
             try:
                 age = await remote.log_age(run.transport, run.handle)
             except HostUnreachable as exc:
-                self._host_unreachable(exc, node=run.rank.host)
+                self.host_unreachable(exc, node=run.rank.host)
                 continue
             except LauncherError:
                 age = self.clock() - run.last_advance
             else:
-                self._host_reachable(node=run.rank.host)
+                self.host_reachable(node=run.rank.host)
             if age <= budget:
                 run.last_advance = self.clock() - age  # it wrote; our follower lags
                 continue
@@ -610,34 +607,26 @@ class MultiNodeSupervisor(ServerSupervisor):
 
     # -- stopping --------------------------------------------------------------------------
 
-    async def _kill(self, reason: str) -> None:
-        with anyio.CancelScope(shield=True):
-            async with self._launching:
-                att = self._attempt
-            if att is not None:
-                att.scope.cancel()
-        if isinstance(att, _GroupAttempt):
-            # A hook run before any stop (main's router deregistration), when there is one.
-            before_stop = getattr(self, "before_stop", None)
-            if before_stop is not None:
-                with anyio.CancelScope(shield=True):
-                    await before_stop(self.server.name, reason)
-            await self._stop_group(att, reason)
-            with anyio.CancelScope(shield=True):
-                tails = []
-                for run in att.ranks:
-                    try:
-                        tail = await remote.tail_log(run.transport, run.handle)
-                    except LauncherError as exc:
-                        self._emit(events.AttemptTailUnreadable(error=str(exc),
-                                                                node=run.rank.host))
-                        continue
-                    text = tail.decode("utf-8", errors="replace")
-                    tails.append(f"===== {run.where}: {run.handle.dir}/log =====\n{text}")
-                    if run.ended is None and att.failed:
-                        self._late_end(run, text)
-                self._attempt_ended(att, "\n".join(tails))
-        await self._post(CleanedUp())
+    async def stop_attempt(self, att: RunningAttempt, reason: str) -> None:
+        assert isinstance(att, _GroupAttempt)
+        await self._stop_group(att, reason)
+
+    async def attempt_tail(self, att: RunningAttempt) -> str:
+        """Every rank's tail under a ``===== node R (host): dir/log =====`` header; a rank
+        whose end was not seen before the stop gets its ``rank.exited`` from it."""
+        assert isinstance(att, _GroupAttempt)
+        tails = []
+        for run in att.ranks:
+            try:
+                tail = await remote.tail_log(run.transport, run.handle)
+            except LauncherError as exc:
+                self._emit(events.AttemptTailUnreadable(error=str(exc), node=run.rank.host))
+                continue
+            text = tail.decode("utf-8", errors="replace")
+            tails.append(f"===== {run.where}: {run.handle.dir}/log =====\n{text}")
+            if run.ended is None and att.failed:
+                self._late_end(run, text)
+        return "\n".join(tails)
 
     def _late_end(self, run: _RankRun, tail: str) -> None:
         """A rank whose end the follower did not see before the stop (the attempt had failed
@@ -671,13 +660,13 @@ class MultiNodeSupervisor(ServerSupervisor):
                 try:
                     report = await remote.stop(transport, handle, grace=grace, kill_wait=5.0)
                 except HostUnreachable as exc:
-                    self._host_unreachable(exc, waits.current, node=rank.host)
+                    self.host_unreachable(exc, waits.current, node=rank.host)
                 except LauncherError as exc:
                     self._emit(events.ProcessStopFailed(reason=reason, error=str(exc),
                                                         node=rank.host, rank=rank.rank))
                     return
                 else:
-                    self._host_reachable(node=rank.host)
+                    self.host_reachable(node=rank.host)
                     self._emit(events.ProcessStopped(
                         reason=reason, signals=tuple(report.signals_sent),
                         leftover_pids=tuple(report.leftover_pids), node=rank.host,
