@@ -79,21 +79,24 @@ _START = 'command -v python3 > /dev/null 2>&1 || exit 127; exec python3 -I -c "$
 
 # The agent's source reaches python3 on its stdin, not in its argv: as argv, `ps` on the host
 # showed the whole source as the agent's command line (issue 25). The stub below is all of
-# python3's argv (under 200 characters; "launcher-agent" names it in `ps`). It reads exactly
-# DIGEST + len(source) bytes with os.read on fd 0 in a loop (sys.stdin would buffer, and could
-# swallow the agent's first commands) and runs the source only when the first DIGEST bytes are
-# the sha256 of the rest (32 in the stub is DIGEST); else it prints AGENT_REFUSED and exits.
+# python3's argv (under 200 characters; its first words, 'launcher-agent', name it even where
+# `ps` or `systemctl status` cut the line short). It reads exactly DIGEST + len(source) bytes
+# with os.read on fd 0 in a loop (sys.stdin would buffer, and could swallow the agent's first
+# commands) and runs the source only when the first DIGEST bytes (the 32 in the stub) are the
+# sha256 of the rest; else it prints AGENT_REFUSED and exits.
 # Why stdin and not a file in the run directory: a file there would need the checks the
 # hardening does for the run directory (our own, not writable by others, opened with
 # O_NOFOLLOW; docs/security.md) and a second session to write it; stdin needs neither.
 # Why the digest leads the source on stdin and is not a literal in the stub: 64 hex digits,
-# the exact read and a clear refusal do not fit 200 characters. Both travel the same
-# authenticated SSH channel, so the check guards the same thing either way: bytes lost, added
-# or changed between launcher and python3 (a login script that reads stdin, a host wrapper).
-_STUB = ("import os,hashlib as h;b=bytearray();"
+# the exact read and a clear refusal do not fit in 200 characters. Both travel the same
+# authenticated SSH channel, so the check guards the same thing either way: bytes changed or
+# added between launcher and python3 (a host wrapper, a login script that writes to stdin)
+# are refused at once; bytes lost (a login script that reads stdin) leave the stub waiting
+# until HELLO_TIMEOUT_S closes the channel.
+_STUB = ("'launcher-agent';import os,hashlib as h;b=bytearray();"
          "any(map(b.extend,iter(lambda:os.read(0,{size}-len(b)),b'')));"
-         "exec(b[32:])if h.sha256(b[32:]).digest()==b[:32]else print('launcher-agent refused')")
-AGENT_REFUSED = b"launcher-agent refused\n"  # the stub's answer to a source that arrived changed
+         "exec(b[32:])if h.sha256(b[32:]).digest()==b[:32]else print('refused')")
+AGENT_REFUSED = b"refused\n"  # the stub's answer to a source that arrived changed
 DIGEST = 32  # bytes of a sha256 digest
 
 
