@@ -60,8 +60,8 @@ MAX_TOP_LEVEL_MODULES = 6
 
 # What launcher/sglang may import besides itself: no I/O, no third-party code.
 PURE_STDLIB = {
-    "__future__", "codecs", "collections", "dataclasses", "datetime", "enum", "json", "math", "re",
-    "typing",
+    "__future__", "codecs", "collections", "dataclasses", "datetime", "enum", "itertools", "json",
+    "math", "re", "shlex", "typing",
 }
 # The pure domain types launcher/sglang may use besides itself (no I/O either).
 DOMAIN = {"launcher.params", "launcher.durations", "launcher.errors", "launcher.untrusted"}
@@ -302,6 +302,11 @@ def test_the_module_counter_sees_a_seventh_top_level_module() -> None:
     planted = ["launcher", "launcher.a", "launcher.b", "launcher.c", "launcher.d", "launcher.e",
                "launcher.f", "launcher.host", "launcher.host.run", "launcher.host.transport.ssh"]
     assert len(top_level_modules(planted)) == 7
+
+
+def test_imports_only_go_down_the_layers() -> None:
+    """No module imports from a layer above its own."""
+    assert [] == upward_imports(sources())
 
 
 def test_the_upward_checker_sees_an_upward_import() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from launcher.params import LaunchParams
-from launcher.plan.command import params_argv, params_from_argv
 from launcher.sglang.classify import ADVICE, RETRYABLE, classify, diagnose, diagnose_text
+from launcher.sglang.flags import params_argv, params_from_argv
 from launcher.sglang.logparse import LineSplitter, LogFollower, split_records
 from launcher.sglang.outcome import Diagnosis, Outcome
 from launcher.sglang.phases import Phase

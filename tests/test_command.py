@@ -10,9 +10,8 @@ from launcher.plan.command import (
     env_is_read,
     graph_bs_flag,
     mamba_strategy_flag,
-    params_argv,
-    params_from_argv,
 )
+from launcher.sglang.flags import params_argv, params_from_argv
 
 
 def cmd(version: str, params: LaunchParams, **kw: object) -> list[str]:

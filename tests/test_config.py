@@ -26,7 +26,7 @@ from launcher.config.schema import (
 )
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
-from launcher.plan.command import params_argv
+from launcher.sglang.flags import params_argv
 from launcher.sglang.phases import Phase
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,7 +21,6 @@ from launcher.errors import ConfigError
 from launcher.hooks.slack import (
     Kind,
     Origin,
-    Redactor,
     ServerInfo,
     SlackNotifier,
     adopted_message,
@@ -35,6 +34,7 @@ from launcher.hooks.slack import (
 from launcher.sglang.classify import diagnose_text
 from launcher.store.ledger import Ledger
 from launcher.supervise import events as ev
+from launcher.untrusted import Redactor
 from tests.faketime import FakeTime as FakeClock  # its clock and sleep move together
 from tests.httpsink import HANG, HttpSink, Reply
 

@@ -61,7 +61,7 @@ from launcher.host.preflight import port_in_use as port_in_use
 from launcher.host.preflight import version_probe_argv as version_probe_argv
 from launcher.host.shell import _PRELUDE, _fail, _sh
 from launcher.host.transport.base import Transport
-from launcher.plan.command import PARAMS_ENV
+from launcher.sglang.flags import PARAMS_ENV
 from launcher.untrusted import bounded_float, bounded_int
 
 log = structlog.get_logger(__name__)
