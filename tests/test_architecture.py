@@ -261,17 +261,29 @@ def private_imports(code: Mapping[str, str]) -> list[str]:
     return out
 
 
+def _exported(tree: ast.Module) -> set[str]:
+    """The names in a module's ``__all__`` (a literal list or tuple of strings)."""
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
+                                                 for t in node.targets)
+                and isinstance(node.value, ast.List | ast.Tuple)):
+            return {e.value for e in node.value.elts
+                    if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    return set()
+
+
 def reexports(code: Mapping[str, str]) -> list[str]:
-    """Re-export shims: a name imported from a launcher module and written ``x as x``, or
-    imported and never read in the module (so it is only there for others to import);
-    as 'module:line: target.name'."""
+    """Re-export shims: a name imported from another launcher module and written ``x as x``,
+    listed in ``__all__``, or never read in the module (so it is only there for others to
+    import); as 'module:line: target.name'."""
     out = []
     for module, source in code.items():
         tree = ast.parse(source)
         read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
                 and isinstance(n.ctx, ast.Load)}
+        exported = _exported(tree)
         for i in _internal(source, module, code):
-            if i.self_alias or i.bound not in read:
+            if i.self_alias or i.bound in exported or i.bound not in read:
                 what = i.module if i.name is None else f"{i.module}.{i.name}"
                 out.append(f"{module}:{i.line}: {what}")
     return out
@@ -376,18 +388,24 @@ def test_the_private_checker_sees_every_spelling() -> None:
     ] == private_imports(planted)
 
 
+def test_there_is_no_re_export_shim() -> None:
+    """Every launcher name a module imports, it uses; nothing is written ``x as x``."""
+    assert [] == reexports(sources())
+
+
 def test_the_re_export_checker_sees_a_shim() -> None:
-    """``x as x`` fails even when used; an imported name only listed in ``__all__`` or never
-    read fails; names read in code, annotations or as a module's attribute pass."""
+    """``x as x`` fails even when used; an imported name listed in ``__all__`` (read or not)
+    or never read fails; names read in code, annotations or as a module's attribute pass."""
     planted = {
         "launcher.host.run": (
             "from launcher.host.preflight import port_in_use as port_in_use\n"
             "from launcher.host.preflight import path_exists\n"
             "from launcher.host.preflight import PORT, Problem, check\n"
             "from launcher.host import shell\n"
-            "__all__ = ['path_exists']\n"
+            "__all__ = ['path_exists', 'check', 'run']\n"
             "def f(p: Problem) -> None:\n"
-            "    check(port_in_use, shell.quote)\n"
+            "    check(port_in_use, shell.quote, path_exists)\n"
+            "def run(): ...\n"
         ),
         "launcher.host.preflight": "",
         "launcher.host.shell": "",
@@ -397,6 +415,7 @@ def test_the_re_export_checker_sees_a_shim() -> None:
         "launcher.host.run:1: launcher.host.preflight.port_in_use",
         "launcher.host.run:2: launcher.host.preflight.path_exists",
         "launcher.host.run:3: launcher.host.preflight.PORT",
+        "launcher.host.run:3: launcher.host.preflight.check",
     ] == reexports(planted)
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from launcher.params import LaunchParams
-from launcher.plan.command import (
-    build_command,
+from launcher.plan.command import build_command
+from launcher.sglang.flags import (
     env_is_read,
     graph_bs_flag,
     mamba_strategy_flag,
+    params_argv,
+    params_from_argv,
 )
-from launcher.sglang.flags import params_argv, params_from_argv
 
 
 def cmd(version: str, params: LaunchParams, **kw: object) -> list[str]:

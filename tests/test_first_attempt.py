@@ -29,7 +29,7 @@ from launcher.params import LaunchParams
 from launcher.plan.first_attempt import plan_first_attempt
 from launcher.sglang.budget import GIB, GpuFacts, NoEstimate, choose
 from launcher.sim.memory import simulate
-from launcher.sim.server import scenario_from_argv
+from launcher.sim.model import scenario_from_argv
 from launcher.store.ledger import Ledger
 from tests.simhost import make_sim_host, model_dir
 from tests.supervise import SimSetup, cli_argv, cli_env, json_lines, run_cli

@@ -67,9 +67,11 @@ from launcher.errors import (
     WontFit,
 )
 from launcher.hooks.logging import Format, configure, on_journal
-from launcher.hooks.slack import ServerInfo, SlackNotifier, webhook_url_ok
+from launcher.hooks.messages import ServerInfo
+from launcher.hooks.slack import SlackNotifier, webhook_url_ok
 from launcher.host import run
 from launcher.host.gpus import check_gpus
+from launcher.host.preflight import path_exists, port_in_use
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.memory.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
@@ -1359,7 +1361,7 @@ async def _attempt_handle(t: Transport, run_dir: str, s: ServerConfig,
         return latest
     directory = latest.dir.rsplit("/", 1)[0]
     handle = run.RunHandle(s.name, attempt, f"{directory}/{attempt}", 0)
-    if attempt > latest.attempt or not await run.path_exists(t, handle.dir):
+    if attempt > latest.attempt or not await path_exists(t, handle.dir):
         raise UsageError(f"{s.name} has no attempt {attempt} on {s.host}",
                          remedy=f"its newest attempt is {latest.attempt}; "
                          f"`launcher history CONFIG {s.name}` lists them")
@@ -1459,12 +1461,12 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         except LauncherError as exc:
             problems.append(f"SGLang version: {exc}")
             version = "?"
-        if s.model_path.startswith("/") and not await run.path_exists(t, s.model_path):
+        if s.model_path.startswith("/") and not await path_exists(t, s.model_path):
             problems.append(f"model path {s.model_path} does not exist")
         running = await run.find_running(t, _run_dir(config, s), s.name)
         if running is None:  # a running server of ours holds its GPUs and port: that's fine
             problems += await check_gpus(t, config.host(s.host).nvidia_smi, s.gpus)
-            if await run.port_in_use(t, s.port):
+            if await port_in_use(t, s.port):
                 problems.append(f"port {s.port} is already in use")
         note = f" (running, pid {running.pid})" if running else ""
         return [f"SGLang {version}{note}", *problems]

@@ -7,8 +7,8 @@ a time, in order, and posts reminders. Without a webhook the messages go to the 
 (``notify.message``) instead.
 
 The messages themselves (``Message``, ``Kind``, the ``*_message`` builders, Slack's block
-limits) live in ``notify_messages``, which is pure; this module holds the hook, its memory,
-the redaction and the delivery, and re-exports the messages' names.
+limits) live in ``launcher.hooks.messages``, which is pure; this module holds the hook, its
+memory and the delivery (secrets are masked by ``launcher.untrusted.Redactor``).
 
 Alerts, as Alertmanager pairs them: ``server.gave_up``, ``server.unhealthy`` and
 ``restart.scheduled`` (relaunched after ready) each fire an alert of that (server, kind). Its
@@ -86,8 +86,6 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_result
 
 from launcher.errors import ConfigError, LauncherError
 from launcher.hooks.identity import operator_box
-from launcher.hooks.messages import _HEADER_MAX as _HEADER_MAX
-from launcher.hooks.messages import _SECTION_MAX as _SECTION_MAX
 from launcher.hooks.messages import (
     _UNKNOWN,
     ALERTS,
@@ -107,27 +105,12 @@ from launcher.hooks.messages import (
     router_ready_message,
     unhealthy_message,
 )
-from launcher.hooks.messages import alert_title as alert_title
 from launcher.store.ledger import NotifyState
 from launcher.supervise import events
 from launcher.supervise.backoff import Jitter, capped_exponential, jittered
 from launcher.untrusted import Redactor
 
-__all__ = [
-    "Kind",
-    "Message",
-    "Origin",
-    "ServerInfo",
-    "SlackNotifier",
-    "adopted_message",
-    "gave_up_message",
-    "internal_error_message",
-    "ready_message",
-    "resolved_message",
-    "restart_message",
-    "unhealthy_message",
-    "webhook_url_ok",
-]
+__all__ = ["SlackNotifier", "webhook_url_ok"]
 
 MAX_ANSWER = 64 * 1024  # raw bytes of Slack's answer read (it answers "ok" or an error word)
 _FAILURES_KEPT = 50

@@ -31,8 +31,7 @@ the server in another new session (so pid == pgid == sid), waits for it and writ
 an SSH drop reaches them. Stopping signals the server's group and session, never the wrapper.
 
 The checks before a launch (port free, path exists, sglang version) live in
-``remote_preflight`` and the shared ``sh`` plumbing in ``remote_shell``; this module
-re-exports the checks, so ``remote.port_in_use`` and the others keep working.
+``launcher.host.preflight``, the shared ``sh`` plumbing in ``launcher.host.shell``.
 """
 
 from __future__ import annotations
@@ -54,11 +53,6 @@ from launcher.errors import (
     RemoteCommandError,
     StateError,
 )
-from launcher.host.preflight import _PORT as _PORT
-from launcher.host.preflight import detect_sglang_version as detect_sglang_version
-from launcher.host.preflight import path_exists as path_exists
-from launcher.host.preflight import port_in_use as port_in_use
-from launcher.host.preflight import version_probe_argv as version_probe_argv
 from launcher.host.shell import _PRELUDE, _fail, _sh
 from launcher.host.transport.base import Transport
 from launcher.sglang.flags import PARAMS_ENV

@@ -7,11 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.params import LaunchParams
-from launcher.sglang.flags import SPEC_V2_ENV as SPEC_V2_ENV
-from launcher.sglang.flags import env_is_read as env_is_read
-from launcher.sglang.flags import graph_bs_flag as graph_bs_flag
 from launcher.sglang.flags import hidden_args_argv, params_argv
-from launcher.sglang.flags import mamba_strategy_flag as mamba_strategy_flag
 
 if TYPE_CHECKING:
     from launcher.config.schema import ServerConfig

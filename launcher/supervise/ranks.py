@@ -58,6 +58,7 @@ from launcher.errors import HostKeyError, HostUnreachable, LauncherError, Prefli
 from launcher.host import health
 from launcher.host import run as remote
 from launcher.host.gpus import check_gpus
+from launcher.host.preflight import path_exists, port_in_use
 from launcher.host.shell import RunDirUnsafe
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
@@ -283,7 +284,7 @@ class MultiNodeSupervisor(ServerSupervisor):
 
         async def node_checks(rank: Rank) -> None:
             t = self._transport(rank)
-            if s.model_path.startswith("/") and not await remote.path_exists(t, s.model_path):
+            if s.model_path.startswith("/") and not await path_exists(t, s.model_path):
                 fatal.append(f"model path {s.model_path} does not exist on {rank.host}")
             # Nodes >= 1 bind the same port for SGLang's dummy /health. A taken one is waited
             # for (on every node at once, one bound: ``_port_taken``).
@@ -297,7 +298,7 @@ class MultiNodeSupervisor(ServerSupervisor):
         addr = dist_init_addr(self.config, s)
         if addr is not None:
             port = int(addr.rpartition(":")[2])
-            if await remote.port_in_use(self._transport(self.ranks[0]), port):
+            if await port_in_use(self._transport(self.ranks[0]), port):
                 busy.append(f"dist-init port {port} is still in use on {self.ranks[0].host} "
                             "(torch's store of an earlier attempt)")
         if fatal:

@@ -55,7 +55,7 @@ from launcher.host import health
 from launcher.host import run as remote
 from launcher.host.follower import HostFollower, followers_for
 from launcher.host.gpus import check_gpus
-from launcher.host.preflight import PortHolder, port_holder
+from launcher.host.preflight import PortHolder, path_exists, port_holder
 from launcher.host.shell import RunDirUnsafe
 from launcher.host.transport.base import Transport
 from launcher.memory.policy import AttemptRecord, Bounds
@@ -659,7 +659,7 @@ class ServerSupervisor:
         s = self.server
         fatal: list[str] = []
         busy = await self._busy_gpus()
-        if s.model_path.startswith("/") and not await remote.path_exists(
+        if s.model_path.startswith("/") and not await path_exists(
             self.transport, s.model_path
         ):
             fatal.append(f"model path {s.model_path} does not exist on {s.host}")
