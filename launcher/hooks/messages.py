@@ -97,7 +97,6 @@ class Message:
         return replace(self, text=f"{self.text} {slack_escape(note)}", blocks=blocks)
 
 
-_UNKNOWN = ServerInfo(host="?", model="?")
 _NOWHERE = Origin()
 
 
@@ -350,7 +349,7 @@ def reminder(message: Message, firing_s: float) -> Message:
     blocks = [dict(b) for b in message.blocks]
     if blocks and blocks[0].get("type") == "header":
         header = dict(blocks[0]["text"])
-        header["text"] = _clip(f":bell: {header['text']}", _HEADER_MAX)
+        header["text"] = clip(f":bell: {header['text']}", _HEADER_MAX)
         blocks[0] = {**blocks[0], "text": header}
     return replace(message, blocks=blocks).with_note(note)
 
@@ -370,7 +369,7 @@ def _message(server: str, kind: Kind, text: str, blocks: list[dict[str, Any]], o
         blocks.append(_section(f"*Logs*\n{_code([command])}"))
     blocks.append(_context(f"sent by launcher on {slack_escape(origin.box)} · "
                            f"config `{slack_escape(origin.config)}`"))
-    return Message(server, kind, slack_escape(_clip(text, _TEXT_MAX)), blocks, alert)
+    return Message(server, kind, slack_escape(clip(text, _TEXT_MAX)), blocks, alert)
 
 
 def _facts(info: ServerInfo, params: str, attempt: str, *more: tuple[str, str]
@@ -393,7 +392,7 @@ def _evidence(failure: events.AttemptFailed | None) -> list[str]:
     """A failure's evidence lines, clipped, each once (TP ranks print the same error)."""
     lines: list[str] = []
     for line in failure.evidence if failure is not None else ():
-        clipped = _clip(str(line).strip(), _EVIDENCE_LINE_MAX)
+        clipped = clip(str(line).strip(), _EVIDENCE_LINE_MAX)
         if clipped and clipped not in lines:
             lines.append(clipped)
     return lines
@@ -465,7 +464,9 @@ def _ledger(history: Sequence[events.HistoryEntry],
     return lines
 
 
-def _clip(text: str, limit: int) -> str:
+def clip(text: str, limit: int) -> str:
+    """``text`` when it has at most ``limit`` characters, else its first ``limit - 1`` and
+    an ellipsis: never longer than ``limit`` (Slack refuses a block over its limit)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -482,24 +483,24 @@ def _code(lines: Sequence[str]) -> str:
 def _header(title: str) -> dict[str, Any]:
     return {
         "type": "header",
-        "text": {"type": "plain_text", "text": _clip(title, _HEADER_MAX), "emoji": True},
+        "text": {"type": "plain_text", "text": clip(title, _HEADER_MAX), "emoji": True},
     }
 
 
 def _section(mrkdwn: str) -> dict[str, Any]:
-    return {"type": "section", "text": {"type": "mrkdwn", "text": _clip(mrkdwn, _SECTION_MAX)}}
+    return {"type": "section", "text": {"type": "mrkdwn", "text": clip(mrkdwn, _SECTION_MAX)}}
 
 
 def _context(mrkdwn: str) -> dict[str, Any]:
     return {"type": "context",
-            "elements": [{"type": "mrkdwn", "text": _clip(mrkdwn, _SECTION_MAX)}]}
+            "elements": [{"type": "mrkdwn", "text": clip(mrkdwn, _SECTION_MAX)}]}
 
 
 def _fields(*pairs: tuple[str, str]) -> dict[str, Any]:
     return {
         "type": "section",
         "fields": [
-            {"type": "mrkdwn", "text": _clip(f"*{name}*\n{slack_escape(value)}", _FIELD_MAX)}
+            {"type": "mrkdwn", "text": clip(f"*{name}*\n{slack_escape(value)}", _FIELD_MAX)}
             for name, value in pairs
         ],
     }

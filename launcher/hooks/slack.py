@@ -87,15 +87,14 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_result
 from launcher.errors import ConfigError, LauncherError
 from launcher.hooks.identity import operator_box
 from launcher.hooks.messages import (
-    _UNKNOWN,
     ALERTS,
     Kind,
     Message,
     Origin,
     ServerInfo,
-    _clip,
     adopted_message,
     checked_blocks,
+    clip,
     gave_up_message,
     internal_error_message,
     ready_message,
@@ -114,6 +113,7 @@ __all__ = ["SlackNotifier", "webhook_url_ok"]
 
 MAX_ANSWER = 64 * 1024  # raw bytes of Slack's answer read (it answers "ok" or an error word)
 _FAILURES_KEPT = 50
+_UNKNOWN_SERVER = ServerInfo(host="?", model="?")  # a server the notifier was not told of
 _OBSERVED = (
     events.AttemptFailed,
     events.ServerReady,
@@ -318,7 +318,7 @@ class SlackNotifier:
     def _observe(self, server: str, event: events.Event) -> list[Message]:
         if isinstance(event, events.RouterReady):  # ``server`` is the router's name
             return [router_ready_message(server, event, origin=self.origin)]
-        info = self.servers_info.get(server, _UNKNOWN)
+        info = self.servers_info.get(server, _UNKNOWN_SERVER)
         failures = self._failures.setdefault(server, [])
         origin = self.origin
         ready = self._ready.get(server)
@@ -670,7 +670,7 @@ class SlackNotifier:
         status = response.status_code
         if 200 <= status < 300:
             return _Result(ok=True, status=status)
-        cause = f"HTTP {status}: {_clip(_shown(body, response), 200)}"
+        cause = f"HTTP {status}: {clip(_shown(body, response), 200)}"
         if status == 429:
             after = _retry_after(response.headers.get("Retry-After"))
             return _Result(ok=False, retry=True, cause=cause, status=status, retry_after=after)
