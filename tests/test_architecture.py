@@ -345,6 +345,11 @@ def test_the_upward_checker_sees_an_upward_import() -> None:
     ] == upward_imports(planted)
 
 
+def test_there_is_no_import_loop() -> None:
+    """No two modules import each other, directly or around a circle."""
+    assert [] == import_loops(sources())
+
+
 def test_the_loop_checker_sees_a_loop_through_a_function_level_import() -> None:
     """A loop closed by an import inside a function is still a loop."""
     planted = {
@@ -355,6 +360,11 @@ def test_the_loop_checker_sees_a_loop_through_a_function_level_import() -> None:
     }
     assert [["launcher.config.problems", "launcher.config.schema",
              "launcher.config.sources"]] == import_loops(planted)
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    """A name another module needs is public and documented, or moves to its user."""
+    assert [] == private_imports(sources())
 
 
 def test_the_private_checker_sees_every_spelling() -> None:

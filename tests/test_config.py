@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.config.load import config_from_dict, load_config
 from launcher.config.placeholders import expand_placeholders
 from launcher.config.schema import (
     Config,
@@ -19,9 +20,7 @@ from launcher.config.schema import (
     ServerConfig,
     SlackConfig,
     StallBudgets,
-    config_from_dict,
     default_state_dir,
-    load_config,
     resolve_secret_env,
 )
 from launcher.durations import format_duration, parse_duration

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from launcher.config.schema import config_from_dict
+from launcher.config.load import config_from_dict
 from launcher.errors import ConfigError
 from launcher.sglang.logparse import MAX_KEPT_CHARS
 from launcher.untrusted import Redactor

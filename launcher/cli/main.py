@@ -45,13 +45,13 @@ from rich.text import Text
 from launcher import __version__, daemon
 from launcher.cli import inspection
 from launcher.cli.memview import bar_text, legend
+from launcher.config.load import load_config
 from launcher.config.placeholders import expand_placeholders
 from launcher.config.schema import (
     Config,
     ServerConfig,
     SlackConfig,
     default_state_dir,
-    load_config,
     resolve_router_api_key,
     resolve_secret_env,
     secret_arg_env,
