@@ -1,4 +1,5 @@
-"""Text launcher does not control: bounded numbers and terminal-safe text.
+"""Text launcher does not control, and secrets it must not show: bounded numbers, terminal-safe
+and Slack-safe text, redaction.
 
 Server logs, ``/health`` answers, attempt files on a host (``exit_status``, ``pid``,
 ``started_at``), the follow agent's frames, a model's ``config.json`` and the host's SGLang
