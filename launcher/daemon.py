@@ -25,6 +25,7 @@ from launcher.hooks.slack import SlackNotifier
 from launcher.hooks.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
 from launcher.host import run as remote
 from launcher.host.facts import GpuReadsOnce
+from launcher.host.preflight import detect_sglang_version
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.host.transport.local import install_pidfd_child_watcher
@@ -110,7 +111,7 @@ async def sglang_version_of(server: ServerConfig, transport: Transport) -> str:
     """The configured SGLang version, or the one installed on the server's host."""
     if server.sglang_version:
         return server.sglang_version
-    return await remote.detect_sglang_version(transport, server.command)
+    return await detect_sglang_version(transport, server.command)
 
 
 async def _already_running(config: Config, server: ServerConfig, transport: Transport) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.config.load import config_from_dict, load_config
 from launcher.config.placeholders import expand_placeholders
 from launcher.config.schema import (
     Config,
@@ -20,14 +21,12 @@ from launcher.config.schema import (
     ServerConfig,
     SlackConfig,
     StallBudgets,
-    config_from_dict,
     default_state_dir,
-    load_config,
     resolve_secret_env,
 )
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
-from launcher.plan.command import params_argv
+from launcher.sglang.flags import params_argv
 from launcher.sglang.phases import Phase
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ import pytest
 
 from launcher import daemon
 from launcher.cli.main import EXIT_GAVE_UP, EXIT_OK, EXIT_WONT_FIT
-from launcher.config.schema import config_from_dict
+from launcher.config.load import config_from_dict
 from launcher.errors import WontFit
 from launcher.host.facts import MAX_CONFIG, Facts, read_gpus, read_model, server_shape
 from launcher.host.transport.base import CommandResult
@@ -29,7 +29,7 @@ from launcher.params import LaunchParams
 from launcher.plan.first_attempt import plan_first_attempt, warm_start
 from launcher.sglang.budget import GIB, GpuFacts, NoEstimate, choose
 from launcher.sim.memory import simulate
-from launcher.sim.server import scenario_from_argv
+from launcher.sim.model import scenario_from_argv
 from launcher.store.ledger import Ledger, fingerprint, ledger_path
 from tests.simhost import make_sim_host, model_dir
 from tests.supervise import SimSetup, cli_argv, cli_env, json_lines, run_cli

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.schema import Config, load_config
+from launcher.config.load import load_config
+from launcher.config.schema import Config
 from launcher.errors import ConfigError
 from launcher.params import LaunchParams
 from launcher.plan.multinode import dist_init_addr, rank_commands

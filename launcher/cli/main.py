@@ -46,13 +46,13 @@ from rich.text import Text
 from launcher import __version__, daemon
 from launcher.cli import inspection
 from launcher.cli.memview import bar_text, legend
+from launcher.config.load import load_config
 from launcher.config.placeholders import expand_placeholders
 from launcher.config.schema import (
     Config,
     ServerConfig,
     SlackConfig,
     default_state_dir,
-    load_config,
     resolve_router_api_key,
     resolve_secret_env,
     secret_arg_env,
@@ -68,9 +68,11 @@ from launcher.errors import (
     WontFit,
 )
 from launcher.hooks.logging import Format, configure, on_journal
-from launcher.hooks.slack import ServerInfo, SlackNotifier, webhook_url_ok
+from launcher.hooks.messages import ServerInfo
+from launcher.hooks.slack import SlackNotifier, webhook_url_ok
 from launcher.host import preflight, run
 from launcher.host.gpus import check_gpus
+from launcher.host.preflight import path_exists
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.memory.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
@@ -1353,7 +1355,7 @@ async def _attempt_handle(t: Transport, run_dir: str, s: ServerConfig,
         return latest
     directory = latest.dir.rsplit("/", 1)[0]
     handle = run.RunHandle(s.name, attempt, f"{directory}/{attempt}", 0)
-    if attempt > latest.attempt or not await run.path_exists(t, handle.dir):
+    if attempt > latest.attempt or not await path_exists(t, handle.dir):
         raise UsageError(f"{s.name} has no attempt {attempt} on {s.host}",
                          remedy=f"its newest attempt is {latest.attempt}; "
                          f"`launcher history CONFIG {s.name}` lists them")

@@ -21,7 +21,7 @@ from typing import Any
 
 from launcher.errors import ConfigError, RemoteCommandError
 from launcher.host.gpus import gpu_findings
-from launcher.host.shell import _PRELUDE, _fail, _sh
+from launcher.host.shell import PRELUDE, fail, sh
 from launcher.host.transport.base import Transport
 from launcher.sglang.versions import DEFAULT_VERSION, MAX_COMPONENT_DIGITS
 
@@ -157,8 +157,8 @@ async def port_holder(transport: Transport, port: int) -> PortHolder | None:
     Error handling: RemoteCommandError when the check fails or answers something else than
     its one JSON line.
     """
-    result = await transport.run(_sh(_PORT, str(port), _HOLDER_PY))
-    _fail(transport, "port check", result)
+    result = await transport.run(sh(_PORT, str(port), _HOLDER_PY))
+    fail(transport, "port check", result)
     text = result.stdout.decode("utf-8", "replace").strip()
     answer: Any = None
     with contextlib.suppress(ValueError):
@@ -184,7 +184,7 @@ async def port_holder(transport: Transport, port: int) -> PortHolder | None:
                       ours=uid is not None and uid == me)
 
 
-_PATH_EXISTS = _PRELUDE + r"""
+_PATH_EXISTS = PRELUDE + r"""
 expand "$1"; test -e "$x"
 """
 
@@ -195,14 +195,14 @@ _SIM_MODULE = "launcher.sim.server"
 
 async def port_in_use(transport: Transport, port: int) -> bool:
     """Whether something on the host holds TCP ``port`` (on 127.0.0.1 or 0.0.0.0)."""
-    result = await transport.run(_sh(_PORT, str(port), _PORT_PY))
-    _fail(transport, "port check", result)
+    result = await transport.run(sh(_PORT, str(port), _PORT_PY))
+    fail(transport, "port check", result)
     return result.stdout.split()[:1] == [b"1"]
 
 
 async def path_exists(transport: Transport, path: str) -> bool:
     """Whether ``path`` (``~`` expanded on the host) exists there."""
-    result = await transport.run(_sh(_PATH_EXISTS, path))
+    result = await transport.run(sh(_PATH_EXISTS, path))
     return result.ok
 
 
@@ -246,13 +246,13 @@ async def detect_sglang_version(transport: Transport, command: list[str]) -> str
     and the remedy) when the probe fails or prints something that is not a version.
     """
     if any(_SIM_MODULE in arg for arg in command):
-        argv = _sh('printf %s "${SGLANG_SIM_VERSION-}"')
+        argv = sh('printf %s "${SGLANG_SIM_VERSION-}"')
         result = await transport.run(argv)
         version = result.stdout.decode("utf-8", "replace").strip() or DEFAULT_VERSION
     else:
         argv = version_probe_argv(command)
         result = await transport.run(argv, timeout=60.0)
-        _fail(transport, "sglang version probe", result, remedy=_VERSION_REMEDY)
+        fail(transport, "sglang version probe", result, remedy=_VERSION_REMEDY)
         version = result.stdout.decode("utf-8", "replace").strip()
     if not _plausible_version(version):
         raise RemoteCommandError(

@@ -2,14 +2,19 @@
 
 One table serves the three uses: ``config`` refuses an owned flag in ``extra_args``
 (:data:`OWNED_FLAGS`), ``command`` writes the params' flags in a version's dialect
-(:func:`graph_bs_flag`, :func:`mamba_strategy_flag`), and adoption reads them back from an
-attempt's recorded argv (:data:`PARAM_FLAGS`). Pure: no I/O.
+(:func:`params_argv`, through :func:`graph_bs_flag` and :func:`mamba_strategy_flag`), and
+adoption reads them back from an attempt's recorded argv and env file
+(:func:`params_from_argv`, :data:`PARAM_FLAGS`, :data:`PARAMS_ENV`). Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
+import shlex
+from collections.abc import Iterable
 
+from launcher.params import LaunchParams
 from launcher.sglang.versions import (
     DECODE_SPELLING_FROM,
     MAMBA_RADIX_SPELLING_FROM,
@@ -19,7 +24,9 @@ from launcher.sglang.versions import (
 
 __all__ = [
     "OWNED_FLAGS",
+    "PARAMS_ENV",
     "PARAM_FLAGS",
+    "PARAM_SWITCHES",
     "PARAM_TYPES",
     "SECRET_ARG_ENV",
     "SECRET_FLAGS",
@@ -31,6 +38,8 @@ __all__ = [
     "mamba_strategy_flag",
     "mask_secret_flags",
     "mask_secret_flags_text",
+    "params_argv",
+    "params_from_argv",
 ]
 
 # Every spelling (all versions) of a flag whose value launcher decides, and the config field
@@ -114,6 +123,62 @@ def env_is_read(name: str, sglang_version: str) -> bool:
     if name == SPEC_V2_ENV:
         return not at_least(sglang_version, SPEC_V2_ENV_REMOVED_FROM)
     return True
+
+
+# --- params <-> argv ---------------------------------------------------------------------
+
+
+def params_argv(params: LaunchParams, sglang_version: str) -> list[str]:
+    """The flags ``params`` set, in the dialect of ``sglang_version`` (None fields: none)."""
+    argv: list[str] = []
+    if params.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", f"{params.mem_fraction_static:.3f}".rstrip("0")]
+    if params.cuda_graph_max_bs is not None:
+        argv += [graph_bs_flag(sglang_version), str(params.cuda_graph_max_bs)]
+    if params.max_running_requests is not None:
+        argv += ["--max-running-requests", str(params.max_running_requests)]
+    if params.mamba_strategy is not None:
+        argv += [mamba_strategy_flag(sglang_version), params.mamba_strategy]
+    if params.max_mamba_cache_size is not None:
+        argv += ["--max-mamba-cache-size", str(params.max_mamba_cache_size)]
+    if params.mamba_full_memory_ratio is not None:
+        argv += ["--mamba-full-memory-ratio", f"{params.mamba_full_memory_ratio:g}"]
+    if params.disable_overlap_schedule:
+        argv.append(PARAM_SWITCHES["disable_overlap_schedule"])
+    return argv
+
+
+# Environment variables a relaunch's params may set (``LaunchParams.env``), recovered from an
+# adopted attempt's env file.
+PARAMS_ENV = ("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", SPEC_V2_ENV)
+
+
+def params_from_argv(words: Iterable[str], env_lines: Iterable[str] = ()) -> LaunchParams:
+    """Inverse of ``params_argv`` over an attempt's recorded argv (either dialect), plus the
+    ``PARAMS_ENV`` settings among ``export NAME='value'`` lines of its env file."""
+    kw: dict[str, object] = {}
+    argv = list(words)
+    switches = {w.strip("'\"") for w in argv}
+    for name, switch in PARAM_SWITCHES.items():
+        if switch in switches:
+            kw[name] = True
+    for quoted_flag, raw in itertools.pairwise(argv):
+        flag, value = quoted_flag.strip("'\""), raw.strip("'\"")
+        field = PARAM_FLAGS.get(flag)
+        if field is None:
+            continue
+        try:
+            kw[field] = PARAM_TYPES[field](value)
+        except ValueError:
+            continue  # a flag name used as a value: not ours
+    env: list[tuple[str, str]] = []
+    for line in env_lines:
+        parts = shlex.split(line) if line.startswith("export ") else []
+        if len(parts) == 2 and "=" in parts[1]:
+            name, value = parts[1].split("=", 1)
+            if name in PARAMS_ENV:
+                env.append((name, value))
+    return LaunchParams(**kw, env=tuple(sorted(env)))  # type: ignore[arg-type]
 
 
 # --- secret flags -----------------------------------------------------------------------------

@@ -62,7 +62,7 @@ from launcher.errors import HostKeyError, HostUnreachable, LauncherError
 from launcher.host import health, preflight
 from launcher.host import run as remote
 from launcher.host.gpus import check_gpus
-from launcher.host.preflight import Problem, ProblemKind
+from launcher.host.preflight import Problem, ProblemKind, port_in_use
 from launcher.host.shell import RunDirUnsafe
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
@@ -293,7 +293,7 @@ class MultiNodeSupervisor(ServerSupervisor):
         addr = dist_init_addr(self.config, s)
         if addr is not None:
             port = int(addr.rpartition(":")[2])
-            if await remote.port_in_use(self._transport(self.ranks[0]), port):
+            if await port_in_use(self._transport(self.ranks[0]), port):
                 gpus.append(Problem(
                     ProblemKind.DIST_PORT_BUSY,
                     f"dist-init port {port} is still in use on {self.ranks[0].host} "

@@ -46,7 +46,6 @@ from launcher.errors import (
     format_traceback,
     is_transient,
 )
-from launcher.hooks.logging import level_of
 from launcher.host import health
 from launcher.host import run as remote
 from launcher.host.router_api import RouterClient, normalize
@@ -606,7 +605,7 @@ class RouterSupervisor:
             return True
 
     def _emit(self, event: events.Event) -> None:
-        self.log.log(level_of(event), event.name, **event.to_dict())
+        self.log.log(event.level, event.name, **event.to_dict())
         for hook in self.hooks:
             hook(self.router.name, event)
 

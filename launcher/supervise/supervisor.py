@@ -50,8 +50,6 @@ from launcher.errors import (
     format_traceback,
     is_transient,
 )
-from launcher.hooks.logging import level_of
-from launcher.hooks.slack import Redactor
 from launcher.host import health, preflight
 from launcher.host import run as remote
 from launcher.host.follower import HostFollower, followers_for
@@ -67,8 +65,9 @@ from launcher.host.shell import RunDirUnsafe
 from launcher.host.transport.base import Transport
 from launcher.memory.policy import AttemptRecord
 from launcher.params import LaunchParams
-from launcher.plan.command import ServerCommand, params_from_argv, server_command
+from launcher.plan.command import ServerCommand, server_command
 from launcher.sglang.classify import classify, diagnose
+from launcher.sglang.flags import params_from_argv
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseLine, ReadyLine
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
@@ -108,7 +107,7 @@ from launcher.supervise.lifecycle import (
     Unknown,
     WaitForGpus,
 )
-from launcher.untrusted import parse_stamp
+from launcher.untrusted import Redactor, parse_stamp
 
 # Awaited with (server, reason) before launcher stops a server's processes (a router's
 # registrar deregisters it there); it must return within a bounded time.
@@ -490,7 +489,7 @@ class ServerSupervisor:
         its secrets masked."""
         event = self.redact(event)
         # The level table: launcher.hooks.logging.
-        self.log.log(level_of(event), event.name, **event.to_dict())
+        self.log.log(event.level, event.name, **event.to_dict())
         self._to_hooks(event)
 
     def _to_hooks(self, event: events.Event) -> None:
