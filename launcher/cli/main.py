@@ -15,6 +15,9 @@ Exit codes (the README's table; systemd/launcher@.service relies on them):
 - 5 (EXIT_WONT_FIT): `up`: the memory estimate says some server cannot fit its GPUs (weights
   alone exceed them, or the KV pool would fall below the minimum); nothing was launched.
   `up --force` launches anyway (docs/memory.md).
+- 6 (EXIT_LEASE_LOST): `up` with `[coordination]`: this launcher lost the lease (another box
+  is, or is about to be, the active one); it stopped supervising and did nothing more on any
+  host. systemd restarts it, and it stands by (docs/ha.md).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from launcher.errors import (
     ConfigError,
     HostUnreachable,
     LauncherError,
+    LeaseLost,
     LogFormatError,
     RemoteCommandError,
     StateError,
@@ -96,6 +100,7 @@ EXIT_USAGE = 2
 EXIT_NOT_READY = 3
 EXIT_GAVE_UP = 4
 EXIT_WONT_FIT = 5
+EXIT_LEASE_LOST = 6
 
 def _flags_untyped(params: list[Any]) -> list[Any]:
     """``params`` with every flag's metavar set to "": typer shows a metavar, when set, instead
@@ -148,7 +153,8 @@ _EXIT_CODES_HELP = (
     "Exit codes: 0 ok (up: stopped by a signal; status: all ready); "
     "1 unexpected error, or problems found (check, down, diagnose); "
     "2 config or usage error; 3 status: some server not ready; 4 up: every server gave up; "
-    "5 up: the memory estimate says a server cannot fit (nothing launched; --force)."
+    "5 up: the memory estimate says a server cannot fit (nothing launched; --force); "
+    "6 up: this launcher lost its coordination lease (docs/ha.md)."
 )
 
 app = typer.Typer(
@@ -233,6 +239,8 @@ def _one_line(exc: LauncherError) -> str:
 def _exit_code(exc: LauncherError) -> int:
     if isinstance(exc, WontFit):
         return EXIT_WONT_FIT
+    if isinstance(exc, LeaseLost):
+        return EXIT_LEASE_LOST
     return EXIT_USAGE if isinstance(exc, ConfigError | UsageError | LogFormatError) else EXIT_ERROR
 
 

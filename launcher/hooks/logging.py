@@ -52,6 +52,8 @@ EVENT_LEVELS: Mapping[str, int] = {
     events.ServerGaveUp.name: logging.ERROR,
     events.ServerInternalError.name: logging.ERROR,  # a bug: supervision of one server ended
     events.RouterInternalError.name: logging.ERROR,
+    events.LeaseEnded.name: logging.ERROR,  # this launcher stopped supervising
+    events.LeaseAcquired.name: logging.WARNING,  # a takeover (or the first start)
 }
 
 # sd-daemon(3) / syslog priorities of the stdlib level names structlog passes as method name.

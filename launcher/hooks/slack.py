@@ -107,6 +107,7 @@ from launcher.hooks.messages import (
     resolved_message,
     restart_message,
     router_ready_message,
+    takeover_message,
     unhealthy_message,
 )
 from launcher.hooks.messages import alert_title as alert_title
@@ -142,6 +143,7 @@ MIN_SECRET_LEN = 4
 MIN_EDGE_LEN = 8
 _FAILURES_KEPT = 50
 _OBSERVED = (
+    events.LeaseAcquired,
     events.AttemptFailed,
     events.ServerReady,
     events.ServerAdopted,
@@ -403,6 +405,9 @@ class SlackNotifier:
                 )
 
     def _observe(self, server: str, event: events.Event) -> list[Message]:
+        if isinstance(event, events.LeaseAcquired):  # ``server`` is "": the whole fleet
+            return ([takeover_message(event, origin=self.origin)]
+                    if event.previous_box is not None else [])
         if isinstance(event, events.RouterReady):  # ``server`` is the router's name
             return [router_ready_message(server, event, origin=self.origin)]
         info = self.servers_info.get(server, _UNKNOWN)
