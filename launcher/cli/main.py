@@ -85,6 +85,7 @@ from launcher.sglang.classify import diagnose_text
 from launcher.sglang.flags import mask_secret_flags
 from launcher.sglang.outcome import Diagnosis
 from launcher.sglang.versions import DEFAULT_VERSION, SUPPORTED_VERSIONS
+from launcher.store.coordination import EngineUnavailable, Membership, PgEngine
 from launcher.store.ledger import Ledger, fingerprint, ledger_path
 from launcher.store.lock import make_private_dir
 from launcher.supervise import events
@@ -1161,14 +1162,62 @@ def status(
         _watch_status(config, servers, output == "wide", as_json, interval)
     rows = _status_rows(config, servers)
     router_rows = _guard(lambda: _router_rows(config, server))
+    coordination = _guard(lambda: _coordination(config))
     if as_json:
-        out.print_json(json.dumps([r.as_dict() for r in rows] + router_rows))
+        out.print_json(json.dumps([r.as_dict() for r in rows] + router_rows
+                                  + ([{"coordination": coordination}] if coordination else [])))
     else:
         _print_table(out, _status_table(rows, config, output == "wide"))
         _status_errors(err, rows)
         if router_rows:
             _print_table(out, _router_table(router_rows))
+        if coordination:
+            out.print(Text(_coordination_line(coordination)))
     raise typer.Exit(_status_code(rows))
+
+
+def _coordination(config: Config) -> dict[str, Any] | None:
+    """With ``[coordination]``: the lease's active box and the standbys, as the database
+    sees them (``error`` instead when it cannot be asked); None without it."""
+    c = config.coordination
+    if c is None:
+        return None
+    engine = PgEngine(c.resolve_dsn(), lease=c.lease, holder="status", box=c.box, ttl=c.ttl)
+
+    async def ask() -> Membership:
+        try:
+            with anyio.fail_after(10.0):
+                return await engine.membership()
+        finally:
+            engine.drop()
+
+    try:
+        seen = anyio.run(ask)
+    except (EngineUnavailable, TimeoutError) as exc:
+        return {"lease": c.lease, "error": str(exc)}
+    active = seen.active
+    return {
+        "lease": c.lease,
+        "active": None if active is None else {
+            "box": active.box, "pid": active.pid, "token": seen.lease.token,
+            "lease_left_s": round(seen.lease.remaining_s or 0.0, 1)},
+        "standbys": [{"box": m.box, "pid": m.pid, "heard_s_ago": round(m.age_s, 1)}
+                     for m in seen.standbys],
+    }
+
+
+def _coordination_line(view: dict[str, Any]) -> str:
+    """``coordination (lease L): active BOX (token N, lease 7.1s left); standby: ...``."""
+    head = f"coordination (lease {view['lease']}): "
+    if "error" in view:
+        return head + f"the database cannot be asked: {view['error']}"
+    active = view["active"]
+    text = head + ("no active launcher" if active is None else
+                   f"active {active['box']} (pid {active['pid']}, token {active['token']}, "
+                   f"lease {active['lease_left_s']}s left)")
+    standbys = ", ".join(f"{m['box']} (pid {m['pid']}, heard {m['heard_s_ago']}s ago)"
+                         for m in view["standbys"])
+    return text + f"; standby: {standbys or 'none'}"
 
 
 def _watch_status(config: Config, servers: list[ServerConfig], wide: bool, as_json: bool,
