@@ -199,6 +199,31 @@ async def test_host_refuses_a_launch_with_a_lower_token(tmp_path: Path) -> None:
         await remote.stop(_fenced(7), handle, grace=1.0)
 
 
+async def test_a_lost_fence_refuses_every_host_action_before_it_is_sent(
+        tmp_path: Path) -> None:
+    """Behind a revoked fence, launch, stop and listing raise LeaseLost and nothing reaches
+    the host: no attempt directory, the running server is not signalled."""
+    transport = _fenced(3)
+    handle = await remote.launch(transport, _spec(tmp_path, 1))
+    try:
+        assert isinstance(transport.fence, Fence)
+        transport.fence.revoke()
+        with pytest.raises(LeaseLost, match="refused"):
+            await remote.launch(transport, _spec(tmp_path, 2))
+        with pytest.raises(LeaseLost):
+            await remote.stop(transport, handle, grace=1.0)
+        with pytest.raises(LeaseLost):
+            await remote.survey(transport, str(tmp_path / "run"), "srv", adopting=True)
+        with pytest.raises(LeaseLost):
+            async for _ in remote.follow(transport, handle):
+                pass
+        assert [1] == [int(p.name) for p in (tmp_path / "run" / "srv").iterdir()
+                       if p.name.isdigit()]
+        assert procs.recorded_pid(Path(handle.dir)) is not None
+    finally:
+        await remote.stop(_fenced(3), handle, grace=1.0)
+
+
 def test_shim_refuses_a_claim_with_a_lower_token(tmp_path: Path) -> None:
     """The launch shim, run by sh as on a host, exits 122 before its claim when the server's
     fence directory holds a higher token: the server never runs, the env file is removed."""
@@ -368,3 +393,53 @@ def test_server_killed_during_takeover_is_relaunched_once(
     anyio.run(anyio.sleep, 2.0)  # time for a second launch, if there were one
     assert [2] == _launched(b)
     assert [1, 2] == sim.attempts() and sim.alive(2)
+
+
+# --- visibility and config -----------------------------------------------------------------
+
+
+def test_leader_gauge_follows_the_lease_events() -> None:
+    """launcher_leader is 0 while standing by or after a loss, 1 once the lease is held."""
+    from launcher.hooks.metrics import Metrics
+    from launcher.supervise import events
+
+    metrics = Metrics()
+
+    def leader() -> float | None:
+        return metrics.registry.get_sample_value("launcher_leader")
+
+    metrics("", events.LeaseStandby(box="b", active_box="a", remaining_s=3.0))
+    assert 0.0 == leader()
+    metrics("", events.LeaseAcquired(box="b", token=2, previous_box="a", waited_s=4.0))
+    assert 1.0 == leader()
+    metrics("", events.LeaseEnded(box="b", token=2, reason="lease lost"))
+    assert 0.0 == leader()
+
+
+def test_takeover_message_names_both_boxes() -> None:
+    """The Slack message of a takeover says which box is active now and which was."""
+    from launcher.hooks.messages import Kind, takeover_message
+    from launcher.supervise import events
+
+    message = takeover_message(events.LeaseAcquired(box="ops-2", token=7, previous_box="ops-1",
+                                                    waited_s=9.5))
+    assert Kind.TAKEOVER is message.kind
+    assert "ops-2 took over from ops-1" in message.text and "token 7" in message.text
+
+
+def test_coordination_config_refuses_a_literal_dsn_and_a_short_ttl() -> None:
+    """A DSN written in the file (it may hold a password) and a TTL under 3 s are config
+    errors naming the field."""
+    from launcher.config.schema import config_from_dict
+    from launcher.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict({"coordination": {"dsn": "postgresql://u:secret@db/x", "ttl": "1s"}},
+                         environ={})
+    text = "\n".join(caught.value.problems)
+    assert "coordination.dsn" in text and "u:secret@db" not in text  # never echoed
+    assert "coordination.ttl" in text
+    config = config_from_dict({"coordination": {"dsn": "env:PG"}}, environ={})
+    assert config.coordination is not None and 9.0 == config.coordination.ttl
+    with pytest.raises(ConfigError, match=r"coordination\.dsn: environment variable PG"):
+        config.coordination.resolve_dsn({})
