@@ -224,6 +224,23 @@ async def test_a_lost_fence_refuses_every_host_action_before_it_is_sent(
         await remote.stop(_fenced(3), handle, grace=1.0)
 
 
+async def test_a_router_request_over_a_long_lived_client_checks_the_fence() -> None:
+    """A worker registration goes over a client opened while the fence was valid: each
+    request checks the fence again, so none is sent once it is revoked."""
+    import httpx
+
+    from launcher.host import health
+    from tests.simhost import free_port
+
+    transport = _fenced(4)
+    async with health.client_for(transport, free_port(), 5.0) as (client, url):
+        with pytest.raises(httpx.ConnectError):  # valid: the request is sent (nobody listens)
+            await client.post(url.removesuffix("/health") + "/workers")
+        transport.fence.revoke()
+        with pytest.raises(LeaseLost, match="POST /workers"):
+            await client.post(url.removesuffix("/health") + "/workers")
+
+
 def test_shim_refuses_a_claim_with_a_lower_token(tmp_path: Path) -> None:
     """The launch shim, run by sh as on a host, exits 122 before its claim when the server's
     fence directory holds a higher token: the server never runs, the env file is removed."""
