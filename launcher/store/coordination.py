@@ -242,38 +242,37 @@ class PgEngine:
         self._conn = conn
         return conn
 
-    async def _fetchrow(self, query: str, *args: Any) -> Any:
+    async def _fetch(self, query: str, *args: Any, many: bool = False) -> Any:
+        """One statement's row (``many``: rows). The errors of a database that cannot be
+        asked now (refused, restarting, a dropped connection, a timeout, a bad login) become
+        EngineUnavailable, and the connection is dropped; anything else is a bug."""
         import asyncpg
 
         try:
             conn = await self._connection()
-            return await conn.fetchrow(query, *args)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            return await (conn.fetch(query, *args) if many else conn.fetchrow(query, *args))
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
+                asyncpg.InternalClientError) as exc:
             self.drop()
             raise EngineUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
     async def try_acquire(self) -> tuple[int | None, LeaseView]:
-        row = await self._fetchrow(_ACQUIRE, self._lease, self._holder, self._box,
+        row = await self._fetch(_ACQUIRE, self._lease, self._holder, self._box,
                                    self._ttl, self._pid)
         view = LeaseView(row["box"], row["holder"], row["token"], row["remaining"])
         return row["won"], view
 
     async def renew(self, token: int) -> bool:
-        row = await self._fetchrow(_RENEW, self._lease, self._holder, token, self._ttl,
+        row = await self._fetch(_RENEW, self._lease, self._holder, token, self._ttl,
                                    self._box, self._pid)
         return row is not None and row["token"] == token
 
     async def release(self, token: int) -> None:
-        await self._fetchrow(_RELEASE, self._lease, self._holder, token)
+        await self._fetch(_RELEASE, self._lease, self._holder, token)
 
     async def membership(self) -> Membership:
-        lease = await self._fetchrow(_LEASE, self._lease)
-        conn = await self._connection()
-        try:
-            rows = await conn.fetch(_MEMBERS, self._lease)
-        except Exception as exc:
-            self.drop()
-            raise EngineUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        lease = await self._fetch(_LEASE, self._lease)
+        rows = await self._fetch(_MEMBERS, self._lease, many=True)
         view = (LeaseView(None, None, None, None) if lease is None else
                 LeaseView(lease["box"], lease["holder"], lease["token"], lease["remaining"]))
         return Membership(view, [Member(r["box"], r["holder"], r["pid"], r["age"])
