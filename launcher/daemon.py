@@ -18,6 +18,7 @@ import structlog
 
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import LauncherError, WontFit
+from launcher.hooks import standby
 from launcher.hooks.identity import ServerFacts
 from launcher.hooks.metrics import Metrics
 from launcher.hooks.recorder import LedgerRecorder
@@ -139,31 +140,53 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
     try:
         with StateLock(config.state_dir), Ledger(ledger_path(config.state_dir)) as ledger:
             notifier.bind_store(ledger)  # dedupe and firing alerts survive a restart
-            # before any task group: WontFit reaches the CLI as itself, and nothing started
-            try:
-                plans, fingerprints, keys = await _first_attempts(config, servers,
-                                                                  transports, ledger, opts)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await notifier.aclose(10.0)
-                raise
-            recorder = LedgerRecorder(ledger, fingerprints, contexts=keys.contexts)
-            async with anyio.create_task_group() as tg:
-                await tg.start(notifier.run)
-                await tg.start(recorder.run)
-                try:
-                    result = await _supervise(config, plans, recorder, keys, secrets,
-                                              transports, notifier, opts, view, router_keys)
-                finally:
-                    # Every attempt row written before the ledger closes (shielded, bounded;
-                    # a cancelled recorder drains what is queued too).
-                    await recorder.aclose(10.0)
+            if config.coordination is not None:
+                result = await standby.run_coordinated(
+                    config.coordination, transports, [notifier],
+                    lambda fenced: _run_active(config, servers, secrets, notifier, opts, view,
+                                               router_keys, fenced, ledger))
+                if result is None:  # stopped while standing by: nothing was supervised
                     with anyio.CancelScope(shield=True):
                         await notifier.aclose(10.0)
-                    tg.cancel_scope.cancel()
-        return result
+                    return Result(interrupted=True, until_ready=opts.until_ready, gave_up=[],
+                                  left_running=[], ready=[False] * len(servers))
+                return result
+            return await _run_active(config, servers, secrets, notifier, opts, view,
+                                     router_keys, transports, ledger)
     finally:
         await close_transports(transports)
+
+
+async def _run_active(config: Config, servers: list[ServerConfig],
+                      secrets: dict[str, dict[str, str]], notifier: SlackNotifier,
+                      opts: Options, view: View | None,
+                      router_keys: dict[str, str | None] | None,
+                      transports: dict[str, Transport], ledger: Ledger) -> Result:
+    """Supervise as the one active launcher (``run`` without ``[coordination]``, or once
+    this launcher holds the lease: then ``transports`` are fenced)."""
+    # before any task group: WontFit reaches the CLI as itself, and nothing started
+    try:
+        plans, fingerprints, keys = await _first_attempts(config, servers,
+                                                          transports, ledger, opts)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await notifier.aclose(10.0)
+        raise
+    recorder = LedgerRecorder(ledger, fingerprints, contexts=keys.contexts)
+    async with anyio.create_task_group() as tg:
+        await tg.start(notifier.run)
+        await tg.start(recorder.run)
+        try:
+            result = await _supervise(config, plans, recorder, keys, secrets,
+                                      transports, notifier, opts, view, router_keys)
+        finally:
+            # Every attempt row written before the ledger closes (shielded, bounded;
+            # a cancelled recorder drains what is queued too).
+            await recorder.aclose(10.0)
+            with anyio.CancelScope(shield=True):
+                await notifier.aclose(10.0)
+            tg.cancel_scope.cancel()
+    return result
 
 
 _Plan = tuple[ServerConfig, str, LaunchParams, str]

@@ -15,6 +15,9 @@ Exit codes (the README's table; systemd/launcher@.service relies on them):
 - 5 (EXIT_WONT_FIT): `up`: the memory estimate says some server cannot fit its GPUs (weights
   alone exceed them, or the KV pool would fall below the minimum); nothing was launched.
   `up --force` launches anyway (docs/memory.md).
+- 6 (EXIT_LEASE_LOST): `up` with `[coordination]`: this launcher lost the lease (another box
+  is, or is about to be, the active one); it stopped supervising and did nothing more on any
+  host. systemd restarts it, and it stands by (docs/ha.md).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from launcher.errors import (
     ConfigError,
     HostUnreachable,
     LauncherError,
+    LeaseLost,
     LogFormatError,
     RemoteCommandError,
     StateError,
@@ -84,6 +88,7 @@ from launcher.sglang.classify import diagnose_text
 from launcher.sglang.flags import mask_secret_flags
 from launcher.sglang.outcome import Diagnosis
 from launcher.sglang.versions import DEFAULT_VERSION, SUPPORTED_VERSIONS
+from launcher.store.coordination import EngineUnavailable, Membership, PgEngine
 from launcher.store.ledger import Ledger, ledger_path
 from launcher.store.lock import make_private_dir
 from launcher.supervise import events
@@ -99,6 +104,7 @@ EXIT_USAGE = 2
 EXIT_NOT_READY = 3
 EXIT_GAVE_UP = 4
 EXIT_WONT_FIT = 5
+EXIT_LEASE_LOST = 6
 
 def _flags_untyped(params: list[Any]) -> list[Any]:
     """``params`` with every flag's metavar set to "": typer shows a metavar, when set, instead
@@ -151,7 +157,8 @@ _EXIT_CODES_HELP = (
     "Exit codes: 0 ok (up: stopped by a signal; status: all ready); "
     "1 unexpected error, or problems found (check, down, diagnose); "
     "2 config or usage error; 3 status: some server not ready; 4 up: every server gave up; "
-    "5 up: the memory estimate says a server cannot fit (nothing launched; --force)."
+    "5 up: the memory estimate says a server cannot fit (nothing launched; --force); "
+    "6 up: this launcher lost its coordination lease (docs/ha.md)."
 )
 
 app = typer.Typer(
@@ -236,6 +243,8 @@ def _one_line(exc: LauncherError) -> str:
 def _exit_code(exc: LauncherError) -> int:
     if isinstance(exc, WontFit):
         return EXIT_WONT_FIT
+    if isinstance(exc, LeaseLost):
+        return EXIT_LEASE_LOST
     return EXIT_USAGE if isinstance(exc, ConfigError | UsageError | LogFormatError) else EXIT_ERROR
 
 
@@ -1149,14 +1158,62 @@ def status(
         _watch_status(config, servers, output == "wide", as_json, interval)
     rows = _status_rows(config, servers)
     router_rows = _guard(lambda: _router_rows(config, server))
+    coordination = _guard(lambda: _coordination(config))
     if as_json:
-        out.print_json(json.dumps([r.as_dict() for r in rows] + router_rows))
+        out.print_json(json.dumps([r.as_dict() for r in rows] + router_rows
+                                  + ([{"coordination": coordination}] if coordination else [])))
     else:
         _print_table(out, _status_table(rows, config, output == "wide"))
         _status_errors(err, rows)
         if router_rows:
             _print_table(out, _router_table(router_rows))
+        if coordination:
+            out.print(Text(_coordination_line(coordination)))
     raise typer.Exit(_status_code(rows))
+
+
+def _coordination(config: Config) -> dict[str, Any] | None:
+    """With ``[coordination]``: the lease's active box and the standbys, as the database
+    sees them (``error`` instead when it cannot be asked); None without it."""
+    c = config.coordination
+    if c is None:
+        return None
+    engine = PgEngine(c.resolve_dsn(), lease=c.lease, holder="status", box=c.box, ttl=c.ttl)
+
+    async def ask() -> Membership:
+        try:
+            with anyio.fail_after(10.0):
+                return await engine.membership()
+        finally:
+            engine.drop()
+
+    try:
+        seen = anyio.run(ask)
+    except (EngineUnavailable, TimeoutError) as exc:
+        return {"lease": c.lease, "error": str(exc)}
+    active = seen.active
+    return {
+        "lease": c.lease,
+        "active": None if active is None else {
+            "box": active.box, "pid": active.pid, "token": seen.lease.token,
+            "lease_left_s": round(seen.lease.remaining_s or 0.0, 1)},
+        "standbys": [{"box": m.box, "pid": m.pid, "heard_s_ago": round(m.age_s, 1)}
+                     for m in seen.standbys],
+    }
+
+
+def _coordination_line(view: dict[str, Any]) -> str:
+    """``coordination (lease L): active BOX (token N, lease 7.1s left); standby: ...``."""
+    head = f"coordination (lease {view['lease']}): "
+    if "error" in view:
+        return head + f"the database cannot be asked: {view['error']}"
+    active = view["active"]
+    text = head + ("no active launcher" if active is None else
+                   f"active {active['box']} (pid {active['pid']}, token {active['token']}, "
+                   f"lease {active['lease_left_s']}s left)")
+    standbys = ", ".join(f"{m['box']} (pid {m['pid']}, heard {m['heard_s_ago']}s ago)"
+                         for m in view["standbys"])
+    return text + f"; standby: {standbys or 'none'}"
 
 
 def _watch_status(config: Config, servers: list[ServerConfig], wide: bool, as_json: bool,

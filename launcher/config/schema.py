@@ -34,6 +34,7 @@ import math
 import os
 import re
 import shlex
+import socket
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -657,6 +658,36 @@ class MetricsConfig(_Model):
         return int(self.listen.rpartition(":")[2])
 
 
+class CoordinationConfig(_Model):
+    """A fenced standby (docs/ha.md): every `launcher up` with the same ``[coordination]``
+    shares one lease in PostgreSQL; one is active, the others stand by and take over once
+    the active stops renewing. ``dsn`` is a secret reference (``env:VAR``, ``file:/path``,
+    ``cred:NAME``) to a libpq URL (``postgresql://user:pass@db:5432/launcher``): it may
+    hold a password. ``ttl``: how long a lease lasts unrenewed (renewed every ttl/3; a
+    standby is active within ttl plus one poll). ``box``: this launcher's name in ``status``
+    (default the host name). ``lease``: the lease's name, one per fleet sharing a database.
+    """
+
+    dsn: str
+    ttl: Annotated[Duration, Field(ge=3.0, le=120.0)] = 9.0
+    box: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        default_factory=socket.gethostname)
+    lease: Name = "launcher"
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn_reference(cls, ref: str) -> str:
+        if not _SECRET_REF_RE.match(ref):
+            raise ValueError(_REF_SHAPE + " (the DSN may carry the database password)")
+        return ref
+
+    def resolve_dsn(self, environ: Mapping[str, str] | None = None) -> str:
+        """The DSN the reference names; ConfigError naming ``coordination.dsn`` when it
+        cannot be read."""
+        env = os.environ if environ is None else environ
+        return _resolve_refs({"dsn": self.dsn}, "coordination", env, "coordination")["dsn"]
+
+
 # --- root --------------------------------------------------------------------------------
 
 
@@ -802,6 +833,7 @@ class Config(BaseSettings):
     slack: SlackConfig | None = None
     metrics: MetricsConfig | None = None
     routers: list[RouterConfig] = Field(default_factory=list)
+    coordination: CoordinationConfig | None = None
 
     def server(self, name: str) -> ServerConfig:
         """The server called ``name``; ConfigError (with did-you-mean) if there is none."""

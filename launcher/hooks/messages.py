@@ -57,6 +57,7 @@ class Kind(enum.StrEnum):
     RESTART = "restart"
     ADOPTED = "adopted"
     INTERNAL_ERROR = "internal_error"
+    TAKEOVER = "takeover"
 
 
 ALERTS = (Kind.GAVE_UP, Kind.UNHEALTHY, Kind.RESTART)
@@ -180,6 +181,21 @@ def router_ready_message(router: str, event: events.RouterReady, *,
     ]
     # No logs line: `launcher logs` reads servers' attempts, not the router's.
     return _message(router, Kind.READY, text, blocks, origin, None)
+
+
+def takeover_message(event: events.LeaseAcquired, *, origin: Origin = _NOWHERE) -> Message:
+    """The message for ``lease.acquired`` after another box held the lease: this box is the
+    active launcher now and adopts every running server (docs/ha.md)."""
+    before = event.previous_box or "?"
+    text = (f"launcher on {event.box} took over from {before} (lease token {event.token}, "
+            f"after {_duration(event.waited_s)} standing by): it adopts the running servers "
+            "and relaunches the dead ones")
+    blocks = [
+        _header(f":twisted_rightwards_arrows: launcher took over on {event.box}"),
+        _fields(("Active now", event.box), ("Was active", before),
+                ("Lease token", str(event.token)), ("Stood by", _duration(event.waited_s))),
+    ]
+    return _message("", Kind.TAKEOVER, text, blocks, origin, None)
 
 
 def adopted_message(

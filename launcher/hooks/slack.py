@@ -102,6 +102,7 @@ from launcher.hooks.messages import (
     resolved_message,
     restart_message,
     router_ready_message,
+    takeover_message,
     unhealthy_message,
 )
 from launcher.store.ledger import NotifyState
@@ -115,6 +116,7 @@ MAX_ANSWER = 64 * 1024  # raw bytes of Slack's answer read (it answers "ok" or a
 _FAILURES_KEPT = 50
 _UNKNOWN_SERVER = ServerInfo(host="?", model="?")  # a server the notifier was not told of
 _OBSERVED = (
+    events.LeaseAcquired,
     events.AttemptFailed,
     events.ServerReady,
     events.ServerAdopted,
@@ -316,6 +318,9 @@ class SlackNotifier:
                 )
 
     def _observe(self, server: str, event: events.Event) -> list[Message]:
+        if isinstance(event, events.LeaseAcquired):  # ``server`` is "": the whole fleet
+            return ([takeover_message(event, origin=self.origin)]
+                    if event.previous_box is not None else [])
         if isinstance(event, events.RouterReady):  # ``server`` is the router's name
             return [router_ready_message(server, event, origin=self.origin)]
         info = self.servers_info.get(server, _UNKNOWN_SERVER)

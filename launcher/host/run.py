@@ -24,6 +24,14 @@ and a ``log`` symlink to a file only root may read::
     exit_status  written atomically by the wrapper shell once the server has exited:
                  the exit code, or 128+N when killed by signal N
     started_at   UTC ISO-8601 time of the launch
+    fenced       (only when refused) the shim saw a newer lease's token: the server never ran
+
+With ``[coordination]`` (docs/ha.md) the server directory also holds ``fence/``: one empty
+file per fencing token an active launcher used there, named by the token. A launch, a
+listing (adoption) and a stop by a launcher with a token first add its file; the launch
+script, the shim (right before it takes the claim) and the stop refuse, exit FENCED_STATUS,
+when a higher token's file is there. Files only ever get added, so "the highest token seen"
+needs no lock and can never go back.
 
 Process layout: ``launch``'s shell starts a *wrapper* shell in a new session; the wrapper starts
 the server in another new session (so pid == pgid == sid), waits for it and writes
@@ -48,13 +56,15 @@ import structlog
 
 from launcher.errors import (
     ConfigError,
+    FencedOut,
     HostUnreachable,
     LogFormatError,
     RemoteCommandError,
     StateError,
 )
 from launcher.host.shell import PRELUDE, fail, sh
-from launcher.host.transport.base import Transport
+from launcher.host.transport.base import CommandResult, Transport
+from launcher.host.transport.fenced import fence_of
 from launcher.sglang.flags import PARAMS_ENV
 from launcher.untrusted import bounded_float, bounded_int
 
@@ -68,6 +78,8 @@ _STOP_POLL_S = 0.1
 _PID_WAIT_TICKS = 200  # launch waits 200 × 50 ms for the server's pid file
 _EXISTS_STATUS = 17  # launch script: the attempt directory already exists
 _WRITE_FAILED_STATUS = 28  # launch script: a file or directory in the run dir not writable
+FENCED_STATUS = 29  # launch, listing or stop script: the host saw a newer lease's token
+SHIM_FENCED_STATUS = 122  # the shim's exit (the attempt's exit_status) when it was fenced out
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Starts the trailer of a follow stream (plus a random token per stream). \x01: a byte no
 # log chunk ends with in practice, so holding back a possible marker start delays nothing.
@@ -75,7 +87,26 @@ _END_MARK = b"\x01launcher-follow-end-"
 READ_CHUNK = 8 << 20  # log bytes read per command (below the transports' MAX_OUTPUT)
 
 
-# $1 dir, $2 cwd, rest: the server's argv. Becomes the server by exec. Its variables have odd
+# ``newer SERVER_DIR TOKEN``: whether a token above TOKEN was seen there (see the module's
+# docstring); ``mark SERVER_DIR TOKEN`` records TOKEN. Both do nothing without a token.
+_FENCE = r"""
+newer() {
+  [ -n "$2" ] || return 1
+  for f in "$1/fence"/*; do
+    n=${f##*/}
+    case $n in ''|*[!0-9]*) continue ;; esac
+    [ "$n" -gt "$2" ] && return 0
+  done
+  return 1
+}
+mark() {
+  [ -n "$2" ] || return 0
+  (umask 077 && mkdir -p "$1/fence" && : > "$1/fence/$2")
+}
+"""
+
+# $1 dir, $2 the fencing token (empty: none), $3 cwd, rest: the server's argv. Becomes the
+# server by exec. Its variables have odd
 # names because the env file is sourced in the same shell.
 _SHIM = r"""
 ident() {
@@ -84,7 +115,18 @@ ident() {
   set -- ${l##*) }; shift 19
   printf '%s %s' "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)" "$1"
 }
-_launcher_dir=$1; _launcher_cwd=$2; shift 2
+_launcher_dir=$1; _launcher_tok=$2; _launcher_cwd=$3; shift 3
+# A launcher that lost its lease must not start a server after a newer one acted here: the
+# last check sits right before the claim (docs/ha.md, fencing).
+if [ -n "$_launcher_tok" ]; then
+  for _launcher_f in "$_launcher_dir/../fence"/*; do
+    _launcher_n=${_launcher_f##*/}
+    case $_launcher_n in ''|*[!0-9]*) continue ;; esac
+    if [ "$_launcher_n" -gt "$_launcher_tok" ]; then
+      : > "$_launcher_dir/fenced"; rm -f "$_launcher_dir/env"; exit 122
+    fi
+  done
+fi
 # Whoever makes "claim" first decides: this shim (the server starts) or a launcher that gave
 # up on the launch (the server never starts, so no unsupervised copy can appear later).
 # The env file (secrets too) goes with a lost claim: nobody else would ever remove it.
@@ -111,14 +153,15 @@ printf '%s\n' "$st" > "$d/exit_status.tmp" && mv -f "$d/exit_status.tmp" "$d/exi
 """
 
 # $1 run_dir, $2 server, $3 attempt, $4 cwd, $5 human command line, $6 wrapper, $7 shim,
-# rest: the server's argv. stdin: the env file. Prints "<pid>\n--\n<absolute dir>".
+# $8 the fencing token (empty: none), rest: the server's argv. stdin: the env file.
+# Prints "<pid>\n--\n<absolute dir>".
 # Without a configured cwd the server starts in $HOME (where an SSH login starts, so a
 # relative path means the same on both transports), else in its attempt directory: never in
 # whatever directory launcher was started from, where another user may have planted modules
 # that ``python3 -m`` would import (security review 2026-12-05, finding M6).
 # The pid wait: $PID_TICKS ticks of 50 ms, then the launch takes the claim (see the shim) so
 # that the server never starts; if the shim took it first, $PID_LIMIT ticks in all.
-_LAUNCH = PRELUDE + r"""
+_LAUNCH = PRELUDE + _FENCE + r"""
 set -u
 command -v setsid > /dev/null || { echo "setsid not found on this host" >&2; exit 127; }
 w() { printf 'cannot write %s\n' "$1" >&2; exit $WRITE_FAILED; }
@@ -129,6 +172,8 @@ for p in "${base%/}" "$base/$2"; do
 done
 d=$(cd "$base/$2" && pwd -P) || exit 1
 safe "$d" 2 || exit 13
+if newer "$d" "$8"; then echo "fenced: $d saw a newer lease token than $8" >&2; exit 29; fi
+mark "$d" "$8" || w "$d/fence"
 d=$d/$3
 if [ -e "$d" ]; then echo "attempt directory exists: $d" >&2; exit 17; fi
 (umask 077 && mkdir "$d") || w "$d"
@@ -136,7 +181,7 @@ if [ -e "$d" ]; then echo "attempt directory exists: $d" >&2; exit 17; fi
 (umask 077 && printf '%s\n' "$5" > "$d/cmd") || w "$d/cmd"
 (umask 077 && : > "$d/log") || w "$d/log"
 (umask 077 && date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started_at") || w "$d/started_at"
-cwd=$4; wrapper=$6; shim=$7; shift 7
+cwd=$4; wrapper=$6; shim=$7; tok=$8; shift 8
 if [ -n "$cwd" ]; then
   expand "$cwd"; cwd=$x
 elif [ -n "${HOME-}" ] && [ -d "$HOME" ]; then
@@ -145,10 +190,11 @@ else
   cwd=$d
 fi
 cd "$d" || exit 1
-setsid sh -c "$wrapper" sh "$d" "$shim" "$cwd" "$@" < /dev/null > /dev/null 2>&1 &
+setsid sh -c "$wrapper" sh "$d" "$shim" "$tok" "$cwd" "$@" < /dev/null > /dev/null 2>&1 &
 i=0
 while [ ! -s "$d/pid" ]; do
   i=$((i + 1))
+  if [ -e "$d/fenced" ]; then echo "fenced: the server saw a newer lease token" >&2; exit 29; fi
   if [ "$i" -eq $PID_TICKS ] && mkdir "$d/claim" 2> /dev/null; then
     rm -f "$d/env"
     echo "server wrote no pid file in $d; it will not start" >&2; exit 3
@@ -213,11 +259,13 @@ p=$(cat "$1/pid" 2>/dev/null) || exit 0
 members "$p"
 """
 
-# $1 dir, $2 signal name. Signals the group, then the session's members outside the group
+# $1 dir, $2 signal name, $3 the fencing token (empty: none). Signals the group, then the
+# session's members outside the group
 # (each process gets the signal once: a second SIGTERM can hit Python after it has restored
 # the default handler on its way out, turning a clean exit into 143).
-_SIGNAL = PRELUDE + r"""
+_SIGNAL = PRELUDE + _FENCE + r"""
 safe "$1" 3 || exit 13
+if newer "${1%/*}" "${3-}"; then echo "fenced: a newer token than $3 acted here" >&2; exit 29; fi
 p=$(cat "$1/pid" 2>/dev/null) || exit 0
 [ -n "$p" ] && ours "$1" "$p" || exit 0
 [ -n "$(members "$p")" ] || exit 0
@@ -228,13 +276,15 @@ for q in $(strays "$p"); do kill -s "$2" "$q" 2>/dev/null; done
 echo sent
 """
 
-# $1 run_dir, $2 server, $3 "claim" when adopting. Prints "<attempt> <alive 0|1> <pid or ->"
-# lines, "@@", the absolute server directory (nothing at all when it does not exist).
+# $1 run_dir, $2 server, $3 "claim" when adopting, $4 the fencing token (empty: none: else
+# it is recorded first, and a newer one refuses, FENCED_STATUS). Prints
+# "<attempt> <alive 0|1> <pid or ->" lines, "@@", the absolute server directory (nothing at
+# all when it does not exist).
 # Adopting, an attempt with neither pid nor exit status is claimed (see the shim): if its shim
 # claimed it first, its server is starting and its pid is waited for; else it never starts
 # and its env file (secrets too) is removed. The server directory is checked by ``safe`` and
 # every attempt directory must be the login user's own and writable by nobody else.
-_LIST = PRELUDE + r"""
+_LIST = PRELUDE + _FENCE + r"""
 expand "$1"
 [ -d "$x/$2" ] || exit 0
 for p in "${x%/}" "$x/$2"; do
@@ -242,6 +292,8 @@ for p in "${x%/}" "$x/$2"; do
 done
 cd "$x/$2" || exit 1
 safe "$(pwd -P)" 2 || exit 13
+if newer . "${4-}"; then echo "fenced: a newer lease token than $4 acted here" >&2; exit 29; fi
+mark . "${4-}" || { echo "cannot write $PWD/fence" >&2; exit 1; }
 bad=$(find . -mindepth 1 -maxdepth 1 -name '[0-9]*' \( -type l -o -type d \( ! -user "$(id -u)" \
   -o -perm -020 -o -perm -002 \) \) -print) || exit 1
 if [ -n "$bad" ]; then
@@ -404,6 +456,22 @@ def _env_file(spec: AttemptSpec) -> bytes:
     return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
 
 
+def _token(transport: Transport) -> str:
+    """The fencing token the host is shown ("" without coordination)."""
+    fence = fence_of(transport)
+    return "" if fence is None or fence.token is None else str(fence.token)
+
+
+def _refuse_fenced(transport: Transport, result: CommandResult, what: str) -> None:
+    """FencedOut when the host refused ``what``: it saw a newer lease's token."""
+    if result.exit_status == FENCED_STATUS:
+        fence = fence_of(transport)
+        raise FencedOut(
+            f"{what} refused by {transport.host_name}: a launcher with a newer lease acted "
+            f"there: {result.stderr[-300:].decode('utf-8', 'replace').strip()}",
+            host=transport.host_name, token=None if fence is None else fence.token)
+
+
 def _check_name(server: str) -> None:
     if not server or server in (".", "..") or "/" in server or "\0" in server:
         raise ConfigError([f"server name {server!r} cannot be used as a directory name"])
@@ -432,7 +500,7 @@ async def launch(transport: Transport, spec: AttemptSpec) -> RunHandle:
     shown = [f"{name}={spec.env[name]}" for name in PARAMS_ENV if name in spec.env]
     args = [
         spec.run_dir, spec.server, str(spec.attempt), spec.cwd or "",
-        shlex.join([*shown, *spec.argv]), _WRAPPER, _SHIM, *spec.argv,
+        shlex.join([*shown, *spec.argv]), _WRAPPER, _SHIM, _token(transport), *spec.argv,
     ]
     stdout = await _launch_once(transport, spec, args)
     if stdout is None:  # the connection was lost before the command reached the host
@@ -460,6 +528,7 @@ async def _launch_once(
         log.warning("remote.launch_reply_lost", host=transport.host_name, server=spec.server,
                     attempt=spec.attempt, error=str(exc))
         return await _recover_launch(transport, spec)
+    _refuse_fenced(transport, result, f"launch of {spec.server}")
     if result.exit_status == _EXISTS_STATUS:
         raise StateError(
             f"attempt {spec.attempt} of {spec.server} already exists on {transport.host_name}",
@@ -741,7 +810,9 @@ async def stop(
     """
     sent: list[str] = []
     for signal_name, wait_s in (("SIGTERM", grace), ("SIGKILL", kill_wait)):
-        result = await transport.run(sh(_SIGNAL, handle.dir, signal_name.removeprefix("SIG")))
+        result = await transport.run(sh(_SIGNAL, handle.dir, signal_name.removeprefix("SIG"),
+                                         _token(transport)))
+        _refuse_fenced(transport, result, f"stop of {handle.server}")
         fail(transport, "signal", result)
         if not result.stdout.strip():
             break
@@ -766,8 +837,9 @@ async def _list_attempts(
     """The absolute server directory and its attempts as (attempt, alive, pid); ``claim``:
     see _LIST."""
     _check_name(server)
-    result = await transport.run(sh(_LIST, run_dir, server, "claim" if claim else ""),
-                                 timeout=60.0)
+    result = await transport.run(sh(_LIST, run_dir, server, "claim" if claim else "",
+                                     _token(transport)), timeout=60.0)
+    _refuse_fenced(transport, result, f"listing of {server}")
     fail(transport, "listing attempts", result)
     entries, sep, directory = result.stdout.decode("utf-8", "surrogateescape").partition(
         "@@\n")

@@ -45,6 +45,9 @@ __all__ = [
     "HostLost",
     "HostReachable",
     "LaunchFailed",
+    "LeaseAcquired",
+    "LeaseEnded",
+    "LeaseStandby",
     "ListingFailed",
     "ListingRetry",
     "PhaseEntered",
@@ -779,6 +782,45 @@ class RouterReady(Event):
     port: int
     seconds: float
     servers: tuple[str, ...]
+
+
+# --- coordination (``[coordination]``, docs/ha.md): ``server`` is "" (the whole fleet) ----
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseStandby(Event):
+    """This launcher stands by: ``active_box`` holds the lease (None: nobody yet), for
+    ``remaining_s`` more unless renewed."""
+
+    name: ClassVar[str] = "lease.standby"
+    box: str
+    active_box: str | None = None
+    remaining_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseAcquired(Event):
+    """This launcher took the lease (token ``token``) and supervises from now on; a
+    takeover when ``previous_box`` held it before."""
+
+    name: ClassVar[str] = "lease.acquired"
+    level: ClassVar[int] = logging.WARNING  # a takeover (or the first start)
+    box: str
+    token: int
+    previous_box: str | None = None
+    waited_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseEnded(Event):
+    """This launcher lost the lease (``errors.LeaseLost``): it stopped every supervision and
+    does nothing more on any host; ``up`` exits 6."""
+
+    name: ClassVar[str] = "lease.lost"
+    level: ClassVar[int] = logging.ERROR  # this launcher stopped supervising
+    box: str
+    token: int | None = None
+    reason: str
 
 
 def _all_events() -> dict[str, type[Event]]:
