@@ -33,10 +33,12 @@ def test_event_classes_name_the_warnings_and_the_errors() -> None:
     for name in ("attempt.failed", "process.died", "stall.detected", "server.unhealthy",
                  "port.waiting"):
         assert logging.WARNING == EVENTS[name].level, name
-    for name in ("server.gave_up", "server.internal_error", "router.internal_error"):
+    for name in ("server.gave_up", "server.internal_error", "router.internal_error",
+                 "lease.lost"):
         assert logging.ERROR == EVENTS[name].level, name
+    assert logging.WARNING == EVENTS["lease.acquired"].level  # a takeover
     assert logging.INFO == EVENTS["server.ready"].level
-    assert 8 == sum(cls.level != logging.INFO for cls in EVENTS.values())
+    assert 10 == sum(cls.level != logging.INFO for cls in EVENTS.values())
 
 
 def test_syslog_priorities_follow_sd_daemon() -> None:
