@@ -18,6 +18,7 @@ import structlog
 
 from launcher.config.schema import Config, ServerConfig
 from launcher.errors import LauncherError, WontFit
+from launcher.hooks import standby
 from launcher.hooks.identity import ServerFacts
 from launcher.hooks.metrics import Metrics
 from launcher.hooks.recorder import LedgerRecorder
@@ -25,18 +26,18 @@ from launcher.hooks.slack import SlackNotifier
 from launcher.hooks.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
 from launcher.host import run as remote
 from launcher.host.facts import GpuReadsOnce
+from launcher.host.preflight import detect_sglang_version
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.host.transport.local import install_pidfd_child_watcher
 from launcher.memory.estimate import Estimate
 from launcher.params import LaunchParams
-from launcher.plan.first_attempt import Planned, plan_first_attempt
+from launcher.plan.first_attempt import Planned, plan_first_attempt, warm_start
 from launcher.plan.fleet import context_of
 from launcher.store.ledger import (
     Ledger,
     ObservationContext,
     fingerprint,
-    initial_params,
     ledger_path,
 )
 from launcher.store.lock import StateLock
@@ -112,13 +113,13 @@ async def sglang_version_of(server: ServerConfig, transport: Transport) -> str:
     """The configured SGLang version, or the one installed on the server's host."""
     if server.sglang_version:
         return server.sglang_version
-    return await remote.detect_sglang_version(transport, server.command)
+    return await detect_sglang_version(transport, server.command)
 
 
 async def _already_running(config: Config, server: ServerConfig, transport: Transport) -> bool:
     """Whether an attempt of ``server`` runs on its host (to be adopted); False when the
     listing fails (the refusal stands)."""
-    run_dir = server.run_dir or config.host(server.host).run_dir
+    run_dir = config.run_dir_of(server)
     try:
         return await remote.find_running(transport, run_dir, server.name) is not None
     except LauncherError:
@@ -140,27 +141,53 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
     try:
         with StateLock(config.state_dir), Ledger(ledger_path(config.state_dir)) as ledger:
             notifier.bind_store(ledger)  # dedupe and firing alerts survive a restart
-            # before any task group: WontFit reaches the CLI as itself, and nothing started
-            try:
-                plans, fingerprints, keys = await _first_attempts(config, servers,
-                                                                  transports, ledger, opts)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await notifier.aclose(10.0)
-                raise
-            async with anyio.create_task_group() as tg:
-                await tg.start(notifier.run)
-                try:
-                    result = await _supervise(config, plans, fingerprints, keys, secrets,
-                                              transports, ledger, notifier, opts, view,
-                                              router_keys)
-                finally:
+            if config.coordination is not None:
+                result = await standby.run_coordinated(
+                    config.coordination, transports, [notifier],
+                    lambda fenced: _run_active(config, servers, secrets, notifier, opts, view,
+                                               router_keys, fenced, ledger))
+                if result is None:  # stopped while standing by: nothing was supervised
                     with anyio.CancelScope(shield=True):
                         await notifier.aclose(10.0)
-                    tg.cancel_scope.cancel()
-        return result
+                    return Result(interrupted=True, until_ready=opts.until_ready, gave_up=[],
+                                  left_running=[], ready=[False] * len(servers))
+                return result
+            return await _run_active(config, servers, secrets, notifier, opts, view,
+                                     router_keys, transports, ledger)
     finally:
         await close_transports(transports)
+
+
+async def _run_active(config: Config, servers: list[ServerConfig],
+                      secrets: dict[str, dict[str, str]], notifier: SlackNotifier,
+                      opts: Options, view: View | None,
+                      router_keys: dict[str, str | None] | None,
+                      transports: dict[str, Transport], ledger: Ledger) -> Result:
+    """Supervise as the one active launcher (``run`` without ``[coordination]``, or once
+    this launcher holds the lease: then ``transports`` are fenced)."""
+    # before any task group: WontFit reaches the CLI as itself, and nothing started
+    try:
+        plans, fingerprints, keys = await _first_attempts(config, servers,
+                                                          transports, ledger, opts)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await notifier.aclose(10.0)
+        raise
+    recorder = LedgerRecorder(ledger, fingerprints, contexts=keys.contexts)
+    async with anyio.create_task_group() as tg:
+        await tg.start(notifier.run)
+        await tg.start(recorder.run)
+        try:
+            result = await _supervise(config, plans, recorder, keys, secrets,
+                                      transports, notifier, opts, view, router_keys)
+        finally:
+            # Every attempt row written before the ledger closes (shielded, bounded;
+            # a cancelled recorder drains what is queued too).
+            await recorder.aclose(10.0)
+            with anyio.CancelScope(shield=True):
+                await notifier.aclose(10.0)
+            tg.cancel_scope.cancel()
+    return result
 
 
 # (server, version, first params, why, the first attempt's memory estimate)
@@ -188,11 +215,10 @@ async def _first_attempt(config: Config, s: ServerConfig, transport: Transport,
     version = await sglang_version_of(s, transport)
     fp = fingerprint(s, config.host(s.host), version)
     configured = s.launch_params()
-    initial, why = initial_params(ledger, fp, configured, opts.fresh)
-    first = await plan_first_attempt(
-        config, s, transport, version, configured,
-        warm=None if initial is configured else (initial, why), configured_reason=why,
-        ledger=ledger)
+    start = warm_start(ledger, config, s, [version], fresh=opts.fresh)
+    first = await plan_first_attempt(config, s, transport, version, configured,
+                                     warm=start.warm, configured_reason=start.reason,
+                                     ledger=ledger)
     return version, fp, first
 
 
@@ -261,9 +287,9 @@ async def _first_attempts(config: Config, servers: list[ServerConfig],
     return plans, fingerprints, keys
 
 
-async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str, str],
+async def _supervise(config: Config, plans: list[_Plan], recorder: LedgerRecorder,
                      keys: _Keys, secrets: dict[str, dict[str, str]],
-                     transports: dict[str, Transport], ledger: Ledger,
+                     transports: dict[str, Transport],
                      notifier: SlackNotifier, opts: Options, view: View | None,
                      router_keys: dict[str, str | None] | None = None) -> Result:
     log = structlog.get_logger("launcher")
@@ -272,7 +298,6 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
     for s, version, _, _, _ in plans:
         facts[s.name] = ServerFacts.of(s, config.host(s.host), version)
         notifier.describe(s.name, facts[s.name])
-    recorder = LedgerRecorder(ledger, fingerprints, contexts=keys.contexts)
     hooks: list[events.Hook] = [recorder, notifier]
     metrics = Metrics(facts=facts) if config.metrics else None
     metrics_server = None
@@ -381,7 +406,6 @@ async def _supervise(config: Config, plans: list[_Plan], fingerprints: dict[str,
             sd.close()
         if metrics_server is not None:
             await anyio.to_thread.run_sync(metrics_server.close)
-        recorder.close()
     gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
     left: list[str] = []
     if interrupted or opts.until_ready:

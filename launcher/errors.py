@@ -15,6 +15,9 @@
     ├── PreflightError                 GPUs / port / model path not usable for a launch
     ├── WontFit                        the memory estimate says no setting fits (exit 5)
     ├── StateError                     the attempt ledger / state dir (lock held, corrupt)
+    ├── LeaseLost                      this launcher no longer holds the coordination lease;
+    │   │                              it stopped acting on hosts (exit 6, docs/ha.md)
+    │   └── FencedOut                  a host refused an action: it saw a newer lease's token
     └── IllegalTransition              the start-up state machine got an impossible event
 """
 
@@ -149,6 +152,28 @@ class WontFit(LauncherError):
 
 class StateError(LauncherError):
     """The local state directory or attempt ledger cannot be used."""
+
+
+class LeaseLost(LauncherError):
+    """This launcher no longer holds the coordination lease (``[coordination]``,
+    docs/ha.md): every action on a host is refused from now on, and ``up`` ends (exit 6) so
+    that systemd starts it again as a standby. ``token`` is the lease's fencing token that
+    was lost (None when none was ever held)."""
+
+    def __init__(self, message: str, *, token: int | None = None, remedy: str = "") -> None:
+        self.token = token
+        super().__init__(message, remedy=remedy or (
+            "another launcher is (or is about to become) the active one; this one stands "
+            "by once restarted (systemd restarts it on exit 6)"))
+
+
+class FencedOut(LeaseLost):
+    """A host refused an action because it has seen a higher fencing token than this
+    launcher's: a newer active launcher acted there. ``host`` names it."""
+
+    def __init__(self, message: str, *, host: str, token: int | None) -> None:
+        self.host = host
+        super().__init__(message, token=token)
 
 
 class IllegalTransition(LauncherError):

@@ -1,4 +1,5 @@
-"""Text launcher does not control: bounded numbers and terminal-safe text.
+"""Text launcher does not control, and secrets it must not show: bounded numbers, terminal-safe
+and Slack-safe text, redaction.
 
 Server logs, ``/health`` answers, attempt files on a host (``exit_status``, ``pid``,
 ``started_at``), the follow agent's frames, a model's ``config.json`` and the host's SGLang
@@ -11,7 +12,11 @@ anything out of bounds, so that one bad line or file is "no figure", not a crash
 supervision of every server (security review 2026-12-05, findings H1, M1, M2, M3, L3).
 
 Text: ``plain`` shows control characters instead of sending them, so that both the CLI's rich
-output and the console log format apply the same rule.
+output and the console log format apply the same rule; ``slack_escape`` escapes the characters
+Slack's formatting reserves.
+
+Secrets: ``Redactor`` masks the configured secret values in any text or record launcher shows
+(the supervisor's events and log lines, Slack messages), cut pieces at a text's edges too.
 
 A leaf module: no launcher imports.
 """
@@ -19,18 +24,27 @@ A leaf module: no launcher imports.
 
 from __future__ import annotations
 
+import enum
 import math
 import re
+from collections.abc import Collection, Mapping
+from dataclasses import fields, is_dataclass, replace
 from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 __all__ = [
+    "MASK",
     "MAX_DIGITS",
     "MAX_FLOAT_CHARS",
+    "MIN_EDGE_LEN",
+    "MIN_SECRET_LEN",
+    "Redactor",
     "bounded_float",
     "bounded_int",
     "finite_number",
     "parse_stamp",
     "plain",
+    "slack_escape",
 ]
 
 MAX_DIGITS = 18  # < 2**63: fits every counter, pid, byte count and exit status
@@ -39,6 +53,15 @@ _DIGITS = frozenset("0123456789")
 # started_at must fall in these years; outside, datetime arithmetic and fromtimestamp fail
 # (year 0/10000) or the figure is nonsense anyway.
 _MIN_YEAR, _MAX_YEAR = 2000, 2100
+
+MASK = "***"
+# Shorter values would mask ordinary words in every message and protect nothing.
+MIN_SECRET_LEN = 4
+# A cut secret's piece this long or longer at a text's edge is masked (shorter ones are too
+# likely to be ordinary text, and too short to guess the rest from).
+MIN_EDGE_LEN = 8
+
+_T = TypeVar("_T")
 
 
 def _ascii_digits(text: str) -> bool:
@@ -127,3 +150,69 @@ def plain(text: str) -> str:
     host's file must not reach the terminal (it could clear it, retitle it or make a
     hyperlink)."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def slack_escape(text: str) -> str:
+    """``text`` with the three characters Slack's text formatting reserves (``&``, ``<``,
+    ``>``) escaped as Slack asks (https://api.slack.com/reference/surfaces/formatting)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# --- secrets --------------------------------------------------------------------------
+
+
+class Redactor:
+    """Replaces every occurrence of any secret with ``***`` in strings, deep in containers.
+
+    Values shorter than ``MIN_SECRET_LEN`` are ignored. Longer secrets are matched first, so a
+    secret that contains another is masked whole. A secret's Slack-escaped form (``&`` as
+    ``&amp;``, ...) is masked too, so text escaped for Slack before masking cannot leak it.
+    """
+
+    def __init__(self, secrets: Collection[str]) -> None:
+        kept = {s for s in secrets if len(s) >= MIN_SECRET_LEN}
+        values = sorted(kept | {slack_escape(s) for s in kept}, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, values))) if values else None
+        self._edged = [v for v in values if len(v) > MIN_EDGE_LEN]
+
+    def text(self, value: str) -> str:
+        """``value`` with every secret masked, and a secret cut at either end of it (a text
+        cut at a size limit: a line's 16 KiB, a log tail's first bytes): a secret's first
+        MIN_EDGE_LEN or more characters ending ``value``, or its last ones starting it."""
+        if self._pattern is None:
+            return value
+        return self._edges(self._pattern.sub(MASK, value))
+
+    def _edges(self, value: str) -> str:
+        for secret in self._edged:
+            for k in range(len(secret) - 1, MIN_EDGE_LEN - 1, -1):
+                if value.endswith(secret[:k]):
+                    value = value[:-k] + MASK
+                    break
+            for k in range(len(secret) - 1, MIN_EDGE_LEN - 1, -1):
+                if value.startswith(secret[-k:]):
+                    value = MASK + value[k:]
+                    break
+        return value
+
+    def __call__(self, value: _T) -> _T:
+        """A copy of ``value`` with every string in it (dict keys included) masked."""
+        return self._walk(value)  # type: ignore[no-any-return]
+
+    def _walk(self, value: Any, in_record: bool = False) -> Any:
+        if isinstance(value, enum.Enum):
+            return value  # a fixed value, never a secret (and a StrEnum must stay one)
+        if isinstance(value, str):
+            return self.text(value)
+        if is_dataclass(value) and not isinstance(value, type):
+            # A typed event (or a record in one, LaunchParams): the same type, its strings
+            # masked, its tuples kept tuples.
+            return replace(value, **{f.name: self._walk(getattr(value, f.name), True)
+                                     for f in fields(value) if f.init})
+        if in_record and isinstance(value, tuple):
+            return tuple(self._walk(v, True) for v in value)
+        if isinstance(value, Mapping):
+            return {self._walk(k): self._walk(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._walk(v) for v in value]
+        return value

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a venv in .venv with launcher and its dev tools. With
 # --test (scripts/test) also what only the tests need: (when run as root on Debian and missing)
-# OpenSSH's sshd, systemd-analyze, iproute2, util-linux and promtool (Debian's prometheus), the
-# SGLang contract environment and the sglang-router environment. The demo runs without --test,
-# so it never builds the 2.6 GB contract environment or the router's, nor installs Debian
-# packages.
+# OpenSSH's sshd, systemd-analyze, iproute2, util-linux, promtool (Debian's prometheus) and
+# PostgreSQL's server, the SGLang contract environment and the sglang-router environment. The
+# demo runs without --test, so it never builds the 2.6 GB contract environment or the router's,
+# nor installs Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false
@@ -19,6 +19,9 @@ if $for_tests; then
   command -v unshare >/dev/null && command -v taskset >/dev/null || need+=(util-linux)
   # promtool (check/test the alert rules in configs/prometheus): Debian ships it with the server.
   command -v promtool >/dev/null || need+=(prometheus)
+  # PostgreSQL's server (tests/test_standby.py: the coordination lease, docs/ha.md); the tests
+  # start their own throw-away server with initdb and pg_ctl, never the package's cluster.
+  compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null || need+=(postgresql)
   if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing ${need[*]} (for the tests)" >&2
     export DEBIAN_FRONTEND=noninteractive
@@ -28,6 +31,14 @@ if $for_tests; then
     # need only promtool, so the service it just installed is stopped and disabled again.
     if [[ " ${need[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
       systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
+    # Likewise the cluster Debian's postgresql package creates and starts.
+    if [[ " ${need[*]} " == *" postgresql "* ]]; then
+      if [ -d /run/systemd/system ]; then
+        systemctl disable --now postgresql.service >/dev/null 2>&1 || true
+      else
+        service postgresql stop >/dev/null 2>&1 || true
+      fi
     fi
   fi
 fi

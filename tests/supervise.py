@@ -31,7 +31,8 @@ from typing import Any
 
 import anyio
 
-from launcher.config.schema import Config, config_from_dict
+from launcher.config.load import config_from_dict
+from launcher.config.schema import Config
 from launcher.host.transport.base import Transport
 from launcher.host.transport.local import LocalTransport
 from launcher.sim import gpustate

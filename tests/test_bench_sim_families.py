@@ -23,8 +23,8 @@ from launcher.sglang.outcome import Outcome
 from launcher.sim.cmdline import build_parser
 from launcher.sim.logfmt import Dialect
 from launcher.sim.memory import simulate
+from launcher.sim.model import scenario_from_argv
 from launcher.sim.observe import observed
-from launcher.sim.server import scenario_from_argv
 from tests.scripts import import_script
 from tests.simhost import SimHost, free_port, make_sim_host, model_dir
 

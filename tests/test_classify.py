@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from launcher.params import LaunchParams
-from launcher.plan.command import params_argv, params_from_argv
 from launcher.sglang.classify import ADVICE, RETRYABLE, classify, diagnose, diagnose_text
+from launcher.sglang.flags import params_argv, params_from_argv
 from launcher.sglang.logparse import LineSplitter, LogFollower, split_records
 from launcher.sglang.outcome import Diagnosis, Outcome
 from launcher.sglang.phases import Phase
 from launcher.sim import logfmt as sim_logfmt
-from launcher.sim.server import _mamba_hook_error as server_mamba_hook_error
+from launcher.sim.model import mamba_hook_error
 
 LOGS = Path(__file__).parent / "data" / "logs"
 
@@ -611,7 +611,7 @@ def test_the_0_5_23_no_buffer_overlap_assertion_prescribes_disable_overlap_sched
     """0.5.23's ``validate_mamba_no_buffer`` ("Try to set disable_overlap_schedule=True.", as
     the simulator writes it from arg_groups/mamba_hook.py): the fix is the
     ``disable_overlap_schedule`` key, ``--disable-overlap-schedule`` on the command line."""
-    text = server_mamba_hook_error(sim_logfmt.NO_BUFFER_OVERLAP) + "\n"
+    text = mamba_hook_error(sim_logfmt.NO_BUFFER_OVERLAP) + "\n"
     d = diagnose_text(text, 1, sglang_version="0.5.23")
     assert Outcome.BAD_ARGUMENT == d.outcome
     assert d.prescribed_fix is not None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from launcher.params import LaunchParams
-from launcher.plan.command import (
-    build_command,
+from launcher.plan.command import build_command
+from launcher.sglang.flags import (
     env_is_read,
     graph_bs_flag,
     mamba_strategy_flag,

@@ -4,12 +4,14 @@ loading."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
 
 import pytest
 
+from launcher.config.load import config_from_dict, load_config
 from launcher.config.placeholders import expand_placeholders
 from launcher.config.schema import (
     Config,
@@ -19,14 +21,12 @@ from launcher.config.schema import (
     ServerConfig,
     SlackConfig,
     StallBudgets,
-    config_from_dict,
     default_state_dir,
-    load_config,
     resolve_secret_env,
 )
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
-from launcher.plan.command import params_argv
+from launcher.sglang.flags import params_argv
 from launcher.sglang.phases import Phase
 
 REPO = Path(__file__).resolve().parent.parent
@@ -993,3 +993,15 @@ def test_secret_env_cred_must_be_a_plain_name(tmp_path: Path, ref: str) -> None:
     """A cred: reference names one file of the credentials directory, never a path."""
     [problem] = problems(tmp_path, BASE + f'secret_env = {{ HF_TOKEN = "{ref}" }}\n')
     assert problem.startswith("servers[0].secret_env: HF_TOKEN: a secret_env value must be")
+
+
+def test_policy_bounds_carry_every_field_of_the_policy() -> None:
+    """``PolicyConfig.bounds()`` sets every ``Bounds`` field from the policy field of the same
+    name (`up` and `plan` search within the same limits)."""
+    policy = PolicyConfig(mem_fraction_floor=0.6, mem_fraction_ceiling=0.9, graph_bs_floor=4,
+                          max_attempts=9, apply_prescribed_fixes=True,
+                          allow_disable_draft_extend_graph=True)
+    bounds = policy.bounds()
+    assert {f.name: getattr(policy, f.name) for f in dataclasses.fields(bounds)} == (
+        dataclasses.asdict(bounds))
+    assert bounds.apply_prescribed_fixes and bounds.allow_disable_draft_extend_graph

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import structlog
 
-from launcher.hooks.logging import EVENT_LEVELS, configure, level_of, on_journal, syslog_priority
+from launcher.hooks.logging import configure, on_journal, syslog_priority
+from launcher.supervise.events import EVENTS
 from tests.supervise import REPO, SERVER, SimSetup, cli_argv, cli_env
 
 pytestmark = pytest.mark.timeout(90)
@@ -28,13 +29,16 @@ pytestmark = pytest.mark.timeout(90)
 PREFIXED = re.compile(r"^<([0-7])>(\{.*\})$")
 
 
-def test_level_table_names_the_warnings_and_the_error() -> None:
-    for name in ("attempt.failed", "process.died", "stall.detected", "server.unhealthy"):
-        assert logging.WARNING == level_of(name), name
-    assert logging.ERROR == level_of("server.gave_up")
-    assert logging.INFO == level_of("server.ready")
-    assert logging.INFO == level_of("no.such_event")
-    assert all(level in (logging.WARNING, logging.ERROR) for level in EVENT_LEVELS.values())
+def test_event_classes_name_the_warnings_and_the_errors() -> None:
+    for name in ("attempt.failed", "process.died", "stall.detected", "server.unhealthy",
+                 "port.waiting"):
+        assert logging.WARNING == EVENTS[name].level, name
+    for name in ("server.gave_up", "server.internal_error", "router.internal_error",
+                 "lease.lost"):
+        assert logging.ERROR == EVENTS[name].level, name
+    assert logging.WARNING == EVENTS["lease.acquired"].level  # a takeover
+    assert logging.INFO == EVENTS["server.ready"].level
+    assert 10 == sum(cls.level != logging.INFO for cls in EVENTS.values())
 
 
 def test_syslog_priorities_follow_sd_daemon() -> None:
@@ -63,7 +67,7 @@ def test_configure_prefixes_each_line_only_on_the_journal(tmp_path: Path) -> Non
             configure("console", out, environ={"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
             log = structlog.get_logger("t")
             log.warning("x.warned")
-            log.log(level_of("server.gave_up"), "server.gave_up")
+            log.log(EVENTS["server.gave_up"].level, "server.gave_up")
             log.info("x.said")
             configure("console", out, environ={})
             log.warning("x.plain")

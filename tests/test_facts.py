@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.cli import inspection
-from launcher.config.schema import config_from_dict
+from launcher.config.load import config_from_dict
 from launcher.hooks.identity import ServerFacts
 
 

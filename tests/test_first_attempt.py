@@ -20,18 +20,18 @@ import pytest
 
 from launcher import daemon
 from launcher.cli.main import EXIT_GAVE_UP, EXIT_OK, EXIT_WONT_FIT
-from launcher.config.schema import config_from_dict
+from launcher.config.load import config_from_dict
 from launcher.errors import WontFit
 from launcher.host.facts import MAX_CONFIG, Facts, read_gpus, read_model, server_shape
 from launcher.host.transport.base import CommandResult
 from launcher.host.transport.local import LocalTransport
 from launcher.memory.estimate import choose
 from launcher.params import LaunchParams
-from launcher.plan.first_attempt import plan_first_attempt
+from launcher.plan.first_attempt import plan_first_attempt, warm_start
 from launcher.sglang.modelfacts import GIB, GpuFacts, NoEstimate
 from launcher.sim.memory import simulate
-from launcher.sim.server import scenario_from_argv
-from launcher.store.ledger import Ledger
+from launcher.sim.model import scenario_from_argv
+from launcher.store.ledger import Ledger, fingerprint, ledger_path
 from tests.simhost import make_sim_host, model_dir
 from tests.supervise import SimSetup, cli_argv, cli_env, json_lines, run_cli
 
@@ -139,6 +139,7 @@ def test_the_ledgers_last_good_params_win_over_the_estimate(sim: SimSetup) -> No
                     timeout=90)
     assert EXIT_OK == first.returncode, first.stderr
     good = next(e for e in json_lines(first.stdout) if e.get("event") == "attempt.started")
+    [planned] = json.loads(run_cli("plan", str(config), "--json").stdout)
     second = run_cli("up", str(config), "--until-ready", "--stop-on-exit", "--log-format",
                      "json", timeout=90)
     assert EXIT_OK == second.returncode, second.stderr
@@ -148,6 +149,39 @@ def test_the_ledgers_last_good_params_win_over_the_estimate(sim: SimSetup) -> No
     last_good = LaunchParams.from_extras(p.pop("mem_fraction_static"),
                                          p.pop("cuda_graph_max_bs"), p)
     assert initial["params"] == last_good.describe()
+    # `plan` and `up` agree on the first attempt for the same config and ledger (one rule).
+    assert planned["params"] == planned["first_attempt"]["params"]
+    q = dict(planned["params"])
+    assert initial["params"] == LaunchParams.from_extras(
+        q.pop("mem_fraction_static"), q.pop("cuda_graph_max_bs"), q).describe()
+    assert "ledger" == planned["first_attempt"]["source"]
+
+
+def test_warm_start_takes_the_newest_last_good_params_under_the_versions_given(
+        tmp_path: Path) -> None:
+    """The ledger's last good params win (the newest over the versions asked), the reason
+    naming their date; ``fresh`` or a launch never ready: none, with the reason."""
+    cfg = config_from_dict({
+        "state_dir": str(tmp_path), "hosts": [{"name": "h", "transport": "local"}],
+        "servers": [{"name": "s", "host": "h", "model_path": "/m", "gpus": [0], "port": 1}],
+    }, environ={})
+    s, host = cfg.servers[0], cfg.hosts[0]
+    older, newer = LaunchParams(0.88, 256), LaunchParams(0.80, 128)
+    with Ledger(ledger_path(tmp_path)) as ledger:
+        ledger.server_ready("s", fingerprint(s, host, "0.5.6"), older, 10.0, 1, at=1.6e9)
+        ledger.server_ready("s", fingerprint(s, host, "0.5.23"), newer, 10.0, 3, at=1.7e9)
+
+        both = warm_start(ledger, cfg, s, ["0.5.6", "0.5.23"], fresh=False)
+        one = warm_start(ledger, cfg, s, ["0.5.6"], fresh=False)
+        fresh = warm_start(ledger, cfg, s, ["0.5.23"], fresh=True)
+        never = warm_start(ledger, cfg, s, ["0.5.10"], fresh=False)
+
+    assert (newer, "warm start from last good params of 2023-11-14 22:13 UTC") == both.warm
+    assert older == (one.warm or (None,))[0]
+    assert (None, "fresh start requested: configured params") == (fresh.warm, fresh.reason)
+    assert (None, "no last good params for this launch: configured params") == (
+        never.warm, never.reason)
+    assert warm_start(None, cfg, s, ["0.5.23"], fresh=False).warm is None
 
 
 def test_nothing_fits_refuses_to_launch_unless_forced(sim: SimSetup) -> None:

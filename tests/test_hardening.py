@@ -21,9 +21,10 @@ from rich.console import Console
 
 from launcher.cli import inspection, main
 from launcher.cli.main import EXIT_GAVE_UP, EXIT_NOT_READY
-from launcher.config.schema import SlackConfig, config_from_dict
+from launcher.config.load import config_from_dict
+from launcher.config.schema import SlackConfig
 from launcher.errors import ConfigError, HostKeyError, RemoteCommandError, StateError
-from launcher.host import health
+from launcher.host import health, shell
 from launcher.host import run as remote
 from launcher.host.transport.base import MAX_OUTPUT, CommandResult
 from launcher.host.transport.local import LocalTransport
@@ -297,12 +298,12 @@ async def test_a_pid_is_trusted_only_with_a_matching_start_time(
     """``ours`` refuses pid 1, 0, junk, a live pid without pid_start and one whose pid_start
     does not match; only the pid with its own start time is ours."""
     t = LocalTransport(HOST)
-    ident = await t.run(remote._sh(remote._PRELUDE + 'ident "$1"', str(sleeper.pid)))
+    ident = await t.run(shell.sh(shell.PRELUDE + 'ident "$1"', str(sleeper.pid)))
     d = forge_attempt(sim, 1)
-    script = remote._PRELUDE + 'if ours "$1" "$2"; then echo ours; else echo not; fi'
+    script = shell.PRELUDE + 'if ours "$1" "$2"; then echo ours; else echo not; fi'
 
     async def ours(pid: str) -> str:
-        result = await t.run(remote._sh(script, str(d), pid))
+        result = await t.run(shell.sh(script, str(d), pid))
         return result.stdout.decode().strip()
 
     assert ["not"] * 4 == [await ours(p) for p in ("1", "0", "-1", str(sleeper.pid))]

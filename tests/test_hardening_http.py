@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from launcher.config.schema import config_from_dict
+from launcher.config.load import config_from_dict
 from launcher.errors import ConfigError
-from launcher.hooks.slack import Redactor
 from launcher.sglang.logparse import MAX_KEPT_CHARS
+from launcher.untrusted import Redactor
 from tests.hostile_http import HostileHttp
 from tests.simhost import free_port
 from tests.sshsim import kill_leftovers

@@ -32,7 +32,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from launcher.cli.main import EXIT_NOT_READY, EXIT_OK
-from launcher.config.schema import config_from_dict
+from launcher.config.load import config_from_dict
 from launcher.errors import RemoteCommandError
 from launcher.hooks.metrics import Metrics
 from launcher.hooks.slack import SlackNotifier

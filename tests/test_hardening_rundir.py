@@ -24,7 +24,7 @@ import pytest
 from launcher.cli.main import EXIT_OK
 from launcher.errors import RemoteCommandError
 from launcher.host import agent as follow_agent
-from launcher.host import run
+from launcher.host import preflight, run
 from launcher.host.transport.local import LocalTransport
 from tests import procs
 from tests.supervise import HOST, SERVER, SimSetup, run_cli
@@ -289,6 +289,19 @@ def test_nothing_is_imported_from_the_directory_up_starts_in(sim: SimSetup, shar
         assert not marker.exists(), marker.read_text()
     finally:
         run_cli("down", str(config))
+
+
+async def test_the_port_probe_imports_nothing_from_the_hosts_python_path(tmp_path: Path) -> None:
+    """The port probe is stdlib python3 run with ``-I``: a ``socket.py`` on the host's
+    PYTHONPATH (or in the directory commands start in) is not imported."""
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    marker = tmp_path / "marker"
+    (planted / "socket.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                       "raise SystemExit(3)\n")
+    transport = LocalTransport(HOST, env={"PYTHONPATH": str(planted)})
+    assert await preflight.port_in_use(transport, 1) in (True, False)
+    assert not marker.exists()
 
 
 # -- M7: the launch's pid wait and its claim ------------------------------------------------

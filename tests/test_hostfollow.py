@@ -4,6 +4,7 @@ real sshd (a cut connection, more servers than MaxSessions)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,11 +17,20 @@ from pathlib import Path
 
 import anyio
 import pytest
+from structlog.testing import capture_logs
 
 from launcher.errors import HostUnreachable
 from launcher.host import agent as follow_agent
 from launcher.host import run
-from launcher.host.follower import Frame, FrameDecoder, FrameError, HostFollower
+from launcher.host.follower import (
+    AGENT_REFUSED,
+    Frame,
+    FrameDecoder,
+    FrameError,
+    HostFollower,
+    agent_source,
+    agent_start,
+)
 from launcher.host.run import AttemptSpec, LogChunk, RunExited, RunHandle
 from launcher.host.transport.base import Duplex, DuplexTransport
 from launcher.host.transport.local import LocalTransport
@@ -29,6 +39,7 @@ from launcher.supervise import events
 from launcher.supervise.lifecycle import State
 from launcher.supervise.supervisor import ServerSupervisor, supervise_all
 from tests.hostile_http import HostileHttp
+from tests.procs import stat_fields
 from tests.simhost import free_port
 from tests.sshd import Sshd
 from tests.sshsim import SIM_VERSION, EventRecorder, Site, kill_leftovers, server_entry, ssh_config
@@ -285,6 +296,154 @@ async def test_a_host_without_python_falls_back_to_one_stream_per_server(tmp_pat
         assert follower.unsupported
         assert 0 == follower.channels_opened
     assert (b"one\ntwo\n", 0) == (data, status)
+
+
+# -- how the agent starts: a short stub that takes its source from stdin ---------------------
+
+
+def _start(source: bytes, stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+    """Run the agent's start command (stub included) here on ``stdin``, for ``source``."""
+    argv, _ = agent_start(source)
+    return subprocess.run(argv, input=stdin, capture_output=True, timeout=30, check=False)
+
+
+def test_the_stub_runs_its_source_and_leaves_the_rest_of_stdin_to_it() -> None:
+    """The stub reads exactly the digest and the source: the command that was already in the
+    pipe behind them (one write) reaches the source, as the agent's commands reach it."""
+    source = b"import os, sys\nsys.stdout.write(repr(os.read(0, 100)))\n"
+    _, payload = agent_start(source)
+    done = _start(source, payload + b'{"op": "del", "key": 1}\n')
+    assert (0, b"b'{\"op\": \"del\", \"key\": 1}\\n'") == (done.returncode, done.stdout)
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "added byte"])
+def test_a_changed_or_truncated_source_is_refused_and_not_run(
+    tmp_path: Path, damage: str,
+) -> None:
+    """A source that does not match the sha256 sent ahead of it is not run (the marker file
+    is never written); the stub's stdout says AGENT_REFUSED."""
+    marker = tmp_path / "ran"
+    source = f"open({str(marker)!r}, 'w').close()\n".encode()
+    _, payload = agent_start(source)
+    if damage == "flipped byte":
+        stdin = payload[:-3] + bytes([payload[-3] ^ 1]) + payload[-2:]
+    elif damage == "truncated":
+        stdin = payload[:-5]
+    else:
+        stdin = payload[:40] + b" " + payload[40:]
+    done = _start(source, stdin)
+    assert AGENT_REFUSED == done.stdout
+    assert not marker.exists()
+
+
+def test_the_agents_start_command_is_short_and_holds_no_source() -> None:
+    """python3's whole argv, as `ps` shows it: under 200 characters, isolated (-I), named
+    by its first words."""
+    argv, payload = agent_start(agent_source())
+    python = ["python3", "-I", "-c", argv[-1]]
+    line = " ".join(python)
+    assert len(line) < 200, line
+    assert line.startswith("python3 -I -c 'launcher-agent';"), line
+    assert "encode_frame" not in line
+    assert payload.endswith(agent_source())
+
+
+def _agent_ps(sshd: Sshd) -> tuple[str, str]:
+    """``ps -o args=`` of the agent running under ``sshd`` (its one python3 -I -c
+    descendant), and its interpreter's path."""
+    found: list[int] = []
+    todo = [sshd.pid]
+    while todo:
+        parent = todo.pop()
+        for entry in Path("/proc").iterdir():
+            fields = stat_fields(int(entry.name)) if entry.name.isdigit() else None
+            if fields is not None and int(fields[1]) == parent:
+                todo.append(int(entry.name))
+                with contextlib.suppress(OSError):
+                    argv = (entry / "cmdline").read_bytes().split(b"\0")
+                    if os.path.basename(argv[0]).startswith(b"python3") and argv[1:3] == [
+                            b"-I", b"-c"]:
+                        found.append(int(entry.name))
+    assert 1 == len(found), found
+    ps = subprocess.run(["ps", "-ww", "-o", "args=", "-p", str(found[0])], check=True,
+                        capture_output=True, text=True).stdout.strip()
+    return ps, Path(f"/proc/{found[0]}/cmdline").read_bytes().split(b"\0")[0].decode()
+
+
+@pytest.mark.ssh
+async def test_ps_on_the_host_shows_the_agent_in_under_200_characters(
+    sshd_host: Sshd, tmp_path: Path, record_property: Callable[[str, object], None],
+) -> None:
+    """Over a real sshd: the running agent's command line on the host (``ps -o args=``) is
+    under 200 characters, names the agent and holds none of its source; the agent follows a
+    server to its exit meanwhile. The interpreter's path is the host's and left out of the
+    count: launcher runs ``python3``, but a pyenv shim (as on this test machine) execs it by
+    its full path."""
+    transport = SSHTransport("gpu1", **sshd_host.transport_kwargs())  # type: ignore[arg-type]
+    local = LocalTransport("here")
+    handle = await launch(local, tmp_path / "run", "s", ["sh", "-c", "echo one; echo two"])
+    try:
+        async with running(transport) as follower:
+            data, status = await collect(follower, handle)
+            ps, interpreter = await anyio.to_thread.run_sync(_agent_ps, sshd_host)
+            assert 1 == follower.channels_opened
+    finally:
+        await transport.aclose()
+    assert ps.startswith(interpreter + " -I -c "), ps[:300]
+    line = "python3" + ps[len(interpreter):]
+    record_property("agent_ps_chars", len(line))
+    assert len(line) < 200, f"{len(line)} characters: {line[:300]}"
+    assert line.startswith("python3 -I -c 'launcher-agent';"), line
+    assert "def " not in line and "encode_frame" not in line
+    assert (b"one\ntwo\n", 0) == (data, status)
+
+
+class _Corrupting:
+    """The agent's channel, with one byte of what is sent first changed on the way."""
+
+    def __init__(self, inner: Duplex) -> None:
+        self.inner = inner
+        self.first = True
+
+    async def send(self, data: bytes) -> None:
+        if self.first:
+            self.first = False
+            data = data[:100] + bytes([data[100] ^ 0x20]) + data[101:]
+        await self.inner.send(data)
+
+    async def receive(self) -> bytes:
+        return await self.inner.receive()
+
+
+class CorruptingSSH(SSHTransport):
+    @asynccontextmanager
+    async def duplex(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                     ) -> AsyncIterator[Duplex]:
+        async with super().duplex(argv, env=env) as inner:
+            yield _Corrupting(inner)
+
+
+@pytest.mark.ssh
+async def test_a_source_changed_on_the_way_is_refused_and_follow_falls_back(
+    sshd_host: Sshd, tmp_path: Path,
+) -> None:
+    """Over a real sshd, the agent's source arrives with one byte changed: the host refuses
+    to run it, the follower says so (follow.agent_unavailable, naming the refusal) and
+    follows the server with one stream of its own, as on a host without python3."""
+    transport = CorruptingSSH("gpu1", **sshd_host.transport_kwargs())  # type: ignore[arg-type]
+    local = LocalTransport("here")
+    handle = await launch(local, tmp_path / "run", "s", ["sh", "-c", "echo one; echo two"])
+    try:
+        with capture_logs() as logs:
+            async with running(transport) as follower:
+                data, status = await collect(follower, handle)
+    finally:
+        await transport.aclose()
+    assert (b"one\ntwo\n", 0) == (data, status)
+    assert follower.unsupported
+    assert 0 == follower.channels_opened
+    [warning] = [e for e in logs if e["event"] == "follow.agent_unavailable"]
+    assert "refused its source" in warning["error"]
 
 
 # -- over real SSH ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 def run_shim(attempt: Path) -> subprocess.CompletedProcess[bytes]:
     """The launch's shim, as the wrapper runs it, for a server that would just exit 0."""
-    return subprocess.run(["sh", "-c", run._SHIM, "sh", str(attempt), "", "true"],
+    return subprocess.run(["sh", "-c", run._SHIM, "sh", str(attempt), "", "", "true"],
                           capture_output=True, timeout=30)
 
 

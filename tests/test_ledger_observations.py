@@ -109,7 +109,8 @@ READY_LOG = [
 ]
 
 
-def test_the_recorder_files_an_ended_attempts_figures_under_its_key(tmp_path: Path) -> None:
+async def test_the_recorder_files_an_ended_attempts_figures_under_its_key(
+        tmp_path: Path) -> None:
     follower = LogFollower()
     for line in READY_LOG:
         follower.feed_line(line)
@@ -119,7 +120,8 @@ def test_the_recorder_files_an_ended_attempts_figures_under_its_key(tmp_path: Pa
                                  model="/m/Qwen3-32B", tp=2)
     clock = FakeClock(1000.0)
     with Ledger(tmp_path / "ledger.sqlite3") as ledger:
-        with LedgerRecorder(ledger, {"qwen": "fp1"}, clock, contexts={"qwen": context}) as hook:
+        async with LedgerRecorder(ledger, {"qwen": "fp1"}, clock,
+                                  contexts={"qwen": context}) as hook:
             hook("qwen", ev.AttemptStarted(attempt=1, params=params, estimate=GUESS))
             hook("qwen", ev.ServerReady(attempt=1, attempts=1, seconds=40.0,
                                         attempt_seconds=40.0, adopted=False, params=params,
@@ -137,7 +139,7 @@ def test_the_recorder_files_an_ended_attempts_figures_under_its_key(tmp_path: Pa
                 numbers={"mem_fraction_static": 0.812}, evidence=(), advice="",
                 started_at=None, ended_at=1001.0, log_tail="", tail_path=None,
             ))
-            assert hook.flush()
+            assert await hook.flush()
         [row] = ledger.observations()
     assert 1 == row.attempt
     # the speculative settings come from the log's args dump

@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.schema import Config, load_config
+from launcher.config.load import load_config
+from launcher.config.schema import Config
 from launcher.errors import ConfigError
 from launcher.params import LaunchParams
 from launcher.plan.multinode import dist_init_addr, rank_commands
+from launcher.supervise.ranks import MultiNodeSupervisor
+from launcher.supervise.supervisor import ServerSupervisor
 from tests.supervise import run_cli
 
 HOSTS = """
@@ -159,3 +162,27 @@ def test_plan_json_shows_every_rank(tmp_path: Path) -> None:
     text = run_cli("plan", str(path))
     assert 0 == text.returncode, text.stderr
     assert "rank 1" in text.stdout and "on gpu-b" in text.stdout
+
+
+def test_run_dir_of_is_the_units_own_else_its_hosts(tmp_path: Path) -> None:
+    """``Config.run_dir_of``: a server's ``run_dir`` wins on every node; without one, each
+    node's host's ``run_dir`` (node 0's host by default)."""
+    hosts = HOSTS.replace('address = "10.0.4.22"', 'address = "10.0.4.22"\nrun_dir = "/b/runs"')
+    config = load(tmp_path, hosts + DSV3)
+    dsv3 = config.server("dsv3")
+    assert "~/.launcher/runs" == config.run_dir_of(dsv3)
+    assert "/b/runs" == config.run_dir_of(dsv3, "gpu-b")
+
+    own = load(tmp_path, hosts + DSV3.replace('tp = 16', 'tp = 16\nrun_dir = "/srv/runs"'))
+    assert ["/srv/runs", "/srv/runs"] == [
+        own.run_dir_of(own.server("dsv3"), h) for h in ("gpu-a", "gpu-b")]
+
+
+def test_the_multinode_supervisor_overrides_only_the_documented_extension_points() -> None:
+    """``MultiNodeSupervisor`` replaces no private method of ``ServerSupervisor``: only the
+    public extension points its docstring lists."""
+    base = ServerSupervisor.__doc__ or ""
+    overridden = {name for name in vars(MultiNodeSupervisor)
+                  if name in vars(ServerSupervisor) and not name.startswith("__")}
+    assert overridden and not [n for n in overridden if n.startswith("_")], overridden
+    assert [] == [n for n in sorted(overridden) if f"``{n}``" not in base]

@@ -18,12 +18,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from launcher.errors import ConfigError
-from launcher.hooks.slack import (
+from launcher.hooks.messages import (
     Kind,
     Origin,
-    Redactor,
     ServerInfo,
-    SlackNotifier,
     adopted_message,
     checked_blocks,
     gave_up_message,
@@ -32,9 +30,11 @@ from launcher.hooks.slack import (
     restart_message,
     unhealthy_message,
 )
+from launcher.hooks.slack import SlackNotifier
 from launcher.sglang.classify import diagnose_text
 from launcher.store.ledger import Ledger
 from launcher.supervise import events as ev
+from launcher.untrusted import Redactor
 from tests.faketime import FakeTime as FakeClock  # its clock and sleep move together
 from tests.httpsink import HANG, HttpSink, Reply
 
@@ -915,10 +915,10 @@ def test_the_clipping_limits_are_within_slack_sdks() -> None:
     not imported at module load: see checked_blocks)."""
     from slack_sdk.models.blocks import HeaderBlock, SectionBlock
 
-    from launcher.hooks import slack
+    from launcher.hooks import messages
 
-    assert slack._HEADER_MAX <= HeaderBlock.text_max_length
-    assert slack._SECTION_MAX <= SectionBlock.text_max_length
+    assert messages._HEADER_MAX <= HeaderBlock.text_max_length
+    assert messages._SECTION_MAX <= SectionBlock.text_max_length
 
 
 def test_a_relaunch_after_an_unrecorded_kill_names_the_kill_not_an_access_line() -> None:

@@ -26,8 +26,8 @@ from launcher.sglang.classify import diagnose_text
 from launcher.sglang.outcome import Numbers, Outcome
 from launcher.sglang.phases import GraphPass, Phase
 from launcher.sim.memory import MemoryScenario, SpecScenario, simulate
+from launcher.sim.model import scenario_from_argv
 from launcher.sim.observe import observed, run_policy
-from launcher.sim.server import scenario_from_argv
 from tests.multipass import Pass, World
 from tests.multipass import run_policy as run_multipass
 from tests.simhost import model_dir

@@ -19,7 +19,7 @@ from launcher.errors import (
     RemoteCommandError,
     TransportError,
 )
-from launcher.host import run as remote
+from launcher.host import preflight
 from launcher.host.transport.base import CommandResult
 from launcher.host.transport.local import LocalTransport
 from launcher.supervise.lifecycle import State
@@ -54,7 +54,7 @@ def nvidia_smi(argv: Sequence[str]) -> bool:
 
 
 def port_check(argv: Sequence[str]) -> bool:
-    return list(argv[:3]) == ["sh", "-c", remote._PORT]
+    return list(argv[:3]) == ["sh", "-c", preflight._PORT]
 
 
 async def test_timeouts_refused_sessions_and_drops_in_preflight_are_retried(

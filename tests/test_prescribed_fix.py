@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from launcher.config.schema import Config, config_from_dict
+from launcher.config.load import config_from_dict
+from launcher.config.schema import Config
 from launcher.supervise.lifecycle import State
 from tests.supervise import SERVER, SimSetup, run_cli, supervise
 

@@ -20,6 +20,7 @@ import anyio
 import pytest
 
 from launcher.errors import ConfigError, HostUnreachable, RemoteCommandError, StateError
+from launcher.host import preflight
 from launcher.host import run as remote
 from launcher.host.run import AttemptSpec, LogChunk, RunExited, RunHandle
 from launcher.host.transport.base import CommandResult, Transport
@@ -540,16 +541,16 @@ async def test_port_in_use_sees_a_listener() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        assert await remote.port_in_use(transport, port)
-    assert not await remote.port_in_use(transport, port)
+        assert await preflight.port_in_use(transport, port)
+    assert not await preflight.port_in_use(transport, port)
 
 
 async def test_path_exists_expands_tilde(tmp_path: Path) -> None:
     """path_exists checks the host's filesystem with ~ meaning the host's $HOME."""
     (tmp_path / "model dir").mkdir()
     transport = LocalTransport("here", {"HOME": str(tmp_path)})
-    assert await remote.path_exists(transport, "~/model dir")
-    assert not await remote.path_exists(transport, "~/missing")
+    assert await preflight.path_exists(transport, "~/model dir")
+    assert not await preflight.path_exists(transport, "~/missing")
 
 
 # -- sglang version --------------------------------------------------------------------------
@@ -569,7 +570,7 @@ async def test_path_exists_expands_tilde(tmp_path: Path) -> None:
 )
 def test_version_probe_uses_the_commands_python(command: list[str], expected: list[str]) -> None:
     """The probe runs `-c <importlib.metadata code>` with the command's interpreter prefix."""
-    argv = remote.version_probe_argv(command)
+    argv = preflight.version_probe_argv(command)
     assert expected == argv[:-2]
     assert "-c" == argv[-2]
     assert "torch" not in argv[-1]
@@ -578,7 +579,7 @@ def test_version_probe_uses_the_commands_python(command: list[str], expected: li
 def test_version_probe_rejects_an_unknown_command() -> None:
     """A command without a recognisable python asks for sglang_version in the config."""
     with pytest.raises(ConfigError, match="sglang_version"):
-        remote.version_probe_argv(["./start.sh"])
+        preflight.version_probe_argv(["./start.sh"])
 
 
 async def test_detect_version_reads_package_metadata(tmp_path: Path) -> None:
@@ -588,14 +589,14 @@ async def test_detect_version_reads_package_metadata(tmp_path: Path) -> None:
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.6.post2\n")
     transport = LocalTransport("here", {"PYTHONPATH": str(tmp_path)})
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", "m"]
-    assert "0.5.6.post2" == await remote.detect_sglang_version(transport, command)
+    assert "0.5.6.post2" == await preflight.detect_sglang_version(transport, command)
 
 
 async def test_detect_version_failure_names_the_remedy(tmp_path: Path) -> None:
     """Without sglang installed the error carries the stderr tail and the config remedy."""
     transport = LocalTransport("here", {"PYTHONPATH": str(tmp_path)})
     with pytest.raises(RemoteCommandError) as caught:
-        await remote.detect_sglang_version(transport, [sys.executable, "-m", "sglang.x"])
+        await preflight.detect_sglang_version(transport, [sys.executable, "-m", "sglang.x"])
     assert "PackageNotFoundError" in caught.value.stderr
     assert "set sglang_version in the config" == caught.value.remedy
 
@@ -604,9 +605,9 @@ async def test_detect_version_of_the_simulator() -> None:
     """The simulator reports SGLANG_SIM_VERSION from the host env, else 0.5.23."""
     command = ["python3", "-m", "launcher.sim.server", "--port", "1"]
     plain = LocalTransport("here", {"SGLANG_SIM_VERSION": ""})
-    assert "0.5.23" == await remote.detect_sglang_version(plain, command)
+    assert "0.5.23" == await preflight.detect_sglang_version(plain, command)
     pinned = LocalTransport("here", {"SGLANG_SIM_VERSION": "0.5.6"})
-    assert "0.5.6" == await remote.detect_sglang_version(pinned, command)
+    assert "0.5.6" == await preflight.detect_sglang_version(pinned, command)
 
 
 # -- over a real sshd ------------------------------------------------------------------------

@@ -23,7 +23,8 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from launcher.config.schema import Config, config_from_dict
+from launcher.config.load import config_from_dict
+from launcher.config.schema import Config
 from launcher.errors import ConfigError, HostUnreachable
 from launcher.hooks.metrics import Metrics
 from launcher.hooks.slack import SlackNotifier

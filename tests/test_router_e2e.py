@@ -26,7 +26,8 @@ import anyio
 import httpx
 import pytest
 
-from launcher.config.schema import Config, config_from_dict
+from launcher.config.load import config_from_dict
+from launcher.config.schema import Config
 from launcher.hooks.metrics import Metrics
 from launcher.host.transport.base import Transport
 from launcher.supervise.router import Routing, router_status, wire

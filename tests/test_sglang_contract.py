@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from launcher.params import LaunchParams
-from launcher.plan.command import build_command, graph_bs_flag, mamba_strategy_flag
+from launcher.plan.command import build_command
+from launcher.sglang.flags import graph_bs_flag, mamba_strategy_flag
 from launcher.sglang.versions import GATED_LAUNCH_FROM, at_least
 from launcher.sim.logfmt import Dialect
 from launcher.sim.server import Flags

@@ -8,8 +8,14 @@ import dataclasses
 import pytest
 
 from launcher.params import LaunchParams
-from launcher.plan.command import params_argv, params_from_argv
-from launcher.sglang.flags import OWNED_FLAGS, PARAM_FLAGS, PARAM_SWITCHES, PARAM_TYPES
+from launcher.sglang.flags import (
+    OWNED_FLAGS,
+    PARAM_FLAGS,
+    PARAM_SWITCHES,
+    PARAM_TYPES,
+    params_argv,
+    params_from_argv,
+)
 from launcher.sglang.versions import SUPPORTED_VERSIONS
 
 ALL_SET = LaunchParams(

@@ -9,7 +9,7 @@ import pytest
 
 from launcher.sglang.modelfacts import GIB, ModelFacts
 from launcher.sim.memory import MemoryScenario
-from launcher.sim.server import scenario_from_argv
+from launcher.sim.model import scenario_from_argv
 from tests.simhost import model_dir
 
 

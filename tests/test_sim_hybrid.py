@@ -20,8 +20,8 @@ import pytest
 from launcher.sglang.classify import diagnose_text
 from launcher.sglang.outcome import Outcome
 from launcher.sim.memory import simulate
+from launcher.sim.model import scenario_from_argv
 from launcher.sim.observe import observed
-from launcher.sim.server import scenario_from_argv
 from tests.simhost import READY_LINE, SimHost, free_port, make_sim_host, model_dir, split_output
 
 PRO6000 = 94.97

@@ -26,8 +26,8 @@ from launcher.sglang.autoargs import auto_mem_fraction_static, capture_bs_list, 
 from launcher.sglang.outcome import Outcome
 from launcher.sim.logfmt import format_size
 from launcher.sim.memory import MemoryScenario, SpecScenario, StartupTrace, simulate
+from launcher.sim.model import scenario_from_argv
 from launcher.sim.observe import observed
-from launcher.sim.server import scenario_from_argv
 from tests.simhost import READY_LINE, SimHost, free_port, make_sim_host, model_dir, split_output
 
 PRO6000 = 94.97  # RTX PRO 6000 Blackwell, as torch reports it in the seeds

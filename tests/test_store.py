@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from structlog.testing import capture_logs
 
@@ -32,7 +33,6 @@ from launcher.store.ledger import (
     Ledger,
     NotifyState,
     fingerprint,
-    initial_params,
     ledger_path,
 )
 from launcher.store.lock import LOCK_FILENAME, StateLock
@@ -282,27 +282,6 @@ def test_failure_after_ready_keeps_time_to_ready(ledger: Ledger) -> None:
     assert ("oom_runtime", 60.0, 900.0) == (row.outcome, row.seconds_to_ready, row.ended_at)
 
 
-# --- warm start --------------------------------------------------------------------------
-
-
-def test_initial_params_warm_starts_from_last_good(ledger: Ledger) -> None:
-    """With last good params known, they are used and the reason names their date."""
-    ledger.server_ready("llama", "fp1", P2, 10.0, 3, at=1_700_000_000.0)
-    assert (P2, "warm start from last good params of 2023-11-14 22:13 UTC") == initial_params(
-        ledger, "fp1", P1, fresh=False
-    )
-
-
-def test_initial_params_uses_configured_when_fresh_or_unknown(ledger: Ledger) -> None:
-    """fresh, or a fingerprint never ready, gives the configured params with a reason."""
-    ledger.server_ready("llama", "fp1", P2, 10.0, 3, at=1_700_000_000.0)
-    fresh, fresh_reason = initial_params(ledger, "fp1", P1, fresh=True)
-    unknown, unknown_reason = initial_params(ledger, "fp-new", P1, fresh=False)
-    assert (P1, P1) == (fresh, unknown)
-    assert "fresh start" in fresh_reason
-    assert "no last good params" in unknown_reason
-
-
 # --- fingerprint -------------------------------------------------------------------------
 
 
@@ -496,13 +475,13 @@ class FakeClock:
         return self.now
 
 
-def test_recorder_maps_supervisor_events_onto_the_ledger(ledger: Ledger) -> None:
+async def test_recorder_maps_supervisor_events_onto_the_ledger(ledger: Ledger) -> None:
     """A failed attempt then a ready one, as the supervisor reports them, become two rows
     and last good params."""
     clock = FakeClock(1000.0)
     p1 = LaunchParams(0.88, 256)
     p2 = LaunchParams(0.85, 160)
-    with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
+    async with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
         hook("llama", ev.AttemptStarted(attempt=1, params=p1))
         hook("llama", ev.PhaseEntered(phase=Phase.INIT, attempt=1))
         clock.now = 1050.0
@@ -523,7 +502,7 @@ def test_recorder_maps_supervisor_events_onto_the_ledger(ledger: Ledger) -> None
         hook("llama", ev.ServerReady(attempt=2, attempts=2, seconds=150.0,
                                      attempt_seconds=90.0, adopted=False, params=p2,
                                      history=()))
-        assert hook.flush()
+        assert await hook.flush()
     rows = ledger.history()
     assert [
         (2, LaunchParams(0.85, 160), 1060.0, 1150.0, "ready", "ready", {}, [], 90.0),
@@ -539,11 +518,11 @@ def test_recorder_maps_supervisor_events_onto_the_ledger(ledger: Ledger) -> None
     assert LaunchParams(0.85, 160) == ledger.last_good("fp1")
 
 
-def test_recorder_records_an_adopted_server(ledger: Ledger) -> None:
+async def test_recorder_records_an_adopted_server(ledger: Ledger) -> None:
     """An adopted attempt gets a row, and its later ready marks that row."""
     clock = FakeClock(500.0)
     params = LaunchParams(0.8, 128)
-    with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
+    async with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
         hook("llama", ev.ServerAdopted(pid=4242, attempt=5, params=params, started_at=470.0))
         clock.now = 530.0
         hook("llama", ev.ServerReady(attempt=5, attempts=1, seconds=None,
@@ -556,15 +535,14 @@ def test_recorder_records_an_adopted_server(ledger: Ledger) -> None:
     assert LaunchParams(0.8, 128) == ledger.last_good("fp1")
 
 
-def test_recorder_never_raises_and_logs_write_failures(ledger: Ledger) -> None:
+async def test_recorder_never_raises_and_logs_write_failures(ledger: Ledger) -> None:
     """Unknown servers and failing writes are logged, never raised."""
     with capture_logs() as logs:
-        hook = LedgerRecorder(ledger, {"llama": "fp1"}, FakeClock(1.0))
-        hook("ghost", ev.AttemptStarted(attempt=1, params=LaunchParams()))
-        ledger.close()
-        hook("llama", ev.AttemptStarted(attempt=1, params=LaunchParams()))
-        assert hook.flush()
-        hook.close()
+        async with LedgerRecorder(ledger, {"llama": "fp1"}, FakeClock(1.0)) as hook:
+            hook("ghost", ev.AttemptStarted(attempt=1, params=LaunchParams()))
+            ledger.close()
+            hook("llama", ev.AttemptStarted(attempt=1, params=LaunchParams()))
+            assert await hook.flush()
         hook("llama", ev.AttemptStarted(attempt=2, params=LaunchParams()))
     failed = [e for e in logs if e["event"] == "ledger.write_failed"]
     assert [("ghost", "KeyError"), ("llama", "StateError"), ("llama", "StateError")] == [
@@ -574,16 +552,33 @@ def test_recorder_never_raises_and_logs_write_failures(ledger: Ledger) -> None:
     assert "is closed" in failed[1]["error"]
 
 
-def test_recorder_does_not_block_its_caller_while_the_database_is_busy(ledger: Ledger) -> None:
+async def test_events_sent_just_before_cancellation_are_all_recorded(ledger: Ledger) -> None:
+    """The worker is cancelled (the daemon's task group on shutdown) right after the last
+    events were queued: its shielded drain still writes every attempt row."""
+    hook = LedgerRecorder(ledger, {"llama": "fp1"}, FakeClock(5.0))
+    async with anyio.create_task_group() as tg:
+        await tg.start(hook.run)
+        for n in range(1, 41):
+            hook("llama", ev.AttemptStarted(attempt=n, params=P1))
+        tg.cancel_scope.cancel()
+    assert list(range(40, 0, -1)) == [r.attempt for r in ledger.history(limit=100)]
+    assert await hook.flush()  # nothing is left in the queue
+    with capture_logs() as logs:
+        hook("llama", ev.AttemptStarted(attempt=41, params=P1))  # no worker: dropped, logged
+    assert ["ledger.write_failed"] == [e["event"] for e in logs]
+
+
+async def test_recorder_does_not_block_its_caller_while_the_database_is_busy(
+        ledger: Ledger) -> None:
     """While another connection holds the write lock the hook returns at once; the write
     lands once the lock is released."""
     other = _raw(ledger.path)
     other.execute("BEGIN IMMEDIATE")
-    with LedgerRecorder(ledger, {"llama": "fp1"}, FakeClock(7.0)) as hook:
+    async with LedgerRecorder(ledger, {"llama": "fp1"}, FakeClock(7.0)) as hook:
         hook("llama", ev.AttemptStarted(attempt=1, params=LaunchParams()))
         assert [] == [r[0] for r in other.execute("SELECT attempt FROM attempts")]
         other.execute("COMMIT")
-        assert hook.flush()
+        assert await hook.flush()
     assert [(1, 7.0)] == [(r.attempt, r.started_at) for r in ledger.history()]
     other.close()
 
@@ -601,13 +596,13 @@ def test_params_beyond_fraction_and_bs_round_trip(tmp_path: Path) -> None:
         assert p == ledger.last_good("fp")
 
 
-def test_recorder_keeps_a_relaunchs_extra_params(ledger: Ledger) -> None:
+async def test_recorder_keeps_a_relaunchs_extra_params(ledger: Ledger) -> None:
     """A prescribed fix's params (strategy, env) as the supervisor reports them are recorded
     with the attempt and as last good params."""
     clock = FakeClock(100.0)
     p = LaunchParams(0.8, 32, mamba_strategy="extra_buffer",
                      env=(("SGLANG_ENABLE_SPEC_V2", "1"),))
-    with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
+    async with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
         hook("llama", ev.AttemptStarted(attempt=2, params=p))
         clock.now = 130.0
         hook("llama", ev.ServerReady(attempt=2, attempts=1, seconds=30.0, attempt_seconds=30.0,
@@ -652,7 +647,7 @@ def _rows(ledger: Ledger) -> dict[int, tuple[str | None, float | None]]:
     return {r.attempt: (r.outcome, r.seconds_to_ready) for r in ledger.history()}
 
 
-def test_ready_after_a_restart_marks_its_own_attempt_not_the_first(ledger: Ledger) -> None:
+async def test_ready_after_a_restart_marks_its_own_attempt_not_the_first(ledger: Ledger) -> None:
     """Three attempts are on the host (1, 2 OOM; 3 ready); a restarted daemon launches
     attempt 4, which gets ready: row 4 is ready with its own time to ready and rows 1-3 keep
     what they were (the bug: the per-run count 1 was taken for the number, so attempt #1,
@@ -668,18 +663,18 @@ def test_ready_after_a_restart_marks_its_own_attempt_not_the_first(ledger: Ledge
                                     numbers={}, evidence=[], log_tail="", ended_at=10.0 * n + 5)
     clock = FakeClock(1000.0)
     m = _machine(base=3)
-    with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
+    async with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
         _feed(m, hook, clock, Start(), 1000.0)
         _feed(m, hook, clock, PreflightPassed(), 1000.0)
         _to_ready(m, hook, clock, 1000.0)
-        assert hook.flush()
+        assert await hook.flush()
     assert {1: ("oom_graph_capture", None), 2: ("oom_graph_capture", None), 3: ("ready", 7.0),
             4: ("ready", 40.0)} == _rows(ledger)
     entry = ledger.last_good_entry("fp1")
     assert entry is not None and 1 == entry.attempts  # this start-up took one attempt
 
 
-def test_adopting_a_ready_attempt_is_not_a_fresh_ready(ledger: Ledger) -> None:
+async def test_adopting_a_ready_attempt_is_not_a_fresh_ready(ledger: Ledger) -> None:
     """A restarted daemon adopts attempt 3 (ready in 42 s under the daemon that launched it)
     and sees it ready again at once: row 3 keeps 42 s, row 1 stays an OOM."""
     from launcher.supervise.lifecycle import Adopted, ProbeResult, ReadyLineSeen
@@ -691,17 +686,17 @@ def test_adopting_a_ready_attempt_is_not_a_fresh_ready(ledger: Ledger) -> None:
     ledger.server_ready("llama", "fp1", P2, 42.0, 3, at=72.0)
     clock = FakeClock(5000.0)
     m = _machine(base=0)
-    with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
+    async with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
         _feed(m, hook, clock, Adopted(pid=77, attempt=3, params=P2, started_wall=30.0), 5000.0)
         _feed(m, hook, clock, ReadyLineSeen(), 5000.02)
         _feed(m, hook, clock, ProbeResult(ok=True), 5000.04)
-        assert hook.flush()
+        assert await hook.flush()
     assert {1: ("oom_kv_cache", None), 3: ("ready", 42.0)} == _rows(ledger)
     [ready] = [r for r in ledger.history() if r.attempt == 3]
     assert 72.0 == ready.ended_at  # when it became ready, not when it was adopted
 
 
-def test_adopting_an_attempt_mid_load_times_it_from_its_launch(ledger: Ledger) -> None:
+async def test_adopting_an_attempt_mid_load_times_it_from_its_launch(ledger: Ledger) -> None:
     """The daemon that launched attempt 2 died while it loaded; the adopting daemon sees it
     ready at t=130: its time to ready is counted from its launch at t=100."""
     from launcher.supervise.lifecycle import Adopted, ProbeResult, ReadyLineSeen
@@ -709,9 +704,9 @@ def test_adopting_an_attempt_mid_load_times_it_from_its_launch(ledger: Ledger) -
     ledger.attempt_started("llama", "fp1", 2, P1, 100.0)
     clock = FakeClock(110.0)
     m = _machine(base=0)
-    with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
+    async with LedgerRecorder(ledger, {"llama": "fp1"}, clock) as hook:
         _feed(m, hook, clock, Adopted(pid=77, attempt=2, params=P1, started_wall=100.0), 110.0)
         _feed(m, hook, clock, ReadyLineSeen(), 125.0)
         _feed(m, hook, clock, ProbeResult(ok=True), 130.0)
-        assert hook.flush()
+        assert await hook.flush()
     assert {2: ("ready", 30.0)} == _rows(ledger)

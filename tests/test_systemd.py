@@ -25,7 +25,8 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from launcher.config.schema import SlackConfig, config_from_dict
+from launcher.config.load import config_from_dict
+from launcher.config.schema import SlackConfig
 from launcher.hooks.systemd import (
     STATUS_MAX_CHARS,
     SdNotifier,

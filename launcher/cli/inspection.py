@@ -65,10 +65,6 @@ def endpoint(config: Config, s: ServerConfig) -> str:
     return identity.endpoint(s, config.host(s.host))
 
 
-def run_dir(config: Config, s: ServerConfig) -> str:
-    return s.run_dir or config.host(s.host).run_dir
-
-
 @dataclass
 class ServerStatus:
     """One row of `launcher status`.
@@ -180,7 +176,7 @@ class _Look:
 
 async def _look(config: Config, s: ServerConfig, t: Transport,
                 rows: list[AttemptRow] | None, *, now: float) -> _Look:
-    rd = run_dir(config, s)
+    rd = config.run_dir_of(s)
     handle = await run.find_running(t, rd, s.name)
     running = handle is not None
     if handle is None:

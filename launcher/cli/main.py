@@ -15,6 +15,9 @@ Exit codes (the README's table; systemd/launcher@.service relies on them):
 - 5 (EXIT_WONT_FIT): `up`: the memory estimate says some server cannot fit its GPUs (weights
   alone exceed them, or the KV pool would fall below the minimum); nothing was launched.
   `up --force` launches anyway (docs/memory.md).
+- 6 (EXIT_LEASE_LOST): `up` with `[coordination]`: this launcher lost the lease (another box
+  is, or is about to be, the active one); it stopped supervising and did nothing more on any
+  host. systemd restarts it, and it stands by (docs/ha.md).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -45,13 +49,13 @@ from rich.text import Text
 from launcher import __version__, daemon
 from launcher.cli import inspection
 from launcher.cli.memview import bar_text, legend
+from launcher.config.load import load_config
 from launcher.config.placeholders import expand_placeholders
 from launcher.config.schema import (
     Config,
     ServerConfig,
     SlackConfig,
     default_state_dir,
-    load_config,
     resolve_router_api_key,
     resolve_secret_env,
     secret_arg_env,
@@ -60,6 +64,7 @@ from launcher.errors import (
     ConfigError,
     HostUnreachable,
     LauncherError,
+    LeaseLost,
     LogFormatError,
     RemoteCommandError,
     StateError,
@@ -67,21 +72,24 @@ from launcher.errors import (
     WontFit,
 )
 from launcher.hooks.logging import Format, configure, on_journal
-from launcher.hooks.slack import ServerInfo, SlackNotifier, webhook_url_ok
-from launcher.host import run
+from launcher.hooks.messages import ServerInfo
+from launcher.hooks.slack import SlackNotifier, webhook_url_ok
+from launcher.host import preflight, run
 from launcher.host.gpus import check_gpus
+from launcher.host.preflight import path_exists
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.memory.estimate import observed_bar
 from launcher.memory.policy import AttemptRecord, Bounds, capture_oom_ladder, next_params
 from launcher.params import LaunchParams
-from launcher.plan.first_attempt import Planned, estimate_servers
+from launcher.plan.first_attempt import Planned, estimate_servers, warm_start
 from launcher.plan.multinode import rank_commands
 from launcher.sglang.classify import diagnose_text
 from launcher.sglang.flags import mask_secret_flags
 from launcher.sglang.outcome import Diagnosis
 from launcher.sglang.versions import DEFAULT_VERSION, SUPPORTED_VERSIONS
-from launcher.store.ledger import Ledger, fingerprint, ledger_path
+from launcher.store.coordination import EngineUnavailable, Membership, PgEngine
+from launcher.store.ledger import Ledger, ledger_path
 from launcher.store.lock import make_private_dir
 from launcher.supervise import events
 from launcher.supervise.ranks import stop_other_ranks
@@ -96,6 +104,7 @@ EXIT_USAGE = 2
 EXIT_NOT_READY = 3
 EXIT_GAVE_UP = 4
 EXIT_WONT_FIT = 5
+EXIT_LEASE_LOST = 6
 
 def _flags_untyped(params: list[Any]) -> list[Any]:
     """``params`` with every flag's metavar set to "": typer shows a metavar, when set, instead
@@ -148,7 +157,8 @@ _EXIT_CODES_HELP = (
     "Exit codes: 0 ok (up: stopped by a signal; status: all ready); "
     "1 unexpected error, or problems found (check, down, diagnose); "
     "2 config or usage error; 3 status: some server not ready; 4 up: every server gave up; "
-    "5 up: the memory estimate says a server cannot fit (nothing launched; --force)."
+    "5 up: the memory estimate says a server cannot fit (nothing launched; --force); "
+    "6 up: this launcher lost its coordination lease (docs/ha.md)."
 )
 
 app = typer.Typer(
@@ -233,6 +243,8 @@ def _one_line(exc: LauncherError) -> str:
 def _exit_code(exc: LauncherError) -> int:
     if isinstance(exc, WontFit):
         return EXIT_WONT_FIT
+    if isinstance(exc, LeaseLost):
+        return EXIT_LEASE_LOST
     return EXIT_USAGE if isinstance(exc, ConfigError | UsageError | LogFormatError) else EXIT_ERROR
 
 
@@ -443,11 +455,9 @@ def _remembered_params(config: Config, s: ServerConfig) -> tuple[LaunchParams, s
         return None
     versions = [s.sglang_version] if s.sglang_version else list(SUPPORTED_VERSIONS)
     with Ledger(path) as ledger:
-        found = [e for v in versions
-                 if (e := ledger.last_good_entry(fingerprint(s, config.host(s.host), v)))]
-    if not found:
+        entry = warm_start(ledger, config, s, versions, fresh=False).last_good
+    if entry is None:
         return None
-    entry = max(found, key=lambda e: e.updated_at)
     return entry.params, f"last good, {inspection.iso(entry.updated_at)}; `up --fresh` ignores them"
 
 
@@ -472,7 +482,6 @@ def plan(
         if (found := _guard(partial(_remembered_params, config, s))) is not None}
     planned = anyio.run(partial(estimate_servers, config, selected, warm=warm))
     for s in selected:
-        host = config.host(s.host)
         version = s.sglang_version or DEFAULT_VERSION
         first = planned[s.name]
         params, params_source = warm.get(s.name) or (
@@ -483,7 +492,7 @@ def plan(
         p = config.policy_for(s.name)
         ladder = capture_oom_ladder(
             params,
-            Bounds(p.mem_fraction_floor, p.mem_fraction_ceiling, p.graph_bs_floor, p.max_attempts),
+            p.bounds(),
             gpu_total_gib=None,
             tp=s.tp,
             sglang_version=version,
@@ -501,7 +510,7 @@ def plan(
                 "env": _planned_env(cmd.masked_env()),
                 "params": params.as_dict(),
                 "params_source": params_source,
-                "run_dir": posixpath.normpath(f"{s.run_dir or host.run_dir}/{s.name}")
+                "run_dir": posixpath.normpath(f"{config.run_dir_of(s)}/{s.name}")
                 + "/<attempt>",
                 "ranks": ranks,
                 "oom_ladder": [
@@ -602,7 +611,7 @@ def _plan_ranks(config: Config, s: ServerConfig, params: LaunchParams, version: 
     """Every rank's host, command line and run dir (one entry, rank 0, for one host)."""
     return [
         {"rank": rank.rank, "host": rank.host, "argv": cmd.argv, "command": shlex.join(cmd.argv),
-         "run_dir": f"{s.run_dir or config.host(rank.host).run_dir}/{rank.run_name}/<attempt>"}
+         "run_dir": f"{config.run_dir_of(s, rank.host)}/{rank.run_name}/<attempt>"}
         for rank, cmd in rank_commands(config, s, params, version, secrets)
     ]
 
@@ -933,10 +942,6 @@ def history(
 # --- down / status / logs / check ----------------------------------------------------
 
 
-def _run_dir(config: Config, s: ServerConfig) -> str:
-    return inspection.run_dir(config, s)
-
-
 async def _per_server(config: Config, servers: list[ServerConfig],
                       fn: Callable[[ServerConfig, Transport], Any], *,
                       one_try: bool = False) -> list[Any]:
@@ -975,7 +980,7 @@ def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         return said
 
     async def stop_first(s: ServerConfig, t: Transport) -> str:
-        handle = await run.find_running(t, _run_dir(config, s), s.name)
+        handle = await run.find_running(t, config.run_dir_of(s), s.name)
         if handle is None:
             return "not running"
         report = await run.stop(t, handle)
@@ -1153,14 +1158,62 @@ def status(
         _watch_status(config, servers, output == "wide", as_json, interval)
     rows = _status_rows(config, servers)
     router_rows = _guard(lambda: _router_rows(config, server))
+    coordination = _guard(lambda: _coordination(config))
     if as_json:
-        out.print_json(json.dumps([r.as_dict() for r in rows] + router_rows))
+        out.print_json(json.dumps([r.as_dict() for r in rows] + router_rows
+                                  + ([{"coordination": coordination}] if coordination else [])))
     else:
         _print_table(out, _status_table(rows, config, output == "wide"))
         _status_errors(err, rows)
         if router_rows:
             _print_table(out, _router_table(router_rows))
+        if coordination:
+            out.print(Text(_coordination_line(coordination)))
     raise typer.Exit(_status_code(rows))
+
+
+def _coordination(config: Config) -> dict[str, Any] | None:
+    """With ``[coordination]``: the lease's active box and the standbys, as the database
+    sees them (``error`` instead when it cannot be asked); None without it."""
+    c = config.coordination
+    if c is None:
+        return None
+    engine = PgEngine(c.resolve_dsn(), lease=c.lease, holder="status", box=c.box, ttl=c.ttl)
+
+    async def ask() -> Membership:
+        try:
+            with anyio.fail_after(10.0):
+                return await engine.membership()
+        finally:
+            engine.drop()
+
+    try:
+        seen = anyio.run(ask)
+    except (EngineUnavailable, TimeoutError) as exc:
+        return {"lease": c.lease, "error": str(exc)}
+    active = seen.active
+    return {
+        "lease": c.lease,
+        "active": None if active is None else {
+            "box": active.box, "pid": active.pid, "token": seen.lease.token,
+            "lease_left_s": round(seen.lease.remaining_s or 0.0, 1)},
+        "standbys": [{"box": m.box, "pid": m.pid, "heard_s_ago": round(m.age_s, 1)}
+                     for m in seen.standbys],
+    }
+
+
+def _coordination_line(view: dict[str, Any]) -> str:
+    """``coordination (lease L): active BOX (token N, lease 7.1s left); standby: ...``."""
+    head = f"coordination (lease {view['lease']}): "
+    if "error" in view:
+        return head + f"the database cannot be asked: {view['error']}"
+    active = view["active"]
+    text = head + ("no active launcher" if active is None else
+                   f"active {active['box']} (pid {active['pid']}, token {active['token']}, "
+                   f"lease {active['lease_left_s']}s left)")
+    standbys = ", ".join(f"{m['box']} (pid {m['pid']}, heard {m['heard_s_ago']}s ago)"
+                         for m in view["standbys"])
+    return text + f"; standby: {standbys or 'none'}"
 
 
 def _watch_status(config: Config, servers: list[ServerConfig], wide: bool, as_json: bool,
@@ -1359,7 +1412,7 @@ async def _attempt_handle(t: Transport, run_dir: str, s: ServerConfig,
         return latest
     directory = latest.dir.rsplit("/", 1)[0]
     handle = run.RunHandle(s.name, attempt, f"{directory}/{attempt}", 0)
-    if attempt > latest.attempt or not await run.path_exists(t, handle.dir):
+    if attempt > latest.attempt or not await path_exists(t, handle.dir):
         raise UsageError(f"{s.name} has no attempt {attempt} on {s.host}",
                          remedy=f"its newest attempt is {latest.attempt}; "
                          f"`launcher history CONFIG {s.name}` lists them")
@@ -1410,7 +1463,7 @@ def logs(
     s = _guard(lambda: config.server(name))
 
     async def show(s: ServerConfig, t: Transport) -> None:
-        handle = await _attempt_handle(t, _run_dir(config, s), s, attempt)
+        handle = await _attempt_handle(t, config.run_dir_of(s), s, attempt)
         offset = 0 if tail is None else await _tail_offset(t, handle, tail)
         if since is not None:
             now = await inspection.host_now(t)
@@ -1459,13 +1512,12 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         except LauncherError as exc:
             problems.append(f"SGLang version: {exc}")
             version = "?"
-        if s.model_path.startswith("/") and not await run.path_exists(t, s.model_path):
-            problems.append(f"model path {s.model_path} does not exist")
-        running = await run.find_running(t, _run_dir(config, s), s.name)
-        if running is None:  # a running server of ours holds its GPUs and port: that's fine
-            problems += await check_gpus(t, config.host(s.host).nvidia_smi, s.gpus)
-            if await run.port_in_use(t, s.port):
-                problems.append(f"port {s.port} is already in use")
+        running = await run.find_running(t, config.run_dir_of(s), s.name)
+        target = preflight.Target(s.host, config.host(s.host).nvidia_smi, s.name, s.gpus,
+                                  s.model_path, s.port)
+        if running is not None:  # a running server of ours holds its GPUs and port: fine
+            target = replace(target, gpus=(), port=None)
+        problems += [str(p) for p in await preflight.check(t, target)]
         note = f" (running, pid {running.pid})" if running else ""
         return [f"SGLang {version}{note}", *problems]
 

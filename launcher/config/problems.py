@@ -2,9 +2,9 @@
 cross-entry checks (unique names, known hosts, GPU and port clashes, routers that can reach
 their servers, ...) that validation of one model alone cannot do.
 
-``config._load`` runs these over the merged input after pydantic has validated it; every
+``launcher.config.load`` runs these over the merged input after pydantic has validated it; every
 function yields or returns ``(loc, message)`` pairs, ``loc`` a TOML path as a tuple
-(``('servers', 1, 'gpus')``), which ``_path`` renders. Pure: no I/O, no environment.
+(``('servers', 1, 'gpus')``), which ``toml_path`` renders. Pure: no I/O, no environment.
 """
 
 from __future__ import annotations
@@ -12,18 +12,15 @@ from __future__ import annotations
 import difflib
 import itertools
 import re
-import tomllib
 import types
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from launcher.config.schema import (
-    _LOOPBACK,
-    _M,
-    _SECRET_KEY_RE,
+    LOOPBACK,
     ROUTER_PROMETHEUS_PORT,
     Config,
     HostConfig,
@@ -31,26 +28,18 @@ from launcher.config.schema import (
     PolicyConfig,
     RouterConfig,
     ServerConfig,
-    _known,
+    did_you_mean,
 )
 from launcher.durations import format_duration
 
-
-def _toml_problem(exc: tomllib.TOMLDecodeError) -> str:
-    text = str(exc)
-    match = re.search(r"\s*\(at line (\d+), column (\d+)\)$", text)
-    if match:
-        return f"line {match[1]}, column {match[2]}: TOML syntax: {text[: match.start()]}"
-    match = re.search(r"\s*\(at end of document\)$", text)
-    if match:
-        return f"end of file: TOML syntax: {text[: match.start()]}"
-    return f"TOML syntax: {text}"
+_M = TypeVar("_M", bound=BaseModel)
+_SECRET_KEY_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 
 
 # --- problems ----------------------------------------------------------------------------
 
 
-def _path(loc: Loc) -> str:
+def toml_path(loc: Loc) -> str:
     """('servers', 1, 'gpus') -> 'servers[1].gpus'."""
     out = ""
     for part in loc:
@@ -61,11 +50,6 @@ def _path(loc: Loc) -> str:
     return out or "(top level)"
 
 
-def _related(override: Loc, loc: Loc) -> bool:
-    shorter = min(len(override), len(loc))
-    return shorter > 0 and override[:shorter] == loc[:shorter]
-
-
 _COMPARISONS = {
     "greater_than": ("gt", ">"),
     "greater_than_equal": ("ge", ">="),
@@ -74,13 +58,14 @@ _COMPARISONS = {
 }
 
 
-def _pydantic_problem(error: ErrorDetails) -> tuple[Loc, str]:
+def pydantic_problem(error: ErrorDetails) -> tuple[Loc, str]:
+    """One pydantic validation error as (where, message), worded for a person editing TOML."""
     loc: Loc = tuple(error["loc"])
     kind = error["type"]
     ctx = error.get("ctx") or {}
     value = error.get("input")
     if kind == "extra_forbidden":
-        return loc, _unknown_key(loc)
+        return loc, unknown_key(loc)
     if kind == "missing":
         return loc, "required key is missing"
     if kind in _COMPARISONS:
@@ -107,7 +92,9 @@ def _show(value: object, loc: Loc = ()) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _unknown_key(loc: Loc) -> str:
+def unknown_key(loc: Loc) -> str:
+    """The message for a key ``loc[-1]`` that the table at ``loc[:-1]`` does not have: the
+    closest known key, else every known key."""
     key = str(loc[-1])
     model = _model_at(loc[:-1])
     choices = list(model.model_fields) if model is not None else []
@@ -117,26 +104,28 @@ def _unknown_key(loc: Loc) -> str:
     return f"unknown key; expected one of: {', '.join(choices)}" if choices else "unknown key"
 
 
-def _is_model(annotation: Any) -> bool:
+def is_model(annotation: Any) -> bool:
+    """True when ``annotation`` is a table of the schema (a pydantic model class)."""
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
-def _unwrap(annotation: Any) -> Any:
+def unwrap(annotation: Any) -> Any:
+    """``annotation`` without ``Annotated`` metadata and without ``| None``."""
     origin = get_origin(annotation)
     if origin is Annotated:
-        return _unwrap(get_args(annotation)[0])
+        return unwrap(get_args(annotation)[0])
     if origin is Union or origin is types.UnionType:
         args = [arg for arg in get_args(annotation) if arg is not type(None)]
         if len(args) == 1:
-            return _unwrap(args[0])
+            return unwrap(args[0])
     return annotation
 
 
-def _annotation_at(loc: Sequence[str | int]) -> Any:
+def annotation_at(loc: Sequence[str | int]) -> Any:
     """The (unwrapped) type that lives at ``loc`` inside ``Config``, or None if none does."""
     current: Any = Config
     for part in loc:
-        current = _unwrap(current)
+        current = unwrap(current)
         origin = get_origin(current)
         if isinstance(part, int):
             if origin is not list:
@@ -151,11 +140,11 @@ def _annotation_at(loc: Sequence[str | int]) -> Any:
             current = get_args(current)[1]
         else:
             return None
-    return _unwrap(current)
+    return unwrap(current)
 
 
 def _model_at(loc: Sequence[str | int]) -> type[BaseModel] | None:
-    found = _annotation_at(loc)
+    found = annotation_at(loc)
     if isinstance(found, type) and issubclass(found, BaseModel):
         return found
     return None
@@ -167,7 +156,7 @@ def _model_at(loc: Sequence[str | int]) -> type[BaseModel] | None:
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
-def _control_characters(node: Any, loc: Loc) -> Iterator[tuple[Loc, str]]:
+def control_characters(node: Any, loc: Loc) -> Iterator[tuple[Loc, str]]:
     """Every string (key or value) holding a control character other than tab and newline:
     a NUL cannot pass through exec or SSH, the others only hide what a value really is."""
     items: Any = (node.items() if isinstance(node, Mapping)
@@ -179,10 +168,10 @@ def _control_characters(node: Any, loc: Loc) -> Iterator[tuple[Loc, str]]:
                 yield at, (f"contains the control character {m.group()!r} at position "
                            f"{m.start()}: remove it")
         if isinstance(value, Mapping | list):
-            yield from _control_characters(value, at)
+            yield from control_characters(value, at)
 
 
-def _cross_checks(tree: Mapping[str, Any]) -> Iterator[tuple[Loc, str]]:
+def cross_checks(tree: Mapping[str, Any]) -> Iterator[tuple[Loc, str]]:
     """Rules spanning several fields or entries.
 
     Each entry is validated on its own, with the keys pydantic rejected dropped, so one bad
@@ -233,7 +222,7 @@ def _check_servers(
         host_ref = raw.get("host") if isinstance(raw, dict) else None
         if isinstance(host_ref, str) and host_ref not in host_names:
             known = [str(name) for name in host_names]
-            yield (*at, "host"), f"unknown host {host_ref!r}; {_known(known, host_ref)}"
+            yield (*at, "host"), f"unknown host {host_ref!r}; {did_you_mean(known, host_ref)}"
         yield from _node_problems(raw, at, host_names)
         partial = _partial(ServerConfig, raw)
         if partial is None:
@@ -307,7 +296,7 @@ def _node_problems(raw: object, at: Loc, host_names: list[Any]) -> Iterator[tupl
     for j, ref in enumerate(nodes):
         if isinstance(ref, str) and ref not in host_names:
             known = [str(name) for name in host_names]
-            yield (*at, "nodes", j), f"unknown host {ref!r}; {_known(known, ref)}"
+            yield (*at, "nodes", j), f"unknown host {ref!r}; {did_you_mean(known, ref)}"
     if len(nodes) > 1 and "dist_init_port" not in raw and "dist_init_addr" not in raw:
         yield ((*at, "dist_init_port"), "required with more than one node: the port of the "
                "torch rendezvous on node 0 (--dist-init-addr), e.g. dist_init_port = 5000; "
@@ -410,7 +399,7 @@ def _check_routers(
                                   "servers need distinct names (each names a run directory)")
         if "host" not in bad and router.host not in host_names:
             known = [str(n) for n in host_names]
-            yield (*at, "host"), f"unknown host {router.host!r}; {_known(known, router.host)}"
+            yield (*at, "host"), f"unknown host {router.host!r}; {did_you_mean(known, router.host)}"
         if "port" not in bad and "host" not in bad:
             other = taken.setdefault((router.host, router.port), f"routers[{index}]")
             if other != f"routers[{index}]":
@@ -452,11 +441,11 @@ def _router_servers(router: RouterConfig, at: Loc, servers: Mapping[str, Mapping
         seen.add(name)
         raw = servers.get(name)
         if raw is None:
-            yield loc, f"unknown server {name!r}; {_known(list(servers), name)}"
+            yield loc, f"unknown server {name!r}; {did_you_mean(list(servers), name)}"
             continue
         host, listen = _server_host(raw), raw.get("listen", "127.0.0.1")
         if (isinstance(host, str) and host != router.host and "host" not in bad
-                and listen in _LOOPBACK and name not in router.worker_urls):
+                and listen in LOOPBACK and name not in router.worker_urls):
             yield loc, (
                 f"server {name!r} listens on {listen} of host {host!r}, which the router on "
                 f"{router.host!r} cannot reach; set its listen to an address the router can "

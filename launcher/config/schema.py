@@ -1,14 +1,14 @@
 """The configuration: a TOML file, overridden by ``LAUNCHER_*`` environment variables and
-systemd credentials. This module holds the schema and the loading; ``config_problems`` holds
-the problems (error wording, cross-entry checks) and ``config_sources`` where values come from
-(pydantic-settings sources).
+systemd credentials. This module holds the schema; ``launcher.config.load`` the loading,
+``launcher.config.problems`` the problems (error wording, cross-entry checks) and
+``launcher.config.sources`` where values come from (pydantic-settings sources).
 
 Entry points:
 
-- ``load_config(path, environ=...)`` reads the file, applies the overrides and validates
-  everything. Bad input of any kind raises one ``ConfigError`` whose ``problems`` list every
-  problem found, each as ``toml.path: message`` (``servers[1].gpus: ...``), ending in
-  ``(from LAUNCHER_...)`` when an override set the value.
+- ``load_config(path, environ=...)`` (``launcher.config.load``) reads the file, applies the
+  overrides and validates everything. Bad input of any kind raises one ``ConfigError`` whose
+  ``problems`` list every problem found, each as ``toml.path: message``
+  (``servers[1].gpus: ...``), ending in ``(from LAUNCHER_...)`` when an override set the value.
 - ``config_from_dict(data, environ=...)`` does the same for an already parsed table.
 - ``resolve_secret_env(server, environ)`` reads the values of a server's ``secret_env`` (and
   ``secret_args``); ``resolve_router_api_key(router, environ)`` a router's ``api_key``.
@@ -34,9 +34,11 @@ import math
 import os
 import re
 import shlex
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import socket
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
     AfterValidator,
@@ -45,21 +47,19 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     field_validator,
     model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
-    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    SettingsError,
 )
 
 from launcher.durations import format_duration, parse_duration
 from launcher.errors import ConfigError
 from launcher.memory.estimate import DEFAULT_MARGIN
+from launcher.memory.policy import Bounds
 from launcher.params import LaunchParams
 from launcher.sglang.flags import (
     OWNED_FLAGS,
@@ -71,10 +71,14 @@ from launcher.sglang.phases import Phase
 from launcher.sglang.versions import GATED_LAUNCH_FROM, MAMBA_RADIX_SPELLING_FROM, at_least
 
 __all__ = [
+    "CREDENTIALS_VAR",
     "ENV_PREFIX",
+    "LOADING",
+    "LOOPBACK",
     "SGLANG_HEALTH_TIMEOUT_S",
     "Config",
     "HostConfig",
+    "Loading",
     "MetricsConfig",
     "PolicyConfig",
     "PolicyOverride",
@@ -82,9 +86,8 @@ __all__ = [
     "SlackConfig",
     "StallBudgets",
     "StallOverride",
-    "config_from_dict",
     "default_state_dir",
-    "load_config",
+    "did_you_mean",
     "resolve_router_api_key",
     "resolve_secret_env",
     "secret_arg_env",
@@ -92,19 +95,18 @@ __all__ = [
 
 ENV_PREFIX = "LAUNCHER_"
 ENV_DELIMITER = "__"
-# systemd sets it to the directory of the unit's LoadCredential= files.
-_CREDENTIALS_VAR = "CREDENTIALS_DIRECTORY"
+# systemd sets it to the directory of the unit's LoadCredential= files (``cred:NAME``
+# secrets and the credential overrides of ``launcher.config.sources`` read it).
+CREDENTIALS_VAR = "CREDENTIALS_DIRECTORY"
 # SGLang's /health answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s); a probe that gives up
 # sooner would call a slow-but-healthy server dead.
 SGLANG_HEALTH_TIMEOUT_S = 20.0
 
 Loc = tuple[str | int, ...]
-_M = TypeVar("_M", bound=BaseModel)
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VERSION_RE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
-_SECRET_KEY_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 # cred:NAME is a file of $CREDENTIALS_DIRECTORY (systemd LoadCredential=NAME:...): a plain name.
 _SECRET_REF_RE = re.compile(
     r"^(?:env:[A-Za-z_][A-Za-z0-9_]*|file:.+|cred:(?!\.{1,2}$)[A-Za-z0-9_.@-]+)$"
@@ -310,6 +312,15 @@ class PolicyConfig(_Model):
     # The share of the estimated graph + activation memory the estimate keeps spare.
     estimate_margin: Annotated[float, Field(ge=0.0, le=2.0)] = DEFAULT_MARGIN
     stall: StallBudgets = Field(default_factory=StallBudgets)
+
+    def bounds(self) -> Bounds:
+        """The OOM policy's search limits (``memory.policy.Bounds``), every field from this
+        policy: what the supervisor searches within and what `plan`'s ladder shows."""
+        return Bounds(
+            self.mem_fraction_floor, self.mem_fraction_ceiling, self.graph_bs_floor,
+            self.max_attempts, apply_prescribed_fixes=self.apply_prescribed_fixes,
+            allow_disable_draft_extend_graph=self.allow_disable_draft_extend_graph,
+        )
 
 
 class StallOverride(_Model):
@@ -648,6 +659,36 @@ class MetricsConfig(_Model):
         return int(self.listen.rpartition(":")[2])
 
 
+class CoordinationConfig(_Model):
+    """A fenced standby (docs/ha.md): every `launcher up` with the same ``[coordination]``
+    shares one lease in PostgreSQL; one is active, the others stand by and take over once
+    the active stops renewing. ``dsn`` is a secret reference (``env:VAR``, ``file:/path``,
+    ``cred:NAME``) to a libpq URL (``postgresql://user:pass@db:5432/launcher``): it may
+    hold a password. ``ttl``: how long a lease lasts unrenewed (renewed every ttl/3; a
+    standby is active within ttl plus one poll). ``box``: this launcher's name in ``status``
+    (default the host name). ``lease``: the lease's name, one per fleet sharing a database.
+    """
+
+    dsn: str
+    ttl: Annotated[Duration, Field(ge=3.0, le=120.0)] = 9.0
+    box: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        default_factory=socket.gethostname)
+    lease: Name = "launcher"
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn_reference(cls, ref: str) -> str:
+        if not _SECRET_REF_RE.match(ref):
+            raise ValueError(_REF_SHAPE + " (the DSN may carry the database password)")
+        return ref
+
+    def resolve_dsn(self, environ: Mapping[str, str] | None = None) -> str:
+        """The DSN the reference names; ConfigError naming ``coordination.dsn`` when it
+        cannot be read."""
+        env = os.environ if environ is None else environ
+        return _resolve_refs({"dsn": self.dsn}, "coordination", env, "coordination")["dsn"]
+
+
 # --- root --------------------------------------------------------------------------------
 
 
@@ -741,6 +782,23 @@ class RouterConfig(_Model):
         return [*self.command, *args]
 
 
+class Loading(Protocol):
+    """A load in progress, as ``Config`` sees it (``launcher.config.sources.Load`` is the one
+    kind): the sources ``Config()`` reads, highest precedence first, and ``tree``, where
+    ``Config`` leaves the merged input for the cross-entry checks."""
+
+    tree: dict[str, Any] | None
+
+    def sources(
+        self, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource
+    ) -> tuple[PydanticBaseSettingsSource, ...]: ...
+
+
+# The load in progress in this context (``launcher.config.sources.loading`` sets it); outside
+# one, ``Config(...)`` takes only its keyword arguments.
+LOADING: ContextVar[Loading | None] = ContextVar("launcher_config_load", default=None)
+
+
 def default_state_dir(environ: Mapping[str, str]) -> Path:
     """$STATE_DIRECTORY (systemd, first entry), else $XDG_STATE_HOME/launcher, else
     ~/.local/state/launcher (with ~ from $HOME in ``environ``)."""
@@ -757,7 +815,7 @@ def default_state_dir(environ: Mapping[str, str]) -> Path:
 
 class Config(BaseSettings):
     """The whole configuration. Build it with ``load_config`` or ``config_from_dict``, which
-    read the sources (file, environment, credentials: ``config_sources``) and check the
+    read the sources (file, environment, credentials: ``launcher.config.sources``) and check the
     cross-entry rules (unique names, known hosts, GPU and port clashes, ...) that validation of
     the model alone does not. ``Config(...)`` outside them takes only its keyword arguments."""
 
@@ -776,6 +834,7 @@ class Config(BaseSettings):
     slack: SlackConfig | None = None
     metrics: MetricsConfig | None = None
     routers: list[RouterConfig] = Field(default_factory=list)
+    coordination: CoordinationConfig | None = None
 
     def server(self, name: str) -> ServerConfig:
         """The server called ``name``; ConfigError (with did-you-mean) if there is none."""
@@ -783,7 +842,8 @@ class Config(BaseSettings):
             if server.name == name:
                 return server
         raise ConfigError(
-            [f"servers: no server named {name!r}; {_known([s.name for s in self.servers], name)}"]
+            [f"servers: no server named {name!r}; "
+             f"{did_you_mean([s.name for s in self.servers], name)}"]
         )
 
     def router(self, name: str) -> RouterConfig:
@@ -792,7 +852,8 @@ class Config(BaseSettings):
             if router.name == name:
                 return router
         raise ConfigError(
-            [f"routers: no router named {name!r}; {_known([r.name for r in self.routers], name)}"]
+            [f"routers: no router named {name!r}; "
+             f"{did_you_mean([r.name for r in self.routers], name)}"]
         )
 
     def host(self, name: str) -> HostConfig:
@@ -801,8 +862,15 @@ class Config(BaseSettings):
             if host.name == name:
                 return host
         raise ConfigError(
-            [f"hosts: no host named {name!r}; {_known([h.name for h in self.hosts], name)}"]
+            [f"hosts: no host named {name!r}; {did_you_mean([h.name for h in self.hosts], name)}"]
         )
+
+    def run_dir_of(self, unit: ServerConfig | RouterConfig, host: str | None = None) -> str:
+        """The directory on ``host`` (default: the unit's own; a multi-node server's other
+        nodes name theirs) under which ``unit``'s attempts run, as ``<it>/<name>/<attempt>``
+        (``<name>.node<R>`` for a rank): the unit's ``run_dir``, else the host's. Kept as
+        written (its ``~`` is the remote user's)."""
+        return unit.run_dir or self.host(host or unit.host).run_dir
 
     def policy_for(self, server_name: str) -> PolicyConfig:
         """The global ``[policy]`` with the server's ``policy`` table applied field by field."""
@@ -817,100 +885,18 @@ class Config(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """The load's sources (``config_sources.sources``); only ``init_settings`` outside one."""
-        from launcher.config.sources import sources
-
-        return sources(settings_cls, init_settings)
+        """The load's sources (``Loading.sources``); only ``init_settings`` outside one."""
+        load = LOADING.get()
+        return (init_settings,) if load is None else load.sources(settings_cls, init_settings)
 
     @model_validator(mode="before")
     @classmethod
     def _remember_input(cls, data: Any) -> Any:
         # The cross-entry checks read the merged input, which only exists in here.
-        from launcher.config.sources import active_load
-
-        load = active_load()
+        load = LOADING.get()
         if load is not None and isinstance(data, dict):
             load.tree = copy.deepcopy(data)
         return data
-
-
-# --- loading -----------------------------------------------------------------------------
-
-
-def load_config(path: Path, *, environ: Mapping[str, str] | None = None) -> Config:
-    """Read, override from ``environ`` (default ``os.environ``; ``$CREDENTIALS_DIRECTORY`` in it
-    adds the credential files) and validate the TOML at ``path``.
-
-    Error handling: any problem with the input (unreadable file, TOML syntax, not UTF-8, bad
-    values, bad overrides, cross-entry clashes) raises one ConfigError with ``source=str(path)``
-    and every problem found in ``problems``. Nothing else is raised for bad input.
-    """
-    from launcher.config.sources import TomlFile
-
-    return _load(lambda cls: TomlFile(cls, Path(path)), environ, str(path))
-
-
-def config_from_dict(
-    data: Mapping[str, Any], *, environ: Mapping[str, str] | None = None, source: str = "config"
-) -> Config:
-    """Validate an already parsed TOML table; same overrides and errors as ``load_config``."""
-    table = copy.deepcopy(dict(data))
-    return _load(lambda cls: InitSettingsSource(cls, table), environ, source)
-
-
-def _load(
-    file: Callable[[type[BaseSettings]], PydanticBaseSettingsSource],
-    environ: Mapping[str, str] | None,
-    source: str,
-) -> Config:
-    from launcher.config.problems import (
-        _control_characters,
-        _cross_checks,
-        _path,
-        _pydantic_problem,
-        _related,
-    )
-    from launcher.config.sources import Load, loading
-
-    load = Load(environ=os.environ if environ is None else environ, file=file)
-    found: list[tuple[Loc, str]] = []
-    config: Config | None = None
-    with loading(load):
-        try:
-            config = Config()
-        except ValidationError as exc:
-            found.extend(_pydantic_problem(error) for error in exc.errors())
-        except SettingsError as exc:  # the credentials directory itself is unusable
-            raise ConfigError([f"${_CREDENTIALS_VAR}: {exc}"], source=source) from None
-        except ConfigError as exc:  # the file: already worded, with its name as source
-            raise ConfigError(exc.problems, source=source) from None
-    found.extend(_cross_checks(load.tree or {}))
-    found.extend(_control_characters(load.tree or {}, ()))
-    found.extend(_secrets_in_file(load.file_data))
-
-    problems = list(load.problems)  # overrides that could not be placed, worded with the name
-    for loc, message in found:
-        line = f"{_path(loc)}: {message}"
-        names = [name for path, name in load.origins.items() if _related(path, loc)]
-        if names:
-            line += f" (from {', '.join(sorted(set(names)))})"
-        if line not in problems:
-            problems.append(line)
-    if problems:
-        raise ConfigError(problems, source=source)
-    assert config is not None  # no problems means pydantic accepted it
-    return config
-
-
-def _secrets_in_file(data: Mapping[str, Any]) -> Iterator[tuple[Loc, str]]:
-    slack = data.get("slack")
-    if isinstance(slack, dict) and "webhook" in slack:
-        yield (
-            ("slack", "webhook"),
-            "the webhook URL is a secret; do not write it in the config: give it as the "
-            "credential LAUNCHER_SLACK__WEBHOOK (systemd LoadCredential=) or the environment "
-            "variable of that name, or use webhook_url_file / webhook_url_env",
-        )
 
 
 _REF_SHAPE = ("a secret must be given as 'env:VARIABLE' (read from this machine's "
@@ -996,10 +982,10 @@ def _resolve_refs(refs: Mapping[str, str], at: str, env: Mapping[str, str],
                 continue
             values[key] = value
         elif kind == "cred":
-            directory = env.get(_CREDENTIALS_VAR, "")
+            directory = env.get(CREDENTIALS_VAR, "")
             if not directory:
                 problems.append(
-                    f"{field}: credential {target}: ${_CREDENTIALS_VAR} is not set on this "
+                    f"{field}: credential {target}: ${CREDENTIALS_VAR} is not set on this "
                     f"machine (systemd sets it for LoadCredential={target}:/path in the unit)"
                 )
                 continue
@@ -1029,10 +1015,12 @@ def _read_secret_file(path: Path, field: str, source: str) -> str:
     return value
 
 
-# --- shared with the checks (config_problems) --------------------------------------------
+# --- shared with the checks (launcher.config.problems) ----------------------------------
 
 
-def _known(names: Sequence[str], wanted: str) -> str:
+def did_you_mean(names: Sequence[str], wanted: str) -> str:
+    """The hint after an unknown name ``wanted``: the closest of ``names`` if one is close
+    (``did you mean 'llama'? ``), then every known name (``known: a, b``, or ``none``)."""
     unique = list(dict.fromkeys(names))
     close = difflib.get_close_matches(wanted, unique, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
@@ -1040,7 +1028,7 @@ def _known(names: Sequence[str], wanted: str) -> str:
     return f"{hint}known: {listed}"
 
 
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")  # listen addresses only the host itself reaches
 
 
 def worker_url(router: RouterConfig, server: str, server_host: str, server_port: int,
@@ -1050,7 +1038,7 @@ def worker_url(router: RouterConfig, server: str, server_host: str, server_port:
         return router.worker_urls[server]
     if server_host == router.host:
         address = "127.0.0.1" if server_listen in ("0.0.0.0", "::") else server_listen
-    elif server_listen not in ("0.0.0.0", "::", *_LOOPBACK):
+    elif server_listen not in ("0.0.0.0", "::", *LOOPBACK):
         address = server_listen
     else:
         address = host_address or server_host

@@ -1,8 +1,8 @@
 """Where the configuration's values come from: pydantic-settings sources for ``Config``.
 
 ``Config`` is a ``BaseSettings``. While ``load_config`` / ``config_from_dict`` run (inside
-``loading(Load(...))``), its ``settings_customise_sources`` returns ``sources(...)``, highest
-precedence first:
+``loading(Load(...))``), its ``settings_customise_sources`` returns ``Load.sources(...)``,
+highest precedence first:
 
 1. ``EntryOverrides`` over the environment: ``LAUNCHER_SERVERS__<index|name>__KEY`` and
    ``LAUNCHER_HOSTS__...``, overrides of one entry of an array of tables, addressed by index or
@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args, get_origin
@@ -50,20 +50,21 @@ from pydantic_settings.sources import NestedSecretsSettingsSource
 from pydantic_settings.sources.utils import parse_env_vars
 
 from launcher.config.problems import (
-    _annotation_at,
-    _is_model,
-    _path,
-    _toml_problem,
-    _unknown_key,
-    _unwrap,
+    annotation_at,
+    is_model,
+    toml_path,
+    unknown_key,
+    unwrap,
 )
 from launcher.config.schema import (
-    _CREDENTIALS_VAR,
+    CREDENTIALS_VAR,
     ENV_DELIMITER,
     ENV_PREFIX,
+    LOADING,
+    Config,
     Loc,
-    _known,
     default_state_dir,
+    did_you_mean,
 )
 from launcher.errors import ConfigError
 
@@ -71,20 +72,14 @@ if TYPE_CHECKING:
     from pydantic_settings.sources.types import ConfigFileSourceType, Traversable
 
 __all__ = [
-    "CREDENTIALS_VAR",
     "CredentialOverrides",
     "EntryOverrides",
     "EnvOverrides",
     "Load",
     "TomlFile",
-    "active_load",
     "credentials_dir",
     "loading",
-    "sources",
 ]
-
-
-CREDENTIALS_VAR = _CREDENTIALS_VAR
 
 FileSource = Callable[[type[BaseSettings]], PydanticBaseSettingsSource]
 
@@ -106,54 +101,42 @@ class Load:
     file_data: dict[str, Any] = field(default_factory=dict)
     tree: dict[str, Any] | None = None
 
-
-_ACTIVE: ContextVar[Load | None] = ContextVar("launcher_config_load", default=None)
+    def sources(
+        self, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The sources of ``Config``, highest precedence first (see the module docstring)."""
+        file_source = self.file(settings_cls)
+        self.file_data = file_source()
+        defaults = InitSettingsSource(
+            settings_cls, {"state_dir": str(default_state_dir(self.environ))}
+        )
+        below: list[PydanticBaseSettingsSource] = [file_source, defaults]
+        directory = credentials_dir(self.environ)
+        if directory is not None:
+            credentials = CredentialOverrides(settings_cls, self, directory)
+            credential_entries = EntryOverrides(
+                settings_cls, self, credentials.entries, "credential ", [credentials, *below]
+            )
+            below = [credential_entries, credentials, *below]
+        env = EnvOverrides(settings_cls, self, self.environ)
+        env_entries = EntryOverrides(settings_cls, self, env.entries, "", [env, *below])
+        return (env_entries, env, *below)
 
 
 @contextmanager
 def loading(load: Load) -> Iterator[Load]:
     """Make ``load`` the one ``Config()`` reads its sources from, for the ``with`` block."""
-    token = _ACTIVE.set(load)
+    token = LOADING.set(load)
     try:
         yield load
     finally:
-        _ACTIVE.reset(token)
-
-
-def active_load() -> Load | None:
-    """The load in progress in this context, if any."""
-    return _ACTIVE.get()
+        LOADING.reset(token)
 
 
 def credentials_dir(environ: Mapping[str, str]) -> Path | None:
     """``$CREDENTIALS_DIRECTORY`` from ``environ``, or None when unset or empty."""
     value = environ.get(CREDENTIALS_VAR, "")
     return Path(value) if value else None
-
-
-def sources(
-    settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource
-) -> tuple[PydanticBaseSettingsSource, ...]:
-    """The sources of ``Config``, highest precedence first (see the module docstring)."""
-    load = _ACTIVE.get()
-    if load is None:
-        return (init_settings,)
-    file_source = load.file(settings_cls)
-    load.file_data = file_source()
-    defaults = InitSettingsSource(
-        settings_cls, {"state_dir": str(default_state_dir(load.environ))}
-    )
-    below: list[PydanticBaseSettingsSource] = [file_source, defaults]
-    directory = credentials_dir(load.environ)
-    if directory is not None:
-        credentials = CredentialOverrides(settings_cls, load, directory)
-        credential_entries = EntryOverrides(
-            settings_cls, load, credentials.entries, "credential ", [credentials, *below]
-        )
-        below = [credential_entries, credentials, *below]
-    env = EnvOverrides(settings_cls, load, load.environ)
-    env_entries = EntryOverrides(settings_cls, load, env.entries, "", [env, *below])
-    return (env_entries, env, *below)
 
 
 def _split(
@@ -175,7 +158,7 @@ def _split(
         top = segments[0].lower()
         if top not in _fields():
             if len(segments) > 1:
-                problem = f"{_path((top,))}: {_unknown_key((top,))}"
+                problem = f"{toml_path((top,))}: {unknown_key((top,))}"
                 load.problems.append(f"{problem} (from {label}{name})")
             continue
         if any(not segment for segment in segments):
@@ -190,7 +173,7 @@ def _split(
                     f"{label}{name}: value starts like JSON but does not parse: {exc}"
                 )
                 continue
-        if len(segments) > 1 and get_origin(_annotation_at((top,))) is list:
+        if len(segments) > 1 and get_origin(annotation_at((top,))) is list:
             entries[name] = text
         else:
             plain[name] = text
@@ -203,26 +186,24 @@ def _json_wanted(segments: Sequence[str], text: str) -> bool:
     and the key holds a table or an array (or is unknown), so "[::1]:9400" stays text."""
     if not text.lstrip().startswith(("[", "{")):
         return False
-    current: Any = _annotation_at(())
+    current: Any = annotation_at(())
     for segment in segments:
         if current is None:
             return True
         origin = get_origin(current)
         if origin is list:
-            current = _unwrap(get_args(current)[0])
+            current = unwrap(get_args(current)[0])
         elif origin is dict:
-            current = _unwrap(get_args(current)[1])
-        elif _is_model(current):
+            current = unwrap(get_args(current)[1])
+        elif is_model(current):
             found = current.model_fields.get(segment.lower())
-            current = None if found is None else _unwrap(found.annotation)
+            current = None if found is None else unwrap(found.annotation)
         else:
             return False  # below a plain value: placing it reports the problem
-    return current is None or get_origin(current) in (list, dict) or _is_model(current)
+    return current is None or get_origin(current) in (list, dict) or is_model(current)
 
 
 def _fields() -> Mapping[str, FieldInfo]:
-    from launcher.config.schema import Config
-
     return Config.model_fields
 
 
@@ -280,6 +261,17 @@ class CredentialOverrides(NestedSecretsSettingsSource):
             return super().decode_complex_value(field_name, field, value)
         except ValueError:
             return value
+
+
+def _toml_problem(exc: tomllib.TOMLDecodeError) -> str:
+    text = str(exc)
+    match = re.search(r"\s*\(at line (\d+), column (\d+)\)$", text)
+    if match:
+        return f"line {match[1]}, column {match[2]}: TOML syntax: {text[: match.start()]}"
+    match = re.search(r"\s*\(at end of document\)$", text)
+    if match:
+        return f"end of file: TOML syntax: {text[: match.start()]}"
+    return f"TOML syntax: {text}"
 
 
 class TomlFile(TomlConfigSettingsSource):
@@ -392,11 +384,11 @@ def _place(tree: dict[str, Any], segments: Sequence[str], value: Any) -> Loc:
     loc: Loc = ()
     for position, segment in enumerate(segments):
         last = position == len(segments) - 1
-        kind = _annotation_at(loc)
+        kind = annotation_at(loc)
         key: str | int
         if get_origin(kind) is list:
             if not isinstance(node, list) or not node:
-                raise _PlacementError(f"{_path(loc)} has no entries to override")
+                raise _PlacementError(f"{toml_path(loc)} has no entries to override")
             key = _entry_index(node, segment, loc)
         elif get_origin(kind) is dict:
             key = segment  # free-form tables (env) keep the variable's spelling
@@ -408,16 +400,16 @@ def _place(tree: dict[str, Any], segments: Sequence[str], value: Any) -> Loc:
             else:
                 node[key] = value
         else:
-            child_kind = _annotation_at((*loc, key))
+            child_kind = annotation_at((*loc, key))
             if _is_scalar(child_kind):
-                raise _PlacementError(f"{_path((*loc, key))} is not a table")
+                raise _PlacementError(f"{toml_path((*loc, key))} is not a table")
             if not _has(node, key):
                 if get_origin(child_kind) is list:
-                    raise _PlacementError(f"{_path((*loc, key))} has no entries to override")
+                    raise _PlacementError(f"{toml_path((*loc, key))} has no entries to override")
                 node[key] = {}
             child = node[key]
             if not isinstance(child, dict | list):
-                raise _PlacementError(f"{_path((*loc, key))} is not a table or an array")
+                raise _PlacementError(f"{toml_path((*loc, key))} is not a table or an array")
             node = child
         loc = (*loc, key)
     return loc
@@ -429,7 +421,7 @@ def _is_scalar(annotation: Any) -> bool:
         return False  # unknown key: pydantic reports it, with did-you-mean
     if get_origin(annotation) in (list, dict):
         return False
-    return not _is_model(annotation)
+    return not is_model(annotation)
 
 
 def _has(node: Any, key: str | int) -> bool:
@@ -444,14 +436,14 @@ def _entry_index(entries: list[Any], segment: str, loc: Loc) -> int:
         index = int(segment)
         if index < len(entries):
             return index
-        raise _PlacementError(f"{_path(loc)} has no entry {index} (there are {len(entries)})")
+        raise _PlacementError(f"{toml_path(loc)} has no entry {index} (there are {len(entries)})")
     for index, name in enumerate(names):
         if isinstance(name, str) and name.lower() == segment.lower():
             return index
     known = [n for n in names if isinstance(n, str)]
     raise _PlacementError(
-        f"{_path(loc)} has no entry named {segment.lower()!r}; "
-        f"{_known(known, segment.lower())} (or use an index)"
+        f"{toml_path(loc)} has no entry named {segment.lower()!r}; "
+        f"{did_you_mean(known, segment.lower())} (or use an index)"
     )
 
 

@@ -3,10 +3,8 @@
 Events are stable dotted names with their data in keys (``attempt.failed outcome=...``);
 context (server, host) is bound by each supervisor.
 
-Levels: supervision events (``launcher.supervise.events``) are logged at the level ``EVENT_LEVELS``
-gives their name (``level_of``), info for every name it does not list. It is the one place
-that says which events a person should look at: a failed attempt is a warning, a server that
-gave up an error.
+Levels: a supervision event is logged at its class's ``level`` (``launcher.supervise.events``):
+the one place that says which events a person should look at.
 
 Libraries that log through the standard ``logging`` module (asyncssh, httpx) reach the same
 output: their warnings and errors become ``log.record`` events (keys ``logger``, ``message``)
@@ -35,24 +33,11 @@ from typing import Literal, TextIO
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from launcher.supervise import events
 from launcher.untrusted import plain
 
-__all__ = ["EVENT_LEVELS", "Format", "configure", "level_of", "on_journal", "syslog_priority"]
+__all__ = ["Format", "configure", "on_journal", "syslog_priority"]
 
 Format = Literal["json", "console"]
-
-# Events someone should look at. Anything not listed is info.
-EVENT_LEVELS: Mapping[str, int] = {
-    events.AttemptFailed.name: logging.WARNING,
-    events.ProcessDied.name: logging.WARNING,
-    events.StallDetected.name: logging.WARNING,
-    events.ServerUnhealthy.name: logging.WARNING,
-    events.PortWaiting.name: logging.WARNING,
-    events.ServerGaveUp.name: logging.ERROR,
-    events.ServerInternalError.name: logging.ERROR,  # a bug: supervision of one server ended
-    events.RouterInternalError.name: logging.ERROR,
-}
 
 # sd-daemon(3) / syslog priorities of the stdlib level names structlog passes as method name.
 _PRIORITY = {
@@ -64,12 +49,6 @@ _PRIORITY = {
     "info": 6,
     "debug": 7,
 }
-
-
-def level_of(event: str | events.Event) -> int:
-    """The stdlib level ``event`` (or an event of that name) is logged at (``EVENT_LEVELS``,
-    else INFO)."""
-    return EVENT_LEVELS.get(event if isinstance(event, str) else event.name, logging.INFO)
 
 
 def syslog_priority(method_name: str) -> int:

@@ -21,6 +21,7 @@ from launcher.durations import format_duration
 from launcher.hooks.identity import ServerFacts
 from launcher.params import LaunchParams
 from launcher.supervise import events
+from launcher.untrusted import slack_escape
 
 _EVIDENCE_LINE_MAX = 300
 _LEDGER_MAX = 15
@@ -56,6 +57,7 @@ class Kind(enum.StrEnum):
     RESTART = "restart"
     ADOPTED = "adopted"
     INTERNAL_ERROR = "internal_error"
+    TAKEOVER = "takeover"
 
 
 ALERTS = (Kind.GAVE_UP, Kind.UNHEALTHY, Kind.RESTART)
@@ -91,12 +93,11 @@ class Message:
     def with_note(self, note: str) -> Message:
         """This message with ``note`` appended to the text and as a context block before the
         closing one (who sent it)."""
-        block = _context(_esc(note))
+        block = _context(slack_escape(note))
         blocks = [*self.blocks[:-1], block, *self.blocks[-1:]] if self.blocks else [block]
-        return replace(self, text=f"{self.text} {_esc(note)}", blocks=blocks)
+        return replace(self, text=f"{self.text} {slack_escape(note)}", blocks=blocks)
 
 
-_UNKNOWN = ServerInfo(host="?", model="?")
 _NOWHERE = Origin()
 
 
@@ -126,7 +127,8 @@ def ready_message(
         _facts(info, params, attempt, ("Time to ready", seconds)),
     ]
     if ledger:
-        blocks.append(_section("*Failed attempts*\n" + "\n".join(f"• {_esc(x)}" for x in ledger)))
+        blocks.append(_section(
+            "*Failed attempts*\n" + "\n".join(f"• {slack_escape(x)}" for x in ledger)))
     return _message(server, Kind.READY, text, blocks, origin, event.attempt)
 
 
@@ -181,6 +183,21 @@ def router_ready_message(router: str, event: events.RouterReady, *,
     return _message(router, Kind.READY, text, blocks, origin, None)
 
 
+def takeover_message(event: events.LeaseAcquired, *, origin: Origin = _NOWHERE) -> Message:
+    """The message for ``lease.acquired`` after another box held the lease: this box is the
+    active launcher now and adopts every running server (docs/ha.md)."""
+    before = event.previous_box or "?"
+    text = (f"launcher on {event.box} took over from {before} (lease token {event.token}, "
+            f"after {_duration(event.waited_s)} standing by): it adopts the running servers "
+            "and relaunches the dead ones")
+    blocks = [
+        _header(f":twisted_rightwards_arrows: launcher took over on {event.box}"),
+        _fields(("Active now", event.box), ("Was active", before),
+                ("Lease token", str(event.token)), ("Stood by", _duration(event.waited_s))),
+    ]
+    return _message("", Kind.TAKEOVER, text, blocks, origin, None)
+
+
 def adopted_message(
     server: str, info: ServerInfo, event: events.ServerAdopted, *, origin: Origin = _NOWHERE
 ) -> Message:
@@ -212,7 +229,7 @@ def internal_error_message(
     blocks = [
         _header(f":boom: [FIRING] {server}: launcher internal error"),
         _facts(info, "?", _attempt_no(event.attempt)),
-        _section(f"*Error*\n{_esc(event.error)}\n\nSupervision of this server ended (given "
+        _section(f"*Error*\n{slack_escape(event.error)}\n\nSupervision of this server ended (given "
                  "up); the others go on. The server may still run on its host, unsupervised: "
                  "restart launcher to supervise it again, and report the error."),
     ]
@@ -254,19 +271,19 @@ def gave_up_message(
     blocks = [
         _header(f"{_EMOJI[Kind.GAVE_UP]} [FIRING] {title}"),
         _facts(info, params, last_no, ("Attempts", str(event.attempts))),
-        _section(f"*Reason*\n{_esc(reason)}"),
+        _section(f"*Reason*\n{slack_escape(reason)}"),
     ]
     if ledger:
-        blocks.append(_section("*Attempts*\n" + "\n".join(f"• {_esc(x)}" for x in ledger)))
+        blocks.append(_section("*Attempts*\n" + "\n".join(f"• {slack_escape(x)}" for x in ledger)))
     if evidence and last is not None:
         what = f"attempt #{last.attempt}: {last.outcome.value} in {last.phase.value}"
-        blocks.append(_section(f"*Evidence* ({_esc(what)})\n{_code(evidence)}"))
+        blocks.append(_section(f"*Evidence* ({slack_escape(what)})\n{_code(evidence)}"))
     if advice:
         # A fix SGLang's error prescribes ends the advice as a config snippet: a code block.
         advice, _, snippet = advice.partition(_CONFIG_CHANGE)
-        blocks.append(_section(f"*Advice*\n{_esc(advice)}"))
+        blocks.append(_section(f"*Advice*\n{slack_escape(advice)}"))
         if snippet:
-            code = _esc(snippet).replace("```", "'''")
+            code = slack_escape(snippet).replace("```", "'''")
             blocks.append(_section(f"*Config change*\n```{code}```"))
     return _message(server, Kind.GAVE_UP, text, blocks, origin, event.attempt)
 
@@ -295,7 +312,7 @@ def unhealthy_message(
     blocks = [
         _header(f"{_EMOJI[Kind.UNHEALTHY]} [FIRING] {title}"),
         _facts(info, params, _attempt_no(attempt)),
-        _section(_esc(what)),
+        _section(slack_escape(what)),
     ]
     return _message(server, Kind.UNHEALTHY, text, blocks, origin, attempt)
 
@@ -335,7 +352,7 @@ def restart_message(
                ("Restart budget", budget)),
     ]
     if why:
-        blocks.append(_section(f"*Failure*\n{_esc(why)}"))
+        blocks.append(_section(f"*Failure*\n{slack_escape(why)}"))
     if error:
         blocks.append(_section(f"*Error*\n{_code([error])}"))
     return _message(server, Kind.RESTART, text, blocks, origin, event.attempt)
@@ -348,7 +365,7 @@ def reminder(message: Message, firing_s: float) -> Message:
     blocks = [dict(b) for b in message.blocks]
     if blocks and blocks[0].get("type") == "header":
         header = dict(blocks[0]["text"])
-        header["text"] = _clip(f":bell: {header['text']}", _HEADER_MAX)
+        header["text"] = clip(f":bell: {header['text']}", _HEADER_MAX)
         blocks[0] = {**blocks[0], "text": header}
     return replace(message, blocks=blocks).with_note(note)
 
@@ -366,9 +383,9 @@ def _message(server: str, kind: Kind, text: str, blocks: list[dict[str, Any]], o
         command = shlex.join(["launcher", "logs", origin.config, server, "--attempt",
                               str(attempt)])
         blocks.append(_section(f"*Logs*\n{_code([command])}"))
-    blocks.append(_context(f"sent by launcher on {_esc(origin.box)} · "
-                           f"config `{_esc(origin.config)}`"))
-    return Message(server, kind, _esc(_clip(text, _TEXT_MAX)), blocks, alert)
+    blocks.append(_context(f"sent by launcher on {slack_escape(origin.box)} · "
+                           f"config `{slack_escape(origin.config)}`"))
+    return Message(server, kind, slack_escape(clip(text, _TEXT_MAX)), blocks, alert)
 
 
 def _facts(info: ServerInfo, params: str, attempt: str, *more: tuple[str, str]
@@ -391,7 +408,7 @@ def _evidence(failure: events.AttemptFailed | None) -> list[str]:
     """A failure's evidence lines, clipped, each once (TP ranks print the same error)."""
     lines: list[str] = []
     for line in failure.evidence if failure is not None else ():
-        clipped = _clip(str(line).strip(), _EVIDENCE_LINE_MAX)
+        clipped = clip(str(line).strip(), _EVIDENCE_LINE_MAX)
         if clipped and clipped not in lines:
             lines.append(clipped)
     return lines
@@ -463,18 +480,15 @@ def _ledger(history: Sequence[events.HistoryEntry],
     return lines
 
 
-def _esc(text: str) -> str:
-    """Escape the three characters Slack's text formatting reserves."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def _clip(text: str, limit: int) -> str:
+def clip(text: str, limit: int) -> str:
+    """``text`` when it has at most ``limit`` characters, else its first ``limit - 1`` and
+    an ellipsis: never longer than ``limit`` (Slack refuses a block over its limit)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _code(lines: Sequence[str]) -> str:
     """``lines`` as one code block (escaped; a ``` inside cannot end it early)."""
-    return "```" + "\n".join(_esc(line).replace("```", "'''") for line in lines) + "```"
+    return "```" + "\n".join(slack_escape(line).replace("```", "'''") for line in lines) + "```"
 
 
 # Blocks are built as plain dicts (cheap: the hook runs in the supervisor's task) and clipped
@@ -485,24 +499,24 @@ def _code(lines: Sequence[str]) -> str:
 def _header(title: str) -> dict[str, Any]:
     return {
         "type": "header",
-        "text": {"type": "plain_text", "text": _clip(title, _HEADER_MAX), "emoji": True},
+        "text": {"type": "plain_text", "text": clip(title, _HEADER_MAX), "emoji": True},
     }
 
 
 def _section(mrkdwn: str) -> dict[str, Any]:
-    return {"type": "section", "text": {"type": "mrkdwn", "text": _clip(mrkdwn, _SECTION_MAX)}}
+    return {"type": "section", "text": {"type": "mrkdwn", "text": clip(mrkdwn, _SECTION_MAX)}}
 
 
 def _context(mrkdwn: str) -> dict[str, Any]:
     return {"type": "context",
-            "elements": [{"type": "mrkdwn", "text": _clip(mrkdwn, _SECTION_MAX)}]}
+            "elements": [{"type": "mrkdwn", "text": clip(mrkdwn, _SECTION_MAX)}]}
 
 
 def _fields(*pairs: tuple[str, str]) -> dict[str, Any]:
     return {
         "type": "section",
         "fields": [
-            {"type": "mrkdwn", "text": _clip(f"*{name}*\n{_esc(value)}", _FIELD_MAX)}
+            {"type": "mrkdwn", "text": clip(f"*{name}*\n{slack_escape(value)}", _FIELD_MAX)}
             for name, value in pairs
         ],
     }

@@ -388,7 +388,8 @@ class Metrics:
             "1 while this launcher is the active one supervising its servers, else 0.",
             registry=registry,
         )
-        # No standby exists yet: a running launcher is always the one that supervises.
+        # Without [coordination] a running launcher is the one that supervises; with it, the
+        # lease events set it (docs/ha.md).
         self.leader.set(1)
         for server, server_facts in (facts or {}).items():
             self.describe(server, server_facts)
@@ -425,6 +426,9 @@ class Metrics:
             log.exception("metrics.hook_failed", server=server, hook_event=event.name)
 
     def _record(self, server: str, event: events.Event) -> None:
+        if isinstance(event, events.LeaseAcquired | events.LeaseStandby | events.LeaseEnded):
+            self.leader.set(1 if isinstance(event, events.LeaseAcquired) else 0)
+            return
         host = self._host(server)
         match event:
             case events.AttemptStarted():

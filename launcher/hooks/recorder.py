@@ -1,24 +1,28 @@
 """The ledger recorder: a supervisor event hook that writes attempts to the attempt ledger.
 
 ``LedgerRecorder`` translates the supervisor's events (``launcher.supervise.events``) into
-``launcher.store.ledger.Ledger`` writes, applied in order by its own writer thread.
+``launcher.store.ledger.Ledger`` writes, queued on an anyio memory object stream and applied in
+order by its worker (``run``, a task in the daemon's task group; each SQLite write in a worker
+thread through ``anyio.to_thread.run_sync``, so the event loop never waits on the database).
 
-Resource handling: ``LedgerRecorder`` owns one writer thread until ``close()``; the ledger stays
-open (the caller owns it). Error handling: never raises into its caller and logs
+Resource handling: the worker runs until ``close()`` and the queue is drained; cancelled, it
+first drains what is queued, shielded and bounded, so no attempt row is lost on shutdown. The
+ledger stays open (the caller owns it). Error handling: never raises into its caller and logs
 ``ledger.write_failed`` instead.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
+import anyio
 import structlog
+from anyio.abc import TaskStatus
 
 from launcher.errors import StateError
 from launcher.memory.calibration import CostGuess, ObservationKey, guess_of
@@ -35,6 +39,7 @@ log = structlog.get_logger("launcher")
 # --- the event hook ----------------------------------------------------------------------
 
 _Write = Callable[[Ledger], None]
+_Item = tuple[str, str, _Write] | anyio.Event  # (server, hook event, write), or a flush mark
 _RECORDED = (
     events.AttemptStarted, events.AttemptFailed, events.AttemptEnded, events.ServerReady,
     events.ServerAdopted,
@@ -56,9 +61,13 @@ class LedgerRecorder:
     or ``set_context``; a server without one is filed under an empty key, which calibration
     ignores), with the ``estimate`` (a ``CostGuess`` dict) its ``attempt.started`` carried.
 
-    Resource handling: the call only translates the event and queues the write; one writer
-    thread, started here, applies them in order. ``flush()`` waits for the queue, ``close()``
-    drains it and stops the thread; the ledger stays open (the caller owns it).
+    Resource handling: the call only translates the event and queues the write (at most
+    ``max_queued``); ``run`` (started with ``await tg.start(recorder.run)``, or ``async with
+    recorder``) applies them in order, each in a worker thread. ``flush()`` waits for what is
+    queued so far; ``close()`` ends the queue, and ``run`` returns once it is drained
+    (``aclose()`` also waits for that, bounded). Cancelled, ``run`` drains the queue shielded,
+    within ``drain_timeout`` seconds, then re-raises. The ledger stays open (the caller owns
+    it).
 
     Error handling: never raises into the caller. An event it cannot translate, a server
     without a fingerprint, a full queue or a failed write logs ``ledger.write_failed``
@@ -73,19 +82,19 @@ class LedgerRecorder:
         *,
         max_queued: int = 10_000,
         contexts: Mapping[str, ObservationContext] | None = None,
+        drain_timeout: float = 10.0,
     ) -> None:
         self.ledger = ledger
         self.fingerprints = dict(fingerprints)
         self.clock = clock
         self.contexts: dict[str, ObservationContext] = dict(contexts or {})
+        self.drain_timeout = drain_timeout
         self._estimates: dict[tuple[str, int], CostGuess] = {}
-        self._queue: queue.Queue[tuple[str, str, _Write] | threading.Event | None] = (
-            queue.Queue(max_queued)
-        )
+        self._send, self._receive = anyio.create_memory_object_stream[_Item](max_queued)
         self._evidence: dict[tuple[str, int], list[str]] = {}
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
-        self._thread.start()
+        self._done = anyio.Event()  # run returned: everything queued was applied (or dropped)
+        self._stack: contextlib.AsyncExitStack | None = None
 
     def __call__(self, server: str, event: events.Event) -> None:
         if not isinstance(event, _RECORDED):
@@ -94,8 +103,8 @@ class LedgerRecorder:
             if self._closed:
                 raise StateError("the ledger recorder is closed")
             write = self._translate(server, event)
-            self._queue.put_nowait((server, event.name, write))
-        except queue.Full:
+            self._send.send_nowait((server, event.name, write))
+        except anyio.WouldBlock:
             log.error("ledger.write_failed", server=server, hook_event=event.name,
                       error="queue full")
         except Exception as exc:  # a hook must not break the supervisor
@@ -106,50 +115,89 @@ class LedgerRecorder:
         """File ``server``'s next observations under ``context``."""
         self.contexts[server] = context
 
-    def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until every write queued so far is applied; False on timeout or if closed."""
-        if self._closed:
-            return not self._thread.is_alive()
-        done = threading.Event()
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Apply the queued writes in order until ``close()`` and the queue is drained.
+
+        Cancelled, it applies what is still queued first (shielded, at most
+        ``drain_timeout`` seconds), then re-raises the cancellation.
+        """
+        task_status.started()
         try:
-            self._queue.put(done, timeout=timeout)
-        except queue.Full:
-            return False
-        return done.wait(timeout)
+            while True:
+                try:
+                    item = await self._receive.receive()
+                except anyio.EndOfStream:
+                    return
+                await self._apply(item)
+        except anyio.get_cancelled_exc_class():
+            with anyio.move_on_after(self.drain_timeout, shield=True):
+                await self._drain()
+            raise
+        finally:
+            self.close()  # later events are dropped and logged
+            self._receive.close()
+            self._done.set()
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Apply what is queued, then stop the writer thread (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self._queue.put(None)
-        self._thread.join(timeout)
+    async def _drain(self) -> None:
+        while True:
+            try:
+                item = self._receive.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                return
+            await self._apply(item)
 
-    def __enter__(self) -> LedgerRecorder:
+    async def _apply(self, item: _Item) -> None:
+        if isinstance(item, anyio.Event):
+            item.set()
+            return
+        server, event, write = item
+        try:
+            await anyio.to_thread.run_sync(write, self.ledger)
+        except Exception as exc:
+            log.error("ledger.write_failed", server=server, hook_event=event, error=repr(exc))
+
+    async def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every write queued so far is applied; False on timeout. Once closed:
+        whether ``run`` has returned (the queue is drained)."""
+        if self._closed:
+            return self._done.is_set()
+        mark = anyio.Event()
+        with anyio.move_on_after(timeout):
+            await self._send.send(mark)
+            await mark.wait()
+        return mark.is_set()
+
+    def close(self) -> None:
+        """End the queue: later events are dropped (and logged); ``run`` returns once what is
+        queued is applied (idempotent)."""
+        self._closed = True
+        self._send.close()
+
+    async def aclose(self, timeout: float = 10.0) -> bool:
+        """``close()``, then wait (shielded, at most ``timeout`` s) for ``run`` to apply what
+        is queued; whether it did."""
+        self.close()
+        with anyio.move_on_after(timeout, shield=True):
+            await self._done.wait()
+        return self._done.is_set()
+
+    async def __aenter__(self) -> LedgerRecorder:
+        """Run the worker in a task group of its own until the block ends."""
+        async with contextlib.AsyncExitStack() as stack:
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            await tg.start(self.run)
+            self._stack = stack.pop_all()
         return self
 
-    def __exit__(
+    async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            server, event, write = item
-            try:
-                write(self.ledger)
-            except Exception as exc:
-                log.error(
-                    "ledger.write_failed", server=server, hook_event=event, error=repr(exc)
-                )
+        self.close()  # the worker drains the queue and returns; its task group then exits
+        assert self._stack is not None
+        await self._stack.__aexit__(exc_type, exc, tb)
 
     def _translate(self, server: str, event: events.Event) -> _Write:
         fp = self.fingerprints[server]  # KeyError: a server we were not told about

@@ -7,8 +7,8 @@ a time, in order, and posts reminders. Without a webhook the messages go to the 
 (``notify.message``) instead.
 
 The messages themselves (``Message``, ``Kind``, the ``*_message`` builders, Slack's block
-limits) live in ``notify_messages``, which is pure; this module holds the hook, its memory,
-the redaction and the delivery, and re-exports the messages' names.
+limits) live in ``launcher.hooks.messages``, which is pure; this module holds the hook, its
+memory and the delivery (secrets are masked by ``launcher.untrusted.Redactor``).
 
 Alerts, as Alertmanager pairs them: ``server.gave_up``, ``server.unhealthy`` and
 ``restart.scheduled`` (relaunched after ready) each fire an alert of that (server, kind). Its
@@ -72,12 +72,11 @@ import logging
 import math
 import os
 import random
-import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass, fields, is_dataclass, replace
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 import anyio
 import httpx
@@ -87,19 +86,15 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_result
 
 from launcher.errors import ConfigError, LauncherError
 from launcher.hooks.identity import operator_box
-from launcher.hooks.messages import _HEADER_MAX as _HEADER_MAX
-from launcher.hooks.messages import _SECTION_MAX as _SECTION_MAX
 from launcher.hooks.messages import (
-    _UNKNOWN,
     ALERTS,
     Kind,
     Message,
     Origin,
     ServerInfo,
-    _clip,
-    _esc,
     adopted_message,
     checked_blocks,
+    clip,
     gave_up_message,
     internal_error_message,
     ready_message,
@@ -107,41 +102,21 @@ from launcher.hooks.messages import (
     resolved_message,
     restart_message,
     router_ready_message,
+    takeover_message,
     unhealthy_message,
 )
-from launcher.hooks.messages import alert_title as alert_title
 from launcher.store.ledger import NotifyState
 from launcher.supervise import events
 from launcher.supervise.backoff import Jitter, capped_exponential, jittered
+from launcher.untrusted import Redactor
 
-__all__ = [
-    "Kind",
-    "Message",
-    "Origin",
-    "Redactor",
-    "ServerInfo",
-    "SlackNotifier",
-    "adopted_message",
-    "gave_up_message",
-    "internal_error_message",
-    "ready_message",
-    "resolved_message",
-    "restart_message",
-    "unhealthy_message",
-    "webhook_url_ok",
-]
+__all__ = ["SlackNotifier", "webhook_url_ok"]
 
-_T = TypeVar("_T")
-
-MASK = "***"
 MAX_ANSWER = 64 * 1024  # raw bytes of Slack's answer read (it answers "ok" or an error word)
-# Shorter values would mask ordinary words in every message and protect nothing.
-MIN_SECRET_LEN = 4
-# A cut secret's piece this long or longer at a text's edge is masked (shorter ones are too
-# likely to be ordinary text, and too short to guess the rest from).
-MIN_EDGE_LEN = 8
 _FAILURES_KEPT = 50
+_UNKNOWN_SERVER = ServerInfo(host="?", model="?")  # a server the notifier was not told of
 _OBSERVED = (
+    events.LeaseAcquired,
     events.AttemptFailed,
     events.ServerReady,
     events.ServerAdopted,
@@ -152,66 +127,6 @@ _OBSERVED = (
     events.RestartScheduled,
     events.RouterReady,
 )
-
-
-# --- redaction --------------------------------------------------------------------------
-
-
-class Redactor:
-    """Replaces every occurrence of any secret with ``***`` in strings, deep in containers.
-
-    Values shorter than ``MIN_SECRET_LEN`` are ignored. Longer secrets are matched first, so a
-    secret that contains another is masked whole. A secret's Slack-escaped form (``&`` as
-    ``&amp;``, ...) is masked too, so text escaped for Slack before masking cannot leak it.
-    """
-
-    def __init__(self, secrets: Collection[str]) -> None:
-        kept = {s for s in secrets if len(s) >= MIN_SECRET_LEN}
-        values = sorted(kept | {_esc(s) for s in kept}, key=len, reverse=True)
-        self._pattern = re.compile("|".join(map(re.escape, values))) if values else None
-        self._edged = [v for v in values if len(v) > MIN_EDGE_LEN]
-
-    def text(self, value: str) -> str:
-        """``value`` with every secret masked, and a secret cut at either end of it (a text
-        cut at a size limit: a line's 16 KiB, a log tail's first bytes): a secret's first
-        MIN_EDGE_LEN or more characters ending ``value``, or its last ones starting it."""
-        if self._pattern is None:
-            return value
-        return self._edges(self._pattern.sub(MASK, value))
-
-    def _edges(self, value: str) -> str:
-        for secret in self._edged:
-            for k in range(len(secret) - 1, MIN_EDGE_LEN - 1, -1):
-                if value.endswith(secret[:k]):
-                    value = value[:-k] + MASK
-                    break
-            for k in range(len(secret) - 1, MIN_EDGE_LEN - 1, -1):
-                if value.startswith(secret[-k:]):
-                    value = MASK + value[k:]
-                    break
-        return value
-
-    def __call__(self, value: _T) -> _T:
-        """A copy of ``value`` with every string in it (dict keys included) masked."""
-        return self._walk(value)  # type: ignore[no-any-return]
-
-    def _walk(self, value: Any, in_record: bool = False) -> Any:
-        if isinstance(value, enum.Enum):
-            return value  # a fixed value, never a secret (and a StrEnum must stay one)
-        if isinstance(value, str):
-            return self.text(value)
-        if is_dataclass(value) and not isinstance(value, type):
-            # A typed event (or a record in one, LaunchParams): the same type, its strings
-            # masked, its tuples kept tuples.
-            return replace(value, **{f.name: self._walk(getattr(value, f.name), True)
-                                     for f in fields(value) if f.init})
-        if in_record and isinstance(value, tuple):
-            return tuple(self._walk(v, True) for v in value)
-        if isinstance(value, Mapping):
-            return {self._walk(k): self._walk(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [self._walk(v) for v in value]
-        return value
 
 
 # --- the notifier -----------------------------------------------------------------------
@@ -403,9 +318,12 @@ class SlackNotifier:
                 )
 
     def _observe(self, server: str, event: events.Event) -> list[Message]:
+        if isinstance(event, events.LeaseAcquired):  # ``server`` is "": the whole fleet
+            return ([takeover_message(event, origin=self.origin)]
+                    if event.previous_box is not None else [])
         if isinstance(event, events.RouterReady):  # ``server`` is the router's name
             return [router_ready_message(server, event, origin=self.origin)]
-        info = self.servers_info.get(server, _UNKNOWN)
+        info = self.servers_info.get(server, _UNKNOWN_SERVER)
         failures = self._failures.setdefault(server, [])
         origin = self.origin
         ready = self._ready.get(server)
@@ -757,7 +675,7 @@ class SlackNotifier:
         status = response.status_code
         if 200 <= status < 300:
             return _Result(ok=True, status=status)
-        cause = f"HTTP {status}: {_clip(_shown(body, response), 200)}"
+        cause = f"HTTP {status}: {clip(_shown(body, response), 200)}"
         if status == 429:
             after = _retry_after(response.headers.get("Retry-After"))
             return _Result(ok=False, retry=True, cause=cause, status=status, retry_after=after)

@@ -1,11 +1,13 @@
 """The host-side follow agent: one process per host follows every server's log over one stream.
 
-This file is shipped to the host as it is (``python3 -c <this source>``, see
-:mod:`launcher.host.follower`) and must stay self-contained: Python 3.6+ standard library only,
-no import of launcher, no f-string tricks newer than 3.6. launcher also imports it for the
-frame format (:func:`encode_frame`, the constants).
+This file is shipped to the host as it is, on the stdin of a short ``python3 -I -c`` stub that
+checks its sha256 and runs it (see :func:`launcher.host.follower.agent_start`), so it must
+stay self-contained: Python 3.6+ standard library only, no import of launcher, no f-string
+tricks newer than 3.6. launcher also imports it for the frame format (:func:`encode_frame`,
+the constants).
 
-Protocol. The agent reads JSON commands, one per line, on stdin:
+Protocol. The agent reads JSON commands, one per line, on stdin (the rest of it, after the
+bytes the stub read: the stub reads exactly those, with ``os.read``, so none is lost):
 
 - ``{"op": "add", "key": K, "dir": D, "offset": O, "pid": P}``: follow the attempt in run
   directory D (see launcher.host.run) from log byte O; its server's pid is P. K is a number the

@@ -1,16 +1,18 @@
 """One session per host: every server of a host is followed through one agent process.
 
 :class:`HostFollower` pushes :mod:`launcher.host.agent` to its host when it first needs it
-(``python3 -c <source>`` over one exec session of the transport, via ``duplex``) and keeps it
-running while anything is followed. The agent tails every followed log, notices every exit
-(and its status) and sends a heartbeat, all as frames on that one channel
-(:class:`FrameDecoder`). Sessions per host are therefore O(1) in servers: the agent's, plus
-the short commands (launch, probe, stop…), which the transport keeps under its
-per-connection cap.
+(a short ``python3 -I -c`` stub over one exec session of the transport, via ``duplex``, that
+reads the agent's source from its stdin and runs it once its sha256 matches: see
+:func:`agent_start`) and keeps it running while anything is followed. The agent tails every
+followed log, notices every exit (and its status) and sends a heartbeat, all as frames on
+that one channel (:class:`FrameDecoder`). Sessions per host are therefore O(1) in servers:
+the agent's, plus the short commands (launch, probe, stop…), which the transport keeps under
+its per-connection cap.
 
 :meth:`HostFollower.follow` has exactly the contract of :func:`launcher.host.run.follow`: every
 log byte from the offset exactly once, in order, then ``Exited``. A host without python3
-(the agent does not start) falls back to ``remote.follow`` (one ``tail`` session per server).
+(the agent does not start), or whose agent refused its source (it arrived changed), falls
+back to ``remote.follow`` (one ``tail`` session per server).
 
 Error handling: when the channel is lost (connection drop, no heartbeat for
 HEARTBEAT_TIMEOUT_S, a frame that does not parse) every ``follow`` on it raises
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import itertools
 import json
 from collections.abc import AsyncGenerator, Callable
@@ -73,6 +76,28 @@ PROBE_LINGER_S = 0.01  # probes asked within this long go to the agent as one co
 # sys.path, so no module planted where the command runs is imported (security review
 # 2026-12-05, finding M6).
 _START = 'command -v python3 > /dev/null 2>&1 || exit 127; exec python3 -I -c "$1"'
+
+# The agent's source reaches python3 on its stdin, not in its argv: as argv, `ps` on the host
+# showed the whole source as the agent's command line (issue 25). The stub below is all of
+# python3's argv (under 200 characters; its first words, 'launcher-agent', name it even where
+# `ps` or `systemctl status` cut the line short). It reads exactly DIGEST + len(source) bytes
+# with os.read on fd 0 in a loop (sys.stdin would buffer, and could swallow the agent's first
+# commands) and runs the source only when the first DIGEST bytes (the 32 in the stub) are the
+# sha256 of the rest; else it prints AGENT_REFUSED and exits.
+# Why stdin and not a file in the run directory: a file there would need the checks the
+# hardening does for the run directory (our own, not writable by others, opened with
+# O_NOFOLLOW; docs/security.md) and a second session to write it; stdin needs neither.
+# Why the digest leads the source on stdin and is not a literal in the stub: 64 hex digits,
+# the exact read and a clear refusal do not fit in 200 characters. Both travel the same
+# authenticated SSH channel, so the check guards the same thing either way: bytes changed or
+# added between launcher and python3 (a host wrapper, a login script that writes to stdin)
+# are refused at once; bytes lost (a login script that reads stdin) leave the stub waiting
+# until HELLO_TIMEOUT_S closes the channel.
+_STUB = ("'launcher-agent';import os,hashlib as h;b=bytearray();"
+         "any(map(b.extend,iter(lambda:os.read(0,{size}-len(b)),b'')));"
+         "exec(b[32:])if h.sha256(b[32:]).digest()==b[:32]else print('refused')")
+AGENT_REFUSED = b"refused\n"  # the stub's answer to a source that arrived changed
+DIGEST = 32  # bytes of a sha256 digest
 
 
 class FrameError(LogFormatError):
@@ -134,9 +159,17 @@ class FrameDecoder:
 
 
 @functools.cache
-def agent_source() -> str:
+def agent_source() -> bytes:
     """The agent's source, as shipped in the package."""
-    return resources.files("launcher.host").joinpath("agent.py").read_text("utf-8")
+    return resources.files("launcher.host").joinpath("agent.py").read_bytes()
+
+
+def agent_start(source: bytes) -> tuple[list[str], bytes]:
+    """The argv that starts the agent on a host, and what to send on its stdin first: the
+    sha256 of ``source`` (DIGEST bytes), then ``source``. Runs ``source`` only if both arrive
+    intact; else the agent's stdout says AGENT_REFUSED and it ends."""
+    stub = _STUB.format(size=DIGEST + len(source))
+    return ["sh", "-c", _START, "sh", stub], hashlib.sha256(source).digest() + source
 
 
 class AgentUnavailable(LauncherError):
@@ -252,7 +285,7 @@ class HostFollower:
     async def _serve(self, *, task_status: anyio.abc.TaskStatus[_Channel]) -> None:
         """Start the agent, hand its channel over once it said hello, then read it until it
         ends; every follower on it then gets the reason."""
-        argv = ["sh", "-c", _START, "sh", agent_source()]
+        argv, payload = agent_start(agent_source())
         channel: _Channel | None = None
         error: LauncherError = RemoteCommandError(
             f"follow agent on {self.host_name} stopped", host=self.host_name,
@@ -262,6 +295,10 @@ class HostFollower:
                 decoder = FrameDecoder()
                 hello: list[Frame] | None = None
                 with anyio.move_on_after(HELLO_TIMEOUT_S):
+                    # A command that already ended (no python3) no longer reads: its stdout,
+                    # empty, says so below.
+                    with contextlib.suppress(RemoteCommandError):
+                        await duplex.send(payload)
                     hello = await self._hello(duplex, decoder)
                 if hello is None:
                     raise AgentUnavailable(
@@ -293,10 +330,23 @@ class HostFollower:
                 self._close(channel, error)
 
     async def _hello(self, duplex: Duplex, decoder: FrameDecoder) -> list[Frame] | None:
-        """Frames up to and including the hello (the rest of that read after it); None when
-        the agent ended first."""
+        """Frames after the hello (the rest of that read); None when the agent ended first.
+        AgentUnavailable when the stub refused the source (see agent_start)."""
+        head: bytes | None = b""  # the first bytes, until known to be a frame or the refusal
         while True:
             data = await duplex.receive()
+            if head is not None:
+                head += data
+                if data and AGENT_REFUSED.startswith(head):
+                    continue
+                if head.startswith(AGENT_REFUSED):
+                    raise AgentUnavailable(
+                        f"the follow agent on {self.host_name} refused its source: it arrived "
+                        "changed (its sha256 did not match)",
+                        remedy="look for something on the host that reads or writes the "
+                        "session's stdin (a login script); meanwhile one SSH session per "
+                        "server follows the logs")
+                data, head = head, None
             if not data:
                 return None
             frames = decoder.feed(data)

@@ -139,6 +139,15 @@ async def query_compute_apps(transport: Transport, nvidia_smi: Sequence[str]) ->
 
 
 @dataclass(frozen=True)
+class GpuProblem:
+    """One wanted GPU that is not usable: ``missing`` (the host has no such GPU) or busy."""
+
+    index: int
+    text: str
+    missing: bool = False
+
+
+@dataclass(frozen=True)
 class GpuCheck:
     """Whether the GPUs ``wanted`` are free for a new server.
 
@@ -154,6 +163,11 @@ class GpuCheck:
 
     def problems(self, gpus: Sequence[GpuInfo], apps: Sequence[ComputeApp]) -> list[str]:
         """One line per problem; empty when every wanted GPU is usable."""
+        return [finding.text for finding in self.findings(gpus, apps)]
+
+    def findings(self, gpus: Sequence[GpuInfo], apps: Sequence[ComputeApp]) -> list[GpuProblem]:
+        """``problems`` with each line's GPU and whether that GPU is missing (which no wait
+        mends) or busy (which may pass), in ``wanted`` order."""
         by_index = {gpu.index: gpu for gpu in gpus}
         foreign = [app for app in apps if app.pid not in self.own_pids]
         problems = []
@@ -161,7 +175,9 @@ class GpuCheck:
             gpu = by_index.get(index)
             if gpu is None:
                 present = ", ".join(str(i) for i in sorted(by_index)) or "none"
-                problems.append(f"GPU {index}: not present on the host (GPUs: {present})")
+                problems.append(GpuProblem(
+                    index, f"GPU {index}: not present on the host (GPUs: {present})",
+                    missing=True))
                 continue
             holders = [app for app in foreign if app.gpu_index == index]
             unknown = [app for app in foreign if app.gpu_index is None]
@@ -169,12 +185,12 @@ class GpuCheck:
             if busy:
                 suspects = holders or unknown
                 named = f"; held by {_describe(suspects)}" if suspects else ""
-                problems.append(
-                    f"GPU {index}: {gpu.used_mib} MiB of {_mib(gpu.total_mib)} in use "
+                problems.append(GpuProblem(
+                    index, f"GPU {index}: {gpu.used_mib} MiB of {_mib(gpu.total_mib)} in use "
                     f"(limit {self.max_used_mib} MiB){named}",
-                )
+                ))
             elif holders:
-                problems.append(f"GPU {index}: held by {_describe(holders)}")
+                problems.append(GpuProblem(index, f"GPU {index}: held by {_describe(holders)}"))
         return problems
 
 
@@ -195,6 +211,20 @@ async def check_gpus(
     own_pids: Collection[int] = (),
 ) -> list[str]:
     """Query the host and return GpuCheck's problems for ``wanted``."""
+    found = await gpu_findings(transport, nvidia_smi, wanted, max_used_mib=max_used_mib,
+                               own_pids=own_pids)
+    return [finding.text for finding in found]
+
+
+async def gpu_findings(
+    transport: Transport,
+    nvidia_smi: Sequence[str],
+    wanted: Sequence[int],
+    *,
+    max_used_mib: int = DEFAULT_MAX_USED_MIB,
+    own_pids: Collection[int] = (),
+) -> list[GpuProblem]:
+    """Query the host and return GpuCheck's findings for ``wanted``."""
     gpus = await query_gpus(transport, nvidia_smi)
     apps = await query_compute_apps(transport, nvidia_smi)
-    return GpuCheck(wanted, max_used_mib, own_pids).problems(gpus, apps)
+    return GpuCheck(wanted, max_used_mib, own_pids).findings(gpus, apps)

@@ -22,6 +22,7 @@ import httpx
 
 from launcher.errors import HostKeyError, LauncherError
 from launcher.host.transport.base import Transport
+from launcher.host.transport.fenced import fence_of
 from launcher.untrusted import bounded_int
 
 MAX_BODY = 4096  # bytes of a /health body read; the rest is dropped with the connection
@@ -58,15 +59,24 @@ async def client_for(
     directory) is used that way, so no local TCP port exposes the server to the other users
     of this machine; otherwise ``forward_port`` (the local transport: the port itself).
     """
+    # Behind a fence ([coordination]), every request checks it: a router's worker
+    # registration over this long-lived client is a host action too (docs/ha.md).
+    fence = fence_of(transport)
+    hooks: dict[str, list[Callable[[httpx.Request], Awaitable[None]]]] = {}
+    if fence is not None:
+        async def fenced(request: httpx.Request) -> None:
+            fence.check(f"{request.method} {request.url.path} on {transport.host_name}")
+        hooks["request"] = [fenced]
     forward_unix = getattr(transport, "forward_unix", None)
     if forward_unix is not None:
         async with forward_unix(remote_port) as path, httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=path), timeout=timeout_s, trust_env=False,
+            event_hooks=hooks,
         ) as client:
             yield client, "http://localhost/health"
         return
     async with transport.forward_port(remote_port) as port, httpx.AsyncClient(
-        timeout=timeout_s, trust_env=False,
+        timeout=timeout_s, trust_env=False, event_hooks=hooks,
     ) as client:
         yield client, f"http://127.0.0.1:{port}/health"
 

@@ -1,21 +1,27 @@
-"""The checks before a launch on a host: is the port free, does the model path exist, which
-sglang version would the server's command run. Each is one short command over the same
-transport and ``sh`` conventions as the run protocol (``remote``); the supervisor, ``ranks``
-and ``launcher check`` call them through ``remote``, which re-exports them.
+"""The checks before a launch on a host: are the GPUs free, is the port free, does the model
+path exist, which sglang version would the server's command run. Each is one short command over
+the same transport and ``sh`` conventions as the run protocol (``launcher.host.run``).
+
+:func:`check` is the one preflight of a host: the supervisor, the multi-node supervisor (once
+per node) and ``launcher check`` all call it. It returns typed :class:`Problem` values; each
+knows whether it may pass with time (``transient``: busy GPUs, the supervisor waits) or is
+fatal (a missing GPU or model path, a taken port: the supervisor gives up).
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import re
 import shlex
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from launcher.errors import ConfigError, RemoteCommandError
-from launcher.host.shell import _PRELUDE, _fail, _sh
+from launcher.host.gpus import gpu_findings
+from launcher.host.shell import PRELUDE, fail, sh
 from launcher.host.transport.base import Transport
 from launcher.sglang.versions import DEFAULT_VERSION, MAX_COMPONENT_DIGITS
 
@@ -42,7 +48,7 @@ print(1 if busy else 0)
 # python3, ``ss -ltnp``: "0" when nothing listens on the port, else "1 MY_UID PID UID" with "-"
 # for what this user may not see (the pid of another user's socket).
 _PORT = r"""
-if command -v python3 > /dev/null 2>&1; then exec python3 -c "$2" "$1"; fi
+if command -v python3 > /dev/null 2>&1; then exec python3 -I -c "$2" "$1"; fi
 l=$(ss -ltnpH "sport = :$1" | head -n 1)
 if [ -z "$l" ]; then echo 0; exit 0; fi
 p=$(printf '%s\n' "$l" | sed -n 's/.*pid=\([0-9][0-9]*\).*/\1/p')
@@ -151,8 +157,8 @@ async def port_holder(transport: Transport, port: int) -> PortHolder | None:
     Error handling: RemoteCommandError when the check fails or answers something else than
     its one JSON line.
     """
-    result = await transport.run(_sh(_PORT, str(port), _HOLDER_PY))
-    _fail(transport, "port check", result)
+    result = await transport.run(sh(_PORT, str(port), _HOLDER_PY))
+    fail(transport, "port check", result)
     text = result.stdout.decode("utf-8", "replace").strip()
     answer: Any = None
     with contextlib.suppress(ValueError):
@@ -178,7 +184,7 @@ async def port_holder(transport: Transport, port: int) -> PortHolder | None:
                       ours=uid is not None and uid == me)
 
 
-_PATH_EXISTS = _PRELUDE + r"""
+_PATH_EXISTS = PRELUDE + r"""
 expand "$1"; test -e "$x"
 """
 
@@ -189,14 +195,14 @@ _SIM_MODULE = "launcher.sim.server"
 
 async def port_in_use(transport: Transport, port: int) -> bool:
     """Whether something on the host holds TCP ``port`` (on 127.0.0.1 or 0.0.0.0)."""
-    result = await transport.run(_sh(_PORT, str(port), _PORT_PY))
-    _fail(transport, "port check", result)
+    result = await transport.run(sh(_PORT, str(port), _PORT_PY))
+    fail(transport, "port check", result)
     return result.stdout.split()[:1] == [b"1"]
 
 
 async def path_exists(transport: Transport, path: str) -> bool:
     """Whether ``path`` (``~`` expanded on the host) exists there."""
-    result = await transport.run(_sh(_PATH_EXISTS, path))
+    result = await transport.run(sh(_PATH_EXISTS, path))
     return result.ok
 
 
@@ -240,13 +246,13 @@ async def detect_sglang_version(transport: Transport, command: list[str]) -> str
     and the remedy) when the probe fails or prints something that is not a version.
     """
     if any(_SIM_MODULE in arg for arg in command):
-        argv = _sh('printf %s "${SGLANG_SIM_VERSION-}"')
+        argv = sh('printf %s "${SGLANG_SIM_VERSION-}"')
         result = await transport.run(argv)
         version = result.stdout.decode("utf-8", "replace").strip() or DEFAULT_VERSION
     else:
         argv = version_probe_argv(command)
         result = await transport.run(argv, timeout=60.0)
-        _fail(transport, "sglang version probe", result, remedy=_VERSION_REMEDY)
+        fail(transport, "sglang version probe", result, remedy=_VERSION_REMEDY)
         version = result.stdout.decode("utf-8", "replace").strip()
     if not _plausible_version(version):
         raise RemoteCommandError(
@@ -255,3 +261,112 @@ async def detect_sglang_version(transport: Transport, command: list[str]) -> str
             stderr=result.stderr[-2000:].decode("utf-8", "replace"), remedy=_VERSION_REMEDY,
         )
     return version
+
+
+# --- the one preflight ---------------------------------------------------------------------
+
+
+class ProblemKind(enum.Enum):
+    """What a preflight problem is about; ``transient`` says whether it may pass with time."""
+
+    GPU_BUSY = "gpu_busy"  # a wanted GPU holds memory or a foreign process: wait
+    GPU_MISSING = "gpu_missing"  # the host has no such GPU: fatal
+    MODEL_MISSING = "model_missing"  # an absolute model path that does not exist: fatal
+    PORT_TAKEN = "port_taken"  # the server's port is held (after any wait for it): fatal
+    DIST_PORT_BUSY = "dist_port_busy"  # torch's store of an earlier attempt: wait
+    HOST_UNAVAILABLE = "host_unavailable"  # the host cannot be asked right now: wait
+    CHECK_FAILED = "check_failed"  # a check failed otherwise: fatal
+
+    @property
+    def transient(self) -> bool:
+        """Whether this kind of problem may pass with time (the supervisor waits for it)."""
+        return self in _TRANSIENT
+
+
+_TRANSIENT = frozenset({
+    ProblemKind.GPU_BUSY, ProblemKind.DIST_PORT_BUSY, ProblemKind.HOST_UNAVAILABLE,
+})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a launch cannot start now: its ``kind``, the ``message`` a user reads and,
+    where there is one, the ``remedy``. ``str()`` is the message, then ``fix: remedy`` on its
+    own line (as ``LauncherError`` prints)."""
+
+    kind: ProblemKind
+    message: str
+    remedy: str = ""
+
+    @property
+    def transient(self) -> bool:
+        """Whether it may pass with time (``ProblemKind.transient``)."""
+        return self.kind.transient
+
+    def on(self, host: str) -> Problem:
+        """This problem with ``host: `` before its message (a node of a multi-node server)."""
+        return replace(self, message=f"{host}: {self.message}")
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  fix: {self.remedy}" if self.remedy else self.message
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a launch needs of one host: ``gpus`` free (none: not checked), ``model_path``
+    present when it is absolute (None: not checked), ``port`` free (None: not checked).
+    ``server`` names the server in remedies."""
+
+    host: str
+    nvidia_smi: Sequence[str]
+    server: str = ""
+    gpus: Sequence[int] = ()
+    model_path: str | None = None
+    port: int | None = None
+
+
+PortCheck = Callable[[Transport, str, int], Awaitable[Problem | None]]
+"""``(transport, host, port)`` → None once the port is free, else its ``PORT_TAKEN`` problem.
+The supervisor's waits for a taken port; :func:`port_taken` asks once."""
+
+
+def port_problem(host: str, port: int, holder: PortHolder) -> Problem:
+    """The ``PORT_TAKEN`` problem of ``port`` on ``host``, naming its holder."""
+    return Problem(ProblemKind.PORT_TAKEN,
+                   f"port {port} is already in use on {host} ({holder.describe()})")
+
+
+async def port_taken(transport: Transport, host: str, port: int) -> Problem | None:
+    """The default ``PortCheck``: asks once (``port_holder``)."""
+    holder = await port_holder(transport, port)
+    return None if holder is None else port_problem(host, port, holder)
+
+
+async def check(transport: Transport, target: Target, *,
+                port_check: PortCheck = port_taken) -> list[Problem]:
+    """Every problem of ``target`` on its host, the fatal ones first; empty when a launch may
+    start. The GPUs are asked first: a GPU the host does not have ends the check with one
+    ``GPU_MISSING`` problem naming every missing GPU (nothing else is worth asking). Then the
+    model path, then the port through ``port_check``.
+
+    Error handling: a check that cannot be made raises its ``LauncherError`` (the caller
+    retries what ``is_transient``); problems are returned, never raised.
+    """
+    busy: list[Problem] = []
+    if target.gpus:
+        found = await gpu_findings(transport, target.nvidia_smi, target.gpus)
+        missing = [f.text for f in found if f.missing]
+        if missing:
+            return [Problem(ProblemKind.GPU_MISSING, "; ".join(missing),
+                            remedy=f"fix the gpus of server {target.server}")]
+        busy = [Problem(ProblemKind.GPU_BUSY, f.text) for f in found]
+    fatal: list[Problem] = []
+    path = target.model_path
+    if path is not None and path.startswith("/") and not await path_exists(transport, path):
+        fatal.append(Problem(ProblemKind.MODEL_MISSING,
+                             f"model path {path} does not exist on {target.host}"))
+    if target.port is not None:
+        taken = await port_check(transport, target.host, target.port)
+        if taken is not None:
+            fatal.append(taken)
+    return fatal + busy

@@ -24,6 +24,14 @@ and a ``log`` symlink to a file only root may read::
     exit_status  written atomically by the wrapper shell once the server has exited:
                  the exit code, or 128+N when killed by signal N
     started_at   UTC ISO-8601 time of the launch
+    fenced       (only when refused) the shim saw a newer lease's token: the server never ran
+
+With ``[coordination]`` (docs/ha.md) the server directory also holds ``fence/``: one empty
+file per fencing token an active launcher used there, named by the token. A launch, a
+listing (adoption) and a stop by a launcher with a token first add its file; the launch
+script, the shim (right before it takes the claim) and the stop refuse, exit FENCED_STATUS,
+when a higher token's file is there. Files only ever get added, so "the highest token seen"
+needs no lock and can never go back.
 
 Process layout: ``launch``'s shell starts a *wrapper* shell in a new session; the wrapper starts
 the server in another new session (so pid == pgid == sid), waits for it and writes
@@ -31,8 +39,7 @@ the server in another new session (so pid == pgid == sid), waits for it and writ
 an SSH drop reaches them. Stopping signals the server's group and session, never the wrapper.
 
 The checks before a launch (port free, path exists, sglang version) live in
-``remote_preflight`` and the shared ``sh`` plumbing in ``remote_shell``; this module
-re-exports the checks, so ``remote.port_in_use`` and the others keep working.
+``launcher.host.preflight``, the shared ``sh`` plumbing in ``launcher.host.shell``.
 """
 
 from __future__ import annotations
@@ -49,19 +56,16 @@ import structlog
 
 from launcher.errors import (
     ConfigError,
+    FencedOut,
     HostUnreachable,
     LogFormatError,
     RemoteCommandError,
     StateError,
 )
-from launcher.host.preflight import _PORT as _PORT
-from launcher.host.preflight import detect_sglang_version as detect_sglang_version
-from launcher.host.preflight import path_exists as path_exists
-from launcher.host.preflight import port_in_use as port_in_use
-from launcher.host.preflight import version_probe_argv as version_probe_argv
-from launcher.host.shell import _PRELUDE, _fail, _sh
-from launcher.host.transport.base import Transport
-from launcher.plan.command import PARAMS_ENV
+from launcher.host.shell import PRELUDE, fail, sh
+from launcher.host.transport.base import CommandResult, Transport
+from launcher.host.transport.fenced import fence_of
+from launcher.sglang.flags import PARAMS_ENV
 from launcher.untrusted import bounded_float, bounded_int
 
 log = structlog.get_logger(__name__)
@@ -74,6 +78,8 @@ _STOP_POLL_S = 0.1
 _PID_WAIT_TICKS = 200  # launch waits 200 × 50 ms for the server's pid file
 _EXISTS_STATUS = 17  # launch script: the attempt directory already exists
 _WRITE_FAILED_STATUS = 28  # launch script: a file or directory in the run dir not writable
+FENCED_STATUS = 29  # launch, listing or stop script: the host saw a newer lease's token
+SHIM_FENCED_STATUS = 122  # the shim's exit (the attempt's exit_status) when it was fenced out
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Starts the trailer of a follow stream (plus a random token per stream). \x01: a byte no
 # log chunk ends with in practice, so holding back a possible marker start delays nothing.
@@ -81,7 +87,26 @@ _END_MARK = b"\x01launcher-follow-end-"
 READ_CHUNK = 8 << 20  # log bytes read per command (below the transports' MAX_OUTPUT)
 
 
-# $1 dir, $2 cwd, rest: the server's argv. Becomes the server by exec. Its variables have odd
+# ``newer SERVER_DIR TOKEN``: whether a token above TOKEN was seen there (see the module's
+# docstring); ``mark SERVER_DIR TOKEN`` records TOKEN. Both do nothing without a token.
+_FENCE = r"""
+newer() {
+  [ -n "$2" ] || return 1
+  for f in "$1/fence"/*; do
+    n=${f##*/}
+    case $n in ''|*[!0-9]*) continue ;; esac
+    [ "$n" -gt "$2" ] && return 0
+  done
+  return 1
+}
+mark() {
+  [ -n "$2" ] || return 0
+  (umask 077 && mkdir -p "$1/fence" && : > "$1/fence/$2")
+}
+"""
+
+# $1 dir, $2 the fencing token (empty: none), $3 cwd, rest: the server's argv. Becomes the
+# server by exec. Its variables have odd
 # names because the env file is sourced in the same shell.
 _SHIM = r"""
 ident() {
@@ -90,7 +115,18 @@ ident() {
   set -- ${l##*) }; shift 19
   printf '%s %s' "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)" "$1"
 }
-_launcher_dir=$1; _launcher_cwd=$2; shift 2
+_launcher_dir=$1; _launcher_tok=$2; _launcher_cwd=$3; shift 3
+# A launcher that lost its lease must not start a server after a newer one acted here: the
+# last check sits right before the claim (docs/ha.md, fencing).
+if [ -n "$_launcher_tok" ]; then
+  for _launcher_f in "$_launcher_dir/../fence"/*; do
+    _launcher_n=${_launcher_f##*/}
+    case $_launcher_n in ''|*[!0-9]*) continue ;; esac
+    if [ "$_launcher_n" -gt "$_launcher_tok" ]; then
+      : > "$_launcher_dir/fenced"; rm -f "$_launcher_dir/env"; exit 122
+    fi
+  done
+fi
 # Whoever makes "claim" first decides: this shim (the server starts) or a launcher that gave
 # up on the launch (the server never starts, so no unsupervised copy can appear later).
 # The env file (secrets too) goes with a lost claim: nobody else would ever remove it.
@@ -117,14 +153,15 @@ printf '%s\n' "$st" > "$d/exit_status.tmp" && mv -f "$d/exit_status.tmp" "$d/exi
 """
 
 # $1 run_dir, $2 server, $3 attempt, $4 cwd, $5 human command line, $6 wrapper, $7 shim,
-# rest: the server's argv. stdin: the env file. Prints "<pid>\n--\n<absolute dir>".
+# $8 the fencing token (empty: none), rest: the server's argv. stdin: the env file.
+# Prints "<pid>\n--\n<absolute dir>".
 # Without a configured cwd the server starts in $HOME (where an SSH login starts, so a
 # relative path means the same on both transports), else in its attempt directory: never in
 # whatever directory launcher was started from, where another user may have planted modules
 # that ``python3 -m`` would import (security review 2026-12-05, finding M6).
 # The pid wait: $PID_TICKS ticks of 50 ms, then the launch takes the claim (see the shim) so
 # that the server never starts; if the shim took it first, $PID_LIMIT ticks in all.
-_LAUNCH = _PRELUDE + r"""
+_LAUNCH = PRELUDE + _FENCE + r"""
 set -u
 command -v setsid > /dev/null || { echo "setsid not found on this host" >&2; exit 127; }
 w() { printf 'cannot write %s\n' "$1" >&2; exit $WRITE_FAILED; }
@@ -135,6 +172,8 @@ for p in "${base%/}" "$base/$2"; do
 done
 d=$(cd "$base/$2" && pwd -P) || exit 1
 safe "$d" 2 || exit 13
+if newer "$d" "$8"; then echo "fenced: $d saw a newer lease token than $8" >&2; exit 29; fi
+mark "$d" "$8" || w "$d/fence"
 d=$d/$3
 if [ -e "$d" ]; then echo "attempt directory exists: $d" >&2; exit 17; fi
 (umask 077 && mkdir "$d") || w "$d"
@@ -142,7 +181,7 @@ if [ -e "$d" ]; then echo "attempt directory exists: $d" >&2; exit 17; fi
 (umask 077 && printf '%s\n' "$5" > "$d/cmd") || w "$d/cmd"
 (umask 077 && : > "$d/log") || w "$d/log"
 (umask 077 && date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started_at") || w "$d/started_at"
-cwd=$4; wrapper=$6; shim=$7; shift 7
+cwd=$4; wrapper=$6; shim=$7; tok=$8; shift 8
 if [ -n "$cwd" ]; then
   expand "$cwd"; cwd=$x
 elif [ -n "${HOME-}" ] && [ -d "$HOME" ]; then
@@ -151,10 +190,11 @@ else
   cwd=$d
 fi
 cd "$d" || exit 1
-setsid sh -c "$wrapper" sh "$d" "$shim" "$cwd" "$@" < /dev/null > /dev/null 2>&1 &
+setsid sh -c "$wrapper" sh "$d" "$shim" "$tok" "$cwd" "$@" < /dev/null > /dev/null 2>&1 &
 i=0
 while [ ! -s "$d/pid" ]; do
   i=$((i + 1))
+  if [ -e "$d/fenced" ]; then echo "fenced: the server saw a newer lease token" >&2; exit 29; fi
   if [ "$i" -eq $PID_TICKS ] && mkdir "$d/claim" 2> /dev/null; then
     rm -f "$d/env"
     echo "server wrote no pid file in $d; it will not start" >&2; exit 3
@@ -169,7 +209,7 @@ printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
 # $1 run_dir, $2 server, $3 attempt. After a launch whose reply was lost: prints "absent" when
 # the attempt directory was never made (the launch never ran), "nopid" when no pid appeared in
 # it within the launch's own wait, else what the launch prints.
-_RECOVER = _PRELUDE + r"""
+_RECOVER = PRELUDE + r"""
 expand "$1"
 [ -d "$x/$2/$3" ] || { echo absent; exit 0; }
 for p in "${x%/}" "$x/$2" "$x/$2/$3"; do
@@ -192,7 +232,7 @@ printf '%s\n--\n%s' "$(cat "$d/pid")" "$d"
 """.replace("$PID_TICKS", str(_PID_WAIT_TICKS)).replace("$PID_LIMIT", str(_PID_WAIT_TICKS + 40))
 
 # $1 dir. Prints "<alive 0|1> <exit status or -> <log size>".
-_PROBE = _PRELUDE + r"""
+_PROBE = PRELUDE + r"""
 d=$1
 safe "$d" 3 || exit 13
 if alive "$d"; then a=1; else a=0; fi
@@ -202,7 +242,7 @@ printf '%s %s %s\n' "$a" "${st:--}" $size
 """
 
 # $1 dir, $2 ticks of 50 ms. Prints the exit status once it exists, or nothing.
-_EXIT_STATUS = _PRELUDE + r"""
+_EXIT_STATUS = PRELUDE + r"""
 safe "$1" 3 || exit 13
 i=0
 while [ ! -e "$1/exit_status" ] && [ "$i" -lt "$2" ]; do sleep 0.05; i=$((i + 1)); done
@@ -212,18 +252,20 @@ exit 0
 
 # $1 dir. Prints the pids left in the server's process group or session (zombies excluded),
 # or nothing when the recorded pid now belongs to someone else.
-_MEMBERS = _PRELUDE + r"""
+_MEMBERS = PRELUDE + r"""
 safe "$1" 3 || exit 13
 p=$(cat "$1/pid" 2>/dev/null) || exit 0
 [ -n "$p" ] && ours "$1" "$p" || exit 0
 members "$p"
 """
 
-# $1 dir, $2 signal name. Signals the group, then the session's members outside the group
+# $1 dir, $2 signal name, $3 the fencing token (empty: none). Signals the group, then the
+# session's members outside the group
 # (each process gets the signal once: a second SIGTERM can hit Python after it has restored
 # the default handler on its way out, turning a clean exit into 143).
-_SIGNAL = _PRELUDE + r"""
+_SIGNAL = PRELUDE + _FENCE + r"""
 safe "$1" 3 || exit 13
+if newer "${1%/*}" "${3-}"; then echo "fenced: a newer token than $3 acted here" >&2; exit 29; fi
 p=$(cat "$1/pid" 2>/dev/null) || exit 0
 [ -n "$p" ] && ours "$1" "$p" || exit 0
 [ -n "$(members "$p")" ] || exit 0
@@ -234,13 +276,15 @@ for q in $(strays "$p"); do kill -s "$2" "$q" 2>/dev/null; done
 echo sent
 """
 
-# $1 run_dir, $2 server, $3 "claim" when adopting. Prints "<attempt> <alive 0|1> <pid or ->"
-# lines, "@@", the absolute server directory (nothing at all when it does not exist).
+# $1 run_dir, $2 server, $3 "claim" when adopting, $4 the fencing token (empty: none: else
+# it is recorded first, and a newer one refuses, FENCED_STATUS). Prints
+# "<attempt> <alive 0|1> <pid or ->" lines, "@@", the absolute server directory (nothing at
+# all when it does not exist).
 # Adopting, an attempt with neither pid nor exit status is claimed (see the shim): if its shim
 # claimed it first, its server is starting and its pid is waited for; else it never starts
 # and its env file (secrets too) is removed. The server directory is checked by ``safe`` and
 # every attempt directory must be the login user's own and writable by nobody else.
-_LIST = _PRELUDE + r"""
+_LIST = PRELUDE + _FENCE + r"""
 expand "$1"
 [ -d "$x/$2" ] || exit 0
 for p in "${x%/}" "$x/$2"; do
@@ -248,6 +292,8 @@ for p in "${x%/}" "$x/$2"; do
 done
 cd "$x/$2" || exit 1
 safe "$(pwd -P)" 2 || exit 13
+if newer . "${4-}"; then echo "fenced: a newer lease token than $4 acted here" >&2; exit 29; fi
+mark . "${4-}" || { echo "cannot write $PWD/fence" >&2; exit 1; }
 bad=$(find . -mindepth 1 -maxdepth 1 -name '[0-9]*' \( -type l -o -type d \( ! -user "$(id -u)" \
   -o -perm -020 -o -perm -002 \) \) -print) || exit 1
 if [ -n "$bad" ]; then
@@ -279,7 +325,7 @@ printf '@@\n%s' "$(pwd -P)"
 # The remote follower: the log from the offset while the server lives (GNU tail --pid), then,
 # in the same stream so that noticing a death costs no further round trip, the marker and
 # "<alive 0|1> <exit status or -> <log size>" (waiting up to the ticks for the exit status).
-_FOLLOW = _PRELUDE + r"""
+_FOLLOW = PRELUDE + r"""
 safe "$1" 3 || exit 13
 tail -c "+$2" -F --pid="$3" -s "$4" "$1/log"
 end=$(settled "$1" "$5")
@@ -290,7 +336,7 @@ printf '%s%s %s\n' "$6" "$end" $size
 # $1 dir, $2 log offset + 1, $3 ticks of 50 ms, $4 max bytes. What follow needs when its
 # follower died without a trailer, in one round trip: "<alive 0|1> <exit status or ->" on the
 # first line (see the ticks above), then at most $4 bytes of the log from the offset.
-_FINISH = _PRELUDE + r"""
+_FINISH = PRELUDE + r"""
 safe "$1" 3 || exit 13
 settled "$1" "$3"
 echo
@@ -299,7 +345,7 @@ exit 0
 """
 
 # $1 dir, $2 log offset + 1, $3 max bytes (empty: all). The log's bytes from the offset.
-_READ = _PRELUDE + r"""
+_READ = PRELUDE + r"""
 safe "$1" 3 || exit 13
 if [ -n "$3" ]; then tail -c "+$2" "$1/log" | head -c "$3"; else tail -c "+$2" "$1/log"; fi
 """
@@ -410,6 +456,22 @@ def _env_file(spec: AttemptSpec) -> bytes:
     return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
 
 
+def _token(transport: Transport) -> str:
+    """The fencing token the host is shown ("" without coordination)."""
+    fence = fence_of(transport)
+    return "" if fence is None or fence.token is None else str(fence.token)
+
+
+def _refuse_fenced(transport: Transport, result: CommandResult, what: str) -> None:
+    """FencedOut when the host refused ``what``: it saw a newer lease's token."""
+    if result.exit_status == FENCED_STATUS:
+        fence = fence_of(transport)
+        raise FencedOut(
+            f"{what} refused by {transport.host_name}: a launcher with a newer lease acted "
+            f"there: {result.stderr[-300:].decode('utf-8', 'replace').strip()}",
+            host=transport.host_name, token=None if fence is None else fence.token)
+
+
 def _check_name(server: str) -> None:
     if not server or server in (".", "..") or "/" in server or "\0" in server:
         raise ConfigError([f"server name {server!r} cannot be used as a directory name"])
@@ -438,7 +500,7 @@ async def launch(transport: Transport, spec: AttemptSpec) -> RunHandle:
     shown = [f"{name}={spec.env[name]}" for name in PARAMS_ENV if name in spec.env]
     args = [
         spec.run_dir, spec.server, str(spec.attempt), spec.cwd or "",
-        shlex.join([*shown, *spec.argv]), _WRAPPER, _SHIM, *spec.argv,
+        shlex.join([*shown, *spec.argv]), _WRAPPER, _SHIM, _token(transport), *spec.argv,
     ]
     stdout = await _launch_once(transport, spec, args)
     if stdout is None:  # the connection was lost before the command reached the host
@@ -461,11 +523,12 @@ async def _launch_once(
     """Run the launch script once; its output, or None when its connection was lost before
     it made the attempt directory (nothing ran, so it may be sent again)."""
     try:
-        result = await transport.run(_sh(_LAUNCH, *args), stdin=_env_file(spec), timeout=60.0)
+        result = await transport.run(sh(_LAUNCH, *args), stdin=_env_file(spec), timeout=60.0)
     except HostUnreachable as exc:
         log.warning("remote.launch_reply_lost", host=transport.host_name, server=spec.server,
                     attempt=spec.attempt, error=str(exc))
         return await _recover_launch(transport, spec)
+    _refuse_fenced(transport, result, f"launch of {spec.server}")
     if result.exit_status == _EXISTS_STATUS:
         raise StateError(
             f"attempt {spec.attempt} of {spec.server} already exists on {transport.host_name}",
@@ -484,16 +547,16 @@ async def _launch_once(
             remedy=f"free space on the filesystem of {path} on {transport.host_name} "
             "(df -h), or point run_dir at one with room",
         )
-    _fail(transport, "launch", result)
+    fail(transport, "launch", result)
     return result.stdout
 
 
 async def _recover_launch(transport: Transport, spec: AttemptSpec) -> bytes | None:
     """What a launch whose reply was lost left on the host: its output as the launch would
     have printed it, or None when the attempt directory does not exist (nothing ran)."""
-    result = await transport.run(_sh(_RECOVER, spec.run_dir, spec.server, str(spec.attempt)),
+    result = await transport.run(sh(_RECOVER, spec.run_dir, spec.server, str(spec.attempt)),
                                  timeout=60.0)
-    _fail(transport, "launch recovery", result)
+    fail(transport, "launch recovery", result)
     if result.stdout == b"absent\n":
         return None
     if result.stdout == b"nopid\n":
@@ -516,8 +579,8 @@ def _parse_launched(transport: Transport, spec: AttemptSpec, stdout: bytes) -> R
 
 async def probe(transport: Transport, handle: RunHandle) -> RunStatus:
     """Whether the server still runs, its exit status if recorded, and the log's size."""
-    result = await transport.run(_sh(_PROBE, handle.dir))
-    _fail(transport, "probe", result)
+    result = await transport.run(sh(_PROBE, handle.dir))
+    fail(transport, "probe", result)
     fields = result.stdout.split()
     if len(fields) != 3:
         raise LogFormatError(f"probe on {transport.host_name} printed {result.stdout[:200]!r}")
@@ -530,7 +593,7 @@ async def probe(transport: Transport, handle: RunHandle) -> RunStatus:
 
 async def _exit_status(transport: Transport, handle: RunHandle, wait_s: float) -> int | None:
     ticks = str(math.ceil(wait_s / 0.05))
-    result = await transport.run(_sh(_EXIT_STATUS, handle.dir, ticks), timeout=wait_s + 30.0)
+    result = await transport.run(sh(_EXIT_STATUS, handle.dir, ticks), timeout=wait_s + 30.0)
     text = result.stdout.strip()
     return _number(transport, handle.dir, "exit_status", text) if text else None
 
@@ -544,8 +607,8 @@ async def read_log(
     while max_bytes is None or len(data) < max_bytes:
         want = READ_CHUNK if max_bytes is None else min(READ_CHUNK, max_bytes - len(data))
         result = await transport.run(
-            _sh(_READ, handle.dir, str(offset + len(data) + 1), str(want)))
-        _fail(transport, "read_log", result)
+            sh(_READ, handle.dir, str(offset + len(data) + 1), str(want)))
+        fail(transport, "read_log", result)
         data += result.stdout
         if len(result.stdout) < want:
             break
@@ -554,7 +617,7 @@ async def read_log(
 
 # $1 dir. Prints "<host's time now> <log's mtime>", both in seconds since the epoch: with
 # nanoseconds where GNU date can (date -r), else whole seconds from stat.
-_LOG_AGE = _PRELUDE + r"""
+_LOG_AGE = PRELUDE + r"""
 safe "$1" 3 || exit 13
 set -- "$1/log"
 now=$(date +%s.%N); m=$(date -r "$1" +%s.%N 2>/dev/null) || m=$(stat -c %Y "$1") || exit 1
@@ -571,8 +634,8 @@ async def log_age(transport: Transport, handle: RunHandle) -> float:
     Error handling: HostUnreachable from the transport; RemoteCommandError when the log
     cannot be stat'ed; LogFormatError for output that is not two numbers.
     """
-    result = await transport.run(_sh(_LOG_AGE, handle.dir))
-    _fail(transport, "log age", result)
+    result = await transport.run(sh(_LOG_AGE, handle.dir))
+    fail(transport, "log age", result)
     figures = [bounded_float(f.decode("ascii", "replace")) for f in result.stdout.split()]
     if len(figures) != 2 or figures[0] is None or figures[1] is None:
         raise LogFormatError(f"log age on {transport.host_name} printed {result.stdout[:200]!r}")
@@ -580,7 +643,7 @@ async def log_age(transport: Transport, handle: RunHandle) -> float:
 
 
 # $1 dir, $2 bytes. The end of the log.
-_TAIL = _PRELUDE + r"""
+_TAIL = PRELUDE + r"""
 safe "$1" 3 || exit 13
 tail -c "$2" "$1/log"
 """
@@ -590,8 +653,8 @@ async def tail_log(transport: Transport, handle: RunHandle, nbytes: int = 64 * 1
     """The last ``nbytes`` bytes of the log, from the first line that starts in them: a
     tail cut inside a line drops that line's piece (which could hold the end of a secret,
     unmaskable without its start). A tail without any line end is returned whole."""
-    result = await transport.run(_sh(_TAIL, handle.dir, str(nbytes)))
-    _fail(transport, "tail_log", result)
+    result = await transport.run(sh(_TAIL, handle.dir, str(nbytes)))
+    fail(transport, "tail_log", result)
     tail = result.stdout
     if len(tail) >= nbytes:
         cut = tail.find(b"\n")
@@ -626,7 +689,7 @@ async def follow(
     while True:
         # A fresh random marker per stream: no log can contain it by accident.
         marker = _END_MARK + secrets.token_hex(16).encode() + b":"
-        stream = transport.stream(_sh(
+        stream = transport.stream(sh(
             _FOLLOW, handle.dir, str(position + 1), str(handle.pid), str(FOLLOW_POLL_S), ticks,
             marker.decode(),
         ))
@@ -706,10 +769,10 @@ async def _finish(
 ) -> tuple[bool, int | None, bytes]:
     """(alive, exit status, log bytes from ``offset``) in one command (see _FINISH)."""
     ticks = str(math.ceil(_EXIT_STATUS_WAIT_S / 0.05))
-    result = await transport.run(_sh(_FINISH, handle.dir, str(offset + 1), ticks,
+    result = await transport.run(sh(_FINISH, handle.dir, str(offset + 1), ticks,
                                      str(READ_CHUNK)),
                                  timeout=_EXIT_STATUS_WAIT_S + 30.0)
-    _fail(transport, "follow", result)
+    fail(transport, "follow", result)
     head, sep, data = result.stdout.partition(b"\n")
     fields = head.split()
     if not sep or len(fields) != 2 or fields[0] not in (b"0", b"1"):
@@ -720,8 +783,8 @@ async def _finish(
 
 
 async def _members(transport: Transport, handle: RunHandle) -> list[int]:
-    result = await transport.run(_sh(_MEMBERS, handle.dir))
-    _fail(transport, "process listing", result)
+    result = await transport.run(sh(_MEMBERS, handle.dir))
+    fail(transport, "process listing", result)
     pids = (bounded_int(p) for p in result.stdout.split())
     return [p for p in pids if p is not None]
 
@@ -747,8 +810,10 @@ async def stop(
     """
     sent: list[str] = []
     for signal_name, wait_s in (("SIGTERM", grace), ("SIGKILL", kill_wait)):
-        result = await transport.run(_sh(_SIGNAL, handle.dir, signal_name.removeprefix("SIG")))
-        _fail(transport, "signal", result)
+        result = await transport.run(sh(_SIGNAL, handle.dir, signal_name.removeprefix("SIG"),
+                                         _token(transport)))
+        _refuse_fenced(transport, result, f"stop of {handle.server}")
+        fail(transport, "signal", result)
         if not result.stdout.strip():
             break
         sent.append(signal_name)
@@ -772,9 +837,10 @@ async def _list_attempts(
     """The absolute server directory and its attempts as (attempt, alive, pid); ``claim``:
     see _LIST."""
     _check_name(server)
-    result = await transport.run(_sh(_LIST, run_dir, server, "claim" if claim else ""),
-                                 timeout=60.0)
-    _fail(transport, "listing attempts", result)
+    result = await transport.run(sh(_LIST, run_dir, server, "claim" if claim else "",
+                                     _token(transport)), timeout=60.0)
+    _refuse_fenced(transport, result, f"listing of {server}")
+    fail(transport, "listing attempts", result)
     entries, sep, directory = result.stdout.decode("utf-8", "surrogateescape").partition(
         "@@\n")
     if not sep:
@@ -851,7 +917,7 @@ async def survey(
 
 
 # $1 dir, $2 the reason. Written once supervision of the attempt's server gave up.
-_MARK_GAVE_UP = _PRELUDE + r"""
+_MARK_GAVE_UP = PRELUDE + r"""
 safe "$1" 3 || exit 13
 printf '%s\n' "$2" > "$1/gave_up.tmp" && mv -f "$1/gave_up.tmp" "$1/gave_up"
 """
@@ -859,7 +925,7 @@ GAVE_UP_LIMIT = 4096  # bytes of a give-up reason kept in the attempt's ``gave_u
 _ATTEMPT_FILES = ("cmd", "started_at", "exit_status", "gave_up")
 # $1 dir, $2 bytes per file. Prints "name\0content\0" for each small file of the attempt
 # that exists (at most $2 bytes of it).
-_READ_FILES = _PRELUDE + r"""
+_READ_FILES = PRELUDE + r"""
 safe "$1" 3 || exit 13
 d=$1; n=$2; shift 2
 for f in "$@"; do
@@ -874,17 +940,17 @@ async def mark_gave_up(transport: Transport, handle: RunHandle, reason: str) -> 
     """Leave ``reason`` in the attempt's ``gave_up`` file: `launcher status`, from any box,
     then shows the attempt as given up rather than as merely exited."""
     text = reason.encode("utf-8", "replace")[:GAVE_UP_LIMIT].decode("utf-8", "ignore")
-    result = await transport.run(_sh(_MARK_GAVE_UP, handle.dir, text), timeout=30.0)
-    _fail(transport, "marking the attempt as given up", result)
+    result = await transport.run(sh(_MARK_GAVE_UP, handle.dir, text), timeout=30.0)
+    fail(transport, "marking the attempt as given up", result)
 
 
 async def attempt_files(transport: Transport, handle: RunHandle,
                         limit: int = GAVE_UP_LIMIT) -> dict[str, str]:
     """The attempt's small files that exist (``cmd``, ``started_at``, ``exit_status``,
     ``gave_up``), at most ``limit`` bytes of each, whitespace-stripped; one command."""
-    result = await transport.run(_sh(_READ_FILES, handle.dir, str(limit), *_ATTEMPT_FILES),
+    result = await transport.run(sh(_READ_FILES, handle.dir, str(limit), *_ATTEMPT_FILES),
                                  timeout=30.0)
-    _fail(transport, "reading the attempt's files", result)
+    fail(transport, "reading the attempt's files", result)
     parts = result.stdout.split(b"\0")
     return {parts[i].decode("utf-8", "replace"): parts[i + 1].decode("utf-8", "replace").strip()
             for i in range(0, len(parts) - 1, 2)

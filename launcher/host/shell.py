@@ -1,6 +1,7 @@
-"""The ``sh`` plumbing shared by the run protocol (``remote``) and the preflight checks
-(``remote_preflight``): the shell functions every script starts with, the argv that passes
-values as positional arguments (never interpolated), and the error for a failed command.
+"""The ``sh`` plumbing shared by the run protocol (``launcher.host.run``) and the preflight
+checks (``launcher.host.preflight``): the shell functions every script starts with
+(``PRELUDE``), the argv that passes values as positional arguments, never interpolated
+(``sh``), and the error for a failed command (``fail``).
 """
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from __future__ import annotations
 from launcher.errors import RemoteCommandError
 from launcher.host.transport.base import CommandResult, Transport
 
-# Shell functions shared by the scripts of ``remote`` and ``remote_preflight``.
-# ``ident`` reads the boot id and the start time
+# Shell functions shared by the scripts of ``run`` and ``preflight``: a script that uses one
+# starts with PRELUDE. ``ident`` reads the boot id and the start time
 # (field 22 of /proc/PID/stat, after the parenthesised command name) so that a recycled pid is
 # never mistaken for our server. ``ours`` trusts a pid only when it is a number above 1, the
 # attempt has a pid_start, and a live process with that pid matches it (a missing pid_start
@@ -30,8 +31,8 @@ from launcher.host.transport.base import CommandResult, Transport
 # not against forgery) and a ``log`` symlink to a file only root may read. For an attempt
 # directory, ``pid``, ``pid_start``, ``log`` and ``exit_status`` must not be symlinks either.
 # It prints "unsafe run directory PATH: why" on stderr and fails; the scripts then exit
-# UNSAFE_STATUS, which ``_fail`` turns into one RemoteCommandError with the fix.
-_PRELUDE = r"""
+# UNSAFE_STATUS, which ``fail`` turns into one RemoteCommandError with the fix.
+PRELUDE = r"""
 unsafe() { printf 'unsafe run directory %s: %s\n' "$1" "$2" >&2; }
 plain() {
   for f in pid pid_start log exit_status; do
@@ -98,8 +99,9 @@ strays() {
 """
 
 
-def _sh(script: str, *args: str) -> list[str]:
-    """argv running ``script`` with ``args`` as $1, $2, … (values are never interpolated)."""
+def sh(script: str, *args: str) -> list[str]:
+    """argv running ``script`` with ``args`` as $1, $2, … (values are never interpolated into
+    the script, so no value needs quoting)."""
     return ["sh", "-c", script, "sh", *args]
 
 
@@ -116,9 +118,10 @@ class RunDirUnsafe(RemoteCommandError):
     or signalled through it, and relaunching cannot help until someone fixes the host."""
 
 
-def _fail(transport: Transport, what: str, result: CommandResult, remedy: str = "") -> None:
-    """Raise RemoteCommandError for a failed command: RunDirUnsafe for a refused run
-    directory (see ``safe``), its message naming the path and why, UNSAFE_REMEDY the fix."""
+def fail(transport: Transport, what: str, result: CommandResult, remedy: str = "") -> None:
+    """Nothing when ``result`` is a success; else raise RemoteCommandError for the failed
+    command ``what`` (with ``remedy``): RunDirUnsafe for a refused run directory (see
+    ``safe``), its message naming the path and why, UNSAFE_REMEDY the fix."""
     if result.ok:
         return
     stderr = result.stderr[-2000:].decode("utf-8", "replace")

@@ -2,76 +2,17 @@
 
 from __future__ import annotations
 
-import itertools
-import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.params import LaunchParams
-from launcher.sglang.flags import PARAM_FLAGS, PARAM_SWITCHES, PARAM_TYPES, hidden_args_argv
-from launcher.sglang.flags import SPEC_V2_ENV as SPEC_V2_ENV
-from launcher.sglang.flags import env_is_read as env_is_read
-from launcher.sglang.flags import graph_bs_flag as graph_bs_flag
-from launcher.sglang.flags import mamba_strategy_flag as mamba_strategy_flag
+from launcher.sglang.flags import hidden_args_argv, params_argv
+from launcher.untrusted import MASK
 
 if TYPE_CHECKING:
     from launcher.config.schema import ServerConfig
 
-MASK = "***"
-
-
-def params_argv(params: LaunchParams, sglang_version: str) -> list[str]:
-    """The flags ``params`` set, in the dialect of ``sglang_version`` (None fields: none)."""
-    argv: list[str] = []
-    if params.mem_fraction_static is not None:
-        argv += ["--mem-fraction-static", f"{params.mem_fraction_static:.3f}".rstrip("0")]
-    if params.cuda_graph_max_bs is not None:
-        argv += [graph_bs_flag(sglang_version), str(params.cuda_graph_max_bs)]
-    if params.max_running_requests is not None:
-        argv += ["--max-running-requests", str(params.max_running_requests)]
-    if params.mamba_strategy is not None:
-        argv += [mamba_strategy_flag(sglang_version), params.mamba_strategy]
-    if params.max_mamba_cache_size is not None:
-        argv += ["--max-mamba-cache-size", str(params.max_mamba_cache_size)]
-    if params.mamba_full_memory_ratio is not None:
-        argv += ["--mamba-full-memory-ratio", f"{params.mamba_full_memory_ratio:g}"]
-    if params.disable_overlap_schedule:
-        argv.append(PARAM_SWITCHES["disable_overlap_schedule"])
-    return argv
-
-
-# Environment variables a relaunch's params may set (``LaunchParams.env``), recovered from an
-# adopted attempt's env file.
-PARAMS_ENV = ("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", SPEC_V2_ENV)
-
-
-def params_from_argv(words: Iterable[str], env_lines: Iterable[str] = ()) -> LaunchParams:
-    """Inverse of ``params_argv`` over an attempt's recorded argv (either dialect), plus the
-    ``PARAMS_ENV`` settings among ``export NAME='value'`` lines of its env file."""
-    kw: dict[str, object] = {}
-    argv = list(words)
-    switches = {w.strip("'\"") for w in argv}
-    for name, switch in PARAM_SWITCHES.items():
-        if switch in switches:
-            kw[name] = True
-    for quoted_flag, raw in itertools.pairwise(argv):
-        flag, value = quoted_flag.strip("'\""), raw.strip("'\"")
-        field = PARAM_FLAGS.get(flag)
-        if field is None:
-            continue
-        try:
-            kw[field] = PARAM_TYPES[field](value)
-        except ValueError:
-            continue  # a flag name used as a value: not ours
-    env: list[tuple[str, str]] = []
-    for line in env_lines:
-        parts = shlex.split(line) if line.startswith("export ") else []
-        if len(parts) == 2 and "=" in parts[1]:
-            name, value = parts[1].split("=", 1)
-            if name in PARAMS_ENV:
-                env.append((name, value))
-    return LaunchParams(**kw, env=tuple(sorted(env)))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

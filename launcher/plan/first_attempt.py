@@ -1,8 +1,9 @@
 """The first attempt's params: the ledger's last good params, else the memory estimate, else
-the configured ones. Used by `launcher up` (daemon) and `launcher plan` (cli).
+the configured ones. The one warm-start rule of `launcher up` (daemon) and `launcher plan`
+(cli): both call :func:`warm_start`, then :func:`plan_first_attempt`.
 
 Order (docs/memory.md):
-1. the ledger's last good params for the same fingerprint (``store.initial_params``) win;
+1. the ledger's last good params for the same fingerprint (:func:`warm_start`) win;
 2. else, with ``[policy] initial = "auto"`` (the default) and ``mem_fraction_static`` or
    ``cuda_graph_max_bs`` unset, or with ``initial = "estimate"``, the estimate chooses
    (:func:`launcher.memory.estimate.choose`, margin ``[policy] estimate_margin``);
@@ -16,7 +17,8 @@ When the estimate says no setting fits, the result is ``refused``: `up` launches
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import anyio
@@ -34,9 +36,22 @@ from launcher.params import LaunchParams
 from launcher.plan.fleet import gpu_model, learned
 from launcher.sglang.modelfacts import NoEstimate
 from launcher.sglang.versions import DEFAULT_VERSION
-from launcher.store.ledger import Ledger, ObservationContext, ledger_path
+from launcher.store.ledger import (
+    LastGood,
+    Ledger,
+    ObservationContext,
+    fingerprint,
+    ledger_path,
+)
 
-__all__ = ["Planned", "estimate_servers", "plan_first_attempt", "wants_estimate"]
+__all__ = [
+    "Planned",
+    "WarmStart",
+    "estimate_servers",
+    "plan_first_attempt",
+    "wants_estimate",
+    "warm_start",
+]
 
 _CONFIGURED = "configured params"
 
@@ -71,6 +86,39 @@ class Planned:
         return f"ledger-corrected estimate: {describe(c)}"
 
 
+@dataclass(frozen=True)
+class WarmStart:
+    """Rule 1's answer: ``last_good``, the params that brought this launch to ready last (they
+    win), or None; ``reason`` says which and why (in `up`'s words)."""
+
+    last_good: LastGood | None
+    reason: str
+
+    @property
+    def warm(self) -> tuple[LaunchParams, str] | None:
+        """``plan_first_attempt``'s ``warm``: the last good params and the reason, if any."""
+        return None if self.last_good is None else (self.last_good.params, self.reason)
+
+
+def warm_start(ledger: Ledger | None, config: Config, server: ServerConfig,
+               versions: Sequence[str], *, fresh: bool) -> WarmStart:
+    """Rule 1: the newest last good params the ledger holds for this launch (its fingerprint)
+    under any of ``versions`` (`up`: the version it detected; `plan`, which probes no host:
+    the configured one, else every supported one). None with ``fresh``, without a ledger, or
+    when the launch was never ready."""
+    if fresh:
+        return WarmStart(None, "fresh start requested: configured params")
+    host = config.host(server.host)
+    found = [] if ledger is None else [
+        entry for v in versions
+        if (entry := ledger.last_good_entry(fingerprint(server, host, v))) is not None]
+    if not found:
+        return WarmStart(None, "no last good params for this launch: configured params")
+    entry = max(found, key=lambda e: e.updated_at)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(entry.updated_at))
+    return WarmStart(entry, f"warm start from last good params of {when}")
+
+
 def wants_estimate(mode: str, configured: LaunchParams) -> bool:
     """Whether the estimate picks (some of) the first attempt's params."""
     if mode == "configured":
@@ -89,7 +137,7 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
     """The first attempt of ``server``. ``warm``: the ledger's last good params and their
     reason (they win). ``always_estimate``: compute the estimate even when it chooses nothing
     (for `plan`'s picture). ``configured_reason``: why the configured params apply when the
-    estimate does not choose (``store.initial_params``'s reason). Never raises for missing
+    estimate does not choose (``WarmStart.reason``). Never raises for missing
     facts; an unreachable host is reported as ``no_estimate`` too (the supervisor deals with
     it). ``coeffs``: the costs to assume (the cold prior, or what the ledger taught).
     ``ledger``: correct the estimate by its observations of the same architecture on the same

@@ -2,24 +2,32 @@
 
 One table serves the three uses: ``config`` refuses an owned flag in ``extra_args``
 (:data:`OWNED_FLAGS`), ``command`` writes the params' flags in a version's dialect
-(:func:`graph_bs_flag`, :func:`mamba_strategy_flag`), and adoption reads them back from an
-attempt's recorded argv (:data:`PARAM_FLAGS`). Pure: no I/O.
+(:func:`params_argv`, through :func:`graph_bs_flag` and :func:`mamba_strategy_flag`), and
+adoption reads them back from an attempt's recorded argv and env file
+(:func:`params_from_argv`, :data:`PARAM_FLAGS`, :data:`PARAMS_ENV`). Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
+import shlex
+from collections.abc import Iterable
 
+from launcher.params import LaunchParams
 from launcher.sglang.versions import (
     DECODE_SPELLING_FROM,
     MAMBA_RADIX_SPELLING_FROM,
     SPEC_V2_ENV_REMOVED_FROM,
     at_least,
 )
+from launcher.untrusted import MASK
 
 __all__ = [
     "OWNED_FLAGS",
+    "PARAMS_ENV",
     "PARAM_FLAGS",
+    "PARAM_SWITCHES",
     "PARAM_TYPES",
     "SECRET_ARG_ENV",
     "SECRET_FLAGS",
@@ -31,6 +39,8 @@ __all__ = [
     "mamba_strategy_flag",
     "mask_secret_flags",
     "mask_secret_flags_text",
+    "params_argv",
+    "params_from_argv",
 ]
 
 # Every spelling (all versions) of a flag whose value launcher decides, and the config field
@@ -116,6 +126,62 @@ def env_is_read(name: str, sglang_version: str) -> bool:
     return True
 
 
+# --- params <-> argv ---------------------------------------------------------------------
+
+
+def params_argv(params: LaunchParams, sglang_version: str) -> list[str]:
+    """The flags ``params`` set, in the dialect of ``sglang_version`` (None fields: none)."""
+    argv: list[str] = []
+    if params.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", f"{params.mem_fraction_static:.3f}".rstrip("0")]
+    if params.cuda_graph_max_bs is not None:
+        argv += [graph_bs_flag(sglang_version), str(params.cuda_graph_max_bs)]
+    if params.max_running_requests is not None:
+        argv += ["--max-running-requests", str(params.max_running_requests)]
+    if params.mamba_strategy is not None:
+        argv += [mamba_strategy_flag(sglang_version), params.mamba_strategy]
+    if params.max_mamba_cache_size is not None:
+        argv += ["--max-mamba-cache-size", str(params.max_mamba_cache_size)]
+    if params.mamba_full_memory_ratio is not None:
+        argv += ["--mamba-full-memory-ratio", f"{params.mamba_full_memory_ratio:g}"]
+    if params.disable_overlap_schedule:
+        argv.append(PARAM_SWITCHES["disable_overlap_schedule"])
+    return argv
+
+
+# Environment variables a relaunch's params may set (``LaunchParams.env``), recovered from an
+# adopted attempt's env file.
+PARAMS_ENV = ("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", SPEC_V2_ENV)
+
+
+def params_from_argv(words: Iterable[str], env_lines: Iterable[str] = ()) -> LaunchParams:
+    """Inverse of ``params_argv`` over an attempt's recorded argv (either dialect), plus the
+    ``PARAMS_ENV`` settings among ``export NAME='value'`` lines of its env file."""
+    kw: dict[str, object] = {}
+    argv = list(words)
+    switches = {w.strip("'\"") for w in argv}
+    for name, switch in PARAM_SWITCHES.items():
+        if switch in switches:
+            kw[name] = True
+    for quoted_flag, raw in itertools.pairwise(argv):
+        flag, value = quoted_flag.strip("'\""), raw.strip("'\"")
+        field = PARAM_FLAGS.get(flag)
+        if field is None:
+            continue
+        try:
+            kw[field] = PARAM_TYPES[field](value)
+        except ValueError:
+            continue  # a flag name used as a value: not ours
+    env: list[tuple[str, str]] = []
+    for line in env_lines:
+        parts = shlex.split(line) if line.startswith("export ") else []
+        if len(parts) == 2 and "=" in parts[1]:
+            name, value = parts[1].split("=", 1)
+            if name in PARAMS_ENV:
+                env.append((name, value))
+    return LaunchParams(**kw, env=tuple(sorted(env)))  # type: ignore[arg-type]
+
+
 # --- secret flags -----------------------------------------------------------------------------
 
 # Flags whose value is a secret: SGLang's ``--api-key`` / ``--admin-api-key`` (server_args.py of
@@ -125,7 +191,6 @@ def env_is_read(name: str, sglang_version: str) -> bool:
 # launcher never puts them there: see ``hidden_args_argv``.
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
 SECRET_ARG_ENV = "LAUNCHER_SECRET_ARG_{}"  # the environment variable of the i-th hidden flag
-_MASK = "***"
 
 
 def is_secret_flag(word: str) -> bool:
@@ -145,11 +210,11 @@ def mask_secret_flags(argv: list[str] | tuple[str, ...]) -> list[str]:
     masking = False
     for word in argv:
         if masking:
-            out.append(_MASK)
+            out.append(MASK)
             masking = False
         elif is_secret_flag(word):
             if "=" in word:
-                out.append(word.split("=", 1)[0] + "=" + _MASK)
+                out.append(word.split("=", 1)[0] + "=" + MASK)
             else:
                 out.append(word)
                 masking = True
@@ -167,7 +232,7 @@ _FLAG_IN_TEXT = re.compile(
 def mask_secret_flags_text(text: str) -> str:
     """``text`` (a command line as the ``cmd`` file of an attempt holds it) with the value
     of every secret flag replaced by ``***``."""
-    return _FLAG_IN_TEXT.sub(lambda m: f"{m['flag']}{m['sep']}{_MASK}", text)
+    return _FLAG_IN_TEXT.sub(lambda m: f"{m['flag']}{m['sep']}{MASK}", text)
 
 
 # Run as ``PYTHON -c CODE MODULE N FLAG... ARG...``: appends ``FLAG value`` for each of the N

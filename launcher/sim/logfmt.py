@@ -16,9 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TextIO
 
-from launcher.sglang.versions import DEFAULT_VERSION as DEFAULT_VERSION
-from launcher.sglang.versions import SUPPORTED_VERSIONS as SUPPORTED_VERSIONS
-from launcher.sglang.versions import version_tuple
+from launcher.sglang.versions import SUPPORTED_VERSIONS, version_tuple
 
 SGLANG_DIR = "/usr/local/lib/python3.12/dist-packages/sglang"
 TORCH_DIR = "/usr/local/lib/python3.12/dist-packages/torch"

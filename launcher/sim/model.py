@@ -361,7 +361,7 @@ def resolve_hybrid(
         else:
             strategy, overlap = "no_buffer", False
     if strategy == "no_buffer" and overlap:
-        raise ConfigFailure(_mamba_hook_error(logfmt.NO_BUFFER_OVERLAP))
+        raise ConfigFailure(mamba_hook_error(logfmt.NO_BUFFER_OVERLAP))
     return Hybrid(strategy, overlap)
 
 
@@ -376,7 +376,9 @@ def _args_error(d: Dialect, final: str, *, line: int) -> str:
     )
 
 
-def _mamba_hook_error(final: str) -> str:
+def mamba_hook_error(final: str) -> str:
+    """The traceback 0.5.23 prints when its arg_groups/mamba_hook.py refuses a hybrid model's
+    flags, ending in the message ``final`` (the AssertionError line)."""
     hooks = f"{logfmt.SGLANG_DIR}/srt/arg_groups"
     return (
         logfmt.traceback_text(

@@ -31,9 +31,9 @@ from typing import Any, NoReturn
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import auto_chunked_prefill_size
 from launcher.sglang.phases import Phase
+from launcher.sglang.versions import DEFAULT_VERSION
 from launcher.sim import gpustate, logfmt
 from launcher.sim.cmdline import Flags
-from launcher.sim.cmdline import build_parser as build_parser
 from launcher.sim.faults import Fault, FaultKind, FaultPlan, FaultProfileError
 from launcher.sim.gpustate import HostConfigError, SimGpuHost
 from launcher.sim.http import (
@@ -52,9 +52,6 @@ from launcher.sim.memory import (
     StartupTrace,
     simulate,
 )
-from launcher.sim.model import SPEC_AUTO as SPEC_AUTO
-from launcher.sim.model import SPEC_AUTO_LLAMA as SPEC_AUTO_LLAMA
-from launcher.sim.model import SPEC_EAGLE_FAMILY as SPEC_EAGLE_FAMILY
 from launcher.sim.model import (
     ConfigFailure,
     Hybrid,
@@ -65,9 +62,6 @@ from launcher.sim.model import (
     resolve_speculative,
     scenario_for,
 )
-from launcher.sim.model import _mamba_hook_error as _mamba_hook_error
-from launcher.sim.model import kv_gib_per_1k as kv_gib_per_1k
-from launcher.sim.model import scenario_from_argv as scenario_from_argv
 from launcher.sim.multinode import (
     CROSS_NODE_ALLREDUCE,
     DUMMY_STARTED,
@@ -1343,7 +1337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     when it exits rather than dying by a signal (argparse errors exit 2 from inside)."""
     args = sys.argv[1:] if argv is None else list(argv)
     try:
-        d = Dialect(os.environ.get(ENV_VERSION) or logfmt.DEFAULT_VERSION)
+        d = Dialect(os.environ.get(ENV_VERSION) or DEFAULT_VERSION)
     except ValueError as exc:
         return _fail(f"launcher.sim: {exc}")
     if d.since(0, 5, 23):

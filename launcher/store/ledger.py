@@ -2,8 +2,8 @@
 (params, outcome, phase, the log's numbers, evidence, a bounded log tail), per fingerprint the
 last params that reached ready, the Slack notifier's memory (``notify_states``) and, per
 attempt, the observed cost figures under their key (table ``observations``).
-``fingerprint(server, host, sglang_version)`` names "the same launch" across restarts.
-``initial_params`` picks the params of a server's first attempt (warm start).
+``fingerprint(server, host, sglang_version)`` names "the same launch" across restarts; the
+warm start (``launcher.plan.first_attempt.warm_start``) reads ``last_good_entry`` by it.
 
 Resource handling: ``Ledger`` holds one SQLite connection until ``close()``, shared by threads
 under a lock. Error handling: what goes wrong with the database raises ``StateError`` naming
@@ -747,21 +747,3 @@ def _attempt_row(row: tuple[Any, ...]) -> AttemptRow:
         log_tail=row[12],
         seconds_to_ready=row[13],
     )
-
-
-# --- warm start --------------------------------------------------------------------------
-
-
-def initial_params(
-    ledger: Ledger, fingerprint: str, configured: LaunchParams, fresh: bool
-) -> tuple[LaunchParams, str]:
-    """The params of the first attempt and why: the last good params of ``fingerprint``
-    (the same host, GPUs, model, version, ...) unless ``fresh`` or none are known, in which
-    case ``configured``."""
-    if fresh:
-        return configured, "fresh start requested: configured params"
-    entry = ledger.last_good_entry(fingerprint)
-    if entry is None:
-        return configured, "no last good params for this launch: configured params"
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(entry.updated_at))
-    return entry.params, f"warm start from last good params of {when}"

@@ -16,6 +16,7 @@ its inverse (tests and tools that read the JSON log).
 from __future__ import annotations
 
 import enum
+import logging
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -44,6 +45,9 @@ __all__ = [
     "HostLost",
     "HostReachable",
     "LaunchFailed",
+    "LeaseAcquired",
+    "LeaseEnded",
+    "LeaseStandby",
     "ListingFailed",
     "ListingRetry",
     "PhaseEntered",
@@ -221,9 +225,13 @@ def _parse(tp: Any, value: Any, empty_is_none: bool = False) -> Any:
 
 @dataclass(frozen=True, kw_only=True)
 class Event(_Record):
-    """One supervision event: ``name`` is its stable dotted name (log lines, ledger, docs)."""
+    """One supervision event: ``name`` is its stable dotted name (log lines, ledger, docs);
+    ``level`` the stdlib level it is logged at: warning or error for the events a person
+    should look at (a failed attempt is a warning, a server that gave up an error), info for
+    the rest. Under journald the level is the line's priority."""
 
     name: ClassVar[str]
+    level: ClassVar[int] = logging.INFO
 
 
 class Hook(Protocol):
@@ -314,6 +322,7 @@ class ServerAdopted(Event):
 @dataclass(frozen=True, kw_only=True)
 class ProcessDied(Event):
     name: ClassVar[str] = "process.died"
+    level: ClassVar[int] = logging.WARNING
     exit_status: int | None
     phase: str  # the phase's value, else the state's (launching)
     attempt: int
@@ -322,6 +331,7 @@ class ProcessDied(Event):
 @dataclass(frozen=True, kw_only=True)
 class StallDetected(Event):
     name: ClassVar[str] = "stall.detected"
+    level: ClassVar[int] = logging.WARNING
     phase: Phase
     silent_s: float
     attempt: int
@@ -339,6 +349,7 @@ class ProbeFailed(Event):
 @dataclass(frozen=True, kw_only=True)
 class ServerUnhealthy(Event):
     name: ClassVar[str] = "server.unhealthy"
+    level: ClassVar[int] = logging.WARNING
     consecutive_failures: int
     detail: str
 
@@ -379,6 +390,7 @@ class ServerReady(Event):
 @dataclass(frozen=True, kw_only=True)
 class AttemptFailed(Event):
     name: ClassVar[str] = "attempt.failed"
+    level: ClassVar[int] = logging.WARNING
     attempt: int
     outcome: Outcome
     confidence: Confidence
@@ -411,6 +423,7 @@ class PolicyDecided(Event):
 @dataclass(frozen=True, kw_only=True)
 class ServerGaveUp(Event):
     name: ClassVar[str] = "server.gave_up"
+    level: ClassVar[int] = logging.ERROR
     reason: str
     attempt: int
     attempts: int
@@ -425,6 +438,7 @@ class ServerInternalError(Event):
     formatted traceback."""
 
     name: ClassVar[str] = "server.internal_error"
+    level: ClassVar[int] = logging.ERROR  # a bug: supervision of one server ended
     error: str
     traceback: str
     attempt: int | None = field(default=None, metadata=_OPTIONAL)
@@ -481,6 +495,7 @@ class PortWaiting(Event):
     changes."""
 
     name: ClassVar[str] = "port.waiting"
+    level: ClassVar[int] = logging.WARNING
     host: str
     port: int
     holder: str
@@ -687,6 +702,7 @@ class RouterInternalError(Event):
     """``server.internal_error`` for a router: its supervision ended, given up."""
 
     name: ClassVar[str] = "router.internal_error"
+    level: ClassVar[int] = logging.ERROR
     error: str
     traceback: str
     attempt: int | None = field(default=None, metadata=_OPTIONAL)
@@ -766,6 +782,45 @@ class RouterReady(Event):
     port: int
     seconds: float
     servers: tuple[str, ...]
+
+
+# --- coordination (``[coordination]``, docs/ha.md): ``server`` is "" (the whole fleet) ----
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseStandby(Event):
+    """This launcher stands by: ``active_box`` holds the lease (None: nobody yet), for
+    ``remaining_s`` more unless renewed."""
+
+    name: ClassVar[str] = "lease.standby"
+    box: str
+    active_box: str | None = None
+    remaining_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseAcquired(Event):
+    """This launcher took the lease (token ``token``) and supervises from now on; a
+    takeover when ``previous_box`` held it before."""
+
+    name: ClassVar[str] = "lease.acquired"
+    level: ClassVar[int] = logging.WARNING  # a takeover (or the first start)
+    box: str
+    token: int
+    previous_box: str | None = None
+    waited_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseEnded(Event):
+    """This launcher lost the lease (``errors.LeaseLost``): it stopped every supervision and
+    does nothing more on any host; ``up`` exits 6."""
+
+    name: ClassVar[str] = "lease.lost"
+    level: ClassVar[int] = logging.ERROR  # this launcher stopped supervising
+    box: str
+    token: int | None = None
+    reason: str
 
 
 def _all_events() -> dict[str, type[Event]]:

@@ -2,8 +2,12 @@
 
 A server with ``nodes = [...]`` runs one SGLang process per node (``launcher.plan.multinode``).
 :class:`MultiNodeSupervisor` is a :class:`~launcher.supervise.supervisor.ServerSupervisor` whose
-attempt is a group of ranks. The pure state machine (``launcher.supervise.lifecycle``) is
-unchanged: it sees one server, and this module turns the ranks' events into that server's.
+attempt is a group of ranks: it overrides the supervisor's extension points (``survey``,
+``clear_leftovers``, ``adopt``, ``preflight_checks``, ``gpu_problems``, ``launch``,
+``follow_attempt``, ``stop_attempt``, ``attempt_tail``, ``host_unreachable``,
+``host_reachable``) and nothing else of it. The pure state machine
+(``launcher.supervise.lifecycle``) is unchanged: it sees one server, and this module turns the
+ranks' events into that server's.
 
 - **Launch**: every rank at once, each in its own run directory on its own host (node 0's is
   named like the server, the others ``<server>.node<R>``). If one launch fails, the ranks that
@@ -40,7 +44,7 @@ import collections
 import copy
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -54,10 +58,11 @@ from tenacity import (
 )
 
 from launcher.config.schema import Config, ServerConfig
-from launcher.errors import HostKeyError, HostUnreachable, LauncherError, PreflightError
-from launcher.host import health
+from launcher.errors import HostKeyError, HostUnreachable, LauncherError
+from launcher.host import health, preflight
 from launcher.host import run as remote
 from launcher.host.gpus import check_gpus
+from launcher.host.preflight import Problem, ProblemKind, port_in_use
 from launcher.host.shell import RunDirUnsafe
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
@@ -77,17 +82,14 @@ from launcher.supervise import events
 from launcher.supervise.backoff import Doubling, sleep_or
 from launcher.supervise.lifecycle import (
     Adopted,
-    CleanedUp,
     Exited,
     FatalLineSeen,
     HostRefused,
     Launch,
     Launched,
-    LifecycleInput,
     PhaseSeen,
     ReadyLineSeen,
     Stalled,
-    Start,
 )
 from launcher.supervise.supervisor import RunningAttempt, ServerSupervisor
 
@@ -187,7 +189,7 @@ class MultiNodeSupervisor(ServerSupervisor):
 
     # -- per-node reachability -----------------------------------------------------------
 
-    def _host_unreachable(self, exc: Exception, retry_in_s: float | None = None,
+    def host_unreachable(self, exc: Exception, retry_in_s: float | None = None,
                           node: str | None = None) -> None:
         host = node or self.server.host
         now = self.clock()
@@ -201,7 +203,7 @@ class MultiNodeSupervisor(ServerSupervisor):
             error=str(exc), node=host, unreachable_s=round(now - self._node_down[host], 3),
             retry_in_s=retry_in_s))
 
-    def _host_reachable(self, node: str | None = None) -> None:
+    def host_reachable(self, node: str | None = None) -> None:
         host = node or self.server.host
         since = self._node_down.pop(host, None)
         if since is None:
@@ -220,19 +222,16 @@ class MultiNodeSupervisor(ServerSupervisor):
     def _transport(self, rank: Rank) -> Transport:
         return self.transports[rank.host]
 
-    def _run_dir_on(self, rank: Rank) -> str:
-        return self.server.run_dir or self.config.host(rank.host).run_dir
-
     # -- first event: survey every node ----------------------------------------------------
 
-    async def _survey(self) -> remote.Survey:
+    async def survey(self) -> remote.Survey:
         found: dict[int, remote.Survey] = {}
         for rank in self.ranks:
             async for attempt in self._transient_retrying(self.listing_tries, events.ListingRetry):
                 with attempt:
                     found[rank.rank] = await remote.survey(
-                        self._transport(rank), self._run_dir_on(rank), rank.run_name,
-                        adopting=True)
+                        self._transport(rank), self.config.run_dir_of(self.server, rank.host),
+                        rank.run_name, adopting=True)
         self._found = found
         latest = max(s.latest for s in found.values())
         running = [s.running for s in found.values()]
@@ -240,22 +239,18 @@ class MultiNodeSupervisor(ServerSupervisor):
             {h.attempt for h in running if h is not None}) == 1
         return remote.Survey(found[0].running if whole else None, latest)
 
-    async def _decide_first(self, adopt: bool) -> LifecycleInput:
-        event = await super()._decide_first(adopt)
-        if isinstance(event, Start):
-            leftovers = [(rank, s.running) for rank in self.ranks
-                         if (s := self._found.get(rank.rank)) is not None
-                         and s.running is not None]
-            if leftovers:  # a partial group (or adoption declined): stop it, node 0 first
-                self._emit(events.RanksLeftovers(ranks=tuple(
-                    events.RankRun(rank=r.rank, host=r.host, attempt=h.attempt)
-                    for r, h in leftovers)))
-                for rank, handle in leftovers:
-                    await self._stop_rank(rank, handle, "leftover",
-                                          self.grace if rank.rank == 0 else self.follower_grace)
-        return event
+    async def clear_leftovers(self) -> None:
+        leftovers = [(rank, s.running) for rank in self.ranks
+                     if (s := self._found.get(rank.rank)) is not None and s.running is not None]
+        if leftovers:  # a partial group (or adoption declined): stop it, node 0 first
+            self._emit(events.RanksLeftovers(ranks=tuple(
+                events.RankRun(rank=r.rank, host=r.host, attempt=h.attempt)
+                for r, h in leftovers)))
+            for rank, handle in leftovers:
+                await self._stop_rank(rank, handle, "leftover",
+                                      self.grace if rank.rank == 0 else self.follower_grace)
 
-    async def _adopt(self, handle: remote.RunHandle) -> Adopted:
+    async def adopt(self, handle: remote.RunHandle) -> Adopted:
         params = await self._params_of(handle)
         launched = await self._launched_at(handle)
         handles = [self._found[r.rank].running for r in self.ranks]
@@ -276,57 +271,56 @@ class MultiNodeSupervisor(ServerSupervisor):
 
     # -- preflight and GPUs ----------------------------------------------------------------
 
-    async def _preflight_checks(self) -> tuple[list[str], bool]:
+    async def preflight_checks(self) -> list[Problem]:
         s = self.server
-        fatal: list[str] = []
-        busy = await self._busy_gpus()
+        gpus = await self.gpu_problems()
+        if _missing(gpus):
+            return gpus
+        fatal: list[Problem] = []
 
         async def node_checks(rank: Rank) -> None:
-            t = self._transport(rank)
-            if s.model_path.startswith("/") and not await remote.path_exists(t, s.model_path):
-                fatal.append(f"model path {s.model_path} does not exist on {rank.host}")
             # Nodes >= 1 bind the same port for SGLang's dummy /health. A taken one is waited
             # for (on every node at once, one bound: ``_port_taken``).
-            taken = await self._port_taken(t, rank.host, s.port)
-            if taken is not None:
-                fatal.append(taken)
+            target = replace(self._preflight_target(rank.host), gpus=())
+            fatal.extend(await preflight.check(self._transport(rank), target,
+                                               port_check=self._port_taken))
 
         await _on_every_node(self.ranks, node_checks)
         if not fatal and self._port_wait_since is not None:  # the GPUs' answer is old
-            busy = await self._busy_gpus()
+            gpus = await self.gpu_problems()
+            if _missing(gpus):
+                return gpus
         addr = dist_init_addr(self.config, s)
         if addr is not None:
             port = int(addr.rpartition(":")[2])
-            if await remote.port_in_use(self._transport(self.ranks[0]), port):
-                busy.append(f"dist-init port {port} is still in use on {self.ranks[0].host} "
-                            "(torch's store of an earlier attempt)")
-        if fatal:
-            return sorted(fatal) + busy, False
-        return busy, True
+            if await port_in_use(self._transport(self.ranks[0]), port):
+                gpus.append(Problem(
+                    ProblemKind.DIST_PORT_BUSY,
+                    f"dist-init port {port} is still in use on {self.ranks[0].host} "
+                    "(torch's store of an earlier attempt)"))
+        return sorted(fatal, key=lambda p: p.message) + gpus
 
-    async def _busy_gpus(self) -> list[str]:
+    async def gpu_problems(self) -> list[Problem]:
         """Problems with the server's GPUs on every node (asked at once), each prefixed with
-        its host; a GPU that does not exist raises (fatal)."""
-        found: dict[int, list[str]] = {}
+        its host; the first node (in rank order) with a missing GPU: only its problems."""
+        found: dict[int, list[Problem]] = {}
 
         async def node_gpus(rank: Rank) -> None:
-            host = self.config.host(rank.host)
-            found[rank.rank] = await check_gpus(self._transport(rank), host.nvidia_smi,
-                                                self.server.gpus)
+            target = replace(self._preflight_target(rank.host), model_path=None, port=None)
+            found[rank.rank] = await preflight.check(self._transport(rank), target)
 
         await _on_every_node(self.ranks, node_gpus)
-        problems: list[str] = []
+        problems: list[Problem] = []
         for rank in self.ranks:
-            missing = [p for p in found[rank.rank] if "not present" in p]
-            if missing:
-                raise PreflightError(f"{rank.host}: " + "; ".join(missing),
-                                     remedy=f"fix the gpus of server {self.server.name}")
-            problems += [f"{rank.host}: {p}" for p in found[rank.rank]]
+            here = [p.on(rank.host) for p in found[rank.rank]]
+            if _missing(here):
+                return here
+            problems += here
         return problems
 
     # -- launch ----------------------------------------------------------------------------
 
-    async def _launch(self, action: Launch) -> None:
+    async def launch(self, action: Launch) -> None:
         cmds = rank_commands(self.config, self.server, action.params, self.version,
                              self.secret_env, action.attempt)
         handles: dict[int, remote.RunHandle] = {}
@@ -343,8 +337,8 @@ class MultiNodeSupervisor(ServerSupervisor):
                 for rank, cmd in cmds:
                     spec = remote.AttemptSpec(
                         server=rank.run_name, attempt=action.attempt,
-                        run_dir=self._run_dir_on(rank), argv=cmd.argv, env=cmd.env,
-                        secret_env=cmd.secret_env)
+                        run_dir=self.config.run_dir_of(self.server, rank.host), argv=cmd.argv,
+                        env=cmd.env, secret_env=cmd.secret_env)
                     tg.start_soon(one, rank, spec)
             if errors:
                 self._attempt = None
@@ -373,7 +367,7 @@ class MultiNodeSupervisor(ServerSupervisor):
             await self._post(Launched(pid=att.handle.pid))
             self._start_attempt_tasks(att)
 
-    async def _attempt_tasks(self, att: RunningAttempt) -> None:
+    async def follow_attempt(self, att: RunningAttempt) -> None:
         assert isinstance(att, _GroupAttempt)
         with att.scope:
             async with anyio.create_task_group() as tg:
@@ -394,19 +388,19 @@ class MultiNodeSupervisor(ServerSupervisor):
                     await remote.log_age(run.transport, run.handle)
                 except HostUnreachable as exc:
                     wait = waits.next()
-                    self._host_unreachable(exc, wait, node=host)
+                    self.host_unreachable(exc, wait, node=host)
                     await self._node_wait(host, wait)
                     continue
                 except LauncherError:
                     pass
-                self._host_reachable(node=host)
+                self.host_reachable(node=host)
             try:
                 async for item in remote.follow(run.transport, run.handle, run.offset):
                     if isinstance(item, remote.LogChunk):
                         run.offset = item.end_offset
                         run.last_advance = self.clock()
                         waits.reset()
-                        self._host_reachable(node=host)
+                        self.host_reachable(node=host)
                         for line in splitter.feed(item.data):
                             await self._on_rank_line(att, run, line)
                     else:
@@ -420,7 +414,7 @@ class MultiNodeSupervisor(ServerSupervisor):
                 return
             except HostUnreachable as exc:
                 wait = waits.next()
-                self._host_unreachable(exc, wait, node=host)
+                self.host_unreachable(exc, wait, node=host)
                 await self._node_wait(host, wait)
             except LauncherError as exc:
                 status = await self._rank_status(run)
@@ -596,12 +590,12 @@ class MultiNodeSupervisor(ServerSupervisor):
             try:
                 age = await remote.log_age(run.transport, run.handle)
             except HostUnreachable as exc:
-                self._host_unreachable(exc, node=run.rank.host)
+                self.host_unreachable(exc, node=run.rank.host)
                 continue
             except LauncherError:
                 age = self.clock() - run.last_advance
             else:
-                self._host_reachable(node=run.rank.host)
+                self.host_reachable(node=run.rank.host)
             if age <= budget:
                 run.last_advance = self.clock() - age  # it wrote; our follower lags
                 continue
@@ -613,34 +607,26 @@ class MultiNodeSupervisor(ServerSupervisor):
 
     # -- stopping --------------------------------------------------------------------------
 
-    async def _kill(self, reason: str) -> None:
-        with anyio.CancelScope(shield=True):
-            async with self._launching:
-                att = self._attempt
-            if att is not None:
-                att.scope.cancel()
-        if isinstance(att, _GroupAttempt):
-            # A hook run before any stop (main's router deregistration), when there is one.
-            before_stop = getattr(self, "before_stop", None)
-            if before_stop is not None:
-                with anyio.CancelScope(shield=True):
-                    await before_stop(self.server.name, reason)
-            await self._stop_group(att, reason)
-            with anyio.CancelScope(shield=True):
-                tails = []
-                for run in att.ranks:
-                    try:
-                        tail = await remote.tail_log(run.transport, run.handle)
-                    except LauncherError as exc:
-                        self._emit(events.AttemptTailUnreadable(error=str(exc),
-                                                                node=run.rank.host))
-                        continue
-                    text = tail.decode("utf-8", errors="replace")
-                    tails.append(f"===== {run.where}: {run.handle.dir}/log =====\n{text}")
-                    if run.ended is None and att.failed:
-                        self._late_end(run, text)
-                self._attempt_ended(att, "\n".join(tails))
-        await self._post(CleanedUp())
+    async def stop_attempt(self, att: RunningAttempt, reason: str) -> None:
+        assert isinstance(att, _GroupAttempt)
+        await self._stop_group(att, reason)
+
+    async def attempt_tail(self, att: RunningAttempt) -> str:
+        """Every rank's tail under a ``===== node R (host): dir/log =====`` header; a rank
+        whose end was not seen before the stop gets its ``rank.exited`` from it."""
+        assert isinstance(att, _GroupAttempt)
+        tails = []
+        for run in att.ranks:
+            try:
+                tail = await remote.tail_log(run.transport, run.handle)
+            except LauncherError as exc:
+                self._emit(events.AttemptTailUnreadable(error=str(exc), node=run.rank.host))
+                continue
+            text = tail.decode("utf-8", errors="replace")
+            tails.append(f"===== {run.where}: {run.handle.dir}/log =====\n{text}")
+            if run.ended is None and att.failed:
+                self._late_end(run, text)
+        return "\n".join(tails)
 
     def _late_end(self, run: _RankRun, tail: str) -> None:
         """A rank whose end the follower did not see before the stop (the attempt had failed
@@ -674,13 +660,13 @@ class MultiNodeSupervisor(ServerSupervisor):
                 try:
                     report = await remote.stop(transport, handle, grace=grace, kill_wait=5.0)
                 except HostUnreachable as exc:
-                    self._host_unreachable(exc, waits.current, node=rank.host)
+                    self.host_unreachable(exc, waits.current, node=rank.host)
                 except LauncherError as exc:
                     self._emit(events.ProcessStopFailed(reason=reason, error=str(exc),
                                                         node=rank.host, rank=rank.rank))
                     return
                 else:
-                    self._host_reachable(node=rank.host)
+                    self.host_reachable(node=rank.host)
                     self._emit(events.ProcessStopped(
                         reason=reason, signals=tuple(report.signals_sent),
                         leftover_pids=tuple(report.leftover_pids), node=rank.host,
@@ -709,6 +695,10 @@ async def _on_every_node(ranks: list[Rank],
         raise errors[min(errors)]
 
 
+def _missing(problems: list[Problem]) -> bool:
+    return any(p.kind is ProblemKind.GPU_MISSING for p in problems)
+
+
 def _phase_of_order(order: int) -> Phase:
     return list(Phase)[order]
 
@@ -724,7 +714,7 @@ async def stop_other_ranks(config: Config, server: ServerConfig, *, grace: float
         transport = make_transport(host)
         where = f"node {rank.rank} ({rank.host})"
         try:
-            run_dir = server.run_dir or host.run_dir
+            run_dir = config.run_dir_of(server, rank.host)
             handle = await remote.find_running(transport, run_dir, rank.run_name)
             done = "not running (it goes with node 0)"
             if handle is not None:

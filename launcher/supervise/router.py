@@ -46,7 +46,6 @@ from launcher.errors import (
     format_traceback,
     is_transient,
 )
-from launcher.hooks.logging import level_of
 from launcher.host import health
 from launcher.host import run as remote
 from launcher.host.router_api import RouterClient, normalize
@@ -91,12 +90,11 @@ def plan_rows(config: Config) -> list[dict[str, Any]]:
     """What ``launcher plan`` shows of each router: its command line, run dir and workers."""
     rows = []
     for r in config.routers:
-        host = config.host(r.host)
         argv = mask_secret_flags(r.argv())
         rows.append({
             "router": r.name, "host": r.host, "argv": argv,
             "command": " ".join(_quote(a) for a in argv), "env": dict(r.env),
-            "run_dir": f"{r.run_dir or host.run_dir}/{r.name}/<attempt>",
+            "run_dir": f"{config.run_dir_of(r)}/{r.name}/<attempt>",
             "workers": worker_urls(config, r),
         })
     return rows
@@ -409,7 +407,7 @@ class RouterSupervisor:
 
     @property
     def run_dir(self) -> str:
-        return self.router.run_dir or self.config.host(self.router.host).run_dir
+        return self.config.run_dir_of(self.router)
 
     def snapshot(self) -> RouterSnapshot:
         return RouterSnapshot(
@@ -607,7 +605,7 @@ class RouterSupervisor:
             return True
 
     def _emit(self, event: events.Event) -> None:
-        self.log.log(level_of(event), event.name, **event.to_dict())
+        self.log.log(event.level, event.name, **event.to_dict())
         for hook in self.hooks:
             hook(self.router.name, event)
 
@@ -620,7 +618,7 @@ async def router_status(config: Config, router: RouterConfig, transport: Transpo
     """One router as ``launcher status`` shows it: running, pid, attempt, healthy, and per
     configured server ``registered`` / ``registered, unhealthy`` (the router's own verdict)
     / ``not registered``; ``workers_error`` when the router could not be asked."""
-    run_dir = router.run_dir or config.host(router.host).run_dir
+    run_dir = config.run_dir_of(router)
     handle = await remote.find_running(transport, run_dir, router.name)
     latest = handle or await remote.latest_handle(transport, run_dir, router.name)
     row: dict[str, Any] = {
@@ -652,7 +650,7 @@ async def router_status(config: Config, router: RouterConfig, transport: Transpo
 
 async def stop_router(config: Config, router: RouterConfig, transport: Transport) -> str:
     """What ``launcher down`` does to a router: TERM, bounded wait, KILL; a line saying so."""
-    run_dir = router.run_dir or config.host(router.host).run_dir
+    run_dir = config.run_dir_of(router)
     handle = await remote.find_running(transport, run_dir, router.name)
     if handle is None:
         return "not running"

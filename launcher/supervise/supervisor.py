@@ -45,26 +45,30 @@ from launcher.errors import (
     HostKeyError,
     HostUnreachable,
     LauncherError,
-    PreflightError,
     StateError,
     describe_exception,
     format_traceback,
     is_transient,
 )
-from launcher.hooks.logging import level_of
-from launcher.hooks.slack import Redactor
-from launcher.host import health
+from launcher.host import health, preflight
 from launcher.host import run as remote
 from launcher.host.follower import HostFollower, followers_for
-from launcher.host.gpus import check_gpus
-from launcher.host.preflight import PortHolder, port_holder
+from launcher.host.preflight import (
+    PortHolder,
+    Problem,
+    ProblemKind,
+    Target,
+    port_holder,
+    port_problem,
+)
 from launcher.host.shell import RunDirUnsafe
 from launcher.host.transport.base import Transport
 from launcher.memory.estimate import Estimate
-from launcher.memory.policy import AttemptRecord, Bounds
+from launcher.memory.policy import AttemptRecord
 from launcher.params import LaunchParams
-from launcher.plan.command import ServerCommand, params_from_argv, server_command
+from launcher.plan.command import ServerCommand, server_command
 from launcher.sglang.classify import classify, diagnose
+from launcher.sglang.flags import params_from_argv
 from launcher.sglang.logparse import LineSplitter, LogFollower, PhaseLine, ReadyLine
 from launcher.sglang.outcome import Outcome
 from launcher.sglang.phases import Phase
@@ -104,7 +108,7 @@ from launcher.supervise.lifecycle import (
     Unknown,
     WaitForGpus,
 )
-from launcher.untrusted import parse_stamp
+from launcher.untrusted import Redactor, parse_stamp
 
 # Awaited with (server, reason) before launcher stops a server's processes (a router's
 # registrar deregisters it there); it must return within a bounded time.
@@ -193,7 +197,27 @@ class RunningAttempt:
 
 
 class ServerSupervisor:
-    """Brings one server up and keeps it there. Start with ``await tg.start(sup.run)``."""
+    """Brings one server up and keeps it there. Start with ``await tg.start(sup.run)``.
+
+    Extension points: the supervisor drives the pure state machine (``lifecycle``) and does
+    the I/O of one *unit*, by default one process on one host. A unit of another shape (a
+    multi-node server's group of ranks: ``launcher.supervise.ranks``) overrides these public
+    methods, and only these; each docstring states its contract:
+
+    - ``survey`` lists the unit's attempts; ``adopt`` takes over a running one;
+      ``clear_leftovers`` stops what must not stay beside a fresh start;
+    - ``preflight_checks`` and ``gpu_problems`` return the unit's typed preflight problems
+      (``launcher.host.preflight``);
+    - ``launch`` starts an attempt; ``follow_attempt`` follows it (logs, stalls) until it
+      ends or is cancelled;
+    - ``stop_attempt`` stops it; ``attempt_tail`` reads the end of its log(s) afterwards;
+    - ``host_unreachable`` / ``host_reachable`` keep the outage bookkeeping of a ``node``.
+
+    An override may use the protected helpers ``_post`` (an input to the state machine),
+    ``_emit`` (an event), ``_attempt`` (the running attempt), ``_launching`` (held while a
+    launch runs), ``_start_attempt_tasks``, ``_attempt_ended``, ``_params_of``,
+    ``_launched_at``, ``_transient_retrying``, ``_preflight_target`` and ``_port_taken``.
+    """
 
     def __init__(
         self,
@@ -248,11 +272,7 @@ class ServerSupervisor:
             initial=first,
             initial_reason=initial_reason,
             limits=Limits(
-                bounds=Bounds(
-                    p.mem_fraction_floor, p.mem_fraction_ceiling, p.graph_bs_floor, p.max_attempts,
-                    apply_prescribed_fixes=p.apply_prescribed_fixes,
-                    allow_disable_draft_extend_graph=p.allow_disable_draft_extend_graph,
-                ),
+                bounds=p.bounds(),
                 max_stalls=p.max_stalls,
                 probe_failures=p.probe_failures,
                 start_deadline=p.start_deadline,
@@ -455,7 +475,7 @@ class ServerSupervisor:
         elif isinstance(action, RunPreflight):
             self._tg.start_soon(self._preflight)
         elif isinstance(action, Launch):
-            self._tg.start_soon(self._launch, action)
+            self._tg.start_soon(self.launch, action)
         elif isinstance(action, Kill):
             self._tg.start_soon(self._kill, action.reason)
         elif isinstance(action, WaitForGpus):
@@ -472,7 +492,7 @@ class ServerSupervisor:
         its secrets masked."""
         event = self.redact(event)
         # The level table: launcher.hooks.logging.
-        self.log.log(level_of(event), event.name, **event.to_dict())
+        self.log.log(event.level, event.name, **event.to_dict())
         self._to_hooks(event)
 
     def _to_hooks(self, event: events.Event) -> None:
@@ -480,8 +500,10 @@ class ServerSupervisor:
         for hook in self.hooks:
             hook(self.server.name, event)
 
-    def _host_unreachable(self, exc: Exception, retry_in_s: float | None = None) -> None:
-        """Report that the host cannot be reached (every time), remembering since when."""
+    def host_unreachable(self, exc: Exception, retry_in_s: float | None = None,
+                         node: str | None = None) -> None:
+        """Extension point: report that the host (``node``; one host here, so it is the
+        server's) cannot be reached (every time), remembering since when."""
         now = self.clock()
         if self._unreachable_since is None:
             self._unreachable_since = now
@@ -493,8 +515,9 @@ class ServerSupervisor:
             retry_in_s=retry_in_s,
         ))
 
-    def _host_reachable(self) -> None:
-        """A command reached the host: end an outage, reporting how long it lasted."""
+    def host_reachable(self, node: str | None = None) -> None:
+        """Extension point: a command reached the host (``node``; one host here): end an
+        outage, reporting how long it lasted."""
         since, self._unreachable_since = self._unreachable_since, None
         if since is not None:
             self._outages += 1
@@ -510,7 +533,7 @@ class ServerSupervisor:
 
     @property
     def run_dir(self) -> str:
-        return self.server.run_dir or self.host.run_dir
+        return self.config.run_dir_of(self.server)
 
     async def _first_event(self, adopt: bool) -> LifecycleInput | None:
         """Adopted (a running attempt was found) or Start, decided on a listing of the host's
@@ -545,7 +568,7 @@ class ServerSupervisor:
         waits = Doubling(min(1.0, self.listing_recheck_s), self.listing_recheck_s)
         while True:
             try:
-                found = await self._survey()
+                found = await self.survey()
             except (HostKeyError, AuthenticationFailed, RunDirUnsafe) as exc:
                 # Not "unknown": this host must not (or cannot) be asked again; nothing in a
                 # run directory another user could swap may be adopted, signalled or written.
@@ -558,10 +581,16 @@ class ServerSupervisor:
                 await self.sleep(wait)
                 continue
             if adopt and found.running is not None:
-                return await self._adopt(found.running)
+                return await self.adopt(found.running)
             # Attempt directories on the host are never reused: number on from the last.
             self.machine.attempt = self.machine.attempt_base = found.latest
+            await self.clear_leftovers()
             return Start()
+
+    async def clear_leftovers(self) -> None:
+        """Extension point: after ``survey``, before a fresh start (nothing adopted), stop
+        what of the unit still runs that must not stay beside the new attempt. One process
+        has nothing to clear: a running one was adopted."""
 
     def _transient_retrying(
         self, tries: int, event: type[events.ListingRetry | events.PreflightRetry],
@@ -581,14 +610,18 @@ class ServerSupervisor:
             reraise=True,
         )
 
-    async def _survey(self) -> remote.Survey:
+    async def survey(self) -> remote.Survey:
+        """Extension point: the unit's running attempt (if any) and latest attempt number,
+        retrying what ``is_transient`` (``listing_tries``); raises what the listing raised."""
         async for attempt in self._transient_retrying(self.listing_tries, events.ListingRetry):
             with attempt:
                 return await remote.survey(self.transport, self.run_dir, self.server.name,
                                            adopting=True)
         raise AssertionError("unreachable")  # pragma: no cover (reraise=True)
 
-    async def _adopt(self, handle: remote.RunHandle) -> Adopted:
+    async def adopt(self, handle: remote.RunHandle) -> Adopted:
+        """Extension point: take over the running attempt ``survey`` found (``_attempt``,
+        its tasks started) and say so to the state machine."""
         params = await self._params_of(handle)
         launched = await self._launched_at(handle)
         self._attempt = RunningAttempt(handle=handle, last_advance=self.clock())
@@ -637,47 +670,64 @@ class ServerSupervisor:
 
     async def _preflight(self) -> None:
         self._port_wait_since = None  # each preflight's wait for a taken port is bounded anew
-        problems, transient = await self._preflight_problems()
+        problems = await self._preflight_problems()
         if not problems:
             await self._post(PreflightPassed())
         else:
-            await self._post(PreflightBlocked("; ".join(problems), transient=transient))
+            await self._post(PreflightBlocked("; ".join(map(str, problems)),
+                                              transient=all(p.transient for p in problems)))
 
-    async def _preflight_problems(self) -> tuple[list[str], bool]:
-        """(problems, all transient). GPUs busy is transient; so is a host that cannot be
-        asked right now (``is_transient``: unreachable, a command timeout, a refused
-        session), after the checks were retried ``preflight_tries`` times. The rest is
-        fatal."""
+    async def _preflight_problems(self) -> list[Problem]:
+        """``preflight.check``'s problems. A host that cannot be asked right now
+        (``is_transient``: unreachable, a command timeout, a refused session) is a transient
+        ``HOST_UNAVAILABLE`` problem after the checks were retried ``preflight_tries`` times;
+        any other failure of a check is a fatal ``CHECK_FAILED``."""
         retrying = self._transient_retrying(self.preflight_tries, events.PreflightRetry)
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._preflight_checks()
+                    return await self.preflight_checks()
         except LauncherError as exc:
             if is_transient(exc):
-                return [f"host cannot be asked now: {exc}"], True
-            return [str(exc)], False
+                return [Problem(ProblemKind.HOST_UNAVAILABLE, f"host cannot be asked now: {exc}")]
+            return [Problem(ProblemKind.CHECK_FAILED, str(exc))]
         raise AssertionError("unreachable")  # pragma: no cover (reraise=True)
 
-    async def _preflight_checks(self) -> tuple[list[str], bool]:
+    def _preflight_target(self, host: str) -> Target:
+        """What this server needs of ``host``: its GPUs, its model path, its port."""
         s = self.server
-        fatal: list[str] = []
-        busy = await self._busy_gpus()
-        if s.model_path.startswith("/") and not await remote.path_exists(
-            self.transport, s.model_path
-        ):
-            fatal.append(f"model path {s.model_path} does not exist on {s.host}")
-        taken = await self._port_taken(self.transport, s.host, s.port)
-        if taken is not None:
-            fatal.append(taken)
-        elif self._port_wait_since is not None:  # waited for the port: the GPUs' answer is old
-            busy = await self._busy_gpus()
-        if fatal:
-            return fatal + busy, False
-        return busy, True
+        return Target(host, self.config.host(host).nvidia_smi, s.name, s.gpus, s.model_path,
+                      s.port)
 
-    async def _port_taken(self, transport: Transport, host: str, port: int) -> str | None:
-        """None once ``port`` is free on ``host``, else the (fatal) problem naming its holder.
+    async def preflight_checks(self) -> list[Problem]:
+        """Extension point: every preflight problem of the unit, fatal ones first
+        (``preflight.check``, waiting for a taken port through ``_port_taken``). A check
+        that cannot be made raises; ``_preflight_problems`` retries what is transient."""
+        s = self.server
+        target = self._preflight_target(s.host)
+        problems = await preflight.check(self.transport, target, port_check=self._port_taken)
+        if self._port_wait_since is None or any(p.kind is ProblemKind.PORT_TAKEN
+                                                for p in problems):
+            return problems
+        # Waited for the port: the GPUs' answer is old. Ask them again.
+        gpus = await self.gpu_problems()
+        if any(p.kind is ProblemKind.GPU_MISSING for p in gpus):
+            return gpus
+        return [p for p in problems if p.kind is not ProblemKind.GPU_BUSY] + gpus
+
+    async def gpu_problems(self) -> list[Problem]:
+        """Extension point: the unit's GPU problems alone (``preflight.check``); a missing
+        GPU is one ``GPU_MISSING`` problem. Also what the wait for free GPUs asks."""
+        target = replace(self._preflight_target(self.server.host), model_path=None, port=None)
+        return await preflight.check(self.transport, target)
+
+    async def _busy_gpus(self) -> list[str]:
+        """Problems with the server's GPUs, as text (a missing GPU's with its remedy)."""
+        return [str(p) for p in await self.gpu_problems()]
+
+    async def _port_taken(self, transport: Transport, host: str, port: int) -> Problem | None:
+        """None once ``port`` is free on ``host``, else the (fatal) problem naming its holder
+        (a ``preflight.PortCheck``).
 
         SGLang's port is not reserved while the server is down: another user of the host can
         bind it during a restart. So a taken port is waited for like busy GPUs, polling once a
@@ -692,7 +742,7 @@ class ServerSupervisor:
             holder = await port_holder(transport, port)
             if holder is None:
                 return None
-            problem = f"port {port} is already in use on {host} ({holder.describe()})"
+            problem = port_problem(host, port, holder)
             if holder.ours and self.machine.ready_at is None:
                 return problem
             now = self.clock()
@@ -700,7 +750,8 @@ class ServerSupervisor:
                 self._port_wait_since = now
             waited = now - self._port_wait_since
             if waited >= self.policy.gpu_free_timeout:
-                return f"{problem} for {waited:.0f} s (gpu_free_timeout)"
+                return replace(problem, message=f"{problem.message} for {waited:.0f} s "
+                                                "(gpu_free_timeout)")
             if holder != told:
                 told = holder
                 self._emit(events.PortWaiting(
@@ -709,16 +760,10 @@ class ServerSupervisor:
                 ))
             await self.sleep(1.0)
 
-    async def _busy_gpus(self) -> list[str]:
-        """Problems with the server's GPUs; a GPU that does not exist raises (fatal)."""
-        problems = await check_gpus(self.transport, self.host.nvidia_smi, self.server.gpus)
-        missing = [p for p in problems if "not present" in p]
-        if missing:
-            raise PreflightError("; ".join(missing),
-                                 remedy=f"fix the gpus of server {self.server.name}")
-        return problems
-
-    async def _launch(self, action: Launch) -> None:
+    async def launch(self, action: Launch) -> None:
+        """Extension point: start attempt ``action.attempt`` with ``action.params`` under
+        ``_launching``; post ``Launched`` and start its tasks, or post why it failed
+        (``Exited`` with a diagnosis, or ``HostRefused``)."""
         cmd = self._command(action.attempt, action.params)
         spec = remote.AttemptSpec(
             server=self.server.name,
@@ -752,9 +797,11 @@ class ServerSupervisor:
 
     def _start_attempt_tasks(self, att: RunningAttempt) -> None:
         assert self._tg is not None
-        self._tg.start_soon(self._attempt_tasks, att)
+        self._tg.start_soon(self.follow_attempt, att)
 
-    async def _attempt_tasks(self, att: RunningAttempt) -> None:
+    async def follow_attempt(self, att: RunningAttempt) -> None:
+        """Extension point: follow the attempt (its log, its silence) inside ``att.scope``,
+        posting what it shows, until it ends or the scope is cancelled."""
         with att.scope:
             async with anyio.create_task_group() as tg:
                 att.tg = tg
@@ -773,14 +820,14 @@ class ServerSupervisor:
                     await remote.log_age(self.transport, att.handle)
                 except HostUnreachable as exc:
                     wait = waits.next()
-                    self._host_unreachable(exc, wait)
+                    self.host_unreachable(exc, wait)
                     await self._outage_wait(wait)
                     continue
                 except LauncherError:
                     pass  # the host answered; the follow below reports what is wrong
-                self._host_reachable()
+                self.host_reachable()
             try:
-                source = (hf.follow(att.handle, att.offset, on_attached=self._host_reachable)
+                source = (hf.follow(att.handle, att.offset, on_attached=self.host_reachable)
                           if hf is not None
                           else remote.follow(self.transport, att.handle, att.offset))
                 async for item in source:
@@ -788,7 +835,7 @@ class ServerSupervisor:
                         att.offset = item.end_offset
                         att.last_advance = self.clock()
                         waits.reset()  # following works again: the next outage starts small
-                        self._host_reachable()
+                        self.host_reachable()
                         for line in splitter.feed(item.data):
                             await self._on_line(att, line)
                     else:
@@ -804,7 +851,7 @@ class ServerSupervisor:
                 return
             except HostUnreachable as exc:
                 wait = waits.next()
-                self._host_unreachable(exc, wait)
+                self.host_unreachable(exc, wait)
                 await self._outage_wait(wait)
             except LauncherError as exc:
                 # The host answers but reading the log failed (e.g. its file vanished). A dead
@@ -879,11 +926,11 @@ class ServerSupervisor:
         try:
             age = await remote.log_age(self.transport, att.handle)
         except HostUnreachable as exc:
-            self._host_unreachable(exc)
+            self.host_unreachable(exc)
             return None
         except LauncherError:
             return self.clock() - att.last_advance
-        self._host_reachable()
+        self.host_reachable()
         return age
 
     async def _probe_loop(self, att: RunningAttempt) -> None:
@@ -915,7 +962,7 @@ class ServerSupervisor:
                 running = None  # the host was unreachable during this probe
             counts = running is True
             if ok:
-                self._host_reachable()
+                self.host_reachable()
             elif running is False:
                 detail += " (the server has exited)"
             elif running is None:
@@ -967,11 +1014,11 @@ class ServerSupervisor:
         try:
             status = await remote.probe(self.transport, att.handle)
         except HostUnreachable as exc:
-            self._host_unreachable(exc)
+            self.host_unreachable(exc)
             return None
         except LauncherError:
             return True
-        self._host_reachable()
+        self.host_reachable()
         return status.alive
 
     async def _kill(self, reason: str) -> None:
@@ -984,21 +1031,26 @@ class ServerSupervisor:
             if self.before_stop is not None:
                 with anyio.CancelScope(shield=True):
                     await self.before_stop(self.server.name, reason)
-            await self._stop_reaching_host(att, reason)
+            await self.stop_attempt(att, reason)
             with anyio.CancelScope(shield=True):
                 # Read after the stop, so the tail has the server's last words; a tail that
                 # cannot be read must not keep the server from being stopped (hence apart).
-                tail = b""
-                try:
-                    tail = await remote.tail_log(self.transport, att.handle)
-                except LauncherError as exc:
-                    self._emit(events.AttemptTailUnreadable(error=str(exc)))
-                self._attempt_ended(att, tail.decode("utf-8", errors="replace"))
+                self._attempt_ended(att, await self.attempt_tail(att))
         await self._post(CleanedUp())
 
-    async def _stop_reaching_host(self, att: RunningAttempt, reason: str) -> None:
-        """Stop the attempt's processes; while the host is unreachable, wait and try again,
-        so that no relaunch starts beside a server that could not be stopped.
+    async def attempt_tail(self, att: RunningAttempt) -> str:
+        """Extension point: the end of the attempt's log, read after it was stopped (``""``
+        and ``attempt.tail_unreadable`` when it cannot be read). Called shielded."""
+        tail = b""
+        try:
+            tail = await remote.tail_log(self.transport, att.handle)
+        except LauncherError as exc:
+            self._emit(events.AttemptTailUnreadable(error=str(exc)))
+        return tail.decode("utf-8", errors="replace")
+
+    async def stop_attempt(self, att: RunningAttempt, reason: str) -> None:
+        """Extension point: stop the attempt's processes; while the host is unreachable, wait
+        and try again, so that no relaunch starts beside a server that could not be stopped.
 
         Each try is shielded from cancellation; the waits between tries are not, so shutting
         launcher down during an outage ends them (the server is left to the next launcher).
@@ -1010,12 +1062,12 @@ class ServerSupervisor:
                     report = await remote.stop(self.transport, att.handle, grace=5.0,
                                                kill_wait=5.0)
                 except HostUnreachable as exc:
-                    self._host_unreachable(exc, waits.current)
+                    self.host_unreachable(exc, waits.current)
                 except LauncherError as exc:
                     self._emit(events.ProcessStopFailed(reason=reason, error=str(exc)))
                     return
                 else:
-                    self._host_reachable()
+                    self.host_reachable()
                     self._emit(events.ProcessStopped(
                         reason=reason, signals=tuple(report.signals_sent),
                         leftover_pids=tuple(report.leftover_pids),

@@ -61,7 +61,8 @@ if str(REPO) not in sys.path:  # run as a plain script: make launcher and tests 
 import anyio  # noqa: E402
 import structlog  # noqa: E402
 
-from launcher.config.schema import Config, config_from_dict  # noqa: E402
+from launcher.config.load import config_from_dict  # noqa: E402
+from launcher.config.schema import Config  # noqa: E402
 from launcher.host import run as remote  # noqa: E402
 from launcher.host.transport.base import CommandResult, Transport  # noqa: E402
 from launcher.host.transport.local import LocalTransport  # noqa: E402

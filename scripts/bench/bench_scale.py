@@ -1337,8 +1337,8 @@ def driver_main(args: argparse.Namespace) -> int:
     """``launcher up`` minus the ledger and the live view, with one observing subclass."""
     import anyio
 
+    from launcher.config.load import load_config
     from launcher.config.placeholders import expand_placeholders
-    from launcher.config.schema import load_config
     from launcher.hooks.logging import configure
     from launcher.host.transport import make_transport
     from launcher.host.transport.local import install_pidfd_child_watcher

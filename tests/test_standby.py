@@ -1,0 +1,462 @@
+"""The fenced standby (docs/ha.md): the lease timing rule, the fence, the host's token check,
+and two real `launcher up` processes against a real PostgreSQL and the simulated GPU host.
+
+The scenarios of issue 27, each with real processes: SIGKILL of the active, SIGSTOP of the
+active past the TTL, the active cut off from the engine (a TCP proxy the test cuts: a
+network namespace would also cut the launcher off the simulated host, whose processes it
+starts itself), the engine restarted, and a server killed during a takeover.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from launcher.errors import FencedOut, LeaseLost
+from launcher.host import run as remote
+from launcher.host.transport.fenced import FencedTransport
+from launcher.host.transport.local import LocalTransport
+from launcher.store.coordination import Coordinator, EngineUnavailable, LeaseView, Membership
+from launcher.store.fence import Fence, LeaseTiming
+from tests import procs
+from tests.faketime import FakeTime
+from tests.pg import CutProxy, Postgres
+from tests.standby import Up, stamp
+from tests.supervise import SimSetup, run_cli
+
+# --- the timing rule and the fence (pure) --------------------------------------------------
+
+
+def test_deadline_is_ttl_minus_margin_after_the_renewal_started() -> None:
+    """A renewal sent at t keeps the fence valid until t + ttl - margin, never longer."""
+    timing = LeaseTiming(ttl=9.0, margin=2.0)
+    assert 3.0 == timing.renew_every
+    assert 107.0 == timing.deadline(100.0)
+
+
+def test_a_try_never_outlasts_the_deadline() -> None:
+    """One renewal try may take until the next is due, and never past the deadline."""
+    timing = LeaseTiming(ttl=9.0, margin=2.0)
+    assert 3.0 == timing.try_budget(100.0, 107.0)
+    assert 1.5 == timing.try_budget(105.5, 107.0)
+    assert 0.0 == timing.try_budget(108.0, 107.0)
+
+
+def test_margin_must_leave_room_for_two_renewals() -> None:
+    """A margin that leaves no room for a failed renewal before the deadline is refused."""
+    with pytest.raises(ValueError, match="margin"):
+        LeaseTiming(ttl=9.0, margin=6.5)
+    assert 2.25 == LeaseTiming.for_ttl(9.0).margin
+
+
+def test_fence_is_valid_until_its_deadline_then_refuses() -> None:
+    """The fence checks the deadline on its own clock; revoke ends it at once."""
+    time = FakeTime(0.0)
+    fence = Fence(time)
+    with pytest.raises(LeaseLost):
+        fence.check("launch")  # never granted
+    fence.grant(7, 5.0)
+    fence.check("launch")
+    time.now = 4.999
+    assert fence.valid()
+    time.now = 5.0
+    with pytest.raises(LeaseLost, match="launch refused"):
+        fence.check("launch")
+    fence.extend(9.0)
+    assert fence.valid()
+    fence.extend(6.0)  # never moves back
+    assert 9.0 == fence.deadline
+    fence.revoke()
+    assert not fence.valid()
+    assert 7 == fence.token
+
+
+class FakeEngine:
+    """An Engine whose answers the test scripts; every call takes ``delay`` of fake time."""
+
+    def __init__(self, time: FakeTime) -> None:
+        self.time = time
+        self.calls: list[tuple[str, float]] = []
+        self.renew_answers: list[bool | Exception] = []
+        self.acquire_answers: list[tuple[int | None, LeaseView] | Exception] = []
+        self.delay = 0.01
+
+    async def _answer(self, name: str, answers: list[object]) -> object:
+        self.calls.append((name, self.time()))
+        await self.time.sleep(self.delay)
+        answer = answers.pop(0) if answers else EngineUnavailable("no more answers")
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def try_acquire(self) -> tuple[int | None, LeaseView]:
+        return await self._answer("acquire", self.acquire_answers)  # type: ignore[return-value]
+
+    async def renew(self, token: int) -> bool:
+        return await self._answer("renew", self.renew_answers)  # type: ignore[return-value]
+
+    async def release(self, token: int) -> None:
+        self.calls.append(("release", self.time()))
+
+    async def membership(self) -> Membership:
+        raise NotImplementedError
+
+    def drop(self) -> None:
+        self.calls.append(("drop", self.time()))
+
+
+def _coordinator(time: FakeTime, engine: FakeEngine) -> Coordinator:
+    return Coordinator(engine, LeaseTiming(ttl=9.0, margin=2.0), box="a", clock=time,
+                       sleep=time.sleep)
+
+
+async def test_standby_polls_just_after_the_holders_expiry_then_takes_the_lease() -> None:
+    """A standby wakes right after the expiry the engine reported, at most every ttl/3."""
+    time = FakeTime(0.0)
+    engine = FakeEngine(time)
+    engine.acquire_answers = [
+        (None, LeaseView("b", "h-b", 4, 8.0)),  # held for 8 s more: poll again in 3 s
+        (None, LeaseView("b", "h-b", 4, 1.0)),  # 1 s more: poll again just after it
+        (5, LeaseView("b", "h-b", 4, -0.04)),
+    ]
+    coord = _coordinator(time, engine)
+    seen: list[str | None] = []
+    acquired = await coord.wait_active(lambda v: seen.append(v.box), lambda _: None)
+    assert [0.0, 3.01, 4.07] == [round(t, 2) for _, t in engine.calls]
+    assert 5 == acquired.token and "b" == acquired.previous_box
+    assert ["b"] == seen  # announced once per holder
+    assert 4.07 + 7.0 == pytest.approx(coord.fence.deadline)  # sent + ttl - margin
+
+
+async def test_active_renews_every_third_of_the_ttl() -> None:
+    """Each success moves the deadline to its start + ttl - margin."""
+    time = FakeTime(0.0)
+    engine = FakeEngine(time)
+    engine.acquire_answers = [(1, LeaseView(None, None, None, None))]
+    engine.renew_answers = [True, True, False]
+    coord = _coordinator(time, engine)
+    await coord.wait_active(lambda _: None, lambda _: None)
+    with pytest.raises(LeaseLost, match="another holder"):
+        await coord.keep()
+    renewals = [round(t, 2) for name, t in engine.calls if name == "renew"]
+    assert [3.0, 6.0, 9.0] == renewals
+    assert not coord.fence.valid()
+
+
+async def test_active_stops_at_its_deadline_when_the_engine_is_unreachable() -> None:
+    """Failed renewals are retried every second; at the deadline the fence is revoked and
+    LeaseLost raised, before the engine's expiry (ttl after the last renewal was sent)."""
+    time = FakeTime(0.0)
+    engine = FakeEngine(time)
+    engine.acquire_answers = [(1, LeaseView(None, None, None, None))]
+    engine.renew_answers = [EngineUnavailable("refused")] * 10
+    coord = _coordinator(time, engine)
+    await coord.wait_active(lambda _: None, lambda _: None)
+    with pytest.raises(LeaseLost, match="before the deadline"):
+        await coord.keep()
+    renewals = [round(t, 2) for name, t in engine.calls if name == "renew"]
+    assert [3.0, 4.0, 5.0, 6.0] == renewals
+    assert 7.0 == pytest.approx(time.now)  # the deadline: 0 + ttl - margin
+    assert not coord.fence.valid()
+
+
+# --- the host refuses a lower token (real shell) ---------------------------------------------
+
+
+def _spec(tmp_path: Path, attempt: int) -> remote.AttemptSpec:
+    return remote.AttemptSpec(server="srv", attempt=attempt, run_dir=str(tmp_path / "run"),
+                              argv=["sleep", "30"], env={})
+
+
+def _fenced(token: int) -> FencedTransport:
+    fence = Fence()
+    fence.grant(token, math.inf)
+    return FencedTransport(LocalTransport("local"), fence)
+
+
+async def test_host_refuses_a_launch_with_a_lower_token(tmp_path: Path) -> None:
+    """Once token 6 launched there, a launch with token 5 is refused and nothing starts."""
+    handle = await remote.launch(_fenced(6), _spec(tmp_path, 1))
+    try:
+        with pytest.raises(FencedOut, match="newer lease"):
+            await remote.launch(_fenced(5), _spec(tmp_path, 2))
+        assert not (tmp_path / "run" / "srv" / "2").exists()  # nothing half-made
+        assert ["6"] == sorted(p.name for p in (tmp_path / "run" / "srv" / "fence").iterdir())
+        with pytest.raises(FencedOut):
+            await remote.stop(_fenced(5), handle, grace=1.0)
+        assert procs.recorded_pid(Path(handle.dir)) is not None  # not signalled
+        await remote.survey(_fenced(7), str(tmp_path / "run"), "srv", adopting=True)
+        with pytest.raises(FencedOut):
+            await remote.stop(_fenced(6), handle, grace=1.0)
+    finally:
+        await remote.stop(_fenced(7), handle, grace=1.0)
+
+
+async def test_a_lost_fence_refuses_every_host_action_before_it_is_sent(
+        tmp_path: Path) -> None:
+    """Behind a revoked fence, launch, stop and listing raise LeaseLost and nothing reaches
+    the host: no attempt directory, the running server is not signalled."""
+    transport = _fenced(3)
+    handle = await remote.launch(transport, _spec(tmp_path, 1))
+    try:
+        assert isinstance(transport.fence, Fence)
+        transport.fence.revoke()
+        with pytest.raises(LeaseLost, match="refused"):
+            await remote.launch(transport, _spec(tmp_path, 2))
+        with pytest.raises(LeaseLost):
+            await remote.stop(transport, handle, grace=1.0)
+        with pytest.raises(LeaseLost):
+            await remote.survey(transport, str(tmp_path / "run"), "srv", adopting=True)
+        with pytest.raises(LeaseLost):
+            async for _ in remote.follow(transport, handle):
+                pass
+        assert [1] == [int(p.name) for p in (tmp_path / "run" / "srv").iterdir()
+                       if p.name.isdigit()]
+        assert procs.recorded_pid(Path(handle.dir)) is not None
+    finally:
+        await remote.stop(_fenced(3), handle, grace=1.0)
+
+
+async def test_a_router_request_over_a_long_lived_client_checks_the_fence() -> None:
+    """A worker registration goes over a client opened while the fence was valid: each
+    request checks the fence again, so none is sent once it is revoked."""
+    import httpx
+
+    from launcher.host import health
+    from tests.simhost import free_port
+
+    transport = _fenced(4)
+    async with health.client_for(transport, free_port(), 5.0) as (client, url):
+        with pytest.raises(httpx.ConnectError):  # valid: the request is sent (nobody listens)
+            await client.post(url.removesuffix("/health") + "/workers")
+        transport.fence.revoke()
+        with pytest.raises(LeaseLost, match="POST /workers"):
+            await client.post(url.removesuffix("/health") + "/workers")
+
+
+def test_shim_refuses_a_claim_with_a_lower_token(tmp_path: Path) -> None:
+    """The launch shim, run by sh as on a host, exits 122 before its claim when the server's
+    fence directory holds a higher token: the server never runs, the env file is removed."""
+    server_dir = tmp_path / "srv"
+    attempt = server_dir / "3"
+    attempt.mkdir(parents=True)
+    (server_dir / "fence").mkdir()
+    (server_dir / "fence" / "9").touch()
+    (attempt / "env").write_text("export X=1\n")
+    marker = tmp_path / "ran"
+    result = subprocess.run(["sh", "-c", remote._SHIM, "sh", str(attempt), "8", "",
+                             "touch", str(marker)], capture_output=True, timeout=30)
+    assert remote.SHIM_FENCED_STATUS == result.returncode
+    assert (attempt / "fenced").exists()
+    assert not (attempt / "claim").exists() and not (attempt / "env").exists()
+    assert not marker.exists()
+    (attempt / "env").write_text("export X=1\n")
+    ok = subprocess.run(["sh", "-c", remote._SHIM, "sh", str(attempt), "9", "",
+                         "touch", str(marker)], capture_output=True, timeout=30)
+    assert 0 == ok.returncode and marker.exists()  # the same token may act
+
+
+# --- real launchers, a real PostgreSQL -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    """A real PostgreSQL server (Debian's package) for this module's tests."""
+    pg = Postgres()
+    pg.start()
+    try:
+        yield pg
+    finally:
+        pg.cleanup()
+
+
+@pytest.fixture
+def lease() -> str:
+    """A lease name of this test's own: the tests share one database."""
+    return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def ups() -> Iterator[list[Up]]:
+    """The launchers a test started; stopped at teardown (before the sim's cleanup)."""
+    started: list[Up] = []
+    yield started
+    for up in started:
+        up.stop()
+
+
+def _launched(up: Up) -> list[int]:
+    return [e["attempt"] for e in up.events("remote.launched")]
+
+
+def _host_actions(up: Up) -> list[dict[str, object]]:
+    """What ``up`` did on the host: launches and signals."""
+    return [e for e in up.lines() if e.get("event") in ("remote.launched", "remote.signal_sent")]
+
+
+def _active_and_standby(sim: SimSetup, postgres: Postgres, lease: str, ups: list[Up],
+                        *, active_dsn: str | None = None) -> tuple[Up, Up]:
+    a = Up(sim, "box-a", active_dsn or postgres.dsn, lease)
+    ups.append(a)
+    a.wait("lease.acquired")
+    a.wait("server.ready")
+    b = Up(sim, "box-b", postgres.dsn, lease)
+    ups.append(b)
+    assert "box-a" == b.wait("lease.standby")["active_box"]
+    return a, b
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigkill_of_the_active_standby_adopts_without_relaunching(
+        sim: SimSetup, postgres: Postgres, lease: str, ups: list[Up]) -> None:
+    """The standby takes the lease after the TTL and adopts the running server: one attempt
+    in the run dir, launched once, by the first active; status names the new active box."""
+    a, b = _active_and_standby(sim, postgres, lease, ups)
+    a.signal(signal.SIGKILL)
+    assert -signal.SIGKILL == a.exit_code()
+    acquired = b.wait("lease.acquired")
+    assert "box-a" == acquired["previous_box"] and 2 == acquired["token"]
+    assert 1 == b.wait("server.adopted")["attempt"]
+    assert [1] == sim.attempts() and sim.alive(1)
+    assert [1] == _launched(a) and [] == _launched(b)
+    assert any(e.get("kind") == "takeover" for e in b.events("notify.message"))
+    status = run_cli("status", str(sim.root / "box-b.toml"), env={"PG_DSN": postgres.dsn})
+    assert "active box-b" in status.stdout, status.stdout + status.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigstop_past_the_ttl_the_old_active_does_nothing_and_exits(
+        sim: SimSetup, postgres: Postgres, lease: str, ups: list[Up]) -> None:
+    """The active is stopped past its TTL; the standby takes over; the server dies while the
+    old active is stopped. Continued, the old active sees its lease lost, launches and kills
+    nothing, and exits 6; the new active relaunched the server, once."""
+    a, b = _active_and_standby(sim, postgres, lease, ups)
+    before = len(_host_actions(a))
+    a.signal(signal.SIGSTOP)
+    b.wait("lease.acquired")
+    b.wait("server.adopted")
+    procs.signal_group(sim.pid(1), signal.SIGKILL)  # a death the old active would act on
+    b.wait_for(lambda e: e.get("event") == "server.ready" and e.get("attempt") == 2)
+    assert [2] == _launched(b)
+    a.signal(signal.SIGCONT)
+    assert 6 == a.exit_code()
+    assert 1 == len(a.events("lease.lost"))
+    assert before == len(_host_actions(a))  # nothing on the host after the stop
+    assert [1, 2] == sim.attempts() and sim.alive(2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_active_cut_off_from_the_engine_stops_before_the_standby_starts(
+        sim: SimSetup, postgres: Postgres, lease: str, ups: list[Up]) -> None:
+    """The active's connection to PostgreSQL goes into a black hole while it still reaches
+    the host: it declares its lease lost (and exits 6) before the standby takes it, and its
+    last action on the host comes before that."""
+    proxy = CutProxy(postgres.port)
+    try:
+        a, b = _active_and_standby(sim, postgres, lease, ups,
+                                   active_dsn=Postgres.dsn_at(proxy.port))
+        proxy.cut()
+        lost = a.wait("lease.lost")
+        acquired = b.wait("lease.acquired")
+        assert 6 == a.exit_code()
+        assert stamp(lost) < stamp(acquired)
+        assert all(stamp(e) < stamp(lost) for e in _host_actions(a))
+        assert 1 == b.wait("server.adopted")["attempt"]
+        assert [1] == sim.attempts()
+    finally:
+        proxy.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_engine_restart_does_not_flap_the_leadership(
+        sim: SimSetup, postgres: Postgres, lease: str, ups: list[Up]) -> None:
+    """PostgreSQL restarted (fast) under both launchers: the active keeps its lease (its
+    renewals fail for a moment, then reconnect) and the standby stays a standby."""
+    a, b = _active_and_standby(sim, postgres, lease, ups)
+    postgres.restart()
+    # Long enough for the active's deadline and the standby's polls to pass twice.
+    anyio.run(anyio.sleep, 12.0)
+    acquired = a.events("lease.acquired") + b.events("lease.acquired")
+    assert 1 + len(a.events("lease.lost")) >= len(acquired) >= 1
+    assert len(acquired) <= 2  # at most one change of leader
+    if len(acquired) == 1:
+        assert a.proc.poll() is None and [] == a.events("lease.lost")
+    assert [1] == sim.attempts()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_server_killed_during_takeover_is_relaunched_once(
+        sim: SimSetup, postgres: Postgres, lease: str, ups: list[Up]) -> None:
+    """The active is killed, then the server, before the standby takes over: the new
+    active finds it dead and relaunches it once (attempt 2); nobody launches a third."""
+    a, b = _active_and_standby(sim, postgres, lease, ups)
+    a.signal(signal.SIGKILL)
+    a.exit_code()
+    procs.signal_group(sim.pid(1), signal.SIGKILL)
+    b.wait("lease.acquired")
+    b.wait("server.ready")
+    anyio.run(anyio.sleep, 2.0)  # time for a second launch, if there were one
+    assert [2] == _launched(b)
+    assert [1, 2] == sim.attempts() and sim.alive(2)
+
+
+# --- visibility and config -----------------------------------------------------------------
+
+
+def test_leader_gauge_follows_the_lease_events() -> None:
+    """launcher_leader is 0 while standing by or after a loss, 1 once the lease is held."""
+    from launcher.hooks.metrics import Metrics
+    from launcher.supervise import events
+
+    metrics = Metrics()
+
+    def leader() -> float | None:
+        return metrics.registry.get_sample_value("launcher_leader")
+
+    metrics("", events.LeaseStandby(box="b", active_box="a", remaining_s=3.0))
+    assert 0.0 == leader()
+    metrics("", events.LeaseAcquired(box="b", token=2, previous_box="a", waited_s=4.0))
+    assert 1.0 == leader()
+    metrics("", events.LeaseEnded(box="b", token=2, reason="lease lost"))
+    assert 0.0 == leader()
+
+
+def test_takeover_message_names_both_boxes() -> None:
+    """The Slack message of a takeover says which box is active now and which was."""
+    from launcher.hooks.messages import Kind, takeover_message
+    from launcher.supervise import events
+
+    message = takeover_message(events.LeaseAcquired(box="ops-2", token=7, previous_box="ops-1",
+                                                    waited_s=9.5))
+    assert Kind.TAKEOVER is message.kind
+    assert "ops-2 took over from ops-1" in message.text and "token 7" in message.text
+
+
+def test_coordination_config_refuses_a_literal_dsn_and_a_short_ttl() -> None:
+    """A DSN written in the file (it may hold a password) and a TTL under 3 s are config
+    errors naming the field."""
+    from launcher.config.load import config_from_dict
+    from launcher.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict({"coordination": {"dsn": "postgresql://u:secret@db/x", "ttl": "1s"}},
+                         environ={})
+    text = "\n".join(caught.value.problems)
+    assert "coordination.dsn" in text and "u:secret@db" not in text  # never echoed
+    assert "coordination.ttl" in text
+    config = config_from_dict({"coordination": {"dsn": "env:PG"}}, environ={})
+    assert config.coordination is not None and 9.0 == config.coordination.ttl
+    with pytest.raises(ConfigError, match=r"coordination\.dsn: environment variable PG"):
+        config.coordination.resolve_dsn({})
