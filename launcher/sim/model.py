@@ -35,6 +35,10 @@ The model's ``"sim"`` object::
                           tokens x (whole + split / tp)
     min_kv_tokens         a smaller pool is "Not enough memory"
     shard_gib             checkpoint shard size (whole model)
+    attention_buffers_gib optional, per rank: the attention backend's buffers after the KV pool
+                          (default: the real start-ups' figure for the backend SGLang picks,
+                          :func:`attention_buffers_gib`; a seed whose logs' capture figures
+                          already hold them sets 0)
     context_gib           optional, per rank: CUDA context + NCCL before weights (default: the
                           real start-ups' figure, ``launcher.memory.priors``: 1.07 GiB at tp 1,
                           + 0.1 per extra rank)
@@ -102,6 +106,7 @@ _SIM_KEYS = {
     "min_kv_tokens",
     "shard_gib",
     "context_gib",
+    "attention_buffers_gib",
     "prefill_graph_gib",
     "prefill_graph_overhead_gib",
     "mla",
@@ -572,7 +577,8 @@ def scenario_for(
         ),
         context_len=context_len,
         capture_graphs=not (flags is not None and flags.disable_cuda_graph),
-        attention_buffers_gib=attention_buffers_gib(
+        attention_buffers_gib=float(s["attention_buffers_gib"]) if "attention_buffers_gib" in s
+        else attention_buffers_gib(
             model, version, gpu_name, flags.attention_backend if flags is not None else None,
             spec.topk if spec is not None else None),
         mla=model.mla,
