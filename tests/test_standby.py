@@ -28,6 +28,7 @@ from launcher.store.fence import Fence, LeaseTiming
 from tests import procs
 from tests.faketime import FakeTime
 from tests.pg import CutProxy, Postgres
+from tests.simhost import free_port
 from tests.standby import Up, stamp
 from tests.supervise import SimSetup, run_cli
 
@@ -412,19 +413,43 @@ def test_server_killed_during_takeover_is_relaunched_once(
     assert [1, 2] == sim.attempts() and sim.alive(2)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_every_box_serves_launcher_leader_and_exactly_one_reads_1(
+        sim: SimSetup, postgres: Postgres, lease: str, ups: list[Up]) -> None:
+    """Both boxes serve /metrics, the standby too: the active reads 1, the standby 0. After
+    a SIGKILL of the active, the standby reads 1 once it holds the lease."""
+    a = Up(sim, "box-a", postgres.dsn, lease, metrics_port=free_port())
+    ups.append(a)
+    a.wait("lease.acquired")
+    a.wait("server.ready")
+    b = Up(sim, "box-b", postgres.dsn, lease, metrics_port=free_port())
+    ups.append(b)
+    b.wait("lease.standby")
+    b.wait("metrics.listening")
+    assert (1.0, 0.0) == (a.leader(lease), b.leader(lease))
+    a.signal(signal.SIGKILL)
+    a.exit_code()
+    assert a.leader(lease) is None  # nothing answers on the killed box
+    b.wait("lease.acquired")
+    assert 1.0 == b.leader(lease)
+
+
 # --- visibility and config -----------------------------------------------------------------
 
 
 def test_leader_gauge_follows_the_lease_events() -> None:
-    """launcher_leader is 0 while standing by or after a loss, 1 once the lease is held."""
+    """launcher_leader{lease} starts at 0 on a coordinated launcher, is 0 while standing by
+    or after a loss, 1 once the lease is held."""
     from launcher.hooks.metrics import Metrics
     from launcher.supervise import events
 
-    metrics = Metrics()
+    metrics = Metrics(lease="fleet-a", leader=False)
 
     def leader() -> float | None:
-        return metrics.registry.get_sample_value("launcher_leader")
+        return metrics.registry.get_sample_value("launcher_leader", {"lease": "fleet-a"})
 
+    assert 0.0 == leader()
     metrics("", events.LeaseStandby(box="b", active_box="a", remaining_s=3.0))
     assert 0.0 == leader()
     metrics("", events.LeaseAcquired(box="b", token=2, previous_box="a", waited_s=4.0))
