@@ -17,7 +17,7 @@ import anyio
 import structlog
 
 from launcher.config.schema import Config, ServerConfig
-from launcher.errors import LauncherError, WontFit
+from launcher.errors import LauncherError, LeaseLost, WontFit
 from launcher.hooks import standby
 from launcher.hooks.identity import ServerFacts
 from launcher.hooks.metrics import Metrics, MetricsServer
@@ -121,6 +121,8 @@ async def _already_running(config: Config, server: ServerConfig, transport: Tran
     run_dir = config.run_dir_of(server)
     try:
         return await remote.find_running(transport, run_dir, server.name) is not None
+    except LeaseLost:
+        raise  # not a failure: the lease is gone (docs/ha.md)
     except LauncherError:
         return False
 
@@ -274,6 +276,8 @@ async def _first_attempts(config: Config, servers: list[ServerConfig],
         try:
             async with limiters[s.host]:
                 outcomes[i] = await _first_attempt(config, s, reads[s.host], ledger, opts)
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except Exception as exc:  # raised below, in server order; cancellation goes through
             outcomes[i] = exc
 
@@ -388,6 +392,8 @@ async def _supervise(config: Config, plans: list[_Plan], recorder: LedgerRecorde
                 async with limiters[s.host]:
                     context = await context_of(transports[s.host], config.host(s.host), s,
                                                version)
+            except LeaseLost:
+                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:  # HostKeyError: the supervisor reports it
                 log.info("fleet.key_unknown", server=s.name, error=str(exc)[:200])
                 return

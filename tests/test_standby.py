@@ -13,24 +13,25 @@ import math
 import signal
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
 import pytest
 
-from launcher.errors import FencedOut, LeaseLost
+from launcher.errors import FencedOut, LeaseLost, lease_lost_in
 from launcher.host import run as remote
 from launcher.host.transport.fenced import FencedTransport
 from launcher.host.transport.local import LocalTransport
 from launcher.store.coordination import Coordinator, EngineUnavailable, LeaseView, Membership
 from launcher.store.fence import Fence, LeaseTiming
+from launcher.supervise.supervisor import ServerSupervisor, supervise_all
 from tests import procs
 from tests.faketime import FakeTime
 from tests.pg import CutProxy, Postgres
 from tests.simhost import free_port
 from tests.standby import Up, stamp
-from tests.supervise import SimSetup, run_cli
+from tests.supervise import Recorded, Recorder, SimSetup, run_cli
 
 # --- the timing rule and the fence (pure) --------------------------------------------------
 
@@ -240,6 +241,73 @@ async def test_a_router_request_over_a_long_lived_client_checks_the_fence() -> N
         transport.fence.revoke()
         with pytest.raises(LeaseLost, match="POST /workers"):
             await client.post(url.removesuffix("/health") + "/workers")
+
+
+# --- a lost lease inside a supervisor: no failure, no retry, no give-up ------------------------
+
+# What a supervisor reports when it takes something for a failure of the server or its host.
+FAILURE_EVENTS = {"launch.failed", "attempt.failed", "server.gave_up", "server.internal_error",
+                  "server.unhealthy", "restart.scheduled", "probe.failed", "follow.failed",
+                  "process.stop_failed", "listing.failed", "server.unknown"}
+
+
+async def _supervise_fenced(sim: SimSetup, fence: Fence,
+                            on: Callable[[Recorded], None]) -> tuple[Recorder, BaseException]:
+    """supervise_all (as the daemon runs it) over the sim's server behind ``fence``, with
+    ``on`` called on each event; returns the events and what supervise_all raised."""
+    config = sim.config()
+    server = config.servers[0]
+    transport = FencedTransport(LocalTransport(server.host, env=config.host(server.host).env),
+                                fence)
+    rec = Recorder(on=[on])
+    sup = ServerSupervisor(config, server, transport, sglang_version="0.5.23", hooks=[rec])
+    try:
+        with anyio.fail_after(45):
+            await supervise_all([sup])
+    except BaseException as exc:  # a task group's group, or the LeaseLost itself
+        return rec, exc
+    raise AssertionError(f"supervision ended without LeaseLost: {rec.summary()}")
+
+
+async def test_a_fence_revoked_before_the_launch_is_no_failed_attempt(sim: SimSetup) -> None:
+    """The fence is revoked between the attempt's start and its launch command: the launch is
+    refused before anything is sent, and the LeaseLost reaches supervise_all's caller, not
+    taken for a failed launch (no launch.failed, attempt.failed, back-off or give-up)."""
+    fence = Fence()
+    fence.grant(1, math.inf)
+
+    def revoke_at_start(e: Recorded) -> None:
+        if e.name == "attempt.started":
+            fence.revoke()
+
+    rec, raised = await _supervise_fenced(sim, fence, revoke_at_start)
+    assert lease_lost_in(raised) is not None, raised
+    assert [] == [e.name for e in rec.events if e.name in FAILURE_EVENTS]
+    assert [] == sim.attempts()  # nothing reached the host
+
+
+async def test_a_fence_past_its_deadline_at_a_death_is_no_failed_relaunch(
+        sim: SimSetup) -> None:
+    """The server dies once ready, and the fence's deadline passes (its own fake clock) as
+    the death is reported: the relaunch is refused before it is sent and supervision ends
+    with LeaseLost. The death is the one failed attempt; the refused relaunch is neither a
+    failed launch nor a second failed attempt, and nothing gives up."""
+    time = FakeTime(0.0)
+    fence = Fence(time)
+    fence.grant(1, 10.0)
+
+    def kill_then_lapse(e: Recorded) -> None:
+        if e.name == "server.ready":
+            procs.signal_group(sim.pid(1), signal.SIGKILL)
+        if e.name == "process.died":
+            time.now = 10.0
+
+    rec, raised = await _supervise_fenced(sim, fence, kill_then_lapse)
+    assert lease_lost_in(raised) is not None, raised
+    assert [1] == [e.data["attempt"] for e in rec.events if e.name == "attempt.failed"]
+    assert [] == [e.name for e in rec.events
+                  if e.name in FAILURE_EVENTS - {"attempt.failed", "restart.scheduled"}]
+    assert [1] == sim.attempts()  # the relaunch never reached the host
 
 
 def test_shim_refuses_a_claim_with_a_lower_token(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ import anyio
 import structlog
 
 from launcher.config.schema import CoordinationConfig
-from launcher.errors import LeaseLost
+from launcher.errors import lease_lost_in
 from launcher.host.transport.base import Transport
 from launcher.host.transport.fenced import FencedTransport
 from launcher.store.coordination import Coordinator, LeaseView, PgEngine
@@ -43,18 +43,6 @@ def _emit(hooks: list[events.Hook], event: events.Event) -> None:
     log.log(event.level, event.name, **event.to_dict())
     for hook in hooks:
         hook("", event)
-
-
-def _lease_lost(exc: BaseException) -> LeaseLost | None:
-    """The LeaseLost ``exc`` is, or the first one a task group wrapped in it."""
-    if isinstance(exc, LeaseLost):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _lease_lost(inner)
-            if found is not None:
-                return found
-    return None
 
 
 async def run_coordinated(
@@ -106,7 +94,7 @@ async def run_coordinated(
                 result = await active(fenced)
                 tg.cancel_scope.cancel()
         except BaseException as exc:
-            lost = _lease_lost(exc)
+            lost = lease_lost_in(exc)
             if lost is None:
                 await coord.release()
                 raise
