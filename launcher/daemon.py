@@ -155,7 +155,9 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
                         coordination, transports, hooks,
                         lambda fenced: _run_active(config, servers, secrets, notifier, opts,
                                                    view, router_keys, fenced, ledger,
-                                                   metrics))
+                                                   metrics),
+                        # the old active box's last good params and Slack memory
+                        ledger=ledger, on_shared_loaded=lambda: notifier.bind_store(ledger))
                     if result is None:  # stopped while standing by: nothing was supervised
                         with anyio.CancelScope(shield=True):
                             await notifier.aclose(10.0)

@@ -503,6 +503,74 @@ def test_every_box_serves_launcher_leader_and_exactly_one_reads_1(
     assert 1.0 == b.leader(lease)
 
 
+# --- the ledger's shared parts ------------------------------------------------------------
+
+
+def test_a_ledger_takes_the_shared_rows_newer_last_good_and_every_notify_state(
+        tmp_path: Path) -> None:
+    """What the active box's ledger shares, merged into another box's: a newer last good
+    replaces an older one (never the reverse), the notifier's memory is taken, a row that
+    cannot be read is skipped."""
+    from launcher.params import LaunchParams
+    from launcher.store.ledger import Ledger, NotifyState, SharedRow
+
+    with Ledger(tmp_path / "a.sqlite3") as a, Ledger(tmp_path / "b.sqlite3") as b:
+        a.server_ready("llama", "fp-new", LaunchParams(0.81, 128), 30.0, 2, at=2000.0)
+        a.server_ready("llama", "fp-old", LaunchParams(0.70, 64), 30.0, 1, at=1000.0)
+        a.save_notify_state(NotifyState("llama", "gave_up", last_sent=1500.0,
+                                        firing_since=1400.0, announced=True,
+                                        payload={"text": "llama gave up"}))
+        b.server_ready("llama", "fp-new", LaunchParams(0.90, 256), 30.0, 1, at=1500.0)
+        b.server_ready("llama", "fp-old", LaunchParams(0.60, 32), 30.0, 1, at=1800.0)
+        rows = a.shared_rows()
+        assert {("last_good", "fp-new"), ("last_good", "fp-old"),
+                ("notify_state", "llama/gave_up")} == {(r.kind, r.key) for r in rows}
+        assert 2 == b.merge_shared([*rows, SharedRow("last_good", "fp-bad", "{not json")])
+        assert LaunchParams(0.81, 128) == b.last_good("fp-new")  # a's is newer
+        assert LaunchParams(0.60, 32) == b.last_good("fp-old")  # b's own is newer
+        assert a.notify_states() == b.notify_states()
+        assert {r.body for r in rows if r.kind == "notify_state"} == {
+            r.body for r in b.shared_rows() if r.kind == "notify_state"}
+
+
+async def test_shared_rows_are_written_only_under_the_current_token(
+        postgres: Postgres, lease: str) -> None:
+    """store_shared writes while its token holds the lease, and nothing with an older one;
+    load_shared reads back exactly what was written."""
+    from launcher.store.coordination import PgEngine
+    from launcher.store.ledger import SharedRow
+
+    engine = PgEngine(postgres.dsn, lease=lease, holder="h1", box="box-a", ttl=30.0)
+    try:
+        token, _ = await engine.try_acquire()
+        assert token is not None
+        row = SharedRow("last_good", "fp", '{"x": 1}')
+        assert await engine.store_shared(token, [row])
+        assert not await engine.store_shared(token - 1, [SharedRow("last_good", "fp", "{}")])
+        assert not await engine.store_shared(token + 1, [SharedRow("last_good", "fp2", "{}")])
+        assert [row] == await engine.load_shared()
+    finally:
+        engine.drop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_new_active_box_starts_from_the_old_ones_last_good_params(
+        sim: SimSetup, postgres: Postgres, lease: str, ups: list[Up]) -> None:
+    """The active box's last good params reach the database; after a SIGKILL of it, the new
+    active box (which never ran the server) takes them into its ledger and plans its first
+    attempt as a warm start from them."""
+    a, b = _active_and_standby(sim, postgres, lease, ups)
+    assert 1 <= a.wait("ledger.shared_written")["rows"]
+    a.signal(signal.SIGKILL)
+    a.exit_code()
+    b.wait("lease.acquired")
+    assert 1 <= b.wait("ledger.shared_loaded")["taken"]
+    initial = b.wait("params.initial")
+    assert str(initial["reason"]).startswith("warm start from last good params"), initial
+    assert 1 == b.wait("server.adopted")["attempt"]
+
+
 # --- visibility and config -----------------------------------------------------------------
 
 
