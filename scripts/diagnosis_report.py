@@ -17,7 +17,8 @@ Labels come from what the thread shows, never from what the classifier says. Lab
 Prints, as Markdown: overall outcome accuracy, per-outcome accuracy, the confusion table, the
 safety counts the test gates on (OOM/non-OOM confusions, increase/decrease confusions, serving
 OOMs called ``oom_weights``) and, with ``--misses``, every miss. ``--record`` writes the
-measured figures to ``<corpus>/recorded.toml``, the floor ``tests/test_real_logs.py`` enforces.
+measured figures to ``<corpus>/recorded.toml``, the floor that
+``tests/sglang/test_real_logs.py`` enforces.
 Exit status: 0, or 2 for a corpus file that cannot be read (the message names the file).
 """
 
@@ -213,8 +214,8 @@ def report(results: list[Result], *, misses: bool) -> str:
 
 def record(corpus: Path, s: Summary) -> None:
     (corpus / RECORD_FILE).write_text(
-        "# Written by scripts/diagnosis_report.py --record; tests/test_real_logs.py fails when\n"
-        "# the classifier gets fewer corpus outcomes right than this.\n"
+        "# Written by scripts/diagnosis_report.py --record; tests/sglang/test_real_logs.py\n"
+        "# fails when the classifier gets fewer corpus outcomes right than this.\n"
         f"total = {s.total}\ncorrect = {s.correct}\nphase_correct = {s.phase_correct}\n",
         encoding="utf-8",
     )

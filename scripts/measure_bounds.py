@@ -105,7 +105,7 @@ def case_health(root: Path, mode: str, body: int, command: str) -> dict[str, Any
         if command == "up":
             return cli("up", str(config), "--until-ready", "--log-format", "json")
         launch = ("import anyio, sys\n"
-                  "from launcher import remote\n"
+                  "from launcher.host import run as remote\n"
                   "from launcher.host.transport.local import LocalTransport\n"
                   "spec = remote.AttemptSpec(server='sim0', attempt=1, run_dir=sys.argv[1],\n"
                   "    argv=sys.argv[2:], env={'PYTHONPATH': sys.argv[1]})\n"

@@ -38,13 +38,17 @@ WORK = ROOT / ".mutation"
 
 # module -> the test files (globs) that state its behaviour. Only these run against its mutants.
 MODULES: dict[str, list[str]] = {
-    "launcher/supervise/lifecycle.py": ["tests/test_lifecycle*.py"],
-    "launcher/memory/policy.py": ["tests/test_policy*.py"],
+    "launcher/supervise/lifecycle.py": ["tests/supervision/test_lifecycle*.py"],
+    "launcher/memory/policy.py": ["tests/memory/test_policy*.py"],
     # The real-log corpus and the evidence tests state most of what classify decides on real
     # logs (its newer code is reached by no other file).
-    "launcher/sglang/classify.py": ["tests/test_classify*.py", "tests/test_logparse*.py",
-                                    "tests/test_real_logs.py", "tests/test_evidence.py"],
-    "launcher/sglang/logparse.py": ["tests/test_logparse*.py", "tests/test_classify*.py"],
+    "launcher/sglang/classify.py": [
+        "tests/sglang/test_classify*.py", "tests/sglang/test_logparse*.py",
+        "tests/sglang/test_real_logs.py", "tests/sglang/test_evidence.py",
+    ],
+    "launcher/sglang/logparse.py": [
+        "tests/sglang/test_logparse*.py", "tests/sglang/test_classify*.py",
+    ],
 }
 
 # Run inside the scratch tree after ``mutmut run``: counts by status and every survivor's diff.
@@ -68,7 +72,7 @@ json.dump({"counts": counts, "survivors": survivors}, sys.stdout)
 """
 
 
-# Examples per property test and mutant. CI runs 300 (tests/test_policy_properties.py); every
+# Examples per property test and mutant. CI runs 300 (tests/memory/test_policy_properties.py); every
 # mutant reruns the property tests that reach it, and at 300 the policy alone took 25 minutes.
 # The contract tests pin the policy's arithmetic, the property tests now mostly catch a mutant
 # that breaks the search as a whole, which a few derandomized examples show.
@@ -118,7 +122,7 @@ def _prepare(module: str, tests: list[str], work: Path) -> None:
     shutil.copytree(ROOT / "launcher", work / "launcher",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    # tests/test_real_logs.py loads scripts/diagnosis_report.py; some policy tests read the
+    # tests/sglang/test_real_logs.py loads scripts/diagnosis_report.py; some policy tests read the
     # simulated models' config.json under configs/sim/models.
     for extra in ("scripts", "configs"):
         shutil.copytree(ROOT / extra, work / extra, ignore=shutil.ignore_patterns("__pycache__"))

@@ -54,7 +54,7 @@ fi
 # contract tests that parse launcher's command lines with it.
 if $for_tests; then
   scripts/sglang-contract-env.sh
-  # The real SGLang router (sglang-router 0.3.2 from PyPI) for tests/test_router_e2e.py: a
+  # The real SGLang router (sglang-router 0.3.2 from PyPI) for tests/supervision/test_router_e2e.py: a
   # test dependency only, in a venv of its own outside the tree (never for the demo).
   scripts/sglang-router-env.sh
 fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the environment of the contract tests (tests/test_sglang_contract.py): a Python 3.11 venv
+# Builds the environment of the contract tests (tests/sglang/test_sglang_contract.py): a Python 3.11 venv
 # with the CPU build of torch and the small packages that importing sglang.srt.server_args needs,
 # plus SGLang's own code, each version in its own folder,
 #   <venv>/sglang/<version>/   (pip install --no-deps --target; on no sys.path by default)
@@ -36,7 +36,7 @@ wheels=${SGLANG_CONTRACT_WHEELS:-/opt/wheels}
 python=${PYTHON:-python3}
 # 0.5.23: the newest release, flag --cuda-graph-max-bs-decode. 0.5.10: the last release launcher
 # drives with --cuda-graph-max-bs (launcher.plan.command.DECODE_SPELLING_FROM is 0.5.15). Keep in step
-# with VERSIONS in tests/test_sglang_contract.py.
+# with VERSIONS in tests/sglang/test_sglang_contract.py.
 versions=(0.5.23 0.5.10)
 
 if [ "${1:-}" = --print-venv ]; then

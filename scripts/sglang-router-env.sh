@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the environment of the router tests (tests/test_router_e2e.py): a venv holding the real
+# Builds the environment of the router tests (tests/supervision/test_router_e2e.py): a venv holding the real
 # `sglang-router` 0.3.2 wheel from PyPI (the Rust router as an abi3 extension, about 31 MB; it
 # runs without a GPU) and what `python -m sglang_router.launch_router` imports. A TEST
 # dependency only: scripts/setup.sh runs this with --test, never for the demo, and launcher

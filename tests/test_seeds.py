@@ -126,7 +126,7 @@ async def test_deepseek_mtp_capture_oom_then_ready_with_mtp_unchanged(
 async def test_kimi_eagle3_capture_oom_then_ready(rig: SimSetup, version: str) -> None:
     """The EAGLE-3 launch at 0.93 / bs 128 OOMs capturing the draft's graphs (0.5.23: draft
     decode's first step, 0.25 GiB with 0.13 free; 0.5.10: draft extend's, 0.97 with 0.66
-    free: tests/test_sim_spec.py), then comes up; the draft and its parameters are kept."""
+    free: tests/sim/test_sim_spec.py), then comes up; the draft and its parameters are kept."""
     config = rig.config(
         model="kimi-k2.5-sim",
         tp=8,

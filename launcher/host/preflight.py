@@ -48,7 +48,7 @@ print(1 if busy else 0)
 # python3, ``ss -ltnp``: "0" when nothing listens on the port, else "1 MY_UID PID UID" with "-"
 # for what this user may not see (the pid of another user's socket).
 _PORT = r"""
-if command -v python3 > /dev/null 2>&1; then exec python3 -c "$2" "$1"; fi
+if command -v python3 > /dev/null 2>&1; then exec python3 -I -c "$2" "$1"; fi
 l=$(ss -ltnpH "sport = :$1" | head -n 1)
 if [ -z "$l" ]; then echo 0; exit 0; fi
 p=$(printf '%s\n' "$l" | sed -n 's/.*pid=\([0-9][0-9]*\).*/\1/p')

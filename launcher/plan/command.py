@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 from launcher.params import LaunchParams
 from launcher.sglang.flags import hidden_args_argv, params_argv
+from launcher.untrusted import MASK
 
 if TYPE_CHECKING:
     from launcher.config.schema import ServerConfig
 
-MASK = "***"
 
 
 @dataclass(frozen=True)

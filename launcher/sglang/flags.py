@@ -21,6 +21,7 @@ from launcher.sglang.versions import (
     SPEC_V2_ENV_REMOVED_FROM,
     at_least,
 )
+from launcher.untrusted import MASK
 
 __all__ = [
     "OWNED_FLAGS",
@@ -190,7 +191,6 @@ def params_from_argv(words: Iterable[str], env_lines: Iterable[str] = ()) -> Lau
 # launcher never puts them there: see ``hidden_args_argv``.
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
 SECRET_ARG_ENV = "LAUNCHER_SECRET_ARG_{}"  # the environment variable of the i-th hidden flag
-_MASK = "***"
 
 
 def is_secret_flag(word: str) -> bool:
@@ -210,11 +210,11 @@ def mask_secret_flags(argv: list[str] | tuple[str, ...]) -> list[str]:
     masking = False
     for word in argv:
         if masking:
-            out.append(_MASK)
+            out.append(MASK)
             masking = False
         elif is_secret_flag(word):
             if "=" in word:
-                out.append(word.split("=", 1)[0] + "=" + _MASK)
+                out.append(word.split("=", 1)[0] + "=" + MASK)
             else:
                 out.append(word)
                 masking = True
@@ -232,7 +232,7 @@ _FLAG_IN_TEXT = re.compile(
 def mask_secret_flags_text(text: str) -> str:
     """``text`` (a command line as the ``cmd`` file of an attempt holds it) with the value
     of every secret flag replaced by ``***``."""
-    return _FLAG_IN_TEXT.sub(lambda m: f"{m['flag']}{m['sep']}{_MASK}", text)
+    return _FLAG_IN_TEXT.sub(lambda m: f"{m['flag']}{m['sep']}{MASK}", text)
 
 
 # Run as ``PYTHON -c CODE MODULE N FLAG... ARG...``: appends ``FLAG value`` for each of the N

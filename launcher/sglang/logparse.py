@@ -357,7 +357,7 @@ _SIGNATURES: tuple[tuple[Signature, re.Pattern[str]], ...] = tuple(
 
 
 # A necessary condition for every pattern above: each of their alternatives contains one of
-# these words once lowercased (tests/test_logparse.py checks it on every line of the corpus).
+# these words once lowercased (tests/sglang/test_logparse.py checks it on every line of the corpus).
 # One search of this on the lowercased line costs a tenth of the 19 searches, and almost no
 # line of a serving server (decode / prefill stats, access lines) contains any of them.
 _SIGNATURE_WORDS = re.compile("|".join(re.escape(word) for word in (

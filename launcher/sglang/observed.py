@@ -2,7 +2,7 @@
 
 Pure: built from the figures ``LogFollower`` read (``Numbers``, or its ``as_dict()`` as stored
 in the ledger and carried by the ``attempt.ended`` event). The lines behind each figure
-(SGLang 0.5.10 and 0.5.23 print them alike; verbatim examples in tests/test_observed.py):
+(SGLang 0.5.10 and 0.5.23 print them alike; verbatim examples in tests/sglang/test_observed.py):
 
 - ``Load weight end. elapsed=31.02 s, type=Qwen3ForCausalLM, avail mem=106.75 GB, mem usage=30.73
   GB.`` -> ``weights_gib`` (the target's; a draft's ``type=...NextN/MTP/Eagle`` ->
