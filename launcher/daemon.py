@@ -17,10 +17,10 @@ import anyio
 import structlog
 
 from launcher.config.schema import Config, ServerConfig
-from launcher.errors import LauncherError, WontFit
+from launcher.errors import LauncherError, LeaseLost, WontFit
 from launcher.hooks import standby
 from launcher.hooks.identity import ServerFacts
-from launcher.hooks.metrics import Metrics
+from launcher.hooks.metrics import Metrics, MetricsServer
 from launcher.hooks.recorder import LedgerRecorder
 from launcher.hooks.slack import SlackNotifier
 from launcher.hooks.systemd import SdNotifier, run_watchdog, status_summary, watchdog_interval
@@ -122,6 +122,8 @@ async def _already_running(config: Config, server: ServerConfig, transport: Tran
     run_dir = config.run_dir_of(server)
     try:
         return await remote.find_running(transport, run_dir, server.name) is not None
+    except LeaseLost:
+        raise  # not a failure: the lease is gone (docs/ha.md)
     except LauncherError:
         return False
 
@@ -138,33 +140,64 @@ async def run(config: Config, servers: list[ServerConfig], secrets: dict[str, di
     """
     install_pidfd_child_watcher()  # no thread per child process (local transport)
     transports = transports_for(config, servers)
+    coordination = config.coordination
     try:
         with StateLock(config.state_dir), Ledger(ledger_path(config.state_dir)) as ledger:
             notifier.bind_store(ledger)  # dedupe and firing alerts survive a restart
-            if config.coordination is not None:
-                result = await standby.run_coordinated(
-                    config.coordination, transports, [notifier],
-                    lambda fenced: _run_active(config, servers, secrets, notifier, opts, view,
-                                               router_keys, fenced, ledger))
-                if result is None:  # stopped while standing by: nothing was supervised
-                    with anyio.CancelScope(shield=True):
-                        await notifier.aclose(10.0)
-                    return Result(interrupted=True, until_ready=opts.until_ready, gave_up=[],
-                                  left_running=[], ready=[False] * len(servers))
-                return result
-            return await _run_active(config, servers, secrets, notifier, opts, view,
-                                     router_keys, transports, ledger)
+            # Served from the start, while standing by too: launcher_leader reads 0 on a
+            # standby rather than being absent (docs/ha.md).
+            metrics, metrics_server = _serve_metrics(config)
+            try:
+                if coordination is not None:
+                    hooks: list[events.Hook] = [notifier]
+                    if metrics is not None:
+                        hooks.append(metrics)
+                    result = await standby.run_coordinated(
+                        coordination, transports, hooks,
+                        lambda fenced: _run_active(config, servers, secrets, notifier, opts,
+                                                   view, router_keys, fenced, ledger,
+                                                   metrics),
+                        # the old active box's last good params and Slack memory
+                        ledger=ledger, on_shared_loaded=lambda: notifier.bind_store(ledger))
+                    if result is None:  # stopped while standing by: nothing was supervised
+                        with anyio.CancelScope(shield=True):
+                            await notifier.aclose(10.0)
+                        return Result(interrupted=True, until_ready=opts.until_ready,
+                                      gave_up=[], left_running=[],
+                                      ready=[False] * len(servers))
+                    return result
+                return await _run_active(config, servers, secrets, notifier, opts, view,
+                                         router_keys, transports, ledger, metrics)
+            finally:
+                if metrics_server is not None:
+                    await anyio.to_thread.run_sync(metrics_server.close)
     finally:
         await close_transports(transports)
+
+
+def _serve_metrics(config: Config) -> tuple[Metrics | None, MetricsServer | None]:
+    """The metrics hook and its endpoint when ``[metrics]`` is set (ConfigError when its
+    address cannot be bound). With ``[coordination]`` ``launcher_leader`` starts at 0 and the
+    lease events move it."""
+    if config.metrics is None:
+        return None, None
+    coordination = config.coordination
+    metrics = Metrics(lease=coordination.lease if coordination is not None else "",
+                      leader=coordination is None)
+    server = metrics.serve(config.metrics.host, config.metrics.port)
+    structlog.get_logger("launcher").info("metrics.listening", url=server.url)
+    return metrics, server
 
 
 async def _run_active(config: Config, servers: list[ServerConfig],
                       secrets: dict[str, dict[str, str]], notifier: SlackNotifier,
                       opts: Options, view: View | None,
                       router_keys: dict[str, str | None] | None,
-                      transports: dict[str, Transport], ledger: Ledger) -> Result:
+                      transports: dict[str, Transport], ledger: Ledger,
+                      metrics: Metrics | None) -> Result:
     """Supervise as the one active launcher (``run`` without ``[coordination]``, or once
-    this launcher holds the lease: then ``transports`` are fenced)."""
+    this launcher holds the lease: then ``transports`` are fenced). ``metrics`` is the
+    served metrics hook, if any."""
     # before any task group: WontFit reaches the CLI as itself, and nothing started
     try:
         plans, fingerprints, keys = await _first_attempts(config, servers,
@@ -179,7 +212,7 @@ async def _run_active(config: Config, servers: list[ServerConfig],
         await tg.start(recorder.run)
         try:
             result = await _supervise(config, plans, recorder, keys, secrets,
-                                      transports, notifier, opts, view, router_keys)
+                                      transports, notifier, opts, view, metrics, router_keys)
         finally:
             # Every attempt row written before the ledger closes (shielded, bounded;
             # a cancelled recorder drains what is queued too).
@@ -247,6 +280,8 @@ async def _first_attempts(config: Config, servers: list[ServerConfig],
         try:
             async with limiters[s.host]:
                 outcomes[i] = await _first_attempt(config, s, reads[s.host], ledger, opts)
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except Exception as exc:  # raised below, in server order; cancellation goes through
             outcomes[i] = exc
 
@@ -291,6 +326,7 @@ async def _supervise(config: Config, plans: list[_Plan], recorder: LedgerRecorde
                      keys: _Keys, secrets: dict[str, dict[str, str]],
                      transports: dict[str, Transport],
                      notifier: SlackNotifier, opts: Options, view: View | None,
+                     metrics: Metrics | None,
                      router_keys: dict[str, str | None] | None = None) -> Result:
     log = structlog.get_logger("launcher")
     servers = [s for s, _, _, _, _ in plans]
@@ -299,12 +335,10 @@ async def _supervise(config: Config, plans: list[_Plan], recorder: LedgerRecorde
         facts[s.name] = ServerFacts.of(s, config.host(s.host), version)
         notifier.describe(s.name, facts[s.name])
     hooks: list[events.Hook] = [recorder, notifier]
-    metrics = Metrics(facts=facts) if config.metrics else None
-    metrics_server = None
-    if metrics is not None and config.metrics is not None:
+    if metrics is not None:
+        for name, server_facts in facts.items():
+            metrics.describe(name, server_facts)
         hooks.append(metrics)
-        metrics_server = metrics.serve(config.metrics.host, config.metrics.port)
-        log.info("metrics.listening", url=metrics_server.url)
     sd = SdNotifier.from_env()
     # The routers get the hooks so far (ledger, Slack, metrics); the servers also the
     # registrar, which registers them with their routers.
@@ -362,6 +396,8 @@ async def _supervise(config: Config, plans: list[_Plan], recorder: LedgerRecorde
                 async with limiters[s.host]:
                     context = await context_of(transports[s.host], config.host(s.host), s,
                                                version)
+            except LeaseLost:
+                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:  # HostKeyError: the supervisor reports it
                 log.info("fleet.key_unknown", server=s.name, error=str(exc)[:200])
                 return
@@ -404,8 +440,6 @@ async def _supervise(config: Config, plans: list[_Plan], recorder: LedgerRecorde
         if sd is not None:
             sd.stopping()
             sd.close()
-        if metrics_server is not None:
-            await anyio.to_thread.run_sync(metrics_server.close)
     gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
     left: list[str] = []
     if interrupted or opts.until_ready:

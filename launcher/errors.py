@@ -176,6 +176,27 @@ class FencedOut(LeaseLost):
         super().__init__(message, token=token)
 
 
+def lease_lost_in(exc: BaseException) -> LeaseLost | None:
+    """The LeaseLost ``exc`` is, or the first one a task group wrapped in it (at any depth)."""
+    if isinstance(exc, LeaseLost):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = lease_lost_in(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def reraise_lease_lost(exc: BaseException) -> None:
+    """Raise the LeaseLost ``exc`` is or holds (``lease_lost_in``), itself; return when there
+    is none. A handler that catches broadly (``Exception``, around a task group) calls it
+    first, so that a lost lease is never taken for a failure (docs/ha.md)."""
+    lost = lease_lost_in(exc)
+    if lost is not None:
+        raise lost
+
+
 class IllegalTransition(LauncherError):
     """The start-up state machine got an event that cannot happen in its current state."""
 

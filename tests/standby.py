@@ -11,6 +11,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.simhost import REPO
 from tests.supervise import SimSetup, cli_argv, cli_env, json_lines
 
@@ -18,12 +21,15 @@ TTL = "4s"
 
 
 def coordinated_config(sim: SimSetup, box: str, lease: str, *, ttl: str = TTL,
-                       **data_kwargs: Any) -> Path:
+                       metrics_port: int | None = None, **data_kwargs: Any) -> Path:
     """A config file for ``box``: the sim's one server, the shared run dir, a state dir of
-    its own and a ``[coordination]`` table whose DSN is read from ``$PG_DSN``."""
+    its own and a ``[coordination]`` table whose DSN is read from ``$PG_DSN``; with
+    ``metrics_port``, ``[metrics]`` on 127.0.0.1 at that port."""
     data = sim.data(**data_kwargs)
     data["state_dir"] = str(sim.root / f"state-{box}")
     data["coordination"] = {"dsn": "env:PG_DSN", "ttl": ttl, "box": box, "lease": lease}
+    if metrics_port is not None:
+        data["metrics"] = {"listen": f"127.0.0.1:{metrics_port}"}
     return sim.write_toml(data, f"{box}.toml")
 
 
@@ -31,9 +37,11 @@ class Up:
     """One `launcher up --log-format json` of ``box``, its output in ``<root>/<box>.log``."""
 
     def __init__(self, sim: SimSetup, box: str, dsn: str, lease: str, *, ttl: str = TTL,
-                 **data_kwargs: Any) -> None:
+                 metrics_port: int | None = None, **data_kwargs: Any) -> None:
         self.box = box
-        config = coordinated_config(sim, box, lease, ttl=ttl, **data_kwargs)
+        self.metrics_port = metrics_port
+        config = coordinated_config(sim, box, lease, ttl=ttl, metrics_port=metrics_port,
+                                    **data_kwargs)
         self.log_path = sim.root / f"{box}.log"
         self._out: IO[bytes] = self.log_path.open("ab")
         self.proc = subprocess.Popen(
@@ -74,6 +82,21 @@ class Up:
                 raise AssertionError(f"{self.box}: no matching line (exit "
                                      f"{self.proc.poll()}):\n{self.tail()}")
             time.sleep(0.05)
+
+    def leader(self, lease: str) -> float | None:
+        """``launcher_leader{lease}`` scraped from this launcher's /metrics over HTTP (it
+        needs ``metrics_port``); None when the endpoint does not answer or lacks it."""
+        assert self.metrics_port is not None
+        try:
+            text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                             timeout=5.0).text
+        except httpx.HTTPError:
+            return None
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "launcher_leader" and sample.labels == {"lease": lease}:
+                    return sample.value
+        return None
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

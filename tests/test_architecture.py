@@ -503,3 +503,79 @@ def test_the_default_version_is_the_newest_supported() -> None:
     """The default is the last of the supported versions, which are in order."""
     assert sorted(SUPPORTED_VERSIONS, key=version_tuple) == list(SUPPORTED_VERSIONS)
     assert DEFAULT_VERSION == SUPPORTED_VERSIONS[-1]
+
+
+# --- a lost lease is never taken for a failure ------------------------------------------------
+
+# Where host actions are caught and judged (a failed launch, a failed probe, a retry): a
+# LeaseLost there must pass through untouched (docs/ha.md, "A lost lease inside a supervisor").
+LEASE_CHECKED = ("launcher.supervise.", "launcher.daemon", "launcher.host.health")
+# What a handler catches that would catch LeaseLost too.
+_BROAD = {"LauncherError", "Exception", "BaseException"}
+
+
+def _caught(handler: ast.ExceptHandler) -> set[str]:
+    """The last names of the exception types ``handler`` catches ("BaseException" when bare)."""
+    if handler.type is None:
+        return {"BaseException"}
+    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return {(_dotted(t) or ["?"])[-1] for t in types}
+
+
+def _reraises(handler: ast.ExceptHandler) -> bool:
+    """A handler that ends in a bare ``raise`` (cleanup, then the same exception), or whose
+    first statement is ``reraise_lease_lost(...)`` (a broad catch that may hold a task
+    group's exception group)."""
+    last = handler.body[-1]
+    if isinstance(last, ast.Raise) and last.exc is None:
+        return True
+    first = handler.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Call):
+        return (_dotted(first.value.func) or ["?"])[-1] == "reraise_lease_lost"
+    return False
+
+
+def _awaits(body: list[ast.stmt]) -> bool:
+    return any(isinstance(n, ast.Await | ast.AsyncFor | ast.AsyncWith)
+               for stmt in body for n in ast.walk(stmt))
+
+
+def lease_swallowers(code: Mapping[str, str]) -> list[str]:
+    """``module:line`` of each handler in LEASE_CHECKED that catches LeaseLost (LauncherError,
+    Exception, bare) without a ``except LeaseLost: raise`` before it in the same ``try``,
+    unless it calls ``reraise_lease_lost`` first or ends in a bare ``raise``."""
+    found = []
+    for module, source in code.items():
+        if not module.startswith(LEASE_CHECKED):
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.Try | ast.TryStar) or not _awaits(node.body):
+                continue  # a host action is awaited: a try without an await makes none
+            passed = False
+            for handler in node.handlers:
+                caught = _caught(handler)
+                if "LeaseLost" in caught or "FencedOut" in caught:
+                    body = handler.body
+                    passed = passed or (len(body) == 1 and isinstance(body[0], ast.Raise)
+                                        and body[0].exc is None and "LeaseLost" in caught)
+                    continue
+                if caught & _BROAD and not passed and not _reraises(handler):
+                    found.append(f"{module}:{handler.lineno}")
+    return sorted(found)
+
+
+def test_supervision_never_catches_a_lost_lease_as_a_failure() -> None:
+    """Every broad handler in supervision re-raises LeaseLost first."""
+    assert [] == lease_swallowers(sources())
+
+
+def test_the_lease_checker_sees_a_swallowed_lease() -> None:
+    """The checker flags a broad handler without the re-raise, and accepts both forms."""
+    bad = "try:\n    await f()\nexcept LauncherError:\n    pass\n"
+    good = ("try:\n    await f()\nexcept LeaseLost:\n    raise\n"
+            "except LauncherError:\n    pass\n"
+            "try:\n    await g()\nexcept Exception as exc:\n    reraise_lease_lost(exc)\n"
+            "try:\n    f()\nexcept Exception:\n    pass\n")  # no await: no host action
+    assert ["launcher.supervise.x:3"] == lease_swallowers({"launcher.supervise.x": bad})
+    assert [] == lease_swallowers({"launcher.supervise.x": good})
+    assert [] == lease_swallowers({"launcher.hooks.slack": bad})  # not a host-action layer

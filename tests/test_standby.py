@@ -13,23 +13,25 @@ import math
 import signal
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
 import pytest
 
-from launcher.errors import FencedOut, LeaseLost
+from launcher.errors import FencedOut, LeaseLost, lease_lost_in
 from launcher.host import run as remote
 from launcher.host.transport.fenced import FencedTransport
 from launcher.host.transport.local import LocalTransport
 from launcher.store.coordination import Coordinator, EngineUnavailable, LeaseView, Membership
 from launcher.store.fence import Fence, LeaseTiming
+from launcher.supervise.supervisor import ServerSupervisor, supervise_all
 from tests import procs
 from tests.faketime import FakeTime
 from tests.pg import CutProxy, Postgres
+from tests.simhost import free_port
 from tests.standby import Up, stamp
-from tests.supervise import SimSetup, run_cli
+from tests.supervise import Recorded, Recorder, SimSetup, run_cli
 
 # --- the timing rule and the fence (pure) --------------------------------------------------
 
@@ -241,6 +243,73 @@ async def test_a_router_request_over_a_long_lived_client_checks_the_fence() -> N
             await client.post(url.removesuffix("/health") + "/workers")
 
 
+# --- a lost lease inside a supervisor: no failure, no retry, no give-up ------------------------
+
+# What a supervisor reports when it takes something for a failure of the server or its host.
+FAILURE_EVENTS = {"launch.failed", "attempt.failed", "server.gave_up", "server.internal_error",
+                  "server.unhealthy", "restart.scheduled", "probe.failed", "follow.failed",
+                  "process.stop_failed", "listing.failed", "server.unknown"}
+
+
+async def _supervise_fenced(sim: SimSetup, fence: Fence,
+                            on: Callable[[Recorded], None]) -> tuple[Recorder, BaseException]:
+    """supervise_all (as the daemon runs it) over the sim's server behind ``fence``, with
+    ``on`` called on each event; returns the events and what supervise_all raised."""
+    config = sim.config()
+    server = config.servers[0]
+    transport = FencedTransport(LocalTransport(server.host, env=config.host(server.host).env),
+                                fence)
+    rec = Recorder(on=[on])
+    sup = ServerSupervisor(config, server, transport, sglang_version="0.5.23", hooks=[rec])
+    try:
+        with anyio.fail_after(45):
+            await supervise_all([sup])
+    except BaseException as exc:  # a task group's group, or the LeaseLost itself
+        return rec, exc
+    raise AssertionError(f"supervision ended without LeaseLost: {rec.summary()}")
+
+
+async def test_a_fence_revoked_before_the_launch_is_no_failed_attempt(sim: SimSetup) -> None:
+    """The fence is revoked between the attempt's start and its launch command: the launch is
+    refused before anything is sent, and the LeaseLost reaches supervise_all's caller, not
+    taken for a failed launch (no launch.failed, attempt.failed, back-off or give-up)."""
+    fence = Fence()
+    fence.grant(1, math.inf)
+
+    def revoke_at_start(e: Recorded) -> None:
+        if e.name == "attempt.started":
+            fence.revoke()
+
+    rec, raised = await _supervise_fenced(sim, fence, revoke_at_start)
+    assert lease_lost_in(raised) is not None, raised
+    assert [] == [e.name for e in rec.events if e.name in FAILURE_EVENTS]
+    assert [] == sim.attempts()  # nothing reached the host
+
+
+async def test_a_fence_past_its_deadline_at_a_death_is_no_failed_relaunch(
+        sim: SimSetup) -> None:
+    """The server dies once ready, and the fence's deadline passes (its own fake clock) as
+    the death is reported: the relaunch is refused before it is sent and supervision ends
+    with LeaseLost. The death is the one failed attempt; the refused relaunch is neither a
+    failed launch nor a second failed attempt, and nothing gives up."""
+    time = FakeTime(0.0)
+    fence = Fence(time)
+    fence.grant(1, 10.0)
+
+    def kill_then_lapse(e: Recorded) -> None:
+        if e.name == "server.ready":
+            procs.signal_group(sim.pid(1), signal.SIGKILL)
+        if e.name == "process.died":
+            time.now = 10.0
+
+    rec, raised = await _supervise_fenced(sim, fence, kill_then_lapse)
+    assert lease_lost_in(raised) is not None, raised
+    assert [1] == [e.data["attempt"] for e in rec.events if e.name == "attempt.failed"]
+    assert [] == [e.name for e in rec.events
+                  if e.name in FAILURE_EVENTS - {"attempt.failed", "restart.scheduled"}]
+    assert [1] == sim.attempts()  # the relaunch never reached the host
+
+
 def test_shim_refuses_a_claim_with_a_lower_token(tmp_path: Path) -> None:
     """The launch shim, run by sh as on a host, exits 122 before its claim when the server's
     fence directory holds a higher token: the server never runs, the env file is removed."""
@@ -412,19 +481,111 @@ def test_server_killed_during_takeover_is_relaunched_once(
     assert [1, 2] == sim.attempts() and sim.alive(2)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_every_box_serves_launcher_leader_and_exactly_one_reads_1(
+        sim: SimSetup, postgres: Postgres, lease: str, ups: list[Up]) -> None:
+    """Both boxes serve /metrics, the standby too: the active reads 1, the standby 0. After
+    a SIGKILL of the active, the standby reads 1 once it holds the lease."""
+    a = Up(sim, "box-a", postgres.dsn, lease, metrics_port=free_port())
+    ups.append(a)
+    a.wait("lease.acquired")
+    a.wait("server.ready")
+    b = Up(sim, "box-b", postgres.dsn, lease, metrics_port=free_port())
+    ups.append(b)
+    b.wait("lease.standby")
+    b.wait("metrics.listening")
+    assert (1.0, 0.0) == (a.leader(lease), b.leader(lease))
+    a.signal(signal.SIGKILL)
+    a.exit_code()
+    assert a.leader(lease) is None  # nothing answers on the killed box
+    b.wait("lease.acquired")
+    assert 1.0 == b.leader(lease)
+
+
+# --- the ledger's shared parts ------------------------------------------------------------
+
+
+def test_a_ledger_takes_the_shared_rows_newer_last_good_and_every_notify_state(
+        tmp_path: Path) -> None:
+    """What the active box's ledger shares, merged into another box's: a newer last good
+    replaces an older one (never the reverse), the notifier's memory is taken, a row that
+    cannot be read is skipped."""
+    from launcher.params import LaunchParams
+    from launcher.store.ledger import Ledger, NotifyState, SharedRow
+
+    with Ledger(tmp_path / "a.sqlite3") as a, Ledger(tmp_path / "b.sqlite3") as b:
+        a.server_ready("llama", "fp-new", LaunchParams(0.81, 128), 30.0, 2, at=2000.0)
+        a.server_ready("llama", "fp-old", LaunchParams(0.70, 64), 30.0, 1, at=1000.0)
+        a.save_notify_state(NotifyState("llama", "gave_up", last_sent=1500.0,
+                                        firing_since=1400.0, announced=True,
+                                        payload={"text": "llama gave up"}))
+        b.server_ready("llama", "fp-new", LaunchParams(0.90, 256), 30.0, 1, at=1500.0)
+        b.server_ready("llama", "fp-old", LaunchParams(0.60, 32), 30.0, 1, at=1800.0)
+        rows = a.shared_rows()
+        assert {("last_good", "fp-new"), ("last_good", "fp-old"),
+                ("notify_state", "llama/gave_up")} == {(r.kind, r.key) for r in rows}
+        assert 2 == b.merge_shared([*rows, SharedRow("last_good", "fp-bad", "{not json")])
+        assert LaunchParams(0.81, 128) == b.last_good("fp-new")  # a's is newer
+        assert LaunchParams(0.60, 32) == b.last_good("fp-old")  # b's own is newer
+        assert a.notify_states() == b.notify_states()
+        assert {r.body for r in rows if r.kind == "notify_state"} == {
+            r.body for r in b.shared_rows() if r.kind == "notify_state"}
+
+
+async def test_shared_rows_are_written_only_under_the_current_token(
+        postgres: Postgres, lease: str) -> None:
+    """store_shared writes while its token holds the lease, and nothing with an older one;
+    load_shared reads back exactly what was written."""
+    from launcher.store.coordination import PgEngine
+    from launcher.store.ledger import SharedRow
+
+    engine = PgEngine(postgres.dsn, lease=lease, holder="h1", box="box-a", ttl=30.0)
+    try:
+        token, _ = await engine.try_acquire()
+        assert token is not None
+        row = SharedRow("last_good", "fp", '{"x": 1}')
+        assert await engine.store_shared(token, [row])
+        assert not await engine.store_shared(token - 1, [SharedRow("last_good", "fp", "{}")])
+        assert not await engine.store_shared(token + 1, [SharedRow("last_good", "fp2", "{}")])
+        assert [row] == await engine.load_shared()
+    finally:
+        engine.drop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_new_active_box_starts_from_the_old_ones_last_good_params(
+        sim: SimSetup, postgres: Postgres, lease: str, ups: list[Up]) -> None:
+    """The active box's last good params reach the database; after a SIGKILL of it, the new
+    active box (which never ran the server) takes them into its ledger and plans its first
+    attempt as a warm start from them."""
+    a, b = _active_and_standby(sim, postgres, lease, ups)
+    assert 1 <= a.wait("ledger.shared_written")["rows"]
+    a.signal(signal.SIGKILL)
+    a.exit_code()
+    b.wait("lease.acquired")
+    assert 1 <= b.wait("ledger.shared_loaded")["taken"]
+    initial = b.wait("params.initial")
+    assert str(initial["reason"]).startswith("warm start from last good params"), initial
+    assert 1 == b.wait("server.adopted")["attempt"]
+
+
 # --- visibility and config -----------------------------------------------------------------
 
 
 def test_leader_gauge_follows_the_lease_events() -> None:
-    """launcher_leader is 0 while standing by or after a loss, 1 once the lease is held."""
+    """launcher_leader{lease} starts at 0 on a coordinated launcher, is 0 while standing by
+    or after a loss, 1 once the lease is held."""
     from launcher.hooks.metrics import Metrics
     from launcher.supervise import events
 
-    metrics = Metrics()
+    metrics = Metrics(lease="fleet-a", leader=False)
 
     def leader() -> float | None:
-        return metrics.registry.get_sample_value("launcher_leader")
+        return metrics.registry.get_sample_value("launcher_leader", {"lease": "fleet-a"})
 
+    assert 0.0 == leader()
     metrics("", events.LeaseStandby(box="b", active_box="a", remaining_s=3.0))
     assert 0.0 == leader()
     metrics("", events.LeaseAcquired(box="b", token=2, previous_box="a", waited_s=4.0))

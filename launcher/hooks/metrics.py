@@ -45,9 +45,12 @@ notice (its detection latency for hangs).
 ``launcher_host_unreachable_seconds_total`` and ``launcher_host_unreachable`` exist at 0 from a
 server's first attempt, so ``increase()`` counts their first event.
 
-``launcher_leader`` (no labels) is 1 while this launcher is the active one that supervises
-its servers. A launcher without a standby always is, so today it is always 1; a standby that
-waits would report 0. Alert rules look for no launcher reporting 1.
+``launcher_leader{lease}`` is 1 while this launcher is the active one that supervises its
+servers, else 0. ``lease`` is the ``[coordination]`` lease name, the fleet the launcher
+belongs to (``""`` without ``[coordination]``: such a launcher always supervises and reads
+1). With ``[coordination]`` the endpoint is served from the start, while standing by too:
+0 until ``lease.acquired``, 1 while active, 0 after ``lease.lost`` (docs/ha.md). The alert
+rules expect exactly one launcher reading 1 per lease.
 
 No ``*_created`` series: prometheus-client's are disabled (``disable_created_metrics``), as
 Prometheus ignores them in the text format and they double every counter's output.
@@ -238,6 +241,9 @@ class Metrics:
 
     ``registry`` None makes a private registry with the process and platform collectors (so
     several ``Metrics`` can coexist, e.g. in tests); pass one to add the series elsewhere.
+    ``lease`` labels ``launcher_leader`` (the ``[coordination]`` lease, ``""`` without);
+    ``leader`` is its first value: True without ``[coordination]``, False for a launcher that
+    starts as a standby (the lease events set it from then on).
 
     Error handling: the hook never raises into the supervisor. Missing or mistyped event
     data skips that figure; anything unexpected is logged as ``metrics.hook_failed``.
@@ -249,6 +255,8 @@ class Metrics:
         registry: CollectorRegistry | None = None,
         *,
         facts: Mapping[str, ServerFacts] | None = None,
+        lease: str = "",
+        leader: bool = True,
     ) -> None:
         # Process-wide in prometheus-client (there is no per-metric switch); launcher never
         # wants the *_created series, so turning them off for every registry is what we mean.
@@ -386,11 +394,13 @@ class Metrics:
         self.leader = Gauge(
             "launcher_leader",
             "1 while this launcher is the active one supervising its servers, else 0.",
+            ["lease"],
             registry=registry,
         )
         # Without [coordination] a running launcher is the one that supervises; with it, the
         # lease events set it (docs/ha.md).
-        self.leader.set(1)
+        self._leader = self.leader.labels(lease)
+        self._leader.set(1 if leader else 0)
         for server, server_facts in (facts or {}).items():
             self.describe(server, server_facts)
 
@@ -427,7 +437,7 @@ class Metrics:
 
     def _record(self, server: str, event: events.Event) -> None:
         if isinstance(event, events.LeaseAcquired | events.LeaseStandby | events.LeaseEnded):
-            self.leader.set(1 if isinstance(event, events.LeaseAcquired) else 0)
+            self._leader.set(1 if isinstance(event, events.LeaseAcquired) else 0)
             return
         host = self._host(server)
         match event:

@@ -26,17 +26,83 @@ import anyio
 import structlog
 
 from launcher.config.schema import CoordinationConfig
-from launcher.errors import LeaseLost
+from launcher.errors import StateError, lease_lost_in
 from launcher.host.transport.base import Transport
 from launcher.host.transport.fenced import FencedTransport
-from launcher.store.coordination import Coordinator, LeaseView, PgEngine
+from launcher.store.coordination import Coordinator, EngineUnavailable, LeaseView, PgEngine
 from launcher.store.fence import LeaseTiming
+from launcher.store.ledger import Ledger
 from launcher.supervise import events
 
-__all__ = ["run_coordinated"]
+__all__ = ["SharedLedger", "run_coordinated"]
 
 T = TypeVar("T")
 log = structlog.get_logger("launcher")
+
+
+class SharedLedger:
+    """The attempt ledger's shared parts (``Ledger.shared_rows``: last good params, the
+    Slack notifier's memory) in the coordination database, so that the next active box
+    starts where this one left off (docs/ha.md).
+
+    ``take_over`` merges the database's rows into the local ledger when this launcher has
+    just taken the lease; ``run`` then writes the rows that changed every ``every`` seconds
+    (ttl/3) under the lease's token, and ``flush`` once more on a clean stop. A SIGKILLed
+    active box so loses at most its last ``every`` seconds of changes.
+
+    Error handling: the ledger is advice, so nothing here raises (cancellation aside) or
+    touches the lease: a database that cannot be asked is logged
+    (``ledger.shared_unavailable``, ``ledger.share_failed``) and tried again at the next
+    tick; a write refused because the token no longer holds the lease is logged
+    (``ledger.share_refused``) and the renewal task ends the active period.
+    """
+
+    def __init__(self, ledger: Ledger, engine: PgEngine, every: float) -> None:
+        self.ledger = ledger
+        self.engine = engine
+        self.every = every
+        self._sent: dict[tuple[str, str], str] = {}  # what the database holds, as we know it
+
+    async def _bounded(self, call: Callable[[], Awaitable[T]]) -> T:
+        with anyio.move_on_after(self.every):
+            return await call()
+        self.engine.drop()  # an answer may still arrive on it: never read it
+        raise EngineUnavailable(f"no answer within {self.every:.1f}s")
+
+    async def take_over(self) -> bool:
+        """Merge the shared rows into the local ledger; False when they could not be read."""
+        try:
+            rows = await self._bounded(self.engine.load_shared)
+            taken = await anyio.to_thread.run_sync(self.ledger.merge_shared, rows)
+        except (EngineUnavailable, StateError) as exc:
+            log.warning("ledger.shared_unavailable", error=str(exc)[:300])
+            return False
+        self._sent = {(r.kind, r.key): r.body for r in rows}
+        log.info("ledger.shared_loaded", rows=len(rows), taken=taken)
+        return True
+
+    async def flush(self, token: int) -> None:
+        """Write the rows that changed since the last write (or the takeover)."""
+        try:
+            rows = await anyio.to_thread.run_sync(self.ledger.shared_rows)
+            changed = [r for r in rows if self._sent.get((r.kind, r.key)) != r.body]
+            if not changed:
+                return
+            written = await self._bounded(lambda: self.engine.store_shared(token, changed))
+        except (EngineUnavailable, StateError) as exc:
+            log.warning("ledger.share_failed", token=token, error=str(exc)[:300])
+            return
+        if not written:
+            log.warning("ledger.share_refused", token=token, rows=len(changed))
+            return
+        self._sent.update({(r.kind, r.key): r.body for r in changed})
+        log.info("ledger.shared_written", token=token, rows=len(changed))
+
+    async def run(self, token: int) -> None:
+        """``flush`` every ``every`` seconds until cancelled."""
+        while True:
+            await anyio.sleep(self.every)
+            await self.flush(token)
 
 
 def _emit(hooks: list[events.Hook], event: events.Event) -> None:
@@ -45,25 +111,18 @@ def _emit(hooks: list[events.Hook], event: events.Event) -> None:
         hook("", event)
 
 
-def _lease_lost(exc: BaseException) -> LeaseLost | None:
-    """The LeaseLost ``exc`` is, or the first one a task group wrapped in it."""
-    if isinstance(exc, LeaseLost):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _lease_lost(inner)
-            if found is not None:
-                return found
-    return None
-
-
 async def run_coordinated(
     settings: CoordinationConfig, transports: dict[str, Transport], hooks: list[events.Hook],
     active: Callable[[dict[str, Transport]], Awaitable[T]],
-    *, environ: dict[str, str] | None = None,
+    *, environ: dict[str, str] | None = None, ledger: Ledger | None = None,
+    on_shared_loaded: Callable[[], None] | None = None,
 ) -> T | None:
     """Stand by until this launcher holds the lease, then ``active(fenced_transports)``
     while renewing it. None when a stop (SIGINT/SIGTERM) came while standing by.
+
+    With ``ledger``, its shared parts go through the database (``SharedLedger``): merged in
+    once the lease is taken (then ``on_shared_loaded()``, before ``active``), written while
+    active, and once more before a clean stop releases the lease.
 
     Raises LeaseLost (after the ``lease.lost`` event) when the lease was lost while active;
     ConfigError when the DSN reference cannot be read (before anything starts)."""
@@ -72,6 +131,10 @@ async def run_coordinated(
     engine = PgEngine(dsn, lease=settings.lease, holder=Coordinator.new_holder(), box=box,
                       ttl=settings.ttl)
     coord = Coordinator(engine, LeaseTiming.for_ttl(settings.ttl), box=box)
+    # Its own connection: the renewals never wait behind a ledger write.
+    shared = None if ledger is None else SharedLedger(
+        ledger, PgEngine(dsn, lease=settings.lease, holder=engine.holder, box=box,
+                         ttl=settings.ttl), coord.timing.renew_every)
     log.info("lease.joining", box=box, lease=settings.lease, ttl_s=settings.ttl,
              pid=os.getpid())
     try:
@@ -100,21 +163,37 @@ async def run_coordinated(
                                           waited_s=round(acquired.waited_s, 3)))
         fenced: dict[str, Transport] = {h: FencedTransport(t, coord.fence)
                                         for h, t in transports.items()}
+        token = acquired.token
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(coord.keep)
+                if shared is not None:
+                    if await shared.take_over() and on_shared_loaded is not None:
+                        on_shared_loaded()
+                    tg.start_soon(shared.run, token)
                 result = await active(fenced)
                 tg.cancel_scope.cancel()
         except BaseException as exc:
-            lost = _lease_lost(exc)
+            lost = lease_lost_in(exc)
             if lost is None:
-                await coord.release()
+                await _stand_down(coord, shared, token)
                 raise
             coord.fence.revoke()
             _emit(hooks, events.LeaseEnded(box=box, token=lost.token,
                                            reason=str(lost.args[0] if lost.args else lost)))
             raise lost from None
-        await coord.release()
+        await _stand_down(coord, shared, token)
         return result
     finally:
         coord.aclose()
+        if shared is not None:
+            shared.engine.drop()
+
+
+async def _stand_down(coord: Coordinator, shared: SharedLedger | None, token: int) -> None:
+    """A clean end while active: the ledger's last changes written (while the token still
+    holds the lease), then the lease released. Shielded and bounded."""
+    if shared is not None:
+        with anyio.CancelScope(shield=True):
+            await shared.flush(token)
+    await coord.release()

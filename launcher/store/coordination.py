@@ -2,8 +2,11 @@
 
 One row per lease in ``launcher_lease`` (holder, box, fencing token, ``expires_at``); every
 launcher also keeps a row in ``launcher_members`` (its heartbeat), which ``status`` reads to
-name the standbys. Every time comparison is the database's (``now()``), never this machine's
-wall clock; this process measures only durations, on its monotonic clock (``Fence``).
+name the standbys. ``launcher_shared`` holds the attempt ledger's shared parts (last good
+params, the Slack notifier's memory), written by the active launcher under its token
+(``PgEngine.store_shared``) and read by the next one at its takeover. Every time
+comparison is the database's (``now()``), never this machine's wall clock; this process
+measures only durations, on its monotonic clock (``Fence``).
 
 - :meth:`Coordinator.wait_active` (a standby): tries to take the lease until it is free,
   polling just after the holder's expiry (at most every ttl/3). Taking it bumps the token.
@@ -35,6 +38,7 @@ import structlog
 
 from launcher.errors import LeaseLost
 from launcher.store.fence import Fence, LeaseTiming
+from launcher.store.ledger import SharedRow
 
 if TYPE_CHECKING:
     import asyncpg
@@ -152,6 +156,15 @@ CREATE TABLE IF NOT EXISTS launcher_members (
   heartbeat_at timestamptz NOT NULL,
   PRIMARY KEY (name, holder)
 );
+CREATE TABLE IF NOT EXISTS launcher_shared (
+  name text NOT NULL,
+  kind text NOT NULL,
+  key text NOT NULL,
+  body text NOT NULL,
+  token bigint NOT NULL,
+  written_at timestamptz NOT NULL,
+  PRIMARY KEY (name, kind, key)
+);
 """
 
 # $1 lease, $2 holder, $3 box, $4 ttl seconds, $5 pid. Takes the lease when it has expired
@@ -205,6 +218,20 @@ _MEMBERS = """
 SELECT box, holder, pid, extract(epoch FROM now() - heartbeat_at)::float8 AS age
 FROM launcher_members WHERE name = $1 ORDER BY box, started_at
 """
+# $1 lease, $2 token, $3 kinds, $4 keys, $5 bodies. The ledger's shared rows, written only
+# while $2 is the lease's current, unexpired token (the fence, in the same statement).
+_STORE_SHARED = """
+INSERT INTO launcher_shared AS s (name, kind, key, body, token, written_at)
+SELECT $1, r.kind, r.key, r.body, $2, now()
+FROM unnest($3::text[], $4::text[], $5::text[]) AS r(kind, key, body)
+WHERE EXISTS (SELECT 1 FROM launcher_lease
+              WHERE name = $1 AND token = $2 AND expires_at > now())
+ON CONFLICT (name, kind, key) DO UPDATE SET body = EXCLUDED.body, token = EXCLUDED.token,
+  written_at = now()
+RETURNING 1
+"""
+_LOAD_SHARED = "SELECT kind, key, body FROM launcher_shared WHERE name = $1"
+
 # Members silent for a day are forgotten (a box that died and never came back).
 _FORGET = "DELETE FROM launcher_members WHERE name = $1 AND heartbeat_at < now() - interval '1 day'"
 
@@ -223,6 +250,10 @@ class PgEngine:
         self._connect_timeout = connect_timeout
         self._conn: asyncpg.Connection | None = None
         self._pid = os.getpid()
+
+    @property
+    def holder(self) -> str:
+        return self._holder
 
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is not None and not self._conn.is_closed():
@@ -277,6 +308,21 @@ class PgEngine:
                 LeaseView(lease["box"], lease["holder"], lease["token"], lease["remaining"]))
         return Membership(view, [Member(r["box"], r["holder"], r["pid"], r["age"])
                                  for r in rows], self._ttl)
+
+    async def load_shared(self) -> list[SharedRow]:
+        """The ledger's shared rows of this lease (``launcher.store.ledger.SharedRow``)."""
+        rows = await self._fetch(_LOAD_SHARED, self._lease, many=True)
+        return [SharedRow(r["kind"], r["key"], r["body"]) for r in rows]
+
+    async def store_shared(self, token: int, rows: list[SharedRow]) -> bool:
+        """Write ``rows`` (insert or replace) while ``token`` holds the lease; False, and
+        nothing written, when it no longer does."""
+        if not rows:
+            return True
+        written = await self._fetch(_STORE_SHARED, self._lease, token,
+                                    [r.kind for r in rows], [r.key for r in rows],
+                                    [r.body for r in rows], many=True)
+        return len(written) == len(rows)
 
     def drop(self) -> None:
         if self._conn is not None:

@@ -153,6 +153,21 @@ class NotifyState:
 
 
 @dataclass(frozen=True)
+class SharedRow:
+    """One row of the ledger's shared parts (``Ledger.shared_rows``): what a new active box
+    needs of the old one's ledger (docs/ha.md). ``kind`` is ``last_good`` (``key``: the
+    fingerprint) or ``notify_state`` (``key``: ``server/kind``); ``body`` is the row as
+    canonical JSON, so equal rows compare equal as text."""
+
+    kind: str
+    key: str
+    body: str
+
+
+SHARED_KINDS = ("last_good", "notify_state")
+
+
+@dataclass(frozen=True)
 class ObservationContext:
     """What the recorder files a server's observations under: its key (the speculative
     settings are taken from the attempt's log when it shows them), the model and tp, and the
@@ -611,6 +626,76 @@ class Ledger:
             )
             for r in rows
         ]
+
+    # -- the shared parts (docs/ha.md) ---------------------------------------------------
+
+    def shared_rows(self) -> list[SharedRow]:
+        """Every ``last_good`` and ``notify_state`` row, as ``SharedRow``: what the active
+        box mirrors into the coordination database."""
+        with self._reading() as conn:
+            good = conn.execute(
+                """SELECT fingerprint, server, mem_fraction_static, cuda_graph_max_bs,
+                          updated_at, attempts, params_extra FROM last_good""").fetchall()
+            notify = conn.execute(
+                """SELECT server, kind, last_sent, suppressed, firing_since, announced, payload
+                   FROM notify_state""").fetchall()
+        rows = [SharedRow("last_good", r[0], _to_json({
+            "server": r[1], "mem_fraction_static": r[2], "cuda_graph_max_bs": r[3],
+            "updated_at": r[4], "attempts": r[5], "params_extra": json.loads(r[6])}))
+            for r in good]
+        rows += [SharedRow("notify_state", f"{r[0]}/{r[1]}", _to_json({
+            "server": r[0], "kind": r[1], "last_sent": r[2], "suppressed": r[3],
+            "firing_since": r[4], "announced": bool(r[5]), "payload": json.loads(r[6])}))
+            for r in notify]
+        return rows
+
+    def merge_shared(self, rows: Sequence[SharedRow]) -> int:
+        """Take ``rows`` (read from the coordination database at a takeover) into this
+        ledger, in one transaction: a ``last_good`` row replaces this ledger's when it is
+        newer (``updated_at``), a ``notify_state`` row replaces this ledger's (the last active
+        box's memory is the newest). Rows that cannot be read (another launcher's newer
+        format) are skipped. Returns how many rows changed this ledger."""
+        taken = 0
+        with self._writing("merge_shared") as conn:
+            for row in rows:
+                try:
+                    body = json.loads(row.body)
+                    if row.kind == "last_good":
+                        args: tuple[Any, ...] = (
+                            row.key, str(body["server"]), body["mem_fraction_static"],
+                            body["cuda_graph_max_bs"], float(body["updated_at"]),
+                            int(body["attempts"]), _to_json(dict(body["params_extra"])))
+                        statement = """INSERT INTO last_good (fingerprint, server,
+                                mem_fraction_static, cuda_graph_max_bs, updated_at, attempts,
+                                params_extra) VALUES (?, ?, ?, ?, ?, ?, ?)
+                            ON CONFLICT (fingerprint) DO UPDATE SET
+                                server = excluded.server,
+                                mem_fraction_static = excluded.mem_fraction_static,
+                                cuda_graph_max_bs = excluded.cuda_graph_max_bs,
+                                updated_at = excluded.updated_at,
+                                attempts = excluded.attempts,
+                                params_extra = excluded.params_extra
+                            WHERE excluded.updated_at > last_good.updated_at"""
+                    elif row.kind == "notify_state":
+                        args = (str(body["server"]), str(body["kind"]), body["last_sent"],
+                                int(body["suppressed"]), body["firing_since"],
+                                int(bool(body["announced"])), _to_json(dict(body["payload"])))
+                        statement = """INSERT INTO notify_state (server, kind, last_sent,
+                                suppressed, firing_since, announced, payload)
+                            VALUES (?, ?, ?, ?, ?, ?, ?)
+                            ON CONFLICT (server, kind) DO UPDATE SET
+                                last_sent = excluded.last_sent,
+                                suppressed = excluded.suppressed,
+                                firing_since = excluded.firing_since,
+                                announced = excluded.announced, payload = excluded.payload"""
+                    else:
+                        continue
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.warning("ledger.shared_row_skipped", kind=row.kind, key=row.key[:80],
+                                error=repr(exc)[:200])
+                    continue
+                taken += max(0, conn.execute(statement, args).rowcount)
+        return taken
 
     # -- reads of attempts ---------------------------------------------------------------
 

@@ -42,9 +42,11 @@ from launcher.config.schema import Config, RouterConfig, ServerConfig, worker_ur
 from launcher.errors import (
     HostUnreachable,
     LauncherError,
+    LeaseLost,
     describe_exception,
     format_traceback,
     is_transient,
+    reraise_lease_lost,
 )
 from launcher.host import health
 from launcher.host import run as remote
@@ -294,6 +296,8 @@ class Registrar:
         """Take the router's listing as the truth about which servers it has."""
         try:
             listed = await client.workers()
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except Exception as exc:  # LauncherError, or httpx errors past their retries
             self._failed(st, "", exc)
             return False
@@ -315,6 +319,8 @@ class Registrar:
             url = st.registered[server]
             try:
                 await client.deregister(url)
+            except LeaseLost:
+                raise  # not a failure: the lease is gone (docs/ha.md)
             except Exception as exc:
                 self._failed(st, server, exc)
                 ok = False
@@ -331,6 +337,8 @@ class Registrar:
         url = st.urls[server]
         try:
             worker = await client.register(url)
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except Exception as exc:
             self._failed(st, server, exc)
             await self.sleep(_RETRY_S)  # then the next round tries again
@@ -424,6 +432,8 @@ class RouterSupervisor:
         try:
             try:
                 found = await self._survey()
+            except LeaseLost:
+                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:  # a refused host key or login: asking again won't do
                 self.state = "gave_up"
                 self._emit(events.RouterGaveUp(attempt=self.attempt, reason=str(exc)))
@@ -468,6 +478,7 @@ class RouterSupervisor:
                 self.state = "stopped"
             raise
         except Exception as exc:  # never cancellation (BaseException), handled above
+            reraise_lease_lost(exc)  # the lease is lost: no failure, end it all
             # A bug in the router's supervision: give the router up, keep the servers
             # (security review 2026-12-05, finding H1). The router keeps running, unsupervised.
             self.state = "gave_up"
@@ -482,6 +493,8 @@ class RouterSupervisor:
             try:
                 return await remote.survey(self.transport, self.run_dir, self.router.name,
                                            adopting=True)
+            except LeaseLost:
+                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 if not is_transient(exc):
                     raise
@@ -502,6 +515,8 @@ class RouterSupervisor:
         )
         try:
             handle = await remote.launch(self.transport, spec)
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError as exc:
             self._emit(events.RouterLaunchFailed(attempt=self.attempt, error=str(exc)))
             return None
@@ -513,6 +528,8 @@ class RouterSupervisor:
         with anyio.CancelScope(shield=True):
             try:
                 await remote.stop(self.transport, handle, grace=5.0, kill_wait=5.0)
+            except LeaseLost:
+                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 self._emit(events.RouterStopFailed(reason=reason, error=str(exc)))
 
@@ -545,6 +562,8 @@ class RouterSupervisor:
                         end("exited", item.status)
                         return
                 return
+            except LeaseLost:
+                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:  # unreachable or a failed read: follow again
                 wait = waits.next()
                 self._emit(events.RouterFollowFailed(error=str(exc), retry_in_s=wait))
@@ -556,6 +575,8 @@ class RouterSupervisor:
         the retries)."""
         try:
             await self._probe(handle, end)
+        except* LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except* LauncherError as group:
             end("unhealthy", str(group.exceptions[0]))
 
@@ -601,6 +622,8 @@ class RouterSupervisor:
             return (await remote.probe(self.transport, handle)).alive
         except HostUnreachable:
             return False
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError:
             return True
 
@@ -637,6 +660,8 @@ async def router_status(config: Config, router: RouterConfig, transport: Transpo
         try:
             listed = await RouterClient(client, url.removesuffix("/health"), tries=2,
                                         api_key=api_key).workers()
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except Exception as exc:  # shown, never raised: status reports what it can
             row["workers_error"] = str(exc).splitlines()[0] if str(exc) else repr(exc)
             return row

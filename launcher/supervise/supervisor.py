@@ -45,10 +45,12 @@ from launcher.errors import (
     HostKeyError,
     HostUnreachable,
     LauncherError,
+    LeaseLost,
     StateError,
     describe_exception,
     format_traceback,
     is_transient,
+    reraise_lease_lost,
 )
 from launcher.host import health, preflight
 from launcher.host import run as remote
@@ -573,6 +575,8 @@ class ServerSupervisor:
                 # Not "unknown": this host must not (or cannot) be asked again; nothing in a
                 # run directory another user could swap may be adopted, signalled or written.
                 return HostRefused(f"cannot list its attempts on {self.server.host}: {exc}")
+            except LeaseLost:
+                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 await self._dispatch(Unknown(f"cannot list its attempts on {self.server.host}: "
                                              f"{exc}"))
@@ -637,6 +641,8 @@ class ServerSupervisor:
         its check)."""
         try:
             files = await remote.attempt_files(self.transport, handle)
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError:
             return None
         # a forged or corrupt one (no zone, year 1, garbage) is unknown, not a crash
@@ -652,6 +658,8 @@ class ServerSupervisor:
         try:
             files = await remote.attempt_files(self.transport, handle, limit=_CMD_LIMIT)
             words = files.get("cmd", "").split()
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError:
             words = []
         for flag, raw in itertools.pairwise(words):
@@ -687,6 +695,8 @@ class ServerSupervisor:
             async for attempt in retrying:
                 with attempt:
                     return await self.preflight_checks()
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError as exc:
             if is_transient(exc):
                 return [Problem(ProblemKind.HOST_UNAVAILABLE, f"host cannot be asked now: {exc}")]
@@ -782,6 +792,8 @@ class ServerSupervisor:
                 self._attempt = None
                 await self._post(HostRefused(str(exc)))
                 return
+            except LeaseLost:
+                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 self._attempt = None  # nothing to follow or stop; the previous one is over
                 self._emit(events.LaunchFailed(error=str(exc)))
@@ -823,6 +835,8 @@ class ServerSupervisor:
                     self.host_unreachable(exc, wait)
                     await self._outage_wait(wait)
                     continue
+                except LeaseLost:
+                    raise  # not a failure: the lease is gone (docs/ha.md)
                 except LauncherError:
                     pass  # the host answered; the follow below reports what is wrong
                 self.host_reachable()
@@ -853,6 +867,8 @@ class ServerSupervisor:
                 wait = waits.next()
                 self.host_unreachable(exc, wait)
                 await self._outage_wait(wait)
+            except LeaseLost:
+                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 # The host answers but reading the log failed (e.g. its file vanished). A dead
                 # server is reported with what the log showed so far; a live one is followed
@@ -928,6 +944,8 @@ class ServerSupervisor:
         except HostUnreachable as exc:
             self.host_unreachable(exc)
             return None
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError:
             return self.clock() - att.last_advance
         self.host_reachable()
@@ -988,6 +1006,8 @@ class ServerSupervisor:
                 raise
             except HostUnreachable as exc:
                 return False, f"{type(exc).__name__}: {exc}"
+            except LeaseLost:
+                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 # The agent's channel ended (the agent died, e.g. on a forged attempt file):
                 # not this server's failure. Ask the server the plain way this once; the
@@ -1005,6 +1025,8 @@ class ServerSupervisor:
             return await remote.probe(self.transport, att.handle)
         except HostKeyError:
             raise
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError:
             return None
 
@@ -1016,6 +1038,8 @@ class ServerSupervisor:
         except HostUnreachable as exc:
             self.host_unreachable(exc)
             return None
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError:
             return True
         self.host_reachable()
@@ -1044,6 +1068,8 @@ class ServerSupervisor:
         tail = b""
         try:
             tail = await remote.tail_log(self.transport, att.handle)
+        except LeaseLost:
+            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError as exc:
             self._emit(events.AttemptTailUnreadable(error=str(exc)))
         return tail.decode("utf-8", errors="replace")
@@ -1063,6 +1089,8 @@ class ServerSupervisor:
                                                kill_wait=5.0)
                 except HostUnreachable as exc:
                     self.host_unreachable(exc, waits.current)
+                except LeaseLost:
+                    raise  # not a failure: the lease is gone (docs/ha.md)
                 except LauncherError as exc:
                     self._emit(events.ProcessStopFailed(reason=reason, error=str(exc)))
                     return
@@ -1103,6 +1131,8 @@ class ServerSupervisor:
         with anyio.move_on_after(30.0, shield=True):
             try:
                 await remote.mark_gave_up(self.transport, handle, self.redact.text(reason))
+            except LeaseLost:
+                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 self.log.warning("gave_up.unrecorded", error=str(exc))
 
@@ -1156,6 +1186,8 @@ class ServerSupervisor:
             except HostKeyError as exc:
                 await self._post(HostRefused(str(exc)))
                 return
+            except LeaseLost:
+                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 problems = [str(exc)]
             if not problems:
@@ -1234,6 +1266,7 @@ async def supervise_all(
                 try:
                     results[sup.server.name] = await sup.run()
                 except Exception as exc:  # never cancellation (BaseException): that one ends
+                    reraise_lease_lost(exc)  # the lease is lost: no failure, end it all
                     # One server's supervision failed (a bug): give that one up and keep
                     # the others (security review 2026-12-05, finding H1).
                     await sup.internal_error(exc)

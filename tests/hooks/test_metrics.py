@@ -307,7 +307,7 @@ async def test_oom_back_off_steps_stalls_follow_failures_and_leader(
     assert 0 == third["launcher_stall_silence_seconds_bucket", S("llama", phase="weights",
                                                                   le="20.0")]
     assert 2 == third["launcher_follow_failures_total", S("llama")]
-    assert 1 == third["launcher_leader", L()]
+    assert 1 == third["launcher_leader", L(lease="")]
 
 
 async def test_rare_event_series_exist_at_zero_from_the_first_attempt(
