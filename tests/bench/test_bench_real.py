@@ -87,7 +87,10 @@ def test_kv_tokens_worked_by_hand() -> None:
     assert row.kv_tokens_err == 0.0
     assert row.kv_gib_est == pytest.approx(2.5) and row.kv_gib_log == pytest.approx(2.5)
     assert row.kv_gib_err == pytest.approx(0.0, abs=1e-12)
-    assert "weights" in row.skipped  # weights_total_bytes = 0 and no parameter-count rule
+    # Weights: the index's total_size 16060522496 / 2**30 = 14.9575 GiB at tp 1 against the
+    # log's ``mem usage=15.11 GB``: |14.9575 - 15.11| / 15.11 = 1.01 %.
+    assert row.weights_est == pytest.approx(14.9575, abs=1e-4) and row.weights_log == 15.11
+    assert row.weights_err == pytest.approx(0.0101, abs=1e-4)
 
 
 def test_graph_memory_of_a_separate_draft_worked_by_hand() -> None:
