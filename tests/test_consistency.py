@@ -94,6 +94,9 @@ def test_attempts_tell_one_story_across_a_crash_an_adoption_and_a_relaunch(
         try:
             ready_first = read_events(first, seen_first, named("server.ready"))
             slack.wait_for(1, timeout=20)
+            # The ledger's row is written by a worker after the event is logged; the crash
+            # comes once it holds the time to ready (what this test checks it keeps).
+            ledger_row_ready(sim.state_dir / "ledger.sqlite3", ready_first["attempt"])
             os.killpg(first.pid, signal.SIGKILL)
             first.communicate(timeout=10)
         finally:
@@ -203,3 +206,22 @@ def test_attempts_tell_one_story_across_a_crash_an_adoption_and_a_relaunch(
         for number in re.findall(r"#(\d+) mem_fraction_static=\S+(?: \(auto\))? "
                                  r"cuda_graph_max_bs=\S+(?: \(auto\))? → (\w+)", text):
             assert by_number[int(number[0])] == number[1], text
+
+
+def ledger_row_ready(path: Path, attempt: int, timeout: float = 20.0) -> None:
+    """Wait until the ledger file holds ``attempt``'s time to ready (SQLite has no change
+    notification across processes, so this reads the file every 50 ms until ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        db = sqlite3.connect(path)
+        try:
+            row = db.execute("SELECT seconds_to_ready FROM attempts WHERE server = ? AND "
+                             "attempt = ?", (SERVER, attempt)).fetchone()
+        except sqlite3.OperationalError:  # the table is not there yet
+            row = None
+        finally:
+            db.close()
+        if row is not None and row[0] is not None:
+            return
+        assert time.monotonic() < deadline, f"attempt {attempt}: no ready row in the ledger"
+        time.sleep(0.05)
