@@ -731,10 +731,6 @@ class ServerSupervisor:
         target = replace(self._preflight_target(self.server.host), model_path=None, port=None)
         return await preflight.check(self.transport, target)
 
-    async def _busy_gpus(self) -> list[str]:
-        """Problems with the server's GPUs, as text (a missing GPU's with its remedy)."""
-        return [str(p) for p in await self.gpu_problems()]
-
     async def _port_taken(self, transport: Transport, host: str, port: int) -> Problem | None:
         """None once ``port`` is free on ``host``, else the (fatal) problem naming its holder
         (a ``preflight.PortCheck``).
@@ -1182,7 +1178,7 @@ class ServerSupervisor:
         problems: list[str] = []
         while self.clock() < deadline:
             try:
-                problems = await self._busy_gpus()
+                problems = [str(p) for p in await self.gpu_problems()]
             except HostKeyError as exc:
                 await self._post(HostRefused(str(exc)))
                 return
