@@ -358,7 +358,15 @@ def _truth_real(seed: int, facts: ModelFacts, weight_bytes: int, gpu: str, total
     """
     drawn = _truth(seed, facts, weight_bytes, gpu, total, other, tp, version, rng)
     fam = random.Random(f"{seed}|real|{facts.arch}|{gpu}")
-    context = fam.uniform(0.84, 1.6) + (fam.uniform(0.1, 0.6) if tp > 1 else 0.0)
+    # Every family draw is taken at any tp, so that the servers of one family share them (a
+    # draw taken only at tp > 1 shifted the later ones: a tp-1 server and a tp-2 one of the
+    # same architecture on the same GPU type drew another graph level, another fused_moe
+    # factor and other buffers, as if of two families, and one's ledger rows misled the
+    # other's estimate). The tp > 1 servers keep the draws they had.
+    context = fam.uniform(0.84, 1.6)
+    context_tp = fam.uniform(0.1, 0.6)
+    if tp > 1:
+        context += context_tp
     scale = fam.uniform(0.6, 2.0)
     moe = fam.uniform(1.0, 1.5)
     backend = default_attention_backend(gpu, version, mla=facts.mla, arch=facts.arch)
