@@ -35,6 +35,7 @@ from typing import Any
 from launcher.memory.estimate import DEFAULT_MARGIN, Estimate
 from launcher.sglang.modelfacts import GIB
 from launcher.sglang.observed import Observed
+from launcher.sglang.phases import GraphPass
 
 __all__ = [
     "ALL_PASSES",
@@ -92,7 +93,11 @@ class CostGuess:
     for the setting an attempt ran with.
 
     ``graph_gib`` maps a capture pass (``GraphPass`` value), or ``ALL_PASSES``, to the memory
-    the estimator expects it to take at graph bs ``graph_bs``; ``activations_gib`` is what
+    the estimator expects it to take at graph bs ``graph_bs``. Of the ``ALL_PASSES`` figure,
+    ``attention_buffers_gib`` is the attention backend's buffers (allocated before the first
+    pass) and ``prefill_graphs_gib`` 0.5.23's prefill passes (target and draft prefill), the
+    parts that do not grow with the graph bs (0: not told apart, a row recorded before they
+    were; see ``_graph_ratios``). ``activations_gib`` is what
     warmup needs outside the static pool beyond the graphs; ``pre_load_free_gib`` what the
     estimator expects free before the weights (the GPU less other processes and the CUDA
     context).
@@ -102,6 +107,8 @@ class CostGuess:
     kv_bytes_per_token: float
     graph_gib: Mapping[str, float] = field(default_factory=dict)
     graph_bs: int = 0
+    attention_buffers_gib: float = 0.0
+    prefill_graphs_gib: float = 0.0
     activations_gib: float = 0.0
     draft_weights_gib: float = 0.0
     draft_kv_bytes_per_token: float = 0.0
@@ -112,6 +119,8 @@ class CostGuess:
         return {
             "weights_gib": self.weights_gib, "kv_bytes_per_token": self.kv_bytes_per_token,
             "graph_gib": dict(self.graph_gib), "graph_bs": self.graph_bs,
+            "attention_buffers_gib": self.attention_buffers_gib,
+            "prefill_graphs_gib": self.prefill_graphs_gib,
             "activations_gib": self.activations_gib,
             "draft_weights_gib": self.draft_weights_gib,
             "draft_kv_bytes_per_token": self.draft_kv_bytes_per_token,
@@ -131,6 +140,8 @@ class CostGuess:
             kv_bytes_per_token=float(data["kv_bytes_per_token"]),
             graph_gib={str(k): float(v) for k, v in dict(graphs).items()},
             graph_bs=int(data.get("graph_bs") or 0),
+            attention_buffers_gib=float(data.get("attention_buffers_gib") or 0.0),
+            prefill_graphs_gib=float(data.get("prefill_graphs_gib") or 0.0),
             activations_gib=float(data.get("activations_gib") or 0.0),
             draft_weights_gib=float(data.get("draft_weights_gib") or 0.0),
             draft_kv_bytes_per_token=float(data.get("draft_kv_bytes_per_token") or 0.0),
@@ -164,7 +175,13 @@ class Correction:
     """Factors to multiply the estimator's guesses by (1.0: no evidence), and their basis.
 
     ``graph`` holds a factor per capture pass seen (``ALL_PASSES``: all together);
-    ``graph_default`` applies to passes not seen (the median of the factors). ``spread`` is
+    ``graph_default`` applies to passes not seen (the median of the factors). ``buffers``:
+    the attention backend's buffers, observed / guessed, when the observations told the
+    parts of graph memory apart (``_graph_ratios``), and ``prefill_graphs`` 0.5.23's prefill
+    passes likewise; then ``graph[ALL_PASSES]``, the fit (``graph_fixed_gib``) and
+    ``graph_measured_gib`` are of the rest (the passes that grow with the bs) alone. None: the
+    graph factor compares the totals (rows recorded before guesses told the parts apart).
+    ``spread`` is
     the largest relative disagreement between observations of one component (0 with one
     observation): how far a chooser should trust the corrected figures beyond
     ``CALIBRATED_MARGIN``.
@@ -174,13 +191,15 @@ class Correction:
     kv: float = 1.0
     graph: Mapping[str, float] = field(default_factory=dict)
     graph_default: float = 1.0
+    buffers: float | None = None
+    prefill_graphs: float = 1.0  # 0.5.23's prefill passes (only with ``buffers`` set)
     activations: float = 1.0
     draft_weights: float = 1.0
     draft_kv: float = 1.0
     mamba: float = 1.0
     context_gib: float = 0.0  # GiB more than guessed taken before the weights (CUDA, NCCL)
     graph_bs: int = 0  # the largest graph bs whose capture was measured (0: none)
-    graph_measured_gib: float = 0.0  # the median of the measured totals of all passes
+    graph_measured_gib: float = 0.0  # the median of the measured figures (see ``buffers``)
     # With observations of graph memory at guesses far enough apart (other models of the
     # family, other bs): a fit ``measured = graph_fixed_gib + graph_default x guess``.
     graph_fitted: bool = False
@@ -204,6 +223,8 @@ class Correction:
             "weights": round(self.weights, 4), "kv": round(self.kv, 4),
             "graph": {k: round(v, 4) for k, v in sorted(self.graph.items())},
             "graph_default": round(self.graph_default, 4),
+            "buffers": None if self.buffers is None else round(self.buffers, 4),
+            "prefill_graphs": round(self.prefill_graphs, 4),
             "activations": round(self.activations, 4),
             "draft_weights": round(self.draft_weights, 4), "draft_kv": round(self.draft_kv, 4),
             "mamba": round(self.mamba, 4), "context_gib": round(self.context_gib, 3),
@@ -274,13 +295,47 @@ def _fit(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
     return a, k
 
 
+_PREFILL_PASSES = (GraphPass.TARGET_PREFILL.value, GraphPass.DRAFT_PREFILL.value)
+
+
+def _split(row: KeyedObservation) -> bool:
+    """Whether ``row`` tells the parts of graph memory apart: its guess names the attention
+    buffers' share and its log showed them (the prefill passes are named in any log)."""
+    return (row.guess is not None and row.guess.attention_buffers_gib > 0
+            and row.observed.attention_buffers_gib is not None)
+
+
+@dataclass
+class _GraphParts:
+    """What ``_graph_ratios`` collects besides the ratios."""
+
+    bs_seen: list[int] = field(default_factory=list)
+    totals: list[float] = field(default_factory=list)  # the measured figures the floor uses
+    points: list[tuple[float, float]] = field(default_factory=list)  # (guess, measured)
+    buffers: list[float] = field(default_factory=list)  # observed / guessed
+    prefill: list[float] = field(default_factory=list)  # observed / guessed
+    split: bool = False
+
+
 def _graph_ratios(
-    rows: Sequence[KeyedObservation], name: str, bs_seen: list[int] | None = None,
-    totals: list[float] | None = None, points: list[tuple[float, float]] | None = None,
+    rows: Sequence[KeyedObservation], name: str, parts: _GraphParts | None = None,
 ) -> list[float]:
     """observed / guessed memory of capture pass ``name`` (``ALL_PASSES``: the sum of every
     pass, only from attempts that got past the capture), at the bs the attempt ran with
-    (appended to ``bs_seen``; the observed figures to ``totals``)."""
+    (appended to ``parts.bs_seen``; the measured figures to ``parts.totals``).
+
+    For ``ALL_PASSES``, when any row tells the parts apart (``_split``), only such rows
+    count, and each part gets its own ratio: the attention backend's buffers
+    (``parts.buffers``) and 0.5.23's prefill passes (``parts.prefill``), which are fixed per
+    backend and GPU (FA3 ~0.1 GiB, FlashInfer ~0.57 GiB, 8 MiB per prefill shape:
+    ``launcher.memory.priors``), apart from the rest (decode, verify, draft passes), which
+    grows with the bs and the model and is what the returned ratios compare (and
+    ``parts.totals`` / ``parts.points`` hold). One ratio of them all together, learnt where
+    the fixed parts weigh much (a small bs, a small model), scales the growing part by too
+    little where they weigh little. Otherwise the totals, buffers included, are compared."""
+    split = name == ALL_PASSES and any(_split(r) for r in rows)
+    if parts is not None and split:
+        parts.split = True
     out = []
     for row in rows:
         o, g = row.observed, row.guess
@@ -288,23 +343,40 @@ def _graph_ratios(
             continue
         if g.graph_bs and o.graph_max_bs and o.graph_max_bs != g.graph_bs:
             continue  # the guess was for another setting than the one that ran
+        guessed = g.graph_gib[name]
+        seen: float | None
+        prefill: float | None = None
         if name == ALL_PASSES:
             if o.ready_avail_gib is None or not o.graph_mem_gib:
                 continue
-            # the estimate's graphs include the attention backend's buffers, which the log
-            # shows before the first pass (``Observed.attention_buffers_gib``)
-            seen: float | None = (sum(o.graph_mem_gib.values())
-                                  + (o.attention_buffers_gib or 0.0))
+            passes = sum(o.graph_mem_gib.values())
+            own = o.attention_buffers_gib or 0.0
+            if split:
+                rest = guessed - g.attention_buffers_gib - g.prefill_graphs_gib
+                if not _split(row) or rest <= 0:
+                    continue
+                shown = [v for k, v in o.graph_mem_gib.items() if k in _PREFILL_PASSES]
+                prefill = sum(shown) if shown else None
+                seen, guessed = passes - (prefill or 0.0), rest
+            else:
+                # the estimate's graphs include the attention backend's buffers, which the log
+                # shows before the first pass (``Observed.attention_buffers_gib``)
+                seen = passes + own
         else:
             seen = o.graph_mem_gib.get(name)
-        if seen is not None and seen > 0:
-            out.append(seen / g.graph_gib[name])
-            if bs_seen is not None:
-                bs_seen.append(g.graph_bs or o.graph_max_bs or 0)
-            if totals is not None and name == ALL_PASSES:
-                totals.append(seen)
-            if points is not None and name == ALL_PASSES:
-                points.append((g.graph_gib[name], seen))
+        if seen is None or seen <= 0:
+            continue
+        out.append(seen / guessed)
+        if parts is None:
+            continue
+        parts.bs_seen.append(g.graph_bs or o.graph_max_bs or 0)
+        if name == ALL_PASSES:
+            parts.totals.append(seen)
+            parts.points.append((guessed, seen))
+            if split:
+                parts.buffers.append(own / g.attention_buffers_gib)
+                if prefill is not None and g.prefill_graphs_gib > 0:
+                    parts.prefill.append(prefill / g.prefill_graphs_gib)
     return out
 
 
@@ -316,6 +388,8 @@ def _spread(values: list[float]) -> float:
     if len(values) < 2:
         return 0.0
     mid = statistics.median(values)
+    if mid <= 0:  # most observations showed none (buffers): any other one disagrees wholly
+        return 0.0 if max(values) <= 0 else 1.0
     return max(abs(v - mid) for v in values) / mid
 
 
@@ -340,9 +414,11 @@ def calibrate(
 
     Each component's factor is the median of observed / guessed over the rows that showed
     it. Graph memory is compared per captured batch size (observations with another
-    ``cuda_graph_max_bs`` still count). The draft's factors come only from rows of the
-    exact key (other speculative settings size the draft differently). Activations are only
-    ever raised, by OOMs after ready (nothing in a good start-up's log measures them).
+    ``cuda_graph_max_bs`` still count), the attention backend's buffers and the prefill
+    passes apart from the passes that grow with the bs where the rows tell them apart
+    (``_graph_ratios``). The draft's factors come only from rows of the exact key (other
+    speculative settings size the draft differently). Activations are only ever raised, by
+    OOMs after ready (nothing in a good start-up's log measures them).
     """
     if not rows:
         return Correction()
@@ -352,11 +428,9 @@ def calibrate(
     passes = sorted({p for r in rows if r.guess is not None for p in r.guess.graph_gib})
     graph: dict[str, float] = {}
     graph_all: list[float] = []
-    bs_seen: list[int] = []
-    totals: list[float] = []
-    points: list[tuple[float, float]] = []
+    parts = _GraphParts()
     for name in passes:
-        ratios = _graph_ratios(rows, name, bs_seen, totals, points)
+        ratios = _graph_ratios(rows, name, parts)
         if ratios:
             graph[name] = _median(ratios)
             graph_all.extend(ratios)
@@ -373,21 +447,24 @@ def calibrate(
         if r.guess is not None and r.guess.pre_load_free_gib > 0
         and r.observed.pre_load_avail_gib is not None
     ]
-    fit = _fit(points)
+    fit = _fit(parts.points)
     if fit is not None:
         fixed, k = fit
-        graph_all = [y / (fixed + k * x) for x, y in points if fixed + k * x > 0]
+        graph_all = [y / (fixed + k * x) for x, y in parts.points if fixed + k * x > 0]
         graph = {**graph, ALL_PASSES: k}
-    spread = max(_spread(v) for v in (weights, kv, graph_all, mamba))
+    spread = max(_spread(v) for v in (weights, kv, graph_all, mamba, parts.buffers,
+                                       parts.prefill))
     return Correction(
         weights=_median(weights), kv=_median(kv), graph=graph,
         graph_default=_median(list(graph.values())),
+        buffers=statistics.median(parts.buffers) if parts.buffers else None,
+        prefill_graphs=_median(parts.prefill),
         graph_fitted=fit is not None, graph_fixed_gib=fit[0] if fit is not None else 0.0,
         activations=max(activations, default=1.0),
         draft_weights=_median(draft_w), draft_kv=_median(draft_kv), mamba=_median(mamba),
         context_gib=statistics.median(context) if context else 0.0,
-        graph_bs=max(bs_seen, default=0),
-        graph_measured_gib=statistics.median(totals) if totals else 0.0,
+        graph_bs=max(parts.bs_seen, default=0),
+        graph_measured_gib=statistics.median(parts.totals) if parts.totals else 0.0,
         observations=len(rows), match=match, spread=spread,
     )
 
@@ -433,6 +510,8 @@ def describe(correction: Correction) -> str:
                      f"x{correction.graph.get(ALL_PASSES, 1.0):.3f}")
     elif correction.graph:
         parts.append(f"graphs x{correction.graph_default:.3f}")
+    if correction.buffers is not None:
+        parts.append(f"attention buffers x{correction.buffers:.3f}")
     if correction.activations != 1.0:
         parts.append(f"activations x{correction.activations:.3f}")
     if correction.context_gib:
@@ -444,6 +523,15 @@ def describe(correction: Correction) -> str:
 # --- the estimator's side (launcher.memory.estimate) -----------------------------------------
 
 
+def _prefill_graphs(e: Estimate) -> float:
+    """The part of ``e``'s graph figure (``Estimate.graphs_gib``, any bs) that is 0.5.23's
+    prefill passes (target and draft prefill: ``prefill_graph_gib_per_shape`` per shape, or
+    ``mla_prefill_graph_gib``); 0 on earlier versions and with graphs disabled."""
+    flat = replace(e, coeffs=replace(e.coeffs, prefill_graph_gib_per_shape=0.0,
+                                     mla_prefill_graph_gib=0.0))
+    return max(0.0, Estimate.graphs_gib(e, 1) - Estimate.graphs_gib(flat, 1))
+
+
 def guess_of(e: Estimate, bs: int) -> CostGuess:
     """What the estimate ``e`` expects of an attempt at graph bs ``bs``: the guess to store
     with that attempt. Store the *uncorrected* estimate's guess (default coefficients), so
@@ -453,6 +541,8 @@ def guess_of(e: Estimate, bs: int) -> CostGuess:
         kv_bytes_per_token=float(e.kv_bytes_per_token),
         graph_gib={ALL_PASSES: e.graphs_gib(bs)},
         graph_bs=bs,
+        attention_buffers_gib=e.graph_fixed_gib() * e.coeffs.graphs_scale,
+        prefill_graphs_gib=_prefill_graphs(e),
         activations_gib=e.activations_gib(),
         draft_weights_gib=e.draft_weights_gib,
         draft_kv_bytes_per_token=float(e.draft_kv_bytes_per_token),
@@ -472,6 +562,11 @@ class CalibratedEstimate(Estimate):
     prior scaled by the measured ratio (all of it proportional), at no smaller a bs than the
     measured one (graph memory only grows with the bs), and the measured figure itself (all
     of it fixed). For the measured model at the measured bs both are the measurement.
+
+    ``graphs_buffers_gib`` not None: the log told the attention backend's buffers and the
+    prefill passes apart (``Correction.buffers``); they are the measured
+    ``graphs_buffers_gib`` + ``graphs_prefill_gib``, and all of the above applies to the rest
+    of the figure alone (the ratio, the measured figure and the fit are of the rest).
     """
 
     graphs_measured_bs: int = 0
@@ -480,10 +575,28 @@ class CalibratedEstimate(Estimate):
     graphs_fitted: bool = False
     graphs_fixed_gib: float = 0.0
     graphs_prior_scale: float = 1.0  # the uncorrected estimate's coeffs.graphs_scale
+    graphs_buffers_gib: float | None = None
+    graphs_prefill_gib: float = 0.0
+
+    def _own_parts(self, e: Estimate) -> float:
+        """The prior's buffers and prefill passes within ``e``'s graph figure (0 when the
+        parts were not told apart: then the whole figure is scaled)."""
+        if self.graphs_buffers_gib is None:
+            return 0.0
+        return e.graph_fixed_gib() * e.coeffs.graphs_scale + _prefill_graphs(e)
 
     def graphs_gib(self, bs: int) -> float:
+        measured_parts = (0.0 if self.graphs_buffers_gib is None
+                          else self.graphs_buffers_gib + self.graphs_prefill_gib)
         if self.shape.disable_cuda_graph:
+            if self.graphs_buffers_gib is not None:
+                return self.graphs_buffers_gib
             return super().graphs_gib(bs)
+        own = self._own_parts(self)
+
+        def rest(at: int) -> float:
+            return super(CalibratedEstimate, self).graphs_gib(at) - own
+
         if self.graphs_fitted:
             # fixed + k x prior, but never below the measured figure: the fit extrapolates in
             # the prior's terms (hidden size x tokens), which miss parts such as the logits'
@@ -493,18 +606,19 @@ class CalibratedEstimate(Estimate):
             # Above the largest measured bs the fit knows nothing of the growth with bs (all
             # its points may share one bs): the measured figure, less the fitted fixed part
             # (which does not grow), grows as the prior does.
-            out = max(self.graphs_fixed_gib + super().graphs_gib(bs), self.graphs_measured_gib)
+            out = max(self.graphs_fixed_gib + rest(bs), self.graphs_measured_gib)
             if self.graphs_measured_bs and bs > self.graphs_measured_bs:
                 prior = replace(self, coeffs=replace(self.coeffs,
                                                      graphs_scale=self.graphs_prior_scale))
-                at = Estimate.graphs_gib(prior, self.graphs_measured_bs)
+                prior_own = self._own_parts(prior)
+                at = Estimate.graphs_gib(prior, self.graphs_measured_bs) - prior_own
                 if at > 0:
-                    grown = Estimate.graphs_gib(prior, bs) / at
+                    grown = (Estimate.graphs_gib(prior, bs) - prior_own) / at
                     fixed = min(self.graphs_fixed_gib, self.graphs_measured_gib)
                     out = max(out, fixed + (self.graphs_measured_gib - fixed) * grown)
-            return out
-        scaled = super().graphs_gib(max(bs, self.graphs_measured_bs))
-        return max(scaled, self.graphs_measured_gib)
+            return measured_parts + out
+        scaled = rest(max(bs, self.graphs_measured_bs))
+        return measured_parts + max(scaled, self.graphs_measured_gib)
 
 
 def apply(e: Estimate, correction: Correction) -> Estimate:
@@ -532,6 +646,9 @@ def apply(e: Estimate, correction: Correction) -> Estimate:
     fields["graphs_fitted"] = c.graph_fitted
     fields["graphs_fixed_gib"] = c.graph_fixed_gib
     fields["graphs_prior_scale"] = e.coeffs.graphs_scale
+    if c.buffers is not None:
+        fields["graphs_buffers_gib"] = e.graph_fixed_gib() * e.coeffs.graphs_scale * c.buffers
+        fields["graphs_prefill_gib"] = _prefill_graphs(e) * c.prefill_graphs
     return replace(
         CalibratedEstimate(**fields),
         coeffs=coeffs,
