@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 
 from launcher.host.transport.ssh import SESSIONS_PER_CONNECTION, SSHTransport
 from launcher.supervise.lifecycle import State
-from tests.simhost import free_port
+from tests.simhost import free_ports
 from tests.sshd import Sshd
 from tests.sshsim import EventRecorder, Site, kill_leftovers, server_entry, ssh_config
 from tests.test_ssh_e2e import ssh_transports, supervising, supervisor, wait_until
@@ -267,8 +267,10 @@ async def test_sixteen_servers_on_one_stock_sshd_become_ready_and_stay_supervise
     follower and relaunched to ready."""
     site = Site.create(tmp_path, "gpu1", stock_sshd, gpu_count=16)
     names = [f"llm{i:02d}" for i in range(16)]
+    # Ports no other test worker can be given before these servers bind them (free_ports).
+    ports = free_ports(16)
     config = ssh_config(tmp_path, [site.host_entry()], [
-        server_entry(name, site, gpus=[i], port=free_port()) for i, name in enumerate(names)
+        server_entry(name, site, gpus=[i], port=ports[i]) for i, name in enumerate(names)
     ])
     events = EventRecorder()
     victims = [names[0], names[15]]
