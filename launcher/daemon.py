@@ -122,8 +122,6 @@ async def _already_running(config: Config, server: ServerConfig, transport: Tran
     run_dir = config.run_dir_of(server)
     try:
         return await remote.find_running(transport, run_dir, server.name) is not None
-    except LeaseLost:
-        raise  # not a failure: the lease is gone (docs/ha.md)
     except LauncherError:
         return False
 
@@ -396,8 +394,6 @@ async def _supervise(config: Config, plans: list[_Plan], recorder: LedgerRecorde
                 async with limiters[s.host]:
                     context = await context_of(transports[s.host], config.host(s.host), s,
                                                version)
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:  # HostKeyError: the supervisor reports it
                 log.info("fleet.key_unknown", server=s.name, error=str(exc)[:200])
                 return

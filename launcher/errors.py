@@ -1,24 +1,31 @@
 """The one exception tree of launcher. Only the CLI turns these into exit codes.
 
-    LauncherError                      base; carries a remedy
-    ├── ConfigError                    bad config.toml / env; lists every problem (exit 2)
-    ├── UsageError                     bad CLI input (exit 2)
-    ├── LogFormatError                 a log or remote output we cannot read (names the line)
-    ├── PolicyError                    the backoff policy was asked something impossible
-    ├── TransportError                 running a command on a host failed
-    │   ├── HostUnreachable            refused / timed out / lost (transient: retried)
-    │   ├── AuthenticationFailed       wrong user key (fatal at once)
-    │   └── HostKeyError               unknown or changed host key (fatal at once)
-    │       └── HostKeyChanged         it changed while connected (no more commands)
-    ├── RemoteCommandError             a remote command exited non-zero
-    │   └── CommandTimedOut            it did not finish in time (transient: retried)
-    ├── PreflightError                 GPUs / port / model path not usable for a launch
-    ├── WontFit                        the memory estimate says no setting fits (exit 5)
-    ├── StateError                     the attempt ledger / state dir (lock held, corrupt)
-    ├── LeaseLost                      this launcher no longer holds the coordination lease;
-    │   │                              it stopped acting on hosts (exit 6, docs/ha.md)
-    │   └── FencedOut                  a host refused an action: it saw a newer lease's token
-    └── IllegalTransition              the start-up state machine got an impossible event
+    LauncherException                  root; carries a remedy
+    ├── LauncherError                  a failure of what was asked
+    │   ├── ConfigError                bad config.toml / env; lists every problem (exit 2)
+    │   ├── UsageError                 bad CLI input (exit 2)
+    │   ├── LogFormatError             a log or remote output we cannot read (names the line)
+    │   ├── PolicyError                the backoff policy was asked something impossible
+    │   ├── TransportError             running a command on a host failed
+    │   │   ├── HostUnreachable        refused / timed out / lost (transient: retried)
+    │   │   ├── AuthenticationFailed   wrong user key (fatal at once)
+    │   │   └── HostKeyError           unknown or changed host key (fatal at once)
+    │   │       └── HostKeyChanged     it changed while connected (no more commands)
+    │   ├── RemoteCommandError         a remote command exited non-zero
+    │   │   └── CommandTimedOut        it did not finish in time (transient: retried)
+    │   ├── PreflightError             GPUs / port / model path not usable for a launch
+    │   ├── WontFit                    the memory estimate says no setting fits (exit 5)
+    │   ├── StateError                 the attempt ledger / state dir (lock held, corrupt)
+    │   └── IllegalTransition          the start-up state machine got an impossible event
+    └── LeaseLost                      not a failure: this launcher no longer holds the
+        │                              coordination lease and must stop acting (exit 6,
+        │                              docs/ha.md)
+        └── FencedOut                  a host refused an action: it saw a newer lease's token
+
+LeaseLost is a sibling of LauncherError, not a kind of it, so that the many handlers that
+judge a failed host action (``except LauncherError``: retry, count an attempt, relaunch)
+never see it; only a handler as broad as ``Exception`` must let it through
+(``reraise_lease_lost``).
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ from __future__ import annotations
 import traceback
 
 
-class LauncherError(Exception):
-    """Base of every error launcher raises on purpose.
+class LauncherException(Exception):
+    """Root of everything launcher raises on purpose.
 
     ``remedy`` says what the operator can do about it; the CLI prints it.
     """
@@ -42,6 +49,10 @@ class LauncherError(Exception):
     def __str__(self) -> str:
         text = super().__str__()
         return f"{text}\n  fix: {self.remedy}" if self.remedy else text
+
+
+class LauncherError(LauncherException):
+    """Something launcher was asked to do failed (see the tree above)."""
 
 
 class ConfigError(LauncherError):
@@ -154,7 +165,7 @@ class StateError(LauncherError):
     """The local state directory or attempt ledger cannot be used."""
 
 
-class LeaseLost(LauncherError):
+class LeaseLost(LauncherException):
     """This launcher no longer holds the coordination lease (``[coordination]``,
     docs/ha.md): every action on a host is refused from now on, and ``up`` ends (exit 6) so
     that systemd starts it again as a standby. ``token`` is the lease's fencing token that

@@ -509,9 +509,10 @@ def test_the_default_version_is_the_newest_supported() -> None:
 
 # Where host actions are caught and judged (a failed launch, a failed probe, a retry): a
 # LeaseLost there must pass through untouched (docs/ha.md, "A lost lease inside a supervisor").
-LEASE_CHECKED = ("launcher.supervise.", "launcher.daemon", "launcher.host.health")
-# What a handler catches that would catch LeaseLost too.
-_BROAD = {"LauncherError", "Exception", "BaseException"}
+LEASE_CHECKED = ("launcher.supervise.", "launcher.daemon", "launcher.host.")
+# What a handler catches that would catch LeaseLost too. LauncherError does not: LeaseLost is
+# its sibling (launcher/errors.py), so only handlers this broad need a re-raise.
+_BROAD = {"LauncherException", "Exception", "BaseException"}
 
 
 def _caught(handler: ast.ExceptHandler) -> set[str]:
@@ -541,7 +542,7 @@ def _awaits(body: list[ast.stmt]) -> bool:
 
 
 def lease_swallowers(code: Mapping[str, str]) -> list[str]:
-    """``module:line`` of each handler in LEASE_CHECKED that catches LeaseLost (LauncherError,
+    """``module:line`` of each handler in LEASE_CHECKED that catches LeaseLost (LauncherException,
     Exception, bare) without a ``except LeaseLost: raise`` before it in the same ``try``,
     unless it calls ``reraise_lease_lost`` first or ends in a bare ``raise``."""
     found = []
@@ -571,11 +572,21 @@ def test_supervision_never_catches_a_lost_lease_as_a_failure() -> None:
 
 def test_the_lease_checker_sees_a_swallowed_lease() -> None:
     """The checker flags a broad handler without the re-raise, and accepts both forms."""
-    bad = "try:\n    await f()\nexcept LauncherError:\n    pass\n"
+    bad = "try:\n    await f()\nexcept Exception:\n    pass\n"
     good = ("try:\n    await f()\nexcept LeaseLost:\n    raise\n"
-            "except LauncherError:\n    pass\n"
+            "except Exception:\n    pass\n"
+            "try:\n    await f()\nexcept LauncherError:\n    pass\n"  # LeaseLost is no failure
             "try:\n    await g()\nexcept Exception as exc:\n    reraise_lease_lost(exc)\n"
             "try:\n    f()\nexcept Exception:\n    pass\n")  # no await: no host action
     assert ["launcher.supervise.x:3"] == lease_swallowers({"launcher.supervise.x": bad})
     assert [] == lease_swallowers({"launcher.supervise.x": good})
     assert [] == lease_swallowers({"launcher.hooks.slack": bad})  # not a host-action layer
+
+
+def test_a_lost_lease_is_not_a_failure() -> None:
+    """The checker's premise: ``except LauncherError`` (a failed host action) never catches
+    LeaseLost, while the CLI's catch of the root still does (exit 6)."""
+    from launcher.errors import FencedOut, LauncherError, LauncherException, LeaseLost
+
+    assert not issubclass(LeaseLost, LauncherError)
+    assert issubclass(FencedOut, LeaseLost) and issubclass(LeaseLost, LauncherException)

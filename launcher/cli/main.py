@@ -64,6 +64,7 @@ from launcher.errors import (
     ConfigError,
     HostUnreachable,
     LauncherError,
+    LauncherException,
     LeaseLost,
     LogFormatError,
     RemoteCommandError,
@@ -228,19 +229,19 @@ def _say_err(priority: int, *parts: str | tuple[str, str]) -> None:
     sys.stderr.flush()
 
 
-def _error(console: Console, exc: LauncherError, prefix: str = "") -> None:
+def _error(console: Console, exc: LauncherException, prefix: str = "") -> None:
     if console is err:
         _say_err(3, prefix, (type(exc).__name__, "bold red"), f": {exc}")  # 3: err
         return
     _say(console, prefix, (type(exc).__name__, "bold red"), f": {exc}")
 
 
-def _one_line(exc: LauncherError) -> str:
+def _one_line(exc: LauncherException) -> str:
     """``exc``'s message without its remedy, on one line."""
     return " ".join(str(exc.args[0] if exc.args else exc).split())
 
 
-def _exit_code(exc: LauncherError) -> int:
+def _exit_code(exc: LauncherException) -> int:
     if isinstance(exc, WontFit):
         return EXIT_WONT_FIT
     if isinstance(exc, LeaseLost):
@@ -248,7 +249,7 @@ def _exit_code(exc: LauncherError) -> int:
     return EXIT_USAGE if isinstance(exc, ConfigError | UsageError | LogFormatError) else EXIT_ERROR
 
 
-def _fail(exc: LauncherError) -> NoReturn:
+def _fail(exc: LauncherException) -> NoReturn:
     code = _exit_code(exc)
     _error(err, exc)
     raise typer.Exit(code)
@@ -257,7 +258,7 @@ def _fail(exc: LauncherError) -> NoReturn:
 def _guard(fn: Callable[[], T]) -> T:
     try:
         return fn()
-    except LauncherError as exc:
+    except LauncherException as exc:
         _fail(exc)
 
 
@@ -836,7 +837,7 @@ def up(
     try:
         result = anyio.run(daemon.run, config, servers, secrets, notifier, opts, view,
                            router_keys)
-    except LauncherError as exc:
+    except LauncherException as exc:  # LeaseLost too: exit 6
         _error(err, exc)
         raise typer.Exit(_exit_code(exc)) from None
     for name, reason in result.gave_up:

@@ -53,6 +53,7 @@ from launcher.errors import (
     RemoteCommandError,
     describe_exception,
     format_traceback,
+    reraise_lease_lost,
 )
 from launcher.host import agent
 from launcher.host import run as remote
@@ -315,6 +316,7 @@ class HostFollower:
                 raise  # to the opener (tg.start)
             error = exc
         except Exception as exc:  # never cancellation (BaseException)
+            reraise_lease_lost(exc)  # not a failure: the lease is gone (docs/ha.md)
             # A bug (or a frame no parser bounds) must not end the follower's task group,
             # and with it every server's supervision: the channel ends with an error its
             # followers and probes already handle (security review 2026-12-05, finding H1).

@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 import anyio
 import httpx
 
-from launcher.errors import HostKeyError, LauncherError, LeaseLost
+from launcher.errors import HostKeyError, LauncherError
 from launcher.host.transport.base import Transport
 from launcher.host.transport.fenced import fence_of
 from launcher.untrusted import bounded_int
@@ -120,8 +120,6 @@ async def probe_health(connect: Connect, deadline_s: float) -> tuple[bool, str]:
         return False, f"no complete answer within {deadline_s:g}s"
     except HostKeyError:
         raise
-    except LeaseLost:
-        raise  # not a failure: the lease is gone (docs/ha.md)
     except (OSError, LauncherError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
         return False, f"{type(exc).__name__}: {exc}"
     line = head.partition(b"\r\n")[0].split()

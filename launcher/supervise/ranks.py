@@ -58,7 +58,7 @@ from tenacity import (
 )
 
 from launcher.config.schema import Config, ServerConfig
-from launcher.errors import HostKeyError, HostUnreachable, LauncherError, LeaseLost
+from launcher.errors import HostKeyError, HostUnreachable, LauncherError
 from launcher.host import health, preflight
 from launcher.host import run as remote
 from launcher.host.gpus import check_gpus
@@ -329,8 +329,6 @@ class MultiNodeSupervisor(ServerSupervisor):
         async def one(rank: Rank, spec: remote.AttemptSpec) -> None:
             try:
                 handles[rank.rank] = await remote.launch(self._transport(rank), spec)
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 errors.append((rank, exc))
 
@@ -393,8 +391,6 @@ class MultiNodeSupervisor(ServerSupervisor):
                     self.host_unreachable(exc, wait, node=host)
                     await self._node_wait(host, wait)
                     continue
-                except LeaseLost:
-                    raise  # not a failure: the lease is gone (docs/ha.md)
                 except LauncherError:
                     pass
                 self.host_reachable(node=host)
@@ -420,8 +416,6 @@ class MultiNodeSupervisor(ServerSupervisor):
                 wait = waits.next()
                 self.host_unreachable(exc, wait, node=host)
                 await self._node_wait(host, wait)
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 status = await self._rank_status(run)
                 if status is not None and not status.alive:
@@ -438,8 +432,6 @@ class MultiNodeSupervisor(ServerSupervisor):
             return await remote.probe(run.transport, run.handle)
         except HostKeyError:
             raise
-        except LeaseLost:
-            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError:
             return None
 
@@ -600,8 +592,6 @@ class MultiNodeSupervisor(ServerSupervisor):
             except HostUnreachable as exc:
                 self.host_unreachable(exc, node=run.rank.host)
                 continue
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError:
                 age = self.clock() - run.last_advance
             else:
@@ -629,8 +619,6 @@ class MultiNodeSupervisor(ServerSupervisor):
         for run in att.ranks:
             try:
                 tail = await remote.tail_log(run.transport, run.handle)
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 self._emit(events.AttemptTailUnreadable(error=str(exc), node=run.rank.host))
                 continue
@@ -673,8 +661,6 @@ class MultiNodeSupervisor(ServerSupervisor):
                     report = await remote.stop(transport, handle, grace=grace, kill_wait=5.0)
                 except HostUnreachable as exc:
                     self.host_unreachable(exc, waits.current, node=rank.host)
-                except LeaseLost:
-                    raise  # not a failure: the lease is gone (docs/ha.md)
                 except LauncherError as exc:
                     self._emit(events.ProcessStopFailed(reason=reason, error=str(exc),
                                                         node=rank.host, rank=rank.rank))
@@ -699,8 +685,6 @@ async def _on_every_node(ranks: list[Rank],
     async def one(rank: Rank) -> None:
         try:
             await check(rank)
-        except LeaseLost:
-            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError as exc:
             errors[rank.rank] = exc
 
@@ -745,8 +729,6 @@ async def stop_other_ranks(config: Config, server: ServerConfig, *, grace: float
                 await anyio.sleep(1.0)
             state = f"GPUs not free: {'; '.join(problems)}" if problems else "GPUs free"
             lines.append(f"{where}: {done}; {state}")
-        except LeaseLost:
-            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError as exc:
             lines.append(f"{where}: could not be stopped (GPUs not free): {exc}")
         finally:

@@ -432,8 +432,6 @@ class RouterSupervisor:
         try:
             try:
                 found = await self._survey()
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:  # a refused host key or login: asking again won't do
                 self.state = "gave_up"
                 self._emit(events.RouterGaveUp(attempt=self.attempt, reason=str(exc)))
@@ -493,8 +491,6 @@ class RouterSupervisor:
             try:
                 return await remote.survey(self.transport, self.run_dir, self.router.name,
                                            adopting=True)
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 if not is_transient(exc):
                     raise
@@ -515,8 +511,6 @@ class RouterSupervisor:
         )
         try:
             handle = await remote.launch(self.transport, spec)
-        except LeaseLost:
-            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError as exc:
             self._emit(events.RouterLaunchFailed(attempt=self.attempt, error=str(exc)))
             return None
@@ -528,8 +522,6 @@ class RouterSupervisor:
         with anyio.CancelScope(shield=True):
             try:
                 await remote.stop(self.transport, handle, grace=5.0, kill_wait=5.0)
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 self._emit(events.RouterStopFailed(reason=reason, error=str(exc)))
 
@@ -562,8 +554,6 @@ class RouterSupervisor:
                         end("exited", item.status)
                         return
                 return
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:  # unreachable or a failed read: follow again
                 wait = waits.next()
                 self._emit(events.RouterFollowFailed(error=str(exc), retry_in_s=wait))
@@ -622,8 +612,6 @@ class RouterSupervisor:
             return (await remote.probe(self.transport, handle)).alive
         except HostUnreachable:
             return False
-        except LeaseLost:
-            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError:
             return True
 

@@ -45,7 +45,6 @@ from launcher.errors import (
     HostKeyError,
     HostUnreachable,
     LauncherError,
-    LeaseLost,
     StateError,
     describe_exception,
     format_traceback,
@@ -575,8 +574,6 @@ class ServerSupervisor:
                 # Not "unknown": this host must not (or cannot) be asked again; nothing in a
                 # run directory another user could swap may be adopted, signalled or written.
                 return HostRefused(f"cannot list its attempts on {self.server.host}: {exc}")
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 await self._dispatch(Unknown(f"cannot list its attempts on {self.server.host}: "
                                              f"{exc}"))
@@ -641,8 +638,6 @@ class ServerSupervisor:
         its check)."""
         try:
             files = await remote.attempt_files(self.transport, handle)
-        except LeaseLost:
-            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError:
             return None
         # a forged or corrupt one (no zone, year 1, garbage) is unknown, not a crash
@@ -658,8 +653,6 @@ class ServerSupervisor:
         try:
             files = await remote.attempt_files(self.transport, handle, limit=_CMD_LIMIT)
             words = files.get("cmd", "").split()
-        except LeaseLost:
-            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError:
             words = []
         for flag, raw in itertools.pairwise(words):
@@ -695,8 +688,6 @@ class ServerSupervisor:
             async for attempt in retrying:
                 with attempt:
                     return await self.preflight_checks()
-        except LeaseLost:
-            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError as exc:
             if is_transient(exc):
                 return [Problem(ProblemKind.HOST_UNAVAILABLE, f"host cannot be asked now: {exc}")]
@@ -788,8 +779,6 @@ class ServerSupervisor:
                 self._attempt = None
                 await self._post(HostRefused(str(exc)))
                 return
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 self._attempt = None  # nothing to follow or stop; the previous one is over
                 self._emit(events.LaunchFailed(error=str(exc)))
@@ -831,8 +820,6 @@ class ServerSupervisor:
                     self.host_unreachable(exc, wait)
                     await self._outage_wait(wait)
                     continue
-                except LeaseLost:
-                    raise  # not a failure: the lease is gone (docs/ha.md)
                 except LauncherError:
                     pass  # the host answered; the follow below reports what is wrong
                 self.host_reachable()
@@ -863,8 +850,6 @@ class ServerSupervisor:
                 wait = waits.next()
                 self.host_unreachable(exc, wait)
                 await self._outage_wait(wait)
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 # The host answers but reading the log failed (e.g. its file vanished). A dead
                 # server is reported with what the log showed so far; a live one is followed
@@ -940,8 +925,6 @@ class ServerSupervisor:
         except HostUnreachable as exc:
             self.host_unreachable(exc)
             return None
-        except LeaseLost:
-            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError:
             return self.clock() - att.last_advance
         self.host_reachable()
@@ -1002,8 +985,6 @@ class ServerSupervisor:
                 raise
             except HostUnreachable as exc:
                 return False, f"{type(exc).__name__}: {exc}"
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 # The agent's channel ended (the agent died, e.g. on a forged attempt file):
                 # not this server's failure. Ask the server the plain way this once; the
@@ -1021,8 +1002,6 @@ class ServerSupervisor:
             return await remote.probe(self.transport, att.handle)
         except HostKeyError:
             raise
-        except LeaseLost:
-            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError:
             return None
 
@@ -1034,8 +1013,6 @@ class ServerSupervisor:
         except HostUnreachable as exc:
             self.host_unreachable(exc)
             return None
-        except LeaseLost:
-            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError:
             return True
         self.host_reachable()
@@ -1064,8 +1041,6 @@ class ServerSupervisor:
         tail = b""
         try:
             tail = await remote.tail_log(self.transport, att.handle)
-        except LeaseLost:
-            raise  # not a failure: the lease is gone (docs/ha.md)
         except LauncherError as exc:
             self._emit(events.AttemptTailUnreadable(error=str(exc)))
         return tail.decode("utf-8", errors="replace")
@@ -1085,8 +1060,6 @@ class ServerSupervisor:
                                                kill_wait=5.0)
                 except HostUnreachable as exc:
                     self.host_unreachable(exc, waits.current)
-                except LeaseLost:
-                    raise  # not a failure: the lease is gone (docs/ha.md)
                 except LauncherError as exc:
                     self._emit(events.ProcessStopFailed(reason=reason, error=str(exc)))
                     return
@@ -1127,8 +1100,6 @@ class ServerSupervisor:
         with anyio.move_on_after(30.0, shield=True):
             try:
                 await remote.mark_gave_up(self.transport, handle, self.redact.text(reason))
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 self.log.warning("gave_up.unrecorded", error=str(exc))
 
@@ -1182,8 +1153,6 @@ class ServerSupervisor:
             except HostKeyError as exc:
                 await self._post(HostRefused(str(exc)))
                 return
-            except LeaseLost:
-                raise  # not a failure: the lease is gone (docs/ha.md)
             except LauncherError as exc:
                 problems = [str(exc)]
             if not problems:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -19,7 +20,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from launcher.errors import HostUnreachable
+from launcher.errors import HostUnreachable, LeaseLost
 from launcher.host import agent as follow_agent
 from launcher.host import run
 from launcher.host.follower import (
@@ -33,8 +34,10 @@ from launcher.host.follower import (
 )
 from launcher.host.run import AttemptSpec, LogChunk, RunExited, RunHandle
 from launcher.host.transport.base import Duplex, DuplexTransport
+from launcher.host.transport.fenced import FencedTransport
 from launcher.host.transport.local import LocalTransport
 from launcher.host.transport.ssh import SSHTransport
+from launcher.store.fence import Fence
 from launcher.supervise import events
 from launcher.supervise.lifecycle import State
 from launcher.supervise.supervisor import ServerSupervisor, supervise_all
@@ -237,6 +240,23 @@ async def test_one_agent_follows_many_servers_to_their_exits(tmp_path: Path) -> 
         log = await anyio.Path(handle.log_path).read_bytes()
         assert (log, codes[i]) == results[i]
         assert log.count(b"\n") == 300
+
+
+async def test_a_lost_lease_at_the_agents_start_reaches_the_follower_as_itself(
+    tmp_path: Path,
+) -> None:
+    """Opening the agent behind a revoked fence raises LeaseLost to the follower: it is not
+    turned into a channel error, which supervision would judge as a failure (docs/ha.md)."""
+    handle = await launch(LocalTransport("local"), tmp_path / "run", "s0",
+                          ["sh", "-c", f'{sys.executable} -c "$0"', WRITER])
+    fence = Fence()
+    fence.grant(3, math.inf)
+    fence.revoke()
+    with capture_logs() as logs:
+        async with running(FencedTransport(LocalTransport("local"), fence)) as follower:
+            with pytest.raises(LeaseLost):
+                await collect(follower, handle)
+    assert not [e for e in logs if e["event"] == "follow.internal_error"]
 
 
 async def test_sigkill_is_reported_with_its_status_and_the_rest_of_the_log(
