@@ -43,10 +43,9 @@ def model_dir(name: str) -> Path:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago, from below the ephemeral range
+    (:func:`free_ports`: no other process is handed it by binding port 0)."""
+    return free_ports(1)[0]
 
 
 # free_ports draws from here up to the kernel's ephemeral range (ip_local_port_range).
