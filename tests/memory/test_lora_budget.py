@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.memory.estimate import choose, estimate
+from launcher.memory.estimate import Estimate, choose, estimate
 from launcher.params import LaunchParams
 from launcher.sglang.lora import LoraShape, normalize_modules
 from launcher.sglang.modelfacts import GIB, GpuFacts, ModelFacts, ServerShape, WeightFacts
@@ -20,7 +20,7 @@ SEVEN = normalize_modules(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", 
                            "down_proj"))
 
 
-def _estimate(lora: LoraShape | None):  # type: ignore[no-untyped-def]
+def _estimate(lora: LoraShape | None) -> Estimate:
     model = ModelFacts.from_config(json.loads((CASE / "config.json").read_text()))
     return estimate(model, WeightFacts(16060522496), [GpuFacts(0, 79.65, 0.0, "H100")],
                     ServerShape(tp=1, sglang_version="0.5.23"), lora=lora)

@@ -94,7 +94,7 @@ def test_an_adapter_without_its_config_fails_the_start_up(tmp_path: Path) -> Non
     model = _llama(tmp_path)
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ConfigFailure, match="adapter_config.json"):
+    with pytest.raises(ConfigFailure, match=r"adapter_config\.json"):
         scenario_from_argv("0.5.23", ["--model-path", str(model), "--lora-paths", str(empty)],
                            79.65)
     # the shape flags alone, without adapters: SGLang's assertion
