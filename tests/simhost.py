@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shlex
 import signal
 import socket
@@ -42,10 +43,51 @@ def model_dir(name: str) -> Path:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago, from below the ephemeral range
+    (:func:`free_ports`: no other process is handed it by binding port 0)."""
+    return free_ports(1)[0]
+
+
+# free_ports draws from here up to the kernel's ephemeral range (ip_local_port_range).
+_FIXED_PORTS_LOW = 10000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1, each free now, for servers that bind them
+    only later (many sim servers starting at once, on a box running other tests).
+
+    :func:`free_port` returns what the kernel gives for port 0, and it gives that port to the
+    next process binding port 0 just as well (another test worker's server, listener or
+    ``free_port``) until our server has bound it: the launcher then finds the port held by
+    its own user and rightly gives the server up. These ports come at random from below the
+    ephemeral range instead, where neither port 0 nor an outgoing connection is ever given
+    a port; each is bound while the others are chosen, so they are distinct.
+    """
+    low, high = _FIXED_PORTS_LOW, _ephemeral_low()
+    if high - low < 100 * count:  # an unusual ip_local_port_range: fall back to port 0
+        low, high = 0, 0
+    rng = random.SystemRandom()  # not the seeded module random: workers would pick alike
+    held: list[socket.socket] = []
+    try:
+        while len(held) < count:
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", rng.randrange(low, high) if high else 0))
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 def split_output(text: str) -> list[str]:

@@ -46,10 +46,11 @@ def find_sshd() -> str:
 
 
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """Return a TCP port on 127.0.0.1 that nothing listens on right now (tests.simhost's
+    rule: from below the ephemeral range, so no port-0 bind elsewhere takes it meanwhile)."""
+    from tests.simhost import free_ports  # simhost is heavier; sshd.py stays importable alone
+
+    return free_ports(1)[0]
 
 
 def keygen(path: Path, comment: str) -> None:

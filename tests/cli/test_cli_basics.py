@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 import launcher
-from launcher.cli.main import _tail_offset
+from launcher.cli.logs import _tail_offset
 from launcher.host import run
 from launcher.host.transport.local import LocalTransport
 from tests.supervise import SERVER, SimSetup, run_cli

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from launcher.cli.main import (
+from launcher.cli.app import (
     EXIT_ERROR,
     EXIT_GAVE_UP,
     EXIT_NOT_READY,

@@ -16,7 +16,7 @@ import pyte
 import pytest
 from rich.console import Console
 
-from launcher.cli import main
+from launcher.cli import up
 from launcher.memory.policy import AttemptRecord
 from launcher.params import LaunchParams
 from launcher.sglang.logparse import LogFollower
@@ -209,7 +209,7 @@ def snapshot(**fields: Any) -> Snapshot:
     ({"phase": "init", "state": "init"}, ""),
 ])
 def test_progress_reads_as_numbers(fields: dict[str, Any], text: str) -> None:
-    assert text == main._progress_text(snapshot(**fields))
+    assert text == up._progress_text(snapshot(**fields))
 
 
 def test_the_last_failure_in_a_few_words() -> None:
@@ -236,7 +236,7 @@ def test_the_note_stays_on_one_line_cut_with_an_ellipsis() -> None:
                     attempt=2, params="mem_fraction_static=0.844 cuda_graph_max_bs=256",
                     elapsed_s=61.0, pid=None, last_failure=note)
     console = Console(record=True, width=120, file=io.StringIO())
-    console.print(main._view([snap]))
+    console.print(up._view([snap]))
     _header, row = console.export_text().splitlines()  # one row: one line
     assert row.split()[:6] == ["sim0", "simhost", "starting", "2", "mfs=0.844", "bs=256"]
     assert row.rstrip().endswith("…") and "attempt 1: oom_graph_capture" in row
@@ -245,6 +245,6 @@ def test_the_note_stays_on_one_line_cut_with_an_ellipsis() -> None:
 def test_held_back_slack_messages_stay_out_of_the_live_view() -> None:
     """Issue 15: ``notify.suppressed`` (info, no kind shown) showed in the live view; it goes
     to up.log only, like the messages themselves."""
-    assert main._event_line({"event": "notify.suppressed", "server": "sim0", "kind": "restart",
+    assert up._event_line({"event": "notify.suppressed", "server": "sim0", "kind": "restart",
                             "suppressed": 2, "level": "info"}) is None
-    assert main._event_line({"event": "notify.dropped", "server": "sim0", "level": "warning"})
+    assert up._event_line({"event": "notify.dropped", "server": "sim0", "level": "warning"})

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from launcher.cli import inspection, main
+from launcher.cli import app, inspection
 from launcher.host import run
 from launcher.host.transport.local import LocalTransport
 from tests.cli.test_live_view import capture_oom
@@ -192,7 +192,7 @@ def test_time_to_ready_is_rounded_like_the_events() -> None:
     """describe and history round a time to ready as the events' "ready in 8s" does (a plain
     duration would cut 7.59 s to 7s), in the two units of every other duration."""
     assert ("8s", "7s", "1m05s", "") == (
-        main._to_ready(7.59), main._to_ready(7.4), main._to_ready(64.6), main._to_ready(None))
+        app.to_ready(7.59), app.to_ready(7.4), app.to_ready(64.6), app.to_ready(None))
 
 
 def write_log(path: Path, lines: list[str]) -> str:

@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from launcher import daemon
-from launcher.cli.main import EXIT_GAVE_UP, EXIT_OK, EXIT_WONT_FIT
+from launcher.cli.app import EXIT_GAVE_UP, EXIT_OK, EXIT_WONT_FIT
 from launcher.config.load import config_from_dict
 from launcher.errors import WontFit
 from launcher.host.facts import MAX_CONFIG, Facts, read_gpus, read_model, server_shape

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from rich.console import Console
 
-from launcher.cli import inspection, main
-from launcher.cli.main import EXIT_GAVE_UP, EXIT_NOT_READY
+from launcher.cli import app, inspection, up
+from launcher.cli.app import EXIT_GAVE_UP, EXIT_NOT_READY
 from launcher.config.load import config_from_dict
 from launcher.config.schema import SlackConfig
 from launcher.errors import ConfigError, HostKeyError, RemoteCommandError, StateError
@@ -86,12 +86,12 @@ def test_live_view_and_messages_show_server_text_verbatim() -> None:
     text = MARKUP + " :warning:"
     snap = Snapshot(server="s[/]", host="h[bold]", state="gave_up", phase=None, progress=None,
                     attempt=1, params="0.8/8", elapsed_s=1.0, pid=None, reason=text)
-    view = rendered(main._view([snap]))
+    view = rendered(up._view([snap]))
     assert text in view and "s[/]" in view and "h[bold]" in view
 
     console = Console(record=True, width=400, file=io.StringIO())
-    main._say(console, ("sim0 gave up", "red"), f": {text}")
-    main._error(console, RemoteCommandError(text), "s[/]: ")
+    app.say(console, ("sim0 gave up", "red"), f": {text}")
+    app.error(console, RemoteCommandError(text), "s[/]: ")
     lines = console.export_text().splitlines()
     assert [f"sim0 gave up: {text}", f"s[/]: RemoteCommandError: {text}"] == lines
 
@@ -101,10 +101,10 @@ def test_terminal_escapes_from_a_server_are_shown_not_sent() -> None:
     as visible ``\\x1b`` text, in messages and in table cells."""
     text = "boom \x1b[2J\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\ \x07"
     console = Console(record=True, width=400, file=io.StringIO(), force_terminal=True)
-    main._say(console, ("sim0 gave up", "red"), f": {text}")
+    app.say(console, ("sim0 gave up", "red"), f": {text}")
     snap = Snapshot(server="s", host="h", state="gave_up", phase=None, progress=None,
                     attempt=1, params="", elapsed_s=1.0, pid=None, reason=text)
-    console.print(main._view([snap]))
+    console.print(up._view([snap]))
     raw = console.file.getvalue()  # type: ignore[attr-defined]
     assert "\x1b[2J" not in raw and "\x1b]8" not in raw and "\x07" not in raw
     assert raw.count("\\x1b[2J") == 2 and raw.count("\\x07") == 2

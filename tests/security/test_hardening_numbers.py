@@ -31,7 +31,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from launcher.cli.main import EXIT_NOT_READY, EXIT_OK
+from launcher.cli.app import EXIT_NOT_READY, EXIT_OK
 from launcher.config.load import config_from_dict
 from launcher.errors import RemoteCommandError
 from launcher.hooks.metrics import Metrics

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli.main import EXIT_OK
+from launcher.cli.app import EXIT_OK
 from launcher.errors import RemoteCommandError
 from launcher.host import agent as follow_agent
 from launcher.host import preflight, run

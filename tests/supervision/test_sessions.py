@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 
 from launcher.host.transport.ssh import SESSIONS_PER_CONNECTION, SSHTransport
 from launcher.supervise.lifecycle import State
-from tests.simhost import free_port
+from tests.simhost import free_ports
 from tests.sshd import Sshd
 from tests.sshsim import EventRecorder, Site, kill_leftovers, server_entry, ssh_config
 from tests.test_ssh_e2e import ssh_transports, supervising, supervisor, wait_until
@@ -150,6 +150,109 @@ async def test_sessions_per_connection_is_honoured(stock_sshd: Sshd, tmp_path: P
     assert (5, 3) == counts
 
 
+class _Relay:
+    """A TCP relay to an sshd whose client-to-server direction can be held: what the client
+    sends meanwhile is kept and then written in one piece, so sshd reads it in one go."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.flowing = anyio.Event()
+        self.flowing.set()
+        self.held = 0  # bytes kept while held
+
+    def hold(self) -> None:
+        self.flowing = anyio.Event()
+
+    async def serve(self, listener: anyio.abc.SocketListener) -> None:
+        async def pump_up(client: anyio.abc.SocketStream, server: anyio.abc.SocketStream,
+                          ) -> None:
+            kept = bytearray()
+            while True:
+                with anyio.move_on_after(0.01):  # wake now and then to see a release
+                    kept += await client.receive()
+                if not self.flowing.is_set():
+                    self.held = len(kept)
+                    continue
+                if kept:
+                    await server.send(bytes(kept))
+                    kept.clear()
+
+        async def pump_down(server: anyio.abc.SocketStream, client: anyio.abc.SocketStream,
+                            ) -> None:
+            async for chunk in server:
+                await client.send(chunk)
+
+        async def handle(client: anyio.abc.SocketStream) -> None:
+            server = await anyio.connect_tcp("127.0.0.1", self.target)
+            async with client, server, anyio.create_task_group() as tg:
+                tg.start_soon(pump_up, client, server)
+                tg.start_soon(pump_down, server, client)
+
+        async with listener:
+            await listener.serve(handle)
+
+
+async def test_a_session_refused_while_our_closes_wait_in_sshd_is_asked_again(
+    stock_sshd: Sshd, tmp_path: Path
+) -> None:
+    """sshd frees a finished session only once it has read our close of its channel; an open
+    read together with such closes is refused ("no more sessions") though those sessions are
+    over. The transport asks again on the same connection and gets it: no session_refused
+    warning, the connection's cap stays. (On a busy host sshd reads in bigger batches: this
+    made the 16-server test below flaky.) Staged through a relay holding our bytes."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    relay = _Relay(stock_sshd.port)
+    relay_port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"[{stock_sshd.host}]:{relay_port} {stock_sshd.host_public_key}\n")
+    # One connection of 10 sessions: exactly what a stock sshd (MaxSessions 10) allows.
+    t = _transport(stock_sshd, port=relay_port, known_hosts=known_hosts,
+                   sessions_per_connection=10)
+    gate, done = tmp_path / "gate", tmp_path / "done"
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay.serve, listener)
+            with capture_logs() as logs:
+                async with AsyncExitStack() as stack:
+                    await _hold_streams(t, 7, gate, stack)
+                    short = [t.stream(["sh", "-c", _HOLD, "sh", str(i), str(done)])
+                             for i in range(3)]
+                    for stream in short:
+                        await _first_chunk(stream)
+                    assert (10, 1) == (t.sessions_open, t.connections_open)
+                    relay.hold()
+                    done.touch()  # the 3 commands end; our closes of them wait in the relay
+                    with anyio.fail_after(30):
+                        for stream in short:
+                            async for _ in stream:
+                                pass
+                    assert 7 == t.sessions_open
+
+                    async def echo() -> bytes:
+                        return (await t.run(["echo", "again"], timeout=20)).stdout
+
+                    async with anyio.create_task_group() as inner:
+                        result: list[bytes] = []
+                        inner.start_soon(lambda: _append(result, echo()))
+                        await wait_until(lambda: relay.held > 0 and t.sessions_open == 8, 10,
+                                         EventRecorder(), "the open held behind the closes")
+                        relay.flowing.set()
+                    connections = t.connections_open
+                    gate.touch()
+            tg.cancel_scope.cancel()
+    finally:
+        await t.aclose()
+    assert [b"again\n"] == result
+    assert 1 == connections
+    assert [] == [e for e in logs if e["event"] == "ssh.session_refused"]
+    asked = [e for e in logs if e["event"] == "ssh.session_asked_again"]
+    assert len(asked) <= 1
+
+
+async def _append(into: list[bytes], value: Any) -> None:
+    into.append(await value)
+
+
 # -- 16 servers on one stock sshd, end to end ------------------------------------------------
 
 
@@ -164,8 +267,10 @@ async def test_sixteen_servers_on_one_stock_sshd_become_ready_and_stay_supervise
     follower and relaunched to ready."""
     site = Site.create(tmp_path, "gpu1", stock_sshd, gpu_count=16)
     names = [f"llm{i:02d}" for i in range(16)]
+    # Ports no other test worker can be given before these servers bind them (free_ports).
+    ports = free_ports(16)
     config = ssh_config(tmp_path, [site.host_entry()], [
-        server_entry(name, site, gpus=[i], port=free_port()) for i, name in enumerate(names)
+        server_entry(name, site, gpus=[i], port=ports[i]) for i, name in enumerate(names)
     ])
     events = EventRecorder()
     victims = [names[0], names[15]]

@@ -671,19 +671,45 @@ class SSHTransport:
 
         The slot stays taken until :meth:`_release` (callers do it when the channel closes).
         If opening the channel fails, the command never started, so retrying is safe: a stale
-        connection is replaced; a session the host refuses (its MaxSessions is below our cap,
-        or sessions we closed still linger there) lowers that connection's cap to what it
-        holds and the next connection is tried. Only a brand-new connection refusing its
-        first session is an error (TransportError: the host allows no sessions at all).
+        connection is replaced. A session the host refuses is asked for once more on the same
+        connection at once: sshd frees a finished session only once it has read our close of
+        its channel, and it answers an open only after freeing what closed before it, so a
+        refusal because our just-closed sessions were not yet freed (an open that reached
+        sshd with those closes, likelier the busier the host) does not repeat. Refused again
+        (the host's MaxSessions is below our cap, or commands of channels we closed still
+        run there), the connection's cap is lowered to what it holds and the next connection
+        is tried. Only a brand-new connection refusing its first session is an error
+        (TransportError: the host allows no sessions at all).
         """
-        for _ in range(_OPEN_TRIES):
-            current, fresh = await self._connection(session=True)
+        tries = 0
+        again: _Connection | None = None  # a refusal's connection, asked once more
+        asked_again: set[int] = set()  # ids of the connections asked again (once each)
+        fresh = False
+        while True:
+            if again is not None and self._take_slot(again):
+                current = again  # ``fresh`` stays what it was for the first ask
+            elif tries < _OPEN_TRIES:
+                tries += 1
+                current, fresh = await self._connection(session=True)
+            else:
+                raise TransportError(
+                    f"{self.name} kept refusing sessions ({_OPEN_TRIES} tries)",
+                    host=self.name,
+                    remedy="check MaxSessions in the host's sshd_config",
+                )
+            again = None
             try:
                 process = await current.conn.create_process(command, encoding=None, **kwargs)
             except (OSError, asyncssh.DisconnectError, asyncssh.ChannelOpenError) as exc:
                 self._release(current)
                 if not current.closed and isinstance(exc, asyncssh.ChannelOpenError):
                     others = current.sessions
+                    if id(current) not in asked_again:
+                        asked_again.add(id(current))
+                        again = current
+                        log.debug("ssh.session_asked_again", host=self.name,
+                                  open_sessions=others, error=exc.reason)
+                        continue
                     if fresh and others == 0:
                         raise TransportError(
                             f"{self.name} refused a session on a new connection: {exc.reason}",
@@ -694,7 +720,7 @@ class SSHTransport:
                     current.cap = max(1, others)
                     log.warning("ssh.session_refused", host=self.name, open_sessions=others,
                                 cap=current.cap, error=exc.reason)
-                    if others == 0:  # sessions we closed still linger on the host
+                    if others == 0:  # commands of channels we closed still run on the host
                         self._discard(current)
                     continue
                 self._discard(current)
@@ -702,11 +728,13 @@ class SSHTransport:
                     raise self._lost(exc, "while opening a session") from exc
                 continue
             return current, process
-        raise TransportError(
-            f"{self.name} kept refusing sessions ({_OPEN_TRIES} tries)",
-            host=self.name,
-            remedy="check MaxSessions in the host's sshd_config",
-        )
+
+    def _take_slot(self, current: _Connection) -> bool:
+        """Take a session slot of ``current`` if it is a live pool connection with one free."""
+        if current.closed or current not in self._pool or current.sessions >= current.cap:
+            return False
+        current.sessions += 1
+        return True
 
     # -- Transport --------------------------------------------------------------------------
 
