@@ -6,6 +6,8 @@ it returns renderables and prints nothing.
 
     weights | KV pool | CUDA graphs | activations/warmup | other processes | free
 
+(a LoRA server's adapter pool is drawn between the weights and the KV pool).
+
 Each part has its own glyph as well as its colour, so the picture reads without colour too.
 
 The static budget's end (``--mem-fraction-static`` x the free memory before loading, counted
@@ -25,6 +27,7 @@ BAR_WIDTH = 60
 # (field, label, glyph, style): the bar's parts in drawing order.
 PARTS: tuple[tuple[str, str, str, str], ...] = (
     ("weights_gib", "weights", "█", "blue"),
+    ("lora_gib", "LoRA pool", "▚", "cyan"),
     ("kv_gib", "KV pool", "▓", "green"),
     ("graphs_gib", "graphs", "▒", "magenta"),
     ("activations_gib", "activations", "░", "yellow"),
@@ -70,7 +73,8 @@ def bar_text(bar: GpuBar, *, label: str = "", mfs: float | None = None,
         t.append(f"  short by {-bar.free_gib:.2f} GiB", style="bold red")
     if line_col is not None and mfs is not None:
         t.append("\n" + " " * (9 + line_col))
-        t.append(f"└ mem_fraction_static {mfs:.3f}: static budget (weights + KV) "
+        held = "weights + LoRA pool + KV" if bar.lora_gib else "weights + KV"
+        t.append(f"└ mem_fraction_static {mfs:.3f}: static budget ({held}) "
                  f"{bar.line_gib:.1f} GiB")
     if deficit_gib is not None:
         t.append("\n" + " " * 9)
@@ -84,7 +88,7 @@ def legend(bar: GpuBar) -> Text:
     first = True
     for name, label, glyph, style in PARTS:
         gib = float(getattr(bar, name))
-        if name == "context_gib" and gib == 0:
+        if name in ("context_gib", "lora_gib") and gib == 0:
             continue
         if not first:
             t.append(" | ")

@@ -167,6 +167,9 @@ def _plan_memory(first: Planned) -> dict[str, Any]:
             "fits": b.fits,
             "problem": b.problem,
             "kv_tokens": b.kv_tokens,
+            "lora_gib": round(b.lora_gib, 2),
+            "lora": (first.estimate.lora.describe()
+                     if first.estimate is not None and first.estimate.lora is not None else None),
             "headroom_gib": round(b.headroom_gib, 2),
             "pre_load_free_gib": round(b.pre_load_free_gib, 2),
             "basis": first.memory_basis,
@@ -183,6 +186,8 @@ def _print_plan_memory(first: Planned) -> None:
         return
     b = first.choice.budget
     say(out, f"  memory   {first.memory_basis}")
+    if first.estimate is not None and first.estimate.lora is not None:
+        say(out, f"           {first.estimate.lora.describe()}")
     for g in b.gpus:
         out.print(bar_text(g, mfs=b.mem_fraction_static), soft_wrap=True)
     if b.gpus:

@@ -4,7 +4,11 @@ Reads, bounded: the model's ``config.json`` (at most :data:`MAX_CONFIG` bytes), 
 ``model.safetensors.index.json`` (at most :data:`MAX_INDEX` bytes; ``metadata.total_size``), or
 else the sizes of its ``*.safetensors`` files; the same for a separate draft model
 (``--speculative-draft-model-path`` in ``extra_args``); and ``nvidia-smi``'s totals and use for the
-server's GPUs. The arithmetic is :mod:`launcher.memory.estimate`'s.
+server's GPUs; with LoRA flags (``--lora-paths``, ``--enable-lora``) and ``--max-lora-rank`` or
+``--lora-target-modules`` unset, each adapter's ``adapter_config.json`` (at most
+:data:`MAX_ADAPTER_CONFIG` bytes, at most :data:`MAX_ADAPTERS` adapters), as SGLang reads them to
+size its LoRA pool (:mod:`launcher.sglang.lora`). The arithmetic is
+:mod:`launcher.memory.estimate`'s.
 
 Error handling: a missing, unreadable or malformed file, or an unusable nvidia-smi answer, is a
 :class:`~launcher.sglang.modelfacts.NoEstimate` ("no estimate: <why>"), never a crash; an
@@ -28,6 +32,13 @@ from launcher.host.transport.base import CommandResult, Transport
 from launcher.memory.estimate import Estimate, estimate
 from launcher.memory.priors import DEFAULT_COEFFICIENTS, Coefficients
 from launcher.params import LaunchParams
+from launcher.sglang.lora import (
+    LoraAdapter,
+    LoraShape,
+    adapter_shape,
+    parse_lora_flags,
+    resolve_lora,
+)
 from launcher.sglang.modelfacts import (
     GpuFacts,
     ModelFacts,
@@ -40,18 +51,25 @@ from launcher.sglang.modelfacts import (
 )
 
 __all__ = [
+    "MAX_ADAPTERS",
+    "MAX_ADAPTER_CONFIG",
     "MAX_CONFIG",
     "MAX_INDEX",
     "Facts",
     "GpuReadsOnce",
+    "read_adapter",
     "read_facts",
     "read_gpus",
+    "read_lora",
     "read_model",
     "server_shape",
 ]
 
 MAX_CONFIG = 1 << 20  # a config.json is a few KiB
 MAX_INDEX = 24 << 20  # the largest index.json (a 1T-parameter MoE) is a few MiB
+MAX_ADAPTER_CONFIG = 1 << 20  # a PEFT adapter_config.json is about 1 KiB
+MAX_ADAPTERS = 64  # adapter configs read per server; more: set the LoRA shape flags
+_LORA_FIX = "set --max-lora-rank and --lora-target-modules in the server's extra_args"
 
 # Speculative defaults SGLang picks when the shape is unset (speculative_hook
 # ``_auto_choose_speculative_params``): (steps, topk, draft tokens).
@@ -82,10 +100,11 @@ class Facts:
     shape: ServerShape
     draft: ModelFacts | None = None
     draft_weights: WeightFacts | None = None
+    lora: LoraShape | None = None
 
     def estimate(self, coeffs: Coefficients = DEFAULT_COEFFICIENTS) -> Estimate:
         return estimate(self.model, self.weights, self.gpus, self.shape, draft=self.draft,
-                        draft_weights=self.draft_weights, coeffs=coeffs)
+                        draft_weights=self.draft_weights, coeffs=coeffs, lora=self.lora)
 
 
 async def _read(transport: Transport, path: str, limit: int) -> bytes | None:
@@ -126,6 +145,42 @@ async def read_model(transport: Transport, path: str) -> tuple[ModelFacts, Weigh
         raise NoEstimate(f"{base} has neither model.safetensors.index.json nor *.safetensors "
                          "files")
     return model, WeightFacts(sum(sizes), "files")
+
+
+async def read_adapter(transport: Transport,
+                       adapter: LoraAdapter) -> tuple[int, frozenset[str] | str]:
+    """(rank, target modules) of one LoRA adapter: its directory's ``adapter_config.json`` on
+    the host (:func:`launcher.sglang.lora.adapter_shape`). A missing, oversized, unreadable or
+    malformed file is a NoEstimate naming the path and the fix (SGLang would fetch a Hub id
+    itself; launcher reads local directories only)."""
+    path = f"{adapter.path.rstrip('/')}/adapter_config.json"
+    try:
+        raw = await _read(transport, path, MAX_ADAPTER_CONFIG)
+        if raw is None:
+            raise NoEstimate(f"LoRA adapter {adapter.name[:80]!r}: {path[:300]} does not exist "
+                             f"on {transport.host_name}")
+        return adapter_shape(_json(raw, path), adapter.path)
+    except NoEstimate as exc:
+        if "--max-lora-rank" in exc.why:  # adapter_shape's own message names the fix
+            raise
+        raise NoEstimate(f"{exc.why}; fix: {_LORA_FIX}, or give the adapter as a local "
+                         "directory") from None
+
+
+async def read_lora(transport: Transport, server: ServerConfig, version: str,
+                    model: ModelFacts) -> LoraShape | None:
+    """The LoRA pool's shape of ``server`` (None: LoRA off), reading the adapters' configs
+    only where a shape flag is unset."""
+    flags = parse_lora_flags(server.extra_args)
+    if flags is None:
+        return None
+    configs = None
+    if flags.needs_adapter_configs:
+        if len(flags.adapters) > MAX_ADAPTERS:
+            raise NoEstimate(f"{len(flags.adapters)} LoRA adapters, launcher reads at most "
+                             f"{MAX_ADAPTERS} adapter configs; fix: {_LORA_FIX}")
+        configs = [await read_adapter(transport, a) for a in flags.adapters]
+    return resolve_lora(flags, configs, model, version)
 
 
 async def read_gpus(transport: Transport, nvidia_smi: Sequence[str],
@@ -278,5 +333,6 @@ async def read_facts(transport: Transport, host: HostConfig, server: ServerConfi
     draft = draft_weights = None
     if draft_path is not None:
         draft, draft_weights = await read_model(transport, draft_path)
+    lora = await read_lora(transport, server, version, model)
     gpus = await read_gpus(transport, host.nvidia_smi, server.gpus)  # every replica's GPUs
-    return Facts(model, weights, gpus, shape, draft, draft_weights)
+    return Facts(model, weights, gpus, shape, draft, draft_weights, lora)

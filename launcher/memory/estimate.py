@@ -37,6 +37,9 @@ the server. The formulas and where each comes from in SGLang's source (``sglang/
   ``need + (pre x - w) r <= pre (1 - x)``.
 - hybrid state: the state cache takes ``rest x r/(1+r)`` (``--mamba-full-memory-ratio``
   r = 0.9) before the KV pool.
+- LoRA: the adapters' memory pool is allocated after the weights and before the KV pool is
+  sized, so it comes off the KV pool's rest (0.5.23 ``model_executor/model_runner.py:715-733``,
+  0.5.10 ``model_runner.py:507-623``); its bytes per GPU: :mod:`launcher.sglang.lora`.
 - graph batch sizes and the auto fraction: :mod:`launcher.sglang.autoargs`.
 - CUDA graphs (a fixed part for the attention backend's buffers, by backend, + the activation
   pool of the largest captured batch + a per-graph cost), prefill graphs (0.5.23: 8 MiB per
@@ -65,6 +68,7 @@ from launcher.sglang.autoargs import (
     flashinfer_workspace_bytes,
     prefill_graph_tokens,
 )
+from launcher.sglang.lora import LoraPool, LoraShape, lora_pool
 from launcher.sglang.modelfacts import (
     GIB,
     GpuFacts,
@@ -118,7 +122,8 @@ KV_SHARE = 0.5
 class GpuBar:
     """One GPU's memory at one setting, in GiB: what ``plan``/``diagnose`` draw and put under
     ``memory`` in their JSON. ``kv_gib`` includes the hybrid state and the draft's pool;
-    ``activations_gib`` the warmup activations; ``context_gib`` (CUDA context, NCCL) is drawn
+    ``lora_gib`` is the LoRA adapters' pool (0 without LoRA); ``activations_gib`` the warmup
+    activations; ``context_gib`` (CUDA context, NCCL) is drawn
     with ``other``'s colour but kept apart. The parts sum to ``total_gib`` (free may be < 0:
     a deficit). ``line_gib``: the static budget, ``--mem-fraction-static`` x the free memory
     before loading, measured from the bar's left end (weights, then KV pool, end there)."""
@@ -133,6 +138,7 @@ class GpuBar:
     context_gib: float
     free_gib: float
     line_gib: float
+    lora_gib: float = 0.0
 
     def as_dict(self) -> dict[str, float | int]:
         return {
@@ -140,6 +146,7 @@ class GpuBar:
             "total_gib": round(self.total_gib, 2),
             "weights_gib": round(self.weights_gib, 2),
             "kv_gib": round(self.kv_gib, 2),
+            "lora_gib": round(self.lora_gib, 2),
             "graphs_gib": round(self.graphs_gib, 2),
             "activations_gib": round(self.activations_gib, 2),
             "other_gib": round(self.other_gib, 2),
@@ -166,6 +173,7 @@ class Budget:
     gpus: list[GpuBar]
     problem: str | None = None  # why this setting fails, None when it fits
     draft_in_headroom_gib: float = 0.0  # up to 0.5.15: the draft's weights and KV pool
+    lora_gib: float = 0.0  # the LoRA adapters' pool, per rank, taken before the KV pool
 
     @property
     def fits(self) -> bool:
@@ -197,6 +205,12 @@ class Estimate:
     state_bytes_per_req: int  # hybrid conv + ssm, per rank (0: not hybrid)
     weights_source: str = "index"
     notes: tuple[str, ...] = ()
+    lora: LoraPool | None = None  # the LoRA adapters' pool (None: LoRA off)
+
+    @property
+    def lora_gib(self) -> float:
+        """The LoRA pool per rank (GiB), allocated before the KV pool is sized."""
+        return self.lora.gib if self.lora is not None else 0.0
 
     @property
     def one_budget(self) -> bool:
@@ -362,8 +376,10 @@ class Estimate:
         graphs = self.graphs_gib(bs)
         act = self.activations_gib()
         problem: str | None = None
-        # 0.5.23 measures the rest after the draft's weights; 0.5.10 after the target's only
-        rest = pre - (weights if self.one_budget else self.weights_gib) - headroom
+        # 0.5.23 measures the rest after the draft's weights; 0.5.10 after the target's only.
+        # The LoRA pool is allocated before the rest is measured: it comes off the KV pool.
+        lora = self.lora_gib
+        rest = pre - (weights if self.one_budget else self.weights_gib) - headroom - lora
         state = self._state_gib(rest)
         kv_rest = rest - state
         cell = self.cell_bytes
@@ -380,6 +396,9 @@ class Estimate:
         if pre <= 0 or weights > pre:
             problem = (f"weights: {weights:.2f} GiB per GPU exceed the {max(pre, 0):.2f} GiB "
                        "free before loading")
+        elif lora and weights + lora > pre:
+            problem = (f"lora: weights {weights:.2f} + the LoRA pool {lora:.2f} GiB per GPU "
+                       f"exceed the {pre:.2f} GiB free before loading")
         elif kv_rest <= 0 or tokens < self.shape.min_kv_tokens:
             problem = (f"kv_cache: the KV pool would hold {tokens} tokens "
                        f"({max(kv_rest, 0):.2f} GiB), below the minimum "
@@ -392,11 +411,11 @@ class Estimate:
             other = g.other_used_gib
             ctx = self.context_gib
             line = pre * mfs  # weights + KV pool (+ state) end here, from the bar's left
-            free = g.total_gib - other - ctx - weights - kv - state - graphs - act
+            free = g.total_gib - other - ctx - weights - lora - kv - state - graphs - act
             bars.append(GpuBar(g.index, g.total_gib, weights, kv + state, graphs, act, other, ctx,
-                               free, line))
+                               free, line, lora))
         return Budget(mfs, bs, pre, weights, kv, tokens, state, graphs, act, headroom, bars,
-                      problem, draft_in_headroom)
+                      problem, draft_in_headroom, lora)
 
     def feasible_range(self, bs: int) -> tuple[float, float] | None:
         """(low, high): estimated fractions low < mfs <= high fit at graph bs ``bs``
@@ -408,7 +427,8 @@ class Estimate:
         if not self.one_budget:
             need += self.draft_weights_gib
         high = _high_edge(self, need)
-        low_w = (self.weights_gib + (self.draft_weights_gib if self.one_budget else 0.0))
+        low_w = (self.weights_gib + (self.draft_weights_gib if self.one_budget else 0.0)
+                 + self.lora_gib)
         # the KV minimum, and the hybrid state in front of it: rest >= min_kv x (1 + r) roughly
         min_kv = self.min_kv_gib
         if self.state_bytes_per_req:
@@ -427,10 +447,12 @@ def estimate(
     draft: ModelFacts | None = None,
     draft_weights: WeightFacts | None = None,
     coeffs: Coefficients = DEFAULT_COEFFICIENTS,
+    lora: LoraShape | None = None,
 ) -> Estimate:
     """The estimate for one server. ``gpus``: the server's GPUs (one per rank on this node).
     ``draft``/``draft_weights``: a separate draft checkpoint (EAGLE-3); without them, speculative
-    decoding uses the checkpoint's own MTP layers (``model.nextn_layers``). Raises
+    decoding uses the checkpoint's own MTP layers (``model.nextn_layers``). ``lora``: the LoRA
+    pool's shape (:func:`launcher.sglang.lora.resolve_lora`), None without LoRA. Raises
     :class:`NoEstimate` when the facts do not allow one."""
     if not gpus:
         raise NoEstimate("no GPUs for the server")
@@ -472,12 +494,17 @@ def estimate(
     if model.hybrid is not None:
         conv, ssm = model.hybrid.per_req_bytes(tp)
         state = conv + ssm
+    pool = None
+    if lora is not None:
+        pool = lora_pool(model, lora, tp, shape.sglang_version)
+        notes.append(pool.describe())
     return Estimate(
         model=model, shape=replace(shape, tp=tp), gpus=list(gpus), coeffs=coeffs,
         gpu_total_gib=total, context_gib=ctx, pre_load_free_gib=pre, weights_gib=w,
         draft_weights_gib=draft_gib * coeffs.weights_scale,
         kv_bytes_per_token=model.kv_bytes_per_token(tp, kv_b), draft_kv_bytes_per_token=draft_kv,
         state_bytes_per_req=state, weights_source=weights.source, notes=tuple(notes),
+        lora=pool,
     )
 
 
@@ -502,7 +529,7 @@ class Choice:
 
 def _fix(e: Estimate) -> str:
     tp = e.shape.tp
-    need = e.weights_gib + e.draft_weights_gib
+    need = e.weights_gib + e.draft_weights_gib + e.lora_gib
     return (f"more GPUs (tp {tp * 2} halves the {need:.1f} GiB of weights per GPU), a quantized "
             "checkpoint (fp8 halves bf16 weights), or a smaller model")
 
@@ -540,7 +567,7 @@ def _best(e: Estimate, start_bs: int, margin: float) -> Budget | None:
     half of what the weights leave (:data:`KV_SHARE`), at the highest fraction with the margin;
     failing that, the fitting setting with the largest KV pool; None when nothing fits."""
     fits: list[Budget] = []
-    after_weights = e.pre_load_free_gib - e.weights_gib - e.draft_weights_gib
+    after_weights = e.pre_load_free_gib - e.weights_gib - e.draft_weights_gib - e.lora_gib
     for bs in reversed(capture_bs_list(start_bs)):
         if bs > start_bs:
             continue
@@ -554,7 +581,9 @@ def _best(e: Estimate, start_bs: int, margin: float) -> Budget | None:
 
 
 def _summary(b: Budget, margin: float) -> str:
-    return (f"weights {b.weights_gib:.2f} GiB/GPU, KV pool {b.kv_pool_gib:.2f} GiB "
+    return (f"weights {b.weights_gib:.2f} GiB/GPU, "
+            + (f"LoRA pool {b.lora_gib:.2f} GiB (before the KV pool), " if b.lora_gib else "")
+            + f"KV pool {b.kv_pool_gib:.2f} GiB "
             f"({b.kv_tokens} tokens), graphs {b.graphs_gib:.2f} + activations "
             f"{b.activations_gib:.2f} GiB"
             + (f" + the draft's weights and pool {b.draft_in_headroom_gib:.2f} GiB"
@@ -587,11 +616,12 @@ def choose(
     keep_mfs = configured.mem_fraction_static is not None and not override
     start_bs = configured.cuda_graph_max_bs or e.auto_bs()
     pre = e.pre_load_free_gib
-    w = e.weights_gib + e.draft_weights_gib
+    w = e.weights_gib + e.draft_weights_gib + e.lora_gib  # the LoRA pool is static like them
     conf_mfs, conf_bs = e.resolve(configured)
+    what = "weights" + (" and the LoRA pool" if e.lora_gib else "")
     if pre <= 0 or w >= pre:
         return Choice(configured, False,
-                      f"weights alone need {w:.2f} GiB per GPU, {max(pre, 0):.2f} GiB is free "
+                      f"{what} alone need {w:.2f} GiB per GPU, {max(pre, 0):.2f} GiB is free "
                       f"before loading on the fullest GPU; fix: {_fix(e)}",
                       margin, e.at(conf_mfs, conf_bs))
     best = _best(e, start_bs if not keep_bs else conf_bs, margin)
@@ -601,7 +631,7 @@ def choose(
                                  e.shape.min_kv_tokens * e.draft_kv_bytes_per_token / GIB)
         need = w + min_kv + e.graphs_gib(lowest) + e.activations_gib()
         if need > pre:
-            why = (f"no setting fits: weights {w:.2f} GiB + the minimum KV pool {min_kv:.2f} "
+            why = (f"no setting fits: {what} {w:.2f} GiB + the minimum KV pool {min_kv:.2f} "
                    f"GiB ({e.shape.min_kv_tokens} tokens) + graphs at bs {lowest} "
                    f"{e.graphs_gib(lowest):.2f} GiB + activations {e.activations_gib():.2f} "
                    f"GiB = {need:.2f} GiB exceed the {pre:.2f} GiB free before loading")

@@ -210,6 +210,14 @@ class ModelFacts:
     nextn_layers: int = 0  # MTP layers shipped in the checkpoint (NEXTN/EAGLE draft)
     max_position_embeddings: int = 4096
     quantization: str | None = None  # quantization_config.quant_method
+    # what the LoRA pool's shapes read besides (launcher.sglang.lora): the shared experts of a
+    # MoE model, config.json's first_k_dense_replace (None: absent) and moe_layer_freq, and
+    # whether lm_head is the embedding (then SGLang's model has no separate ParallelLMHead)
+    n_shared_experts: int = 0
+    shared_expert_intermediate_size: int = 0
+    first_k_dense_replace: int | None = None
+    moe_layer_freq: int = 1
+    tie_word_embeddings: bool = False
 
     @property
     def kv_layers(self) -> int:
@@ -241,7 +249,8 @@ class ModelFacts:
         if isinstance(quant, Mapping):
             quant_method = str(quant.get("quant_method") or quant.get("quant_algo") or "") or None
         experts = _int(cfg, "n_routed_experts", "num_experts", "num_local_experts", default=0)
-        first_dense = _int(cfg, "first_k_dense_replace", default=0)
+        first_k = _int(cfg, "first_k_dense_replace", default=-1)  # -1: absent
+        first_dense = max(first_k, 0)
         full_layers, hybrid = _hybrid_facts(cfg, layers)
         return cls(
             arch=arch,
@@ -272,6 +281,12 @@ class ModelFacts:
             nextn_layers=_int(cfg, "num_nextn_predict_layers", "mtp_num_hidden_layers", default=0),
             max_position_embeddings=_int(cfg, "max_position_embeddings", default=4096),
             quantization=quant_method,
+            n_shared_experts=_int(cfg, "n_shared_experts", default=0),
+            shared_expert_intermediate_size=_int(cfg, "shared_expert_intermediate_size",
+                                                 default=0),
+            first_k_dense_replace=(None if first_k < 0 else first_k),
+            moe_layer_freq=max(1, _int(cfg, "moe_layer_freq", default=1)),
+            tie_word_embeddings=cfg.get("tie_word_embeddings") is True,
         )
 
     def kv_bytes_per_token(self, tp: int, kv_dtype_bytes: int | None = None) -> int:

@@ -18,6 +18,7 @@ __all__ = [
     "DRAFT_KV_INDICES_TOPK_FROM",
     "FA3_ANY_MHA_FROM",
     "GATED_LAUNCH_FROM",
+    "LORA_MODEL_AWARE_FROM",
     "MAMBA_RADIX_SPELLING_FROM",
     "ONE_STATIC_BUDGET_FROM",
     "SPEC_V2_ENV_REMOVED_FROM",
@@ -71,6 +72,14 @@ ONE_STATIC_BUDGET_FROM: Version = (0, 5, 23)
 # (server_args.py:1294-1302) and FlashInfer on SM100; the release in between that changed it
 # is not pinned, so 0.5.7-0.5.9 are read as 0.5.10.
 FA3_ANY_MHA_FROM: Version = (0, 5, 7)
+# The LoRA memory pool follows the model: --lora-target-modules all is resolved by inspecting
+# the loaded model and adds embed_tokens/lm_head (0.5.23 lora/lora_manager.py:807-815; 0.5.10
+# server_args.py:6318-6324 expands it to utils/common.py:3294's SUPPORTED_LORA_TARGET_MODULES);
+# qkv_proj's B keeps whole KV heads when tp > kv heads (0.5.23 lora/mem_pool.py:492-525; 0.5.10
+# mem_pool.py:243 divides by tp); a shared expert's gate_up/down width is moe_intermediate x
+# n_shared_experts on its MoE layers (0.5.23 lora/utils.py:201-220; 0.5.10 utils.py:90-93 takes
+# intermediate_size). The release in between is not pinned: 0.5.11-0.5.22 are read as 0.5.10.
+LORA_MODEL_AWARE_FROM: Version = (0, 5, 23)
 # A KV pool <= 0 error states the minimum viable fraction ("minimum viable = ...").
 STATED_MINIMUM_FROM: Version = (0, 5, 23)
 

@@ -5,6 +5,7 @@ knows, parsed in the dialect of one SGLang version (``build_parser``) into ``Fla
 from __future__ import annotations
 
 import argparse
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,35 @@ def _si_int(text: str) -> int:
     if suffix in factors:
         return int(float(text[:-1]) * factors[suffix])
     return int(text)
+
+
+# --lora-target-modules' choices: utils/common.py SUPPORTED_LORA_TARGET_MODULES + ["all"]
+# (0.5.10 l.3294-3308; 0.5.23 l.4700-4724)
+LORA_TARGETS_0510 = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                     "down_proj", "qkv_proj", "gate_up_proj", "embed_tokens", "lm_head")
+LORA_TARGETS_0523 = ("q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "kv_a_proj_with_mqa",
+                     "q_b_proj", "kv_b_proj", "wq_b", "wk", "weights_proj", "gate_proj",
+                     "up_proj", "down_proj", "qkv_proj", "gate_up_proj", "embed_tokens",
+                     "lm_head", "qkvr", "wo_ud")
+
+
+class LoRAPathAction(argparse.Action):
+    """SGLang's ``LoRAPathAction`` (0.5.23 ``arg_groups/argparse_actions.py:8-25``): each value
+    stripped; one written as a JSON object is parsed (a malformed one raises, as SGLang's
+    does)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        paths: list[Any] = []
+        for value in values or []:
+            value = value.strip()
+            if value.startswith("{") and value.endswith("}"):
+                obj = json.loads(value)
+                assert "lora_path" in obj and "lora_name" in obj, value
+                paths.append(obj)
+            else:
+                paths.append(value)
+        setattr(namespace, self.dest, paths)
 
 
 def build_parser(d: Dialect) -> argparse.ArgumentParser:
@@ -123,6 +153,14 @@ def build_parser(d: Dialect) -> argparse.ArgumentParser:
         )
     add("--disable-radix-cache", action="store_true")
     add("--disable-overlap-schedule", action="store_true")
+    # LoRA (0.5.10 server_args.py:4578-4620; 0.5.23 arg_groups/fields/lora.py:34-69)
+    add("--enable-lora", action="store_true", default=None)
+    add("--max-lora-rank", type=int, default=None)
+    targets = LORA_TARGETS_0523 if d.since(0, 5, 23) else LORA_TARGETS_0510
+    add("--lora-target-modules", type=str, nargs="*", default=None,
+        choices=[*targets, "all"])
+    add("--lora-paths", type=str, nargs="*", default=None, action=LoRAPathAction)
+    add("--max-loras-per-batch", type=int, default=8)
     return p
 
 
@@ -176,6 +214,11 @@ class Flags:
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
     gated_launch_port: int | None = None
+    enable_lora: bool | None = None
+    max_lora_rank: int | None = None
+    lora_target_modules: list[str] | None = None
+    lora_paths: list[Any] | None = None  # str entries, or {"lora_name", "lora_path"} objects
+    max_loras_per_batch: int = 8
 
     @classmethod
     def parse(cls, d: Dialect, argv: Sequence[str]) -> Flags:

@@ -172,6 +172,10 @@ class MemoryScenario:
     # weights every rank holds whole (MLA's q_a/kv_a projections, the MoE router, K/V heads when
     # kv_heads < tp): ``launcher.sglang.modelfacts.ModelFacts.replicated_bytes``
     replicated_gib: float = 0.0
+    # The LoRA adapters' pool (``launcher.sglang.lora``), allocated right after the target's
+    # weights and before the KV pool is sized (0.5.23 ``model_runner.py:715-733``, 0.5.10
+    # ``model_runner.py:507-623``): it comes out of the KV pool's rest.
+    lora_gib: float = 0.0
 
     @property
     def pre_load_free_gib(self) -> float:
@@ -324,7 +328,7 @@ class MemoryScenario:
             return None
         if self.spec is not None or self.hybrid is not None:
             return self._feasible_by_search(max_bs)
-        low = (w + self.min_kv_gib()) / pre
+        low = (w + self.lora_gib + self.min_kv_gib()) / pre
         high = 1 - (self.attention_buffers_gib + self.graph_total_gib(max_bs)
                     + self.warmup_gib) / pre
         return (low, high) if high > low else None
@@ -635,6 +639,12 @@ def simulate(s: MemoryScenario, params: LaunchParams) -> StartupTrace:
         shards.append((alloc, after))
         free = after
     t["post_weights_free_gib"] = free
+    if s.lora_gib:
+        # the LoRA manager's buffers (torch.zeros in LoRAMemoryPool.init_buffers)
+        if s.lora_gib > free:
+            return trace(Failure(Outcome.OOM_KV_CACHE, Phase.KV_CACHE, s.lora_gib, free,
+                                 kind="lora_pool"))
+        free -= s.lora_gib
     spec = s.spec
     if spec is not None and s.new_order:
         t["draft_begin_free_gib"] = free

@@ -78,6 +78,14 @@ from launcher.sglang.autoargs import (
     default_attention_backend,
     flashinfer_workspace_bytes,
 )
+from launcher.sglang.lora import (
+    LoraAdapter,
+    LoraFlags,
+    LoraShape,
+    adapter_shape,
+    lora_pool,
+    resolve_lora,
+)
 from launcher.sglang.modelfacts import (
     GIB,
     ModelFacts,
@@ -370,6 +378,53 @@ def resolve_hybrid(
     return Hybrid(strategy, overlap)
 
 
+def _lora_adapter(entry: Any) -> LoraAdapter:
+    """One parsed ``--lora-paths`` entry as ``check_lora_server_args`` reads it (0.5.23
+    ``arg_groups/lora_hook.py:75-110``): a ``{"lora_name", "lora_path"}`` object, ``name=path``
+    split at the first ``=``, or a path that is its own name."""
+    if isinstance(entry, dict):
+        return LoraAdapter(str(entry["lora_name"]), str(entry["lora_path"]))
+    name, eq, path = str(entry).partition("=")
+    return LoraAdapter(name, path) if eq else LoraAdapter(name, name)
+
+
+def resolve_lora_shape(flags: Flags, model: ModelSpec, d: Dialect) -> LoraShape | None:
+    """The LoRA pool's shape (None: LoRA off), as SGLang's ``LoRAManager`` resolves it
+    (``launcher.sglang.lora.resolve_lora``), reading every adapter's ``adapter_config.json``
+    like ``LoRAConfig`` does (``lora/lora_config.py``). A missing adapter directory or config,
+    or one SGLang cannot use, is a ConfigFailure (exit 1) with the error SGLang raises."""
+    adapters = [_lora_adapter(e) for e in flags.lora_paths or []]
+    if flags.enable_lora is False or not (flags.enable_lora or adapters):
+        return None
+    targets = flags.lora_target_modules or None
+    if not adapters and (flags.max_lora_rank is None or targets is None):
+        raise ConfigFailure(logfmt.config_error(
+            "AssertionError: When no initial --lora-paths is provided, you need to specify both "
+            "--max-lora-rank and --lora-target-modules for LoRA initialization."))
+    if model.facts is None:
+        raise ConfigFailure(logfmt.config_error(
+            f"ValueError: {model.path}/config.json lacks the HF keys the simulated LoRA pool "
+            "needs"))
+    configs = []
+    for a in adapters:
+        path = Path(a.path) / "adapter_config.json"
+        if not Path(a.path).is_dir():
+            raise ConfigFailure(logfmt.hf_offline_error(a.path))
+        try:
+            configs.append(adapter_shape(json.loads(path.read_text()), a.path))
+        except OSError:
+            raise ConfigFailure(logfmt.config_error(
+                f"FileNotFoundError: [Errno 2] No such file or directory: '{path}'")) from None
+        except (ValueError, NoEstimate) as exc:
+            raise ConfigFailure(logfmt.config_error(f"ValueError: {exc}")) from None
+    lf = LoraFlags(tuple(adapters), flags.max_loras_per_batch, flags.max_lora_rank,
+                   tuple(targets) if targets else None)
+    try:
+        return resolve_lora(lf, configs, model.facts, d.version)
+    except NoEstimate as exc:
+        raise ConfigFailure(logfmt.config_error(f"ValueError: {exc.why}")) from None
+
+
 def _args_error(d: Dialect, final: str, *, line: int) -> str:
     return logfmt.server_args_error(
         d,
@@ -477,12 +532,15 @@ def scenario_for(
     spec: Speculative | None = None,
     hybrid: Hybrid | None = None,
     gpu_name: str = "",
+    lora: LoraShape | None = None,
 ) -> MemoryScenario:
     """The memory scenario of one server of ``model`` at ``tp`` on GPUs of ``gpu_total_gib``
     (with ``flags``:
     its chunk size, context length, request cap, graphs on/off, speculative decoding and
     Mamba settings). ``gpu_name`` (nvidia-smi's) picks the attention backend as SGLang does,
-    whose buffers take the real start-ups' figures (:func:`attention_buffers_gib`)."""
+    whose buffers take the real start-ups' figures (:func:`attention_buffers_gib`). ``lora``:
+    the LoRA pool's shape (:func:`resolve_lora_shape`), its bytes per rank from
+    ``launcher.sglang.lora.lora_pool``."""
     s = model.sim
     base = MemoryScenario(gpu_total_gib=gpu_total_gib, weights_gib=s["weights_gib"])
     kv_target, kv_draft = kv_gib_per_1k(model, tp, version, flags, spec)
@@ -583,6 +641,8 @@ def scenario_for(
             spec.topk if spec is not None else None),
         mla=model.mla,
         replicated_gib=model.facts.replicated_bytes(tp) / GIB if model.facts is not None else 0.0,
+        lora_gib=(lora_pool(model.facts, lora, tp, version).gib
+                  if lora is not None and model.facts is not None else 0.0),
     )
 
 
@@ -622,5 +682,6 @@ def scenario_from_argv(
         flags=flags,
         spec=spec,
         hybrid=hybrid,
+        lora=resolve_lora_shape(flags, model, d),
     )
     return scenario, LaunchParams(flags.mem_fraction_static, flags.graph_bs)

@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import auto_chunked_prefill_size
+from launcher.sglang.lora import LoraShape
 from launcher.sglang.phases import Phase
 from launcher.sglang.versions import DEFAULT_VERSION
 from launcher.sim import gpustate, logfmt
@@ -59,6 +60,7 @@ from launcher.sim.model import (
     Speculative,
     load_model,
     resolve_hybrid,
+    resolve_lora_shape,
     resolve_speculative,
     scenario_for,
 )
@@ -137,6 +139,7 @@ class Server:
         log: LogWriter,
         spec: Speculative | None = None,
         hybrid: Hybrid | None = None,
+        lora: LoraShape | None = None,
     ) -> None:
         self.flags, self.d, self.host, self.model, self.plan, self.log = (
             flags,
@@ -146,7 +149,7 @@ class Server:
             plan,
             log,
         )
-        self.spec, self.hybrid = spec, hybrid
+        self.spec, self.hybrid, self.lora = spec, hybrid, lora
         self.pid = os.getpid()
         self.scale = host.time_scale
         self.context_len = flags.context_length or model.max_position_embeddings
@@ -196,6 +199,7 @@ class Server:
             spec=self.spec,
             hybrid=self.hybrid,
             gpu_name=self.host.gpu_name,
+            lora=self.lora,
         )
 
     def _resolve(self) -> tuple[float, int]:
@@ -467,6 +471,7 @@ class Server:
         self._spawn()
         self._init_phase()
         self._weights_phase()
+        self._lora_phase()
         draft_after_target = self.spec is not None and not self.scenario.new_order
         if self.spec is not None and self.scenario.new_order:
             self._draft_weights_phase()
@@ -754,6 +759,23 @@ class Server:
                     usage_gib=self.scenario.weights_per_rank_gib,
                 ),
             )
+
+    def _lora_phase(self) -> None:
+        """The LoRA manager, right after the target's weights (``maybe_init_lora_manager``):
+        its backend line, then its memory pool, which the KV pool's sizing then sees gone."""
+        gib = self.scenario.lora_gib
+        if self.lora is None:
+            return
+        for r in self.ranks:
+            self.log.record(r.label, "Using csgmv as backend of LoRA kernels.")
+        fail = self._trace().failure
+        if fail is not None and fail.kind == "lora_pool":
+            self._enter(Phase.KV_CACHE)
+            r = self.busiest
+            tb = logfmt.traceback_text(logfmt.init_frames(self.d),
+                                       self._oom(r, fail.tried_gib or gib, fail.free_gib or 0.0))
+            self._scheduler_crash(r, tb)
+        self._allocate(gib)
 
     def _dtype(self) -> str:
         dtype = self.model.torch_dtype if self.flags.dtype == "auto" else self.flags.dtype
@@ -1359,9 +1381,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_context_length(flags, model)
         spec = resolve_speculative(flags, model, d) if flags.speculative_algorithm else None
         hybrid = resolve_hybrid(flags, model, d, spec)
+        lora = resolve_lora_shape(flags, model, d)
     except ConfigFailure as exc:
         return _fail(exc.text)
-    return Server(flags, d, host, model, plan, log, spec=spec, hybrid=hybrid).run()
+    return Server(flags, d, host, model, plan, log, spec=spec, hybrid=hybrid, lora=lora).run()
 
 
 def _check_context_length(flags: Flags, model: ModelSpec) -> None:

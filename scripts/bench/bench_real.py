@@ -35,9 +35,16 @@ component's error does not leak into the next:
   per pass, the estimator's share of
   it (found by switching its coefficients off one at a time: decode = the per-token and
   per-graph terms; draft and draft extend = the draft terms) against each pass's ``mem usage``.
-- **free at ready**: pre-load free - weights - KV pool (capped) - graphs against
+- **free at ready**: pre-load free - weights - LoRA pool - KV pool (capped) - graphs against
   ``available_gpu_mem`` on the ``max_total_num_tokens`` line (else the last capture's avail).
   Warmup activations come later and are not in it.
+- **LoRA pool** (the cases whose ``server_args`` dump shows LoRA on, :func:`lora_of`):
+  ``launcher.sglang.lora`` from the dump's ``max_loras_per_batch``, ``max_lora_rank`` and
+  ``lora_target_modules``; the adapters' ``adapter_config.json`` are not in the corpus, so
+  unset targets are the upper bound (every linear module, labelled "upper bound") and an unset
+  rank leaves the case without a LoRA figure (labelled). The pool comes before the KV pool; the
+  docs cases cap the KV pool (``--max-total-tokens``), so it lowers the free memory at ready.
+  The summary gives the LoRA cases' free-at-ready error without the pool and with it.
 - **context**: the card's total - the free memory at ``Load weight begin`` against
   ``Coefficients.context(tp)`` (CUDA context, NCCL; the total is nvidia-smi's, as launcher
   reads it).
@@ -100,6 +107,7 @@ from launcher.memory.estimate import Estimate, choose, estimate
 from launcher.memory.priors import DEFAULT_COEFFICIENTS, Coefficients
 from launcher.params import LaunchParams
 from launcher.sglang.autoargs import captured_sizes
+from launcher.sglang.lora import LoraFlags, LoraShape, resolve_lora
 from launcher.sglang.modelfacts import (
     GIB,
     GpuFacts,
@@ -159,6 +167,9 @@ class Row:
     free_log: float | None = None
     context_est: float | None = None
     context_log: float | None = None
+    lora: str | None = None  # the LoRA pool line (None: LoRA off)
+    lora_gib: float | None = None  # the predicted pool (None: LoRA off or not predictable)
+    free_est_no_lora: float | None = None  # free at ready without the LoRA pool
     skipped: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
@@ -282,6 +293,42 @@ def _pass_key(name: str) -> str:
     return name.lower().replace(" ", "_")
 
 
+_SERVER_ARGS = re.compile(r"server_args=ServerArgs\((.*)\)\s*$", re.M)
+
+
+def lora_of(case: Case) -> LoraFlags | None:
+    """The LoRA flags the log's ``server_args`` dump shows (None: LoRA off): on when
+    ``enable_lora=True`` or ``lora_paths`` is a non-empty list/dict; ``max_loras_per_batch``,
+    ``max_lora_rank`` and ``lora_target_modules`` (a Python set or list of names) as printed.
+    The adapter paths are not needed (their configs are not in the corpus)."""
+    text = (case.path / "log.txt").read_text(encoding="utf-8", errors="replace")
+    m = _SERVER_ARGS.search(text)
+    if m is None:
+        return None
+    args = m.group(1)
+    on = "enable_lora=True" in args or re.search(r"lora_paths=[\[{][^\]}]", args) is not None
+    if not on:
+        return None
+    per = re.search(r"max_loras_per_batch=(\d+)", args)
+    rank = re.search(r"max_lora_rank=(\d+)", args)
+    targets = re.search(r"lora_target_modules=[\[{]([^\]}]*)[\]}]", args)
+    names = tuple(re.findall(r"'([^']+)'", targets.group(1))) if targets else None
+    return LoraFlags((), int(per.group(1)) if per else 8,
+                     int(rank.group(1)) if rank else None, names or None)
+
+
+def lora_shape(case: Case, model: ModelFacts) -> tuple[LoraShape | None, str | None]:
+    """(the LoRA pool's shape, or None; the case's LoRA line, None when LoRA is off)."""
+    flags = lora_of(case)
+    if flags is None:
+        return None, None
+    try:
+        return resolve_lora(flags, None, model, case.sglang_version), None
+    except NoEstimate as exc:
+        return None, f"LoRA pool not predicted: {exc.why} (the adapters' configs are not in " \
+                     "the corpus)"
+
+
 def row_estimate(case: Case, coeffs: Coefficients = DEFAULT_COEFFICIENTS) -> Estimate:
     """The estimator on the case's configs, flags and card (its total, for SGLang's auto
     values). ``estimate`` needs positive weight sizes: where the case has no index, 1 byte
@@ -291,7 +338,8 @@ def row_estimate(case: Case, coeffs: Coefficients = DEFAULT_COEFFICIENTS) -> Est
     return estimate(model, WeightFacts(case.weights_total_bytes or 1, "index"),
                     [GpuFacts(0, case.gpu_total_gib, 0.0, case.gpu)],
                     shape_of(case, raw_flags(case)), draft=draft,
-                    draft_weights=WeightFacts(1) if draft is not None else None, coeffs=coeffs)
+                    draft_weights=WeightFacts(1) if draft is not None else None, coeffs=coeffs,
+                    lora=lora_shape(case, model)[0])
 
 
 def evaluate(case: Case, coeffs: Coefficients = DEFAULT_COEFFICIENTS) -> Row:
@@ -306,6 +354,10 @@ def evaluate(case: Case, coeffs: Coefficients = DEFAULT_COEFFICIENTS) -> Row:
     mfs_auto = not case.flags.mem_fraction_static
     mfs = e.auto_mfs(bs) if mfs_auto else case.flags.mem_fraction_static
     row = Row(case.id, split(case.id), mfs, mfs_auto, bs)
+    if e.lora is not None:
+        row.lora, row.lora_gib = e.lora.describe(), e.lora.gib
+    else:
+        row.lora = lora_shape(case, e.model)[1]
 
     weights_log = _opt(f.get("weight_mem_usage_gb"))
     if weights_log is None and "load_weight_begin_avail_gb" in f and \
@@ -347,7 +399,8 @@ def evaluate(case: Case, coeffs: Coefficients = DEFAULT_COEFFICIENTS) -> Row:
         elif "k_size_gb" in f and "v_size_gb" in f:
             row.kv_gib_log = float(f["k_size_gb"]) + float(f["v_size_gb"])
         pools = row.kv_tokens_est * (e.kv_bytes_per_token + e.draft_kv_bytes_per_token) / GIB
-        row.free_est = pre - b.weights_gib - pools - b.state_gib - b.graphs_gib
+        row.free_est_no_lora = pre - b.weights_gib - pools - b.state_gib - b.graphs_gib
+        row.free_est = row.free_est_no_lora - b.lora_gib
         ready = f.get("ready_available_gpu_mem_gb")
         if ready is None and passes:
             ready = passes[-1][2]
@@ -564,10 +617,32 @@ def case_line(r: Row) -> str:
               + (f" [{passes}]" if passes else "") if r.graphs_est is not None else "graphs -")
     free = (f"free {_g(r.free_est)}/{_g(r.free_log)} ({r.free_est - r.free_log:+.2f})"
             if r.free_est is not None and r.free_log is not None else "free -")
-    return (f"{r.id} [{r.half}] mfs {r.mfs:.3f}{' auto' if r.mfs_auto else ''} bs {r.bs}: "
+    line = (f"{r.id} [{r.half}] mfs {r.mfs:.3f}{' auto' if r.mfs_auto else ''} bs {r.bs}: "
             f"weights {_g(r.weights_est)}/{_g(r.weights_log)}"
             f"{_signed(r.weights_est, r.weights_log)}"
             f" · {kv} · {graphs} · {free} · context {_g(r.context_est)}/{_g(r.context_log)}")
+    if r.lora is not None:
+        line += "\n    " + r.lora
+        if r.free_est_no_lora is not None and r.free_log is not None:
+            line += (f"; free at ready err without it {r.free_est_no_lora - r.free_log:+.2f}"
+                     + (f", with it {r.free_est - r.free_log:+.2f} GiB"
+                        if r.lora_gib is not None and r.free_est is not None else " GiB"))
+    return line
+
+
+def lora_line(rows: Sequence[Row]) -> str:
+    """The LoRA cases' free-at-ready error (median |estimate - log|, GiB) without the LoRA pool
+    and with it, over the cases with a predicted pool; the others are counted."""
+    lora = [r for r in rows if r.lora is not None]
+    both = [r for r in lora if r.lora_gib is not None and r.free_log is not None
+            and r.free_est is not None and r.free_est_no_lora is not None]
+    before = _median(abs(r.free_est_no_lora - r.free_log) for r in both
+                     if r.free_est_no_lora is not None and r.free_log is not None)
+    after = _median(abs(r.free_est - r.free_log) for r in both
+                    if r.free_est is not None and r.free_log is not None)
+    return (f"{SUMMARY_PREFIX} LoRA pool: free at ready median |err| {_g(before)} GiB without "
+            f"it, {_g(after)} GiB with it · n={len(both)} of {len(lora)} LoRA cases "
+            f"({len(lora) - len(both)} without a predicted pool)")
 
 
 def run_rows(cases: Sequence[Case], coeffs: Coefficients) -> tuple[list[Row], list[str]]:
@@ -662,6 +737,7 @@ def bench(root: Path = CASES, quiet: bool = False) -> list[str]:
         f" GiB · context median (total - free at load begin) "
         f"{_g(_median(r.context_log for r in rows))} GiB vs prior "
         f"{DEFAULT_COEFFICIENTS.context_gib:g}",
+        lora_line(rows),
         skipped_line(rows),
         summary(rows) + f" · held-out graphs {_pct(_median(r.graphs_err for r in held_before))}% "
         f"before the refit, {_pct(_median(r.graphs_err for r in held_default))}% after",

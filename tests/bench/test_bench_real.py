@@ -137,3 +137,31 @@ def test_launchers_priors_are_the_fit_halfs_figures() -> None:
     errors = [r.graphs_err for r in held if r.graphs_err is not None]
     assert len(errors) >= 10
     assert statistics.median(errors) <= 0.30
+
+
+def test_lora_cases_get_the_pool_from_their_server_args() -> None:
+    """The LoRA cases' server_args dumps give the pool: rank 256 x 2 per batch with unset
+    targets is the labelled upper bound (2.50 GiB), the printed targets of -20250827 give
+    3.75 GiB, an unset rank no prediction; the pool closes most of the free-at-ready gap."""
+    rows = {}
+    for d in case_dirs():
+        if "-lora-" in d.name:
+            with contextlib.suppress(CaseError):
+                case = load_case(d)
+                rows[case.id] = bench_real.evaluate(case)
+    if not rows:
+        pytest.skip("no LoRA case loads")
+    capped = rows.get("docs-llama31-8b-lora-h100-tp1-fa3-mf0841-bs4-20260124")
+    assert capped is not None and capped.lora_gib == pytest.approx(2.50)
+    assert capped.lora is not None and "upper bound" in capped.lora
+    printed = rows["docs-llama31-8b-lora-h100-tp1-mf0874-bs4-20250827"]
+    assert printed.lora_gib == pytest.approx(3.75) and "upper bound" not in (printed.lora or "")
+    unset = rows["docs-llama31-8b-lora-h100-tp1-mf0874-bs4-20250817"]
+    assert unset.lora_gib is None and "not predicted" in (unset.lora or "")
+    for r in (capped, printed):
+        assert r.free_est is not None and r.free_est_no_lora is not None
+        assert r.free_log is not None
+        assert abs(r.free_est - r.free_log) < 0.5 < abs(r.free_est_no_lora - r.free_log)
+    line = bench_real.lora_line(list(rows.values()))
+    assert line.startswith("real LoRA pool: free at ready median |err| 3.04 GiB without it, "
+                           "0.61 GiB with it")

@@ -239,6 +239,20 @@ SPEC_HYBRID = (
     ],
     ["--model-path", "/m", "--mamba-ssm-dtype", "float64"],
 )
+# LoRA command lines in the forms SGLang takes (launcher.sglang.lora reads the same forms):
+# the simulator must accept and read them as SGLang does, and reject what SGLang rejects.
+LORA = (
+    ["--model-path", "/m", "--lora-paths", "a=/x/a", "/x/b",
+     '{"lora_name": "c", "lora_path": "/x/c", "pinned": true}', "--max-loras-per-batch", "3"],
+    ["--model-path", "/m", "--enable-lora", "--max-lora-rank", "64",
+     "--lora-target-modules", "q_proj", "v_proj", "gate_proj"],
+    ["--model-path", "/m", "--lora-paths=/x/a", "--lora-target-modules", "all"],
+    ["--model-path", "/m", "--lora-paths", "/x/a", "--lora-target-modules", "q_a_proj"],
+    ["--model-path", "/m", "--lora-paths", "/x/a", "--lora-target-modules", "bogus"],
+    ["--model-path", "/m", "--lora-paths", "/x/a", "--max-lora-rank", "big"],
+)
+LORA_FIELDS = ("enable_lora", "lora_paths", "max_loras_per_batch", "max_lora_rank",
+               "lora_target_modules")
 # Namespace key in SGLang -> Flags attribute in the simulator.
 SPEC_HYBRID_FIELDS = {
     "speculative_algorithm": "speculative_algorithm",
@@ -384,7 +398,7 @@ def _collect(tmp: Path) -> Cases:
             for v in (version, _other(version)):
                 if argv not in cases.spec_argvs.setdefault(v, []):
                     cases.spec_argvs[v].append(argv)
-        for argv in SPEC_HYBRID:
+        for argv in (*SPEC_HYBRID, *LORA):
             cases.add(version, list(argv))
     for path in SHIPPED_CONFIGS:
         for row in _plan(ROOT / path):
@@ -714,3 +728,23 @@ def test_simulator_reads_spec_and_mamba_flags_as_sglang(
         )
     assert expected == actual
     assert accepted >= 5
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_simulator_reads_lora_flags_as_sglang(
+    version: str, real: dict[str, Parsed], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """LoRA flags: where SGLang accepts a command line, the simulator holds the same values
+    (the rejected ones are covered by test_simulator_gives_sglangs_verdicts)."""
+    expected: list[Any] = []
+    actual: list[Any] = []
+    for argv in LORA:
+        result = real[version][list(argv)]
+        if not result["ok"]:
+            continue
+        sim = _sim_parse(version, list(argv), capsys)
+        assert isinstance(sim, Flags), (argv, sim)
+        expected.append((argv, {k: result["namespace"][k] for k in LORA_FIELDS}))
+        actual.append((argv, {k: getattr(sim, k) for k in LORA_FIELDS}))
+    assert expected == actual
+    assert len(expected) >= 3
