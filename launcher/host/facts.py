@@ -10,6 +10,14 @@ server's GPUs; with LoRA flags (``--lora-paths``, ``--enable-lora``) and ``--max
 size its LoRA pool (:mod:`launcher.sglang.lora`). The arithmetic is
 :mod:`launcher.memory.estimate`'s.
 
+A model, draft or adapter given as a Hugging Face Hub id (``org/name``, which SGLang downloads
+when no such directory exists: 0.5.23 ``srt/arg_groups/model_path_hook.py:108``) is read from
+the host's Hugging Face cache, where SGLang's download puts it (``huggingface_hub``'s layout:
+``<cache>/models--org--name/refs/<revision>`` holds the commit, ``snapshots/<commit>/`` the
+files; the cache is ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+``~/.cache/huggingface/hub``, the server's ``env`` first, then the host's). A Hub id not
+downloaded yet is a NoEstimate saying so.
+
 Error handling: a missing, unreadable or malformed file, or an unusable nvidia-smi answer, is a
 :class:`~launcher.sglang.modelfacts.NoEstimate` ("no estimate: <why>"), never a crash; an
 unreachable host stays :class:`~launcher.errors.HostUnreachable` (transient, the caller decides).
@@ -18,6 +26,7 @@ unreachable host stays :class:`~launcher.errors.HostUnreachable` (transient, the
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
@@ -90,6 +99,68 @@ _SIZES = (
 )
 
 
+# The snapshot directory of Hub repo $1 (models--org--name) at revision $2 in the HF cache ($3:
+# the server's HF_HUB_CACHE, $4: its HF_HOME; else the host's, else the default); exit 3 (and
+# the cache's path) when it is not there.
+_HUB = (
+    'c="$3"; [ -n "$c" ] || c="${HF_HUB_CACHE:-}"; [ -n "$c" ] || { [ -n "$4" ] && c="$4/hub"; }; '
+    '[ -n "$c" ] || c="${HF_HOME:+$HF_HOME/hub}"; [ -n "$c" ] || c="$HOME/.cache/huggingface/hub"; '
+    'case "$c" in "~/"*) c="$HOME/${c#"~/"}";; esac; '
+    'd="$c/$1"; r="$2"; [ -f "$d/refs/$r" ] && r=$(cat "$d/refs/$r"); '
+    '[ -d "$d/snapshots/$r" ] || { printf %s "$c"; exit 3; }; printf %s "$d/snapshots/$r"'
+)
+# huggingface_hub's repo id rule (validate_repo_id): one "/", parts of [\w.-], no "--" or "..".
+_HUB_ID = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
+_REVISION = re.compile(r"[\w.-]{1,100}")
+
+
+def hub_id(path: str) -> bool:
+    """Whether a model path is a Hugging Face Hub id (``org/name``) rather than a directory:
+    SGLang fetches such a path from the Hub (into the HF cache) when no such directory exists."""
+    return _HUB_ID.fullmatch(path) is not None and not path.endswith((".", "-"))
+
+
+@dataclass(frozen=True)
+class HubCache:
+    """Where the server's environment puts the Hugging Face cache ("": the host's default)."""
+
+    hub_cache: str = ""  # HF_HUB_CACHE
+    hf_home: str = ""  # HF_HOME
+
+    @classmethod
+    def of(cls, server: ServerConfig) -> HubCache:
+        return cls(server.env.get("HF_HUB_CACHE", ""), server.env.get("HF_HOME", ""))
+
+
+HOST_HUB = HubCache()  # nothing set by the server: the host's environment decides
+
+
+async def model_dir(transport: Transport, path: str, *, revision: str = "main",
+                    hub: HubCache = HOST_HUB) -> str:
+    """The directory to read for the model path ``path``: itself, or for a Hub id its
+    snapshot at ``revision`` (a branch, tag or commit) in the host's HF cache. NoEstimate when
+    the Hub id is not downloaded there (SGLang downloads it when it starts)."""
+    if not hub_id(path):
+        return path
+    if _REVISION.fullmatch(revision) is None or ".." in revision:
+        raise NoEstimate(f"--revision {revision[:100]!r} is not a branch, tag or commit name "
+                         "launcher can look up in the Hugging Face cache")
+    repo = "models--" + path.replace("/", "--")
+    r = await transport.run(["sh", "-c", _HUB, "sh", repo, revision, hub.hub_cache,
+                             hub.hf_home], timeout=60.0)
+    where = r.stdout.decode("utf-8", "replace").strip()
+    if r.exit_status == 3:
+        raise NoEstimate(
+            f"{path} (a Hugging Face Hub id) at revision {revision} is not in the Hugging Face "
+            f"cache on {transport.host_name} ({where[:300]}); SGLang downloads it when it starts. "
+            f"fix: download it there first (`huggingface-cli download {path}`), or set the "
+            "path to a local directory")
+    if not r.ok or not where:
+        raise NoEstimate(f"cannot look up {path} in the Hugging Face cache on "
+                         f"{transport.host_name} (exit status {r.exit_status})")
+    return where
+
+
 @dataclass(frozen=True)
 class Facts:
     """Everything read for one server."""
@@ -147,14 +218,15 @@ async def read_model(transport: Transport, path: str) -> tuple[ModelFacts, Weigh
     return model, WeightFacts(sum(sizes), "files")
 
 
-async def read_adapter(transport: Transport,
-                       adapter: LoraAdapter) -> tuple[int, frozenset[str] | str]:
+async def read_adapter(transport: Transport, adapter: LoraAdapter,
+                       hub: HubCache = HOST_HUB) -> tuple[int, frozenset[str] | str]:
     """(rank, target modules) of one LoRA adapter: its directory's ``adapter_config.json`` on
     the host (:func:`launcher.sglang.lora.adapter_shape`). A missing, oversized, unreadable or
-    malformed file is a NoEstimate naming the path and the fix (SGLang would fetch a Hub id
-    itself; launcher reads local directories only)."""
-    path = f"{adapter.path.rstrip('/')}/adapter_config.json"
+    malformed file is a NoEstimate naming the path and the fix. A Hub id is read from the
+    host's HF cache (:func:`model_dir`)."""
     try:
+        base = await model_dir(transport, adapter.path, hub=hub)
+        path = f"{base.rstrip('/')}/adapter_config.json"
         raw = await _read(transport, path, MAX_ADAPTER_CONFIG)
         if raw is None:
             raise NoEstimate(f"LoRA adapter {adapter.name[:80]!r}: {path[:300]} does not exist "
@@ -168,7 +240,7 @@ async def read_adapter(transport: Transport,
 
 
 async def read_lora(transport: Transport, server: ServerConfig, version: str,
-                    model: ModelFacts) -> LoraShape | None:
+                    model: ModelFacts, hub: HubCache | None = None) -> LoraShape | None:
     """The LoRA pool's shape of ``server`` (None: LoRA off), reading the adapters' configs
     only where a shape flag is unset."""
     flags = parse_lora_flags(server.extra_args)
@@ -179,7 +251,8 @@ async def read_lora(transport: Transport, server: ServerConfig, version: str,
         if len(flags.adapters) > MAX_ADAPTERS:
             raise NoEstimate(f"{len(flags.adapters)} LoRA adapters, launcher reads at most "
                              f"{MAX_ADAPTERS} adapter configs; fix: {_LORA_FIX}")
-        configs = [await read_adapter(transport, a) for a in flags.adapters]
+        h = hub or HubCache.of(server)
+        configs = [await read_adapter(transport, a, h) for a in flags.adapters]
     return resolve_lora(flags, configs, model, version)
 
 
@@ -324,15 +397,20 @@ async def read_facts(transport: Transport, host: HostConfig, server: ServerConfi
                      version: str, params: LaunchParams | None = None) -> Facts:
     """Read every fact for ``server`` on its host. Raises NoEstimate."""
     p = params or server.launch_params()
-    model, weights = await read_model(transport, server.model_path)
     f = _flags(server.extra_args)
+    hub = HubCache.of(server)
+    path = await model_dir(transport, server.model_path, revision=f.get("--revision") or "main",
+                           hub=hub)
+    model, weights = await read_model(transport, path)
     ssm = f.get("--mamba-ssm-dtype")
     if ssm and model.hybrid is not None:  # --mamba-ssm-dtype overrides config.json's
         model = replace(model, hybrid=replace(model.hybrid, ssm_dtype_bytes=dtype_bytes(ssm, 4)))
     shape, draft_path = server_shape(server, version, p, model)
     draft = draft_weights = None
     if draft_path is not None:
-        draft, draft_weights = await read_model(transport, draft_path)
-    lora = await read_lora(transport, server, version, model)
+        revision = f.get("--speculative-draft-model-revision") or "main"
+        draft, draft_weights = await read_model(
+            transport, await model_dir(transport, draft_path, revision=revision, hub=hub))
+    lora = await read_lora(transport, server, version, model, hub)
     gpus = await read_gpus(transport, host.nvidia_smi, server.gpus)  # every replica's GPUs
     return Facts(model, weights, gpus, shape, draft, draft_weights, lora)
