@@ -14,7 +14,14 @@ Environment:
 SGLang's own variables the simulator honours: SGLANG_ENABLE_SPEC_V2 (0.5.10: spec v2 on, and its
 topk = 1 check), SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH (0.5.23: no draft extend graph),
 SGLANG_WARMUP_TIMEOUT, SGLANG_LOG_MS, SGL_FORCE_SHUTDOWN,
-SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.
+SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN. Hugging Face's: HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE,
+HF_HOME, XDG_CACHE_HOME (where the HF cache is), HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE.
+
+A --model-path, --speculative-draft-model-path or --lora-paths adapter that is not a directory
+but a Hub id (``org/name``) is read from its snapshot in the HF cache at --revision
+(--speculative-draft-model-revision for the draft; default main), as transformers and
+huggingface_hub resolve it when the Hub cannot be reached: the simulator has no network. Not in
+the cache, it fails where SGLang does, with their error text (see ``hub``).
 
 Speculative decoding (--speculative-algorithm EAGLE/EAGLE3/NEXTN with a draft from
 --speculative-draft-model-path or the model's built-in MTP head) and hybrid Mamba models
@@ -25,6 +32,7 @@ Modules: ``memory`` (the start-up memory arithmetic), ``server`` (the process: p
 failures, shutdown), ``cmdline`` (its flags), ``model`` (config.json and the flags as a
 memory scenario), ``logfmt`` (SGLang's lines per version), ``http`` (endpoints and the
 warmup client), ``gpustate`` (GPU occupancy shared between processes), ``faults``,
-``nvidia_smi``. This package's ``__init__`` imports nothing: the scheduler stand-ins that the
-server spawns import ``gpustate`` at start-up and must stay cheap.
+``nvidia_smi``, ``hub`` (Hub ids in the HF cache). This package's ``__init__`` imports
+nothing: the scheduler stand-ins that the server spawns import ``gpustate`` at start-up and
+must stay cheap.
 """

@@ -92,6 +92,7 @@ def build_parser(d: Dialect) -> argparse.ArgumentParser:
     add("--log-level", type=str, default="info")
     add("--log-level-http", type=str, default=None)
     add("--trust-remote-code", action="store_true")
+    add("--revision", type=str, default=None)
     add("--nnodes", type=int, default=1)
     add("--node-rank", type=int, default=0)
     add("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", type=str, default=None)
@@ -127,6 +128,7 @@ def build_parser(d: Dialect) -> argparse.ArgumentParser:
         type=str,
         default=None,
     )
+    add("--speculative-draft-model-revision", type=str, default=None)
     add("--speculative-num-steps", type=int, default=None)
     add("--speculative-eagle-topk", type=int, default=None)
     add("--speculative-num-draft-tokens", type=int, default=None)
@@ -204,6 +206,8 @@ class Flags:
     speculative_algorithm: str | None
     deprecated_graph_flag: bool
     speculative_draft_model_path: str | None = None
+    speculative_draft_model_revision: str | None = None
+    revision: str | None = None  # of a Hub id model path (launcher.sim.hub)
     speculative_num_steps: int | None = None
     speculative_eagle_topk: int | None = None
     speculative_num_draft_tokens: int | None = None

@@ -1057,7 +1057,12 @@ def hf_repo_id_error(path: str) -> str:
     return "\n".join(line for line in outer.splitlines() if line.strip()) + "\n"
 
 
-def hf_offline_error(repo: str) -> str:
+def hf_offline_error() -> str:
+    """The traceback of transformers' AutoConfig on a Hub id that is not in the HF cache while
+    the Hub cannot be reached (or HF_HUB_OFFLINE is set: the same text). The message is
+    transformers' own (``utils/hub.py`` ``cached_files``; transformers 5.24.0 prints it
+    verbatim for ``AutoConfig.from_pretrained`` of an uncached repo, online without a network
+    and offline alike); it does not name the repo."""
     return (
         traceback_text(
             [
@@ -1080,13 +1085,30 @@ def hf_offline_error(repo: str) -> str:
                     "raise OSError(",
                 ),
             ],
-            f"OSError: We couldn't connect to 'https://huggingface.co' to load the files, and "
+            "OSError: We couldn't connect to 'https://huggingface.co' to load the files, and "
             "couldn't find them in the cached files.\nCheck your internet connection or see "
             "how to run the library in offline mode at "
-            f"'https://huggingface.co/docs/transformers/installation#offline-mode'. ({repo})",
+            "'https://huggingface.co/docs/transformers/installation#offline-mode'.",
         )
         + "\n"
     )
+
+
+# huggingface_hub's snapshot_download (``_snapshot_download.py``) on a repo neither on the Hub
+# nor in the cache: with HF_HUB_OFFLINE set, and when the Hub cannot be reached (here: no name
+# resolution, huggingface_hub 2.4.0's text).
+SNAPSHOT_OFFLINE = (
+    "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find an appropriate cached snapshot "
+    "folder for the specified revision on the local disk and outgoing traffic has been "
+    "disabled. To enable repo look-ups and downloads online, set 'HF_HUB_OFFLINE=0' as "
+    "environment variable."
+)
+SNAPSHOT_UNREACHABLE = (
+    "huggingface_hub.errors.LocalEntryNotFoundError: Got: ConnectError: [Errno -2] Name or "
+    "service not known\nAn error happened while trying to locate the files on the Hub, and we "
+    "cannot find the appropriate snapshot folder for the specified revision on the local disk. "
+    "Please check your internet connection and try again."
+)
 
 
 def config_error(final: str) -> str:

@@ -94,7 +94,7 @@ from launcher.sglang.modelfacts import (
     dtype_bytes,
 )
 from launcher.sglang.versions import DRAFT_EXTEND_SWITCH_FROM, at_least
-from launcher.sim import logfmt
+from launcher.sim import hub, logfmt
 from launcher.sim.cmdline import Flags
 from launcher.sim.logfmt import Dialect
 from launcher.sim.memory import HybridScenario, MemoryScenario, SpecScenario
@@ -165,19 +165,36 @@ def _facts(data: dict[str, Any]) -> ModelFacts | None:
         return None
 
 
-def load_model(path: str) -> ModelSpec:
-    """Read ``path/config.json`` the way transformers' AutoConfig fails on it.
-
-    Raises ConfigFailure with the traceback SGLang prints (HF's OSError for a missing path,
-    ValueError for a directory without a usable config)."""
+def model_directory(path: str, revision: str | None = None, *, adapter: bool = False) -> Path:
+    """The directory SGLang reads for the model path ``path`` (a model, a draft or a LoRA
+    adapter): ``path`` itself when it is a directory, else, for a Hugging Face Hub id, its
+    snapshot at ``revision`` in the HF cache of the server's environment
+    (:mod:`launcher.sim.hub`; the simulator has no network). Raises ConfigFailure with the
+    traceback SGLang prints: transformers' "We couldn't connect to 'https://huggingface.co'"
+    OSError for a Hub id that is not cached (an ``adapter``, which SGLang's ``LoRAConfig``
+    fetches with ``snapshot_download``: huggingface_hub's LocalEntryNotFoundError),
+    huggingface_hub's repo id error otherwise."""
     p = Path(path)
-    if not p.is_dir():
-        looks_like_repo = (
-            not path.startswith(("/", ".", "~")) and path.count("/") == 1 and not p.exists()
-        )
-        if looks_like_repo:
-            raise ConfigFailure(logfmt.hf_offline_error(path))
-        raise ConfigFailure(logfmt.hf_repo_id_error(path))
+    if p.is_dir():
+        return p
+    if not path.startswith(("/", ".", "~")) and path.count("/") == 1 and not p.exists():
+        found = hub.snapshot(path, revision)
+        if found is None and adapter:
+            raise ConfigFailure(logfmt.config_error(
+                logfmt.SNAPSHOT_OFFLINE if hub.offline() else logfmt.SNAPSHOT_UNREACHABLE))
+        if found is None:
+            raise ConfigFailure(logfmt.hf_offline_error())
+        return found
+    raise ConfigFailure(logfmt.hf_repo_id_error(path))
+
+
+def load_model(path: str, revision: str | None = None) -> ModelSpec:
+    """Read ``config.json`` of the model path ``path`` (:func:`model_directory`, at
+    ``revision`` for a Hub id) the way transformers' AutoConfig fails on it.
+
+    Raises ConfigFailure with the traceback SGLang prints (HF's OSError for a missing path or
+    an uncached Hub id, ValueError for a directory without a usable config)."""
+    p = model_directory(path, revision)
     unrecognized = ConfigFailure(
         logfmt.config_error(
             f"ValueError: Unrecognized model in {path}. Should have a `model_type` key in its "
@@ -319,7 +336,7 @@ def resolve_speculative(flags: Flags, model: ModelSpec, d: Dialect) -> Speculati
         draft = dict(model.draft)
         arch = str(draft.pop("arch", model.arch + "NextN"))
     else:
-        draft_model = load_model(path)
+        draft_model = load_model(path, flags.speculative_draft_model_revision)
         arch = draft_model.arch
         draft = dict(draft_model.sim)
         return Speculative(
@@ -407,9 +424,8 @@ def resolve_lora_shape(flags: Flags, model: ModelSpec, d: Dialect) -> LoraShape 
             "needs"))
     configs = []
     for a in adapters:
-        path = Path(a.path) / "adapter_config.json"
-        if not Path(a.path).is_dir():
-            raise ConfigFailure(logfmt.hf_offline_error(a.path))
+        # LoRAConfig reads a Hub id's adapter_config.json through hf_hub_download (main)
+        path = model_directory(a.path, adapter=True) / "adapter_config.json"
         try:
             configs.append(adapter_shape(json.loads(path.read_text()), a.path))
         except OSError:
@@ -670,7 +686,7 @@ def scenario_from_argv(
     ConfigFailure as the server would (exit 1); argparse errors exit 2."""
     d = Dialect(version)
     flags = Flags.parse(d, argv)
-    model = load_model(flags.model_path)
+    model = load_model(flags.model_path, flags.revision)
     spec = resolve_speculative(flags, model, d) if flags.speculative_algorithm else None
     hybrid = resolve_hybrid(flags, model, d, spec)
     scenario = scenario_for(

@@ -1377,7 +1377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if host is None:
             raise ConfigFailure(logfmt.no_accelerator_error())
-        model = load_model(flags.model_path)
+        model = load_model(flags.model_path, flags.revision)
         _check_context_length(flags, model)
         spec = resolve_speculative(flags, model, d) if flags.speculative_algorithm else None
         hybrid = resolve_hybrid(flags, model, d, spec)
