@@ -10,13 +10,14 @@ server's GPUs; with LoRA flags (``--lora-paths``, ``--enable-lora``) and ``--max
 size its LoRA pool (:mod:`launcher.sglang.lora`). The arithmetic is
 :mod:`launcher.memory.estimate`'s.
 
-A model, draft or adapter given as a Hugging Face Hub id (``org/name``, which SGLang downloads
-when no such directory exists: 0.5.23 ``srt/arg_groups/model_path_hook.py:108``) is read from
-the host's Hugging Face cache, where SGLang's download puts it (``huggingface_hub``'s layout:
+A model, draft or adapter given as a Hugging Face Hub id (``org/name``, which SGLang fetches
+through transformers when no such directory exists: 0.5.23 ``get_config``,
+``srt/utils/hf_transformers/config.py:336``) is read from the host's Hugging Face cache,
+where SGLang's download puts it (``huggingface_hub``'s layout:
 ``<cache>/models--org--name/refs/<revision>`` holds the commit, ``snapshots/<commit>/`` the
-files; the cache is ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
-``~/.cache/huggingface/hub``, the server's ``env`` first, then the host's). A Hub id not
-downloaded yet is a NoEstimate saying so.
+files; the cache is ``$HF_HUB_CACHE`` (or the older ``$HUGGINGFACE_HUB_CACHE``), else
+``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``, the server's ``env`` first, then the
+host's). A Hub id not downloaded yet is a NoEstimate saying so.
 
 Error handling: a missing, unreadable or malformed file, or an unusable nvidia-smi answer, is a
 :class:`~launcher.sglang.modelfacts.NoEstimate` ("no estimate: <why>"), never a crash; an
@@ -103,7 +104,8 @@ _SIZES = (
 # the server's HF_HUB_CACHE, $4: its HF_HOME; else the host's, else the default); exit 3 (and
 # the cache's path) when it is not there.
 _HUB = (
-    'c="$3"; [ -n "$c" ] || c="${HF_HUB_CACHE:-}"; [ -n "$c" ] || { [ -n "$4" ] && c="$4/hub"; }; '
+    'c="$3"; [ -n "$c" ] || c="${HF_HUB_CACHE:-${HUGGINGFACE_HUB_CACHE:-}}"; '
+    '[ -n "$c" ] || { [ -n "$4" ] && c="$4/hub"; }; '
     '[ -n "$c" ] || c="${HF_HOME:+$HF_HOME/hub}"; [ -n "$c" ] || c="$HOME/.cache/huggingface/hub"; '
     'case "$c" in "~/"*) c="$HOME/${c#"~/"}";; esac; '
     'd="$c/$1"; r="$2"; [ -f "$d/refs/$r" ] && r=$(cat "$d/refs/$r"); '
@@ -124,12 +126,14 @@ def hub_id(path: str) -> bool:
 class HubCache:
     """Where the server's environment puts the Hugging Face cache ("": the host's default)."""
 
-    hub_cache: str = ""  # HF_HUB_CACHE
+    hub_cache: str = ""  # HF_HUB_CACHE (or HUGGINGFACE_HUB_CACHE)
     hf_home: str = ""  # HF_HOME
 
     @classmethod
     def of(cls, server: ServerConfig) -> HubCache:
-        return cls(server.env.get("HF_HUB_CACHE", ""), server.env.get("HF_HOME", ""))
+        env = server.env
+        return cls(env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE", ""),
+                   env.get("HF_HOME", ""))
 
 
 HOST_HUB = HubCache()  # nothing set by the server: the host's environment decides

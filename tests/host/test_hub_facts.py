@@ -77,6 +77,8 @@ def test_hf_hub_cache_wins_over_hf_home_and_the_hosts_env_is_the_fallback(
     assert _dir("org/m", env={"HF_HOME": str(tmp_path / "b")}) == str(b)
     assert _dir("org/m", env={"HF_HUB_CACHE": str(tmp_path / "a"),
                               "HF_HOME": str(tmp_path / "b")}) == str(a)
+    assert _dir("org/m", env={"HUGGINGFACE_HUB_CACHE": str(tmp_path / "a"),  # the older name
+                              "HF_HOME": str(tmp_path / "b")}) == str(a)
 
 
 def test_a_revision_is_a_branch_or_a_commit(tmp_path: Path) -> None:
