@@ -15,9 +15,11 @@ through transformers when no such directory exists: 0.5.23 ``get_config``,
 ``srt/utils/hf_transformers/config.py:336``) is read from the host's Hugging Face cache,
 where SGLang's download puts it (``huggingface_hub``'s layout:
 ``<cache>/models--org--name/refs/<revision>`` holds the commit, ``snapshots/<commit>/`` the
-files; the cache is ``$HF_HUB_CACHE`` (or the older ``$HUGGINGFACE_HUB_CACHE``), else
-``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``, the server's ``env`` first, then the
-host's). A Hub id not downloaded yet is a NoEstimate saying so.
+files; the cache is ``$HF_HUB_CACHE``, else the older ``$HUGGINGFACE_HUB_CACHE``, else
+``$HF_HOME/hub``, else ``${XDG_CACHE_HOME:-~/.cache}/huggingface/hub``, each the server's
+``env`` over the host's). A path of that shape that is a directory on the host (relative to
+``$HOME``, where the server starts) is that directory, as SGLang looks for a directory first.
+A Hub id not downloaded yet is a NoEstimate saying so.
 
 Error handling: a missing, unreadable or malformed file, or an unusable nvidia-smi answer, is a
 :class:`~launcher.sglang.modelfacts.NoEstimate` ("no estimate: <why>"), never a crash; an
@@ -100,13 +102,20 @@ _SIZES = (
 )
 
 
-# The snapshot directory of Hub repo $1 (models--org--name) at revision $2 in the HF cache ($3:
-# the server's HF_HUB_CACHE, $4: its HF_HOME; else the host's, else the default); exit 3 (and
-# the cache's path) when it is not there.
+# The directory to read for model path $6 when it has a Hub id's shape: $6 itself when it is a
+# directory (relative to $HOME, where the server starts; SGLang looks for a directory first),
+# else the snapshot of Hub repo $1 (models--org--name) at revision $2 in the HF cache, found
+# as huggingface_hub finds it in the server's environment (its env over the host's):
+# HF_HUB_CACHE ($3, the server's), HUGGINGFACE_HUB_CACHE ($4), HF_HOME/hub ($5), else
+# ${XDG_CACHE_HOME:-~/.cache}/huggingface/hub. Exit 3 (and the cache's path) when absent.
 _HUB = (
-    'c="$3"; [ -n "$c" ] || c="${HF_HUB_CACHE:-${HUGGINGFACE_HUB_CACHE:-}}"; '
-    '[ -n "$c" ] || { [ -n "$4" ] && c="$4/hub"; }; '
-    '[ -n "$c" ] || c="${HF_HOME:+$HF_HOME/hub}"; [ -n "$c" ] || c="$HOME/.cache/huggingface/hub"; '
+    'p="$6"; case "$p" in /*) ;; *) p="${HOME:-.}/$p";; esac; '
+    'if [ -d "$p" ]; then printf %s "$p"; exit 0; fi; '
+    'c="$3"; [ -n "$c" ] || c="${HF_HUB_CACHE:-}"; [ -n "$c" ] || c="$4"; '
+    '[ -n "$c" ] || c="${HUGGINGFACE_HUB_CACHE:-}"; '
+    '[ -n "$c" ] || { [ -n "$5" ] && c="$5/hub"; }; '
+    '[ -n "$c" ] || c="${HF_HOME:+$HF_HOME/hub}"; '
+    '[ -n "$c" ] || c="${XDG_CACHE_HOME:-$HOME/.cache}/huggingface/hub"; '
     'case "$c" in "~/"*) c="$HOME/${c#"~/"}";; esac; '
     'd="$c/$1"; r="$2"; [ -f "$d/refs/$r" ] && r=$(cat "$d/refs/$r"); '
     '[ -d "$d/snapshots/$r" ] || { printf %s "$c"; exit 3; }; printf %s "$d/snapshots/$r"'
@@ -126,13 +135,14 @@ def hub_id(path: str) -> bool:
 class HubCache:
     """Where the server's environment puts the Hugging Face cache ("": the host's default)."""
 
-    hub_cache: str = ""  # HF_HUB_CACHE (or HUGGINGFACE_HUB_CACHE)
+    hub_cache: str = ""  # HF_HUB_CACHE
+    legacy_hub_cache: str = ""  # HUGGINGFACE_HUB_CACHE, the older name (below HF_HUB_CACHE)
     hf_home: str = ""  # HF_HOME
 
     @classmethod
     def of(cls, server: ServerConfig) -> HubCache:
         env = server.env
-        return cls(env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE", ""),
+        return cls(env.get("HF_HUB_CACHE", ""), env.get("HUGGINGFACE_HUB_CACHE", ""),
                    env.get("HF_HOME", ""))
 
 
@@ -141,9 +151,10 @@ HOST_HUB = HubCache()  # nothing set by the server: the host's environment decid
 
 async def model_dir(transport: Transport, path: str, *, revision: str = "main",
                     hub: HubCache = HOST_HUB) -> str:
-    """The directory to read for the model path ``path``: itself, or for a Hub id its
-    snapshot at ``revision`` (a branch, tag or commit) in the host's HF cache. NoEstimate when
-    the Hub id is not downloaded there (SGLang downloads it when it starts)."""
+    """The directory to read for the model path ``path``: itself, or for a Hub id (a path of
+    that shape that is no directory on the host) its snapshot at ``revision`` (a branch, tag
+    or commit) in the host's HF cache. NoEstimate when the Hub id is not downloaded there
+    (SGLang downloads it when it starts)."""
     if not hub_id(path):
         return path
     if _REVISION.fullmatch(revision) is None or ".." in revision:
@@ -151,7 +162,7 @@ async def model_dir(transport: Transport, path: str, *, revision: str = "main",
                          "launcher can look up in the Hugging Face cache")
     repo = "models--" + path.replace("/", "--")
     r = await transport.run(["sh", "-c", _HUB, "sh", repo, revision, hub.hub_cache,
-                             hub.hf_home], timeout=60.0)
+                             hub.legacy_hub_cache, hub.hf_home, path], timeout=60.0)
     where = r.stdout.decode("utf-8", "replace").strip()
     if r.exit_status == 3:
         raise NoEstimate(

@@ -81,6 +81,30 @@ def test_hf_hub_cache_wins_over_hf_home_and_the_hosts_env_is_the_fallback(
                               "HF_HOME": str(tmp_path / "b")}) == str(a)
 
 
+def test_the_cache_is_found_as_huggingface_hub_finds_it(tmp_path: Path) -> None:
+    """HF_HUB_CACHE (server's, then host's) over the older HUGGINGFACE_HUB_CACHE over
+    HF_HOME/hub over ${XDG_CACHE_HOME:-~/.cache}/huggingface/hub."""
+    a = _snapshot(tmp_path / "a", "org/m")
+    legacy = _snapshot(tmp_path / "legacy", "org/m")
+    xdg = _snapshot(tmp_path / "xdg" / "huggingface" / "hub", "org/m")
+    home = _snapshot(tmp_path / "home" / ".cache" / "huggingface" / "hub", "org/m")
+    # the server sets only the older name, the host the newer: the newer wins, as in the server
+    assert _dir("org/m", hub=HubCache(legacy_hub_cache=str(tmp_path / "legacy")),
+                env={"HF_HUB_CACHE": str(tmp_path / "a")}) == str(a)
+    assert _dir("org/m", hub=HubCache(legacy_hub_cache=str(tmp_path / "legacy"))) == str(legacy)
+    assert _dir("org/m", env={"XDG_CACHE_HOME": str(tmp_path / "xdg")}) == str(xdg)
+    assert _dir("org/m", env={"HOME": str(tmp_path / "home")}) == str(home)
+
+
+def test_a_relative_directory_of_a_hub_ids_shape_is_that_directory(tmp_path: Path) -> None:
+    """SGLang looks for a directory first; the server starts in $HOME."""
+    (tmp_path / "models" / "Llama-3-8B").mkdir(parents=True)
+    _snapshot(tmp_path / "hub", "models/Llama-3-8B")
+    found = _dir("models/Llama-3-8B", hub=HubCache(hub_cache=str(tmp_path / "hub")),
+                 env={"HOME": str(tmp_path)})
+    assert found == str(tmp_path / "models" / "Llama-3-8B")
+
+
 def test_a_revision_is_a_branch_or_a_commit(tmp_path: Path) -> None:
     cache = tmp_path / "hub"
     _snapshot(cache, "org/m")

@@ -683,7 +683,9 @@ class SSHTransport:
         """
         tries = 0
         again: _Connection | None = None  # a refusal's connection, asked once more
-        asked_again: set[int] = set()  # ids of the connections asked again (once each)
+        # The connections asked again (once each); held, not their ids, which a connection
+        # made later in this call could reuse once one of them is gone.
+        asked_again: list[_Connection] = []
         fresh = False
         while True:
             if again is not None and self._take_slot(again):
@@ -704,8 +706,8 @@ class SSHTransport:
                 self._release(current)
                 if not current.closed and isinstance(exc, asyncssh.ChannelOpenError):
                     others = current.sessions
-                    if id(current) not in asked_again:
-                        asked_again.add(id(current))
+                    if not any(c is current for c in asked_again):
+                        asked_again.append(current)
                         again = current
                         log.debug("ssh.session_asked_again", host=self.name,
                                   open_sessions=others, error=exc.reason)
