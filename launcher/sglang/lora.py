@@ -230,10 +230,27 @@ def _int_flag(name: str, value: str) -> int:
     return int(value)
 
 
+# The LoRA flags parse_lora_flags reads; an abbreviation of exactly one of them stands for it.
+_LORA_FLAGS = ("--lora-paths", "--lora-target-modules", "--max-loras-per-batch",
+               "--max-lora-rank", "--enable-lora")
+
+
+def _full_flag(name: str) -> str:
+    """``name``, or the LoRA flag it abbreviates. SGLang's argparse takes any unambiguous
+    prefix (``allow_abbrev``, 0.5.23 server_args.py:679). Resolving among the LoRA flags alone
+    is safe: a prefix of exactly one of them that SGLang finds ambiguous among all its flags
+    makes SGLang refuse to start, so the estimate it skews is never used."""
+    if name in _LORA_FLAGS or not name.startswith("--") or len(name) < 4:
+        return name
+    found = [f for f in _LORA_FLAGS if f.startswith(name)]
+    return found[0] if len(found) == 1 else name
+
+
 def parse_lora_flags(argv: Sequence[str]) -> LoraFlags | None:
     """The LoRA flags of ``argv`` (a server's extra arguments), None when LoRA is off (neither
-    ``--enable-lora`` nor any ``--lora-paths``). ``--opt value`` and ``--opt=value`` both; an
-    option given twice keeps its last value, as argparse does. NoEstimate names a flag whose
+    ``--enable-lora`` nor any ``--lora-paths``). ``--opt value`` and ``--opt=value`` both,
+    and abbreviations (``--lora-path``); an option given twice keeps its last value, as
+    argparse does. NoEstimate names a flag whose
     value SGLang would not take."""
     enable = False
     adapters: list[LoraAdapter] = []
@@ -243,6 +260,7 @@ def parse_lora_flags(argv: Sequence[str]) -> LoraFlags | None:
     i = 0
     while i < len(argv):
         name, eq, inline = argv[i].partition("=")
+        name = _full_flag(name)
         if name in ("--lora-paths", "--lora-target-modules"):
             if eq:
                 values, nxt = [inline], i + 1

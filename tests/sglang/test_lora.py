@@ -140,6 +140,14 @@ def test_planted_flags_in_every_form_sglang_takes() -> None:
     assert parse_lora_flags(["--context-length", "8192"]) is None
 
 
+def test_abbreviated_flags_count_as_argparse_counts_them() -> None:
+    """SGLang's argparse takes an unambiguous prefix; an ambiguous one is left unread."""
+    flags = parse_lora_flags(["--lora-path", "a=/x", "--max-lora-r", "64", "--max-loras=2",
+                              "--lora-target", "q_proj"])
+    assert flags == LoraFlags((LoraAdapter("a", "/x"),), 2, 64, ("q_proj",))
+    assert parse_lora_flags(["--max-lora", "8"]) is None  # rank or per-batch: ambiguous
+
+
 @pytest.mark.parametrize(
     ("argv", "why"),
     [
