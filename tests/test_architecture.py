@@ -509,18 +509,38 @@ def test_the_default_version_is_the_newest_supported() -> None:
 
 # Where host actions are caught and judged (a failed launch, a failed probe, a retry): a
 # LeaseLost there must pass through untouched (docs/ha.md, "A lost lease inside a supervisor").
-LEASE_CHECKED = ("launcher.supervise.", "launcher.daemon", "launcher.host.")
+LEASE_CHECKED = ("launcher.supervise.", "launcher.daemon", "launcher.host.", "launcher.plan.")
 # What a handler catches that would catch LeaseLost too. LauncherError does not: LeaseLost is
-# its sibling (launcher/errors.py), so only handlers this broad need a re-raise.
-_BROAD = {"LauncherException", "Exception", "BaseException"}
+# its sibling (launcher/errors.py), so only handlers this broad need a re-raise. An exception
+# group may hold a LeaseLost a task group wrapped.
+_BROAD = {"LauncherException", "Exception", "BaseException", "ExceptionGroup",
+          "BaseExceptionGroup"}
 
 
-def _caught(handler: ast.ExceptHandler) -> set[str]:
-    """The last names of the exception types ``handler`` catches ("BaseException" when bare)."""
+def _tuples(tree: ast.Module) -> dict[str, list[ast.expr]]:
+    """Module-level ``NAME = (A, B, ...)``: exception tuples a handler may name."""
+    out = {}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Tuple)):
+            out[node.targets[0].id] = list(node.value.elts)
+    return out
+
+
+def _caught(handler: ast.ExceptHandler,
+            tuples: Mapping[str, list[ast.expr]] | None = None) -> set[str]:
+    """The last names of the exception types ``handler`` catches ("BaseException" when bare),
+    a module-level tuple named in it expanded."""
     if handler.type is None:
         return {"BaseException"}
     types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    return {(_dotted(t) or ["?"])[-1] for t in types}
+    names = set()
+    for t in types:
+        name = (_dotted(t) or ["?"])[-1]
+        expanded = (tuples or {}).get(name) if isinstance(t, ast.Name) else None
+        names |= ({(_dotted(e) or ["?"])[-1] for e in expanded} if expanded is not None
+                  else {name})
+    return names
 
 
 def _reraises(handler: ast.ExceptHandler) -> bool:
@@ -549,12 +569,14 @@ def lease_swallowers(code: Mapping[str, str]) -> list[str]:
     for module, source in code.items():
         if not module.startswith(LEASE_CHECKED):
             continue
-        for node in ast.walk(ast.parse(source)):
+        tree = ast.parse(source)
+        tuples = _tuples(tree)
+        for node in ast.walk(tree):
             if not isinstance(node, ast.Try | ast.TryStar) or not _awaits(node.body):
                 continue  # a host action is awaited: a try without an await makes none
             passed = False
             for handler in node.handlers:
-                caught = _caught(handler)
+                caught = _caught(handler, tuples)
                 if "LeaseLost" in caught or "FencedOut" in caught:
                     body = handler.body
                     passed = passed or (len(body) == 1 and isinstance(body[0], ast.Raise)
@@ -581,6 +603,8 @@ def test_the_lease_checker_sees_a_swallowed_lease() -> None:
     assert ["launcher.supervise.x:3"] == lease_swallowers({"launcher.supervise.x": bad})
     assert [] == lease_swallowers({"launcher.supervise.x": good})
     assert [] == lease_swallowers({"launcher.hooks.slack": bad})  # not a host-action layer
+    named = "E = (OSError, ExceptionGroup)\ntry:\n    await f()\nexcept E:\n    pass\n"
+    assert ["launcher.supervise.x:4"] == lease_swallowers({"launcher.supervise.x": named})
 
 
 def test_a_lost_lease_is_not_a_failure() -> None:

@@ -356,7 +356,9 @@ def _graph_ratios(
                 if not _split(row) or rest <= 0:
                     continue
                 shown = [v for k, v in o.graph_mem_gib.items() if k in _PREFILL_PASSES]
-                prefill = sum(shown) if shown else None
+                # Prefill passes the guess had no share for stay in the growing part: taken
+                # out here, nothing would add them back.
+                prefill = sum(shown) if shown and g.prefill_graphs_gib > 0 else None
                 seen, guessed = passes - (prefill or 0.0), rest
             else:
                 # the estimate's graphs include the attention backend's buffers, which the log

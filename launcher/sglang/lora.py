@@ -269,7 +269,10 @@ def parse_lora_flags(argv: Sequence[str]) -> LoraFlags | None:
             if name == "--lora-paths":
                 adapters = [_adapter(v) for v in values]
             else:
-                targets = tuple(values) if values else None
+                if not values:  # SGLang takes [] as "no module": every adapter is refused
+                    raise NoEstimate("--lora-target-modules has no module: SGLang would refuse "
+                                     "every adapter (name the modules, or drop the flag)")
+                targets = tuple(values)
             i = nxt
             continue
         if name in ("--max-loras-per-batch", "--max-lora-rank"):
@@ -281,6 +284,8 @@ def parse_lora_flags(argv: Sequence[str]) -> LoraFlags | None:
             else:
                 raise NoEstimate(f"{name} has no value (fix the flag)")
             number = _int_flag(name, value)
+            if name == "--max-lora-rank" and number == 0:
+                raise NoEstimate("--max-lora-rank 0: SGLang asserts a rank above 0 (fix the flag)")
             if name == "--max-lora-rank":
                 rank = number
             else:

@@ -58,7 +58,7 @@ from tenacity import (
 )
 
 from launcher.config.schema import Config, ServerConfig
-from launcher.errors import HostKeyError, HostUnreachable, LauncherError
+from launcher.errors import HostKeyError, HostUnreachable, LauncherError, reraise_lease_lost
 from launcher.host import health, preflight
 from launcher.host import run as remote
 from launcher.host.gpus import check_gpus
@@ -500,6 +500,7 @@ class MultiNodeSupervisor(ServerSupervisor):
                     if resp.status_code != 200:
                         raise _GateShut(f"HTTP {resp.status_code}")
         except _GATE_ERRORS as exc:
+            reraise_lease_lost(exc)  # an exception group may hold one: not a gate failure
             self._emit(events.GateFailed(port=port, detail=_gate_detail(exc)))
             return
         self._emit(events.RanksGateOpened(attempt=att.handle.attempt, port=port))

@@ -265,3 +265,14 @@ def test_a_measured_small_bs_predicts_a_large_one() -> None:
     fixed, _ = learn_estimate([KeyedObservation(KEY, seen, g8, "ready")], KEY, e)
     assert fixed.graphs_gib(256) == pytest.approx(truth(256), rel=0.03)
     assert fixed.graphs_gib(8) == pytest.approx(truth(8), abs=0.02)
+
+
+def test_prefill_passes_the_guess_had_no_share_for_stay_in_the_growing_part() -> None:
+    """A log shows prefill passes (0.39) where the guess had none (say a version gate): they
+    count with the decode passes, 0.39 + 0.33 over the 1.198 - 0.57 = 0.628 guessed growing,
+    rather than vanish from the corrected figure."""
+    row = _l40s_row()
+    row = replace(row, guess=replace(row.guess, prefill_graphs_gib=0.0))
+    c = calibrate([row])
+    assert c.graph[ALL_PASSES] == pytest.approx((0.39 + 0.33) / 0.628)
+    assert c.graph_measured_gib == pytest.approx(0.72)

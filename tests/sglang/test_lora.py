@@ -156,6 +156,9 @@ def test_abbreviated_flags_count_as_argparse_counts_them() -> None:
         (["--lora-paths", "/a", "--max-loras-per-batch", "0"], "must be positive"),
         (["--lora-paths", "{nope}"], "not a JSON object"),
         (["--lora-paths", "/a", "--lora-target-modules", "all", "q_proj"], "only module"),
+        (["--lora-paths", "/a", "--lora-target-modules", "--max-lora-rank", "8"], "no module"),
+        (["--enable-lora", "--max-lora-rank", "0", "--lora-target-modules", "q_proj"],
+         "rank above 0"),
     ],
 )
 def test_flags_sglang_refuses_give_no_estimate(argv: list[str], why: str) -> None:
