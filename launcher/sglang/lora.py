@@ -407,15 +407,22 @@ def resolve_lora(flags: LoraFlags, configs: Sequence[tuple[int, frozenset[str] |
 
 
 def _shared_inter(model: ModelFacts, layer: int, version: str) -> int:
-    """``get_default_hidden_dim``'s intermediate size of ``gate_up_proj`` / ``down_proj`` at
-    ``layer``: 0.5.23 takes ``moe_intermediate x n_shared_experts`` on MoE layers of a model
-    with ``first_k_dense_replace`` (``lora/utils.py:201-220``), 0.5.10 the config's."""
+    """The intermediate size of ``gate_up_proj`` / ``down_proj`` at ``layer``. 0.5.10: the
+    config's ``intermediate_size``. 0.5.23 reads the width of the layer's own dense linear of
+    that name (``lora/mem_pool.py:284-314`` ``_dense_local_dim``), which on a MoE layer is the
+    shared expert's: ``shared_expert_intermediate_size`` (Qwen2-MoE's ``shared_expert``), or
+    ``moe_intermediate x n_shared_experts`` with ``first_k_dense_replace`` (DeepSeek's
+    ``shared_experts``, as ``lora/utils.py:201-220`` also has it)."""
     inter = model.intermediate_size
+    if not at_least(version, LORA_MODEL_AWARE_FROM) or not model.moe_intermediate_size:
+        return inter
     first_k = model.first_k_dense_replace
-    if (at_least(version, LORA_MODEL_AWARE_FROM) and first_k is not None and layer >= first_k
-            and layer % model.moe_layer_freq == 0 and model.moe_intermediate_size
-            and model.n_shared_experts):
-        inter = model.moe_intermediate_size * model.n_shared_experts
+    if (first_k is not None and layer < first_k) or layer % model.moe_layer_freq != 0:
+        return inter  # a dense layer: its own MLP
+    if model.shared_expert_intermediate_size:
+        return model.shared_expert_intermediate_size
+    if first_k is not None and model.n_shared_experts:
+        return model.moe_intermediate_size * model.n_shared_experts
     return inter
 
 

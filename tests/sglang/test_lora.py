@@ -111,6 +111,24 @@ def test_moe_experts_get_four_dimensional_buffers() -> None:
     assert names == {"down_proj", "down_proj_moe"}
 
 
+def test_a_shared_experts_width_is_its_own_from_0_5_23() -> None:
+    """Qwen2-57B-A14B's geometry (intermediate 18944, shared expert 20480): 0.5.23 reads the
+    shared expert's own linear, 0.5.10 the config's intermediate size."""
+    cfg = {"architectures": ["Qwen2MoeForCausalLM"], "num_hidden_layers": 1,
+           "hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4,
+           "intermediate_size": 18944, "moe_intermediate_size": 2560, "num_experts": 64,
+           "num_experts_per_tok": 8, "shared_expert_intermediate_size": 20480,
+           "vocab_size": 151936, "torch_dtype": "bfloat16"}
+    model = ModelFacts.from_config(cfg)
+
+    def gate_up_b(version: str) -> tuple[int, ...]:
+        pool = lora_pool(model, _shape(1, 8, ("gate_proj",)), 1, version)
+        return next(b.b_shape for b in pool.buffers if b.module == "gate_up_proj")
+
+    assert gate_up_b("0.5.23") == (1, 2 * 20480, 8)
+    assert gate_up_b("0.5.10") == (1, 2 * 18944, 8)
+
+
 def test_a_module_without_a_rule_is_named_not_guessed(llama: ModelFacts) -> None:
     pool = lora_pool(llama, _shape(1, 1, ("in_proj", "o_proj")), 1, "0.5.23")
     assert {b.module for b in pool.buffers} == {"o_proj"}
