@@ -341,14 +341,38 @@ class GpuReadsOnce:
         """Nothing: ``inner`` belongs to the caller."""
 
 
+# The flags the estimate reads from a server's extra_args.
+_READ_FLAGS = (
+    "--speculative-algorithm", "--speculative-num-steps", "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens", "--speculative-draft-model-path",
+    "--speculative-draft-model", "--speculative-draft-model-revision", "--kv-cache-dtype",
+    "--context-length", "--chunked-prefill-size", "--max-running-requests",
+    "--disable-overlap-schedule", "--disable-cuda-graph", "--attention-backend",
+    "--mamba-ssm-dtype", "--revision",
+)
+
+
+def _full_name(name: str) -> str:
+    """``name``, or the read flag it abbreviates. SGLang's argparse takes any unambiguous
+    prefix (0.5.23 server_args.py:679, ``allow_abbrev``). Resolving among the read flags alone
+    is safe: a prefix of exactly one of them that SGLang finds ambiguous among all its flags
+    makes SGLang refuse to start, so the estimate it skews is never used."""
+    if name in _READ_FLAGS or len(name) < 4:
+        return name
+    found = [f for f in _READ_FLAGS if f.startswith(name)]
+    return found[0] if len(found) == 1 else name
+
+
 def _flags(argv: Sequence[str]) -> dict[str, str]:
-    """``--name value`` / ``--name=value`` / bare ``--name`` ("") of an argv."""
+    """``--name value`` / ``--name=value`` / bare ``--name`` ("") of an argv; an abbreviation
+    of a flag the estimate reads under that flag's full name."""
     out: dict[str, str] = {}
     i = 0
     while i < len(argv):
         a = argv[i]
         if a.startswith("--"):
             name, eq, value = a.partition("=")
+            name = _full_name(name)
             if eq:
                 out[name] = value
             elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):

@@ -28,7 +28,7 @@ from launcher.host.transport.local import LocalTransport
 from launcher.memory.estimate import choose
 from launcher.params import LaunchParams
 from launcher.plan.first_attempt import plan_first_attempt, warm_start
-from launcher.sglang.modelfacts import GIB, GpuFacts, NoEstimate
+from launcher.sglang.modelfacts import GIB, GpuFacts, ModelFacts, NoEstimate, ServerShape
 from launcher.sim.memory import simulate
 from launcher.sim.model import scenario_from_argv
 from launcher.store.ledger import Ledger, fingerprint, ledger_path
@@ -424,3 +424,28 @@ def test_up_estimates_a_hosts_servers_at_once_with_one_nvidia_smi_query_each(
     assert len(together.smi_calls) == 4  # memory and names, per pass (two passes)
     assert len(set(together.smi_calls)) == 2
     assert 1 < together.most_in_flight <= daemon.FIRST_ATTEMPTS_PER_HOST
+
+
+def test_abbreviated_flags_shape_the_server_as_sglangs_argparse_reads_them(
+    tmp_path: Path,
+) -> None:
+    """`--context-len 8192 --kv-cache fp8_e4m3 --disable-cuda-g` are what SGLang takes them for
+    (an unambiguous prefix); a prefix of two read flags is left unread."""
+    def shape_of(extra: list[str]) -> ServerShape:
+        cfg = config_from_dict({
+            "state_dir": str(tmp_path), "hosts": [{"name": "h", "transport": "local"}],
+            "servers": [{"name": "s", "host": "h", "model_path": "/m", "gpus": [0],
+                         "port": 30000, "extra_args": extra}],
+        }, environ={})
+        m = ModelFacts.from_config(json.loads((model_dir("tiny-1b-sim") / "config.json")
+                                              .read_text()))
+        return server_shape(cfg.servers[0], "0.5.23", LaunchParams(), m)[0]
+
+    shape = shape_of(["--context-len", "8192", "--kv-cache=fp8_e4m3", "--disable-cuda-g"])
+    assert (shape.context_len, shape.kv_cache_dtype, shape.disable_cuda_graph) == (
+        8192, "fp8_e4m3", True)
+    # steps or draft tokens: neither is read, the auto shape stands (Llama: 5 steps, not 7)
+    spec = shape_of(["--speculative-algorithm", "EAGLE", "--speculative-num", "7"]).spec
+    assert spec is not None and (spec.num_steps, spec.num_draft_tokens) == (5, 8)
+    spec = shape_of(["--speculative-alg", "EAGLE", "--speculative-num-s", "7"]).spec
+    assert spec is not None and (spec.algorithm, spec.num_steps) == ("EAGLE", 7)
