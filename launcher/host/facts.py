@@ -44,6 +44,7 @@ from launcher.host.transport.base import CommandResult, Transport
 from launcher.memory.estimate import Estimate, estimate
 from launcher.memory.priors import DEFAULT_COEFFICIENTS, Coefficients
 from launcher.params import LaunchParams
+from launcher.sglang.flags import full_flag
 from launcher.sglang.lora import (
     LoraAdapter,
     LoraShape,
@@ -341,7 +342,7 @@ class GpuReadsOnce:
         """Nothing: ``inner`` belongs to the caller."""
 
 
-# The flags the estimate reads from a server's extra_args.
+# The flags the estimate reads from a server's extra_args (abbreviations resolve to them).
 _READ_FLAGS = (
     "--speculative-algorithm", "--speculative-num-steps", "--speculative-eagle-topk",
     "--speculative-num-draft-tokens", "--speculative-draft-model-path",
@@ -350,17 +351,6 @@ _READ_FLAGS = (
     "--disable-overlap-schedule", "--disable-cuda-graph", "--attention-backend",
     "--mamba-ssm-dtype", "--revision",
 )
-
-
-def _full_name(name: str) -> str:
-    """``name``, or the read flag it abbreviates. SGLang's argparse takes any unambiguous
-    prefix (0.5.23 server_args.py:679, ``allow_abbrev``). Resolving among the read flags alone
-    is safe: a prefix of exactly one of them that SGLang finds ambiguous among all its flags
-    makes SGLang refuse to start, so the estimate it skews is never used."""
-    if name in _READ_FLAGS or len(name) < 4:
-        return name
-    found = [f for f in _READ_FLAGS if f.startswith(name)]
-    return found[0] if len(found) == 1 else name
 
 
 def _flags(argv: Sequence[str]) -> dict[str, str]:
@@ -372,7 +362,7 @@ def _flags(argv: Sequence[str]) -> dict[str, str]:
         a = argv[i]
         if a.startswith("--"):
             name, eq, value = a.partition("=")
-            name = _full_name(name)
+            name = full_flag(name, _READ_FLAGS)
             if eq:
                 out[name] = value
             elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from launcher.params import LaunchParams
 from launcher.sglang.versions import (
@@ -33,6 +33,7 @@ __all__ = [
     "SECRET_FLAGS",
     "SPEC_V2_ENV",
     "env_is_read",
+    "full_flag",
     "graph_bs_flag",
     "hidden_args_argv",
     "is_secret_flag",
@@ -191,6 +192,18 @@ def params_from_argv(words: Iterable[str], env_lines: Iterable[str] = ()) -> Lau
 # launcher never puts them there: see ``hidden_args_argv``.
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
 SECRET_ARG_ENV = "LAUNCHER_SECRET_ARG_{}"  # the environment variable of the i-th hidden flag
+
+
+def full_flag(name: str, known: Collection[str]) -> str:
+    """``name``, or the one flag of ``known`` it abbreviates. SGLang's argparse takes any
+    unambiguous prefix (``allow_abbrev``; 0.5.23 ``server_args.py:679``). Resolving among the
+    flags a reader knows, rather than all of SGLang's, is safe: a prefix of exactly one of
+    them that SGLang finds ambiguous among all its flags makes SGLang refuse to start, so
+    whatever the reader concluded from it is never used."""
+    if name in known or not name.startswith("--") or len(name) < 4:
+        return name
+    found = [f for f in known if f.startswith(name)]
+    return found[0] if len(found) == 1 else name
 
 
 def is_secret_flag(word: str) -> bool:

@@ -65,6 +65,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.sglang.flags import full_flag
 from launcher.sglang.modelfacts import GIB, ModelFacts, NoEstimate
 from launcher.sglang.versions import LORA_MODEL_AWARE_FROM, at_least
 
@@ -235,17 +236,6 @@ _LORA_FLAGS = ("--lora-paths", "--lora-target-modules", "--max-loras-per-batch",
                "--max-lora-rank", "--enable-lora")
 
 
-def _full_flag(name: str) -> str:
-    """``name``, or the LoRA flag it abbreviates. SGLang's argparse takes any unambiguous
-    prefix (``allow_abbrev``, 0.5.23 server_args.py:679). Resolving among the LoRA flags alone
-    is safe: a prefix of exactly one of them that SGLang finds ambiguous among all its flags
-    makes SGLang refuse to start, so the estimate it skews is never used."""
-    if name in _LORA_FLAGS or not name.startswith("--") or len(name) < 4:
-        return name
-    found = [f for f in _LORA_FLAGS if f.startswith(name)]
-    return found[0] if len(found) == 1 else name
-
-
 def parse_lora_flags(argv: Sequence[str]) -> LoraFlags | None:
     """The LoRA flags of ``argv`` (a server's extra arguments), None when LoRA is off (neither
     ``--enable-lora`` nor any ``--lora-paths``). ``--opt value`` and ``--opt=value`` both,
@@ -260,7 +250,7 @@ def parse_lora_flags(argv: Sequence[str]) -> LoraFlags | None:
     i = 0
     while i < len(argv):
         name, eq, inline = argv[i].partition("=")
-        name = _full_flag(name)
+        name = full_flag(name, _LORA_FLAGS)
         if name in ("--lora-paths", "--lora-target-modules"):
             if eq:
                 values, nxt = [inline], i + 1
