@@ -613,3 +613,19 @@ async def test_from_host_config_reads_every_field(sshd_host: Sshd) -> None:
     finally:
         await t.aclose()
     assert ("gpu7", b"from-config\n") == (t.host_name, result.stdout)
+
+
+def test_the_transport_imports_without_a_warning() -> None:
+    """Loading the SSH transport (every `launcher up` with an SSH host) prints nothing: asyncssh's
+    import-time use of cryptography's deprecated DSA names (cryptography 51+) is silenced, and
+    only that, so an operator's stderr and a `-W error` run stay clean."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", "import launcher.host.transport.ssh"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, "")

@@ -40,6 +40,7 @@ import re
 import shlex
 import socket
 import tempfile
+import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -47,7 +48,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
-import asyncssh
 import structlog
 from tenacity import (
     AsyncRetrying,
@@ -67,6 +67,18 @@ from launcher.errors import (
     TransportError,
 )
 from launcher.host.transport.base import MAX_OUTPUT, MAX_STDERR, CommandResult, Duplex
+
+with warnings.catch_warnings():
+    # asyncssh (2.24.1 and earlier) names cryptography's DSA classes at import, and cryptography
+    # 51 deprecates DSA with a warning on each name: ten lines on every `launcher` start (an error
+    # under `-W error`). Only that warning, only during the import, is silenced; launcher never
+    # offers a DSA key and OpenSSH (9.8+) no longer serves one.
+    from cryptography.utils import CryptographyDeprecationWarning
+
+    warnings.filterwarnings(
+        "ignore", message="DSA is deprecated", category=CryptographyDeprecationWarning
+    )
+    import asyncssh
 
 log = structlog.get_logger(__name__)
 
