@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Score ``launcher``'s classifier on the corpus of real SGLang logs (issue 12).
+"""Score ``launcher``'s classifier on the corpus of real SGLang logs (docs/diagnosis.md).
 
     .venv/bin/python scripts/diagnosis_report.py [--corpus DIR] [--misses] [--record]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measure launcher's memory and time against hostile remote data (issue 17, docs/security.md).
+"""Measure launcher's memory and time against hostile remote data (docs/security.md).
 
     .venv/bin/python scripts/measure_bounds.py            # all cases, a table on stdout
     .venv/bin/python scripts/measure_bounds.py --json     # the same as JSON

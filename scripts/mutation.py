@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Mutation testing of launcher's pure core (issue 18). Run it through ``scripts/mutation``,
+"""Mutation testing of launcher's pure core (docs/testing.md). Run it through ``scripts/mutation``,
 which provides the separate ``.venv-mutation`` environment (mutmut 3.8.1 and launcher's
 dependencies) this file runs in.
 

@@ -17,8 +17,8 @@ simulated SGLang host with their hardware and numbers, on SGLang 0.5.10 and 0.5.
   model at 0.56 on 0.5.23 meets the state-cache error and comes up after one relaunch with its
   running requests untouched.
 
-The expected outcomes come from the incidents and the issue (launcher issue 9), not from what
-launcher's classifier or policy say.
+The expected outcomes come from the incidents (docs/incidents.md), not from what launcher's
+classifier or policy say.
 """
 
 from __future__ import annotations

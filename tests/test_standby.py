@@ -1,9 +1,9 @@
 """The fenced standby (docs/ha.md): the lease timing rule, the fence, the host's token check,
 and two real `launcher up` processes against a real PostgreSQL and the simulated GPU host.
 
-The scenarios of issue 27, each with real processes: SIGKILL of the active, SIGSTOP of the
-active past the TTL, the active cut off from the engine (a TCP proxy the test cuts: a
-network namespace would also cut the launcher off the simulated host, whose processes it
+The scenarios of docs/ha.md's fault table, each with real processes: SIGKILL of the active,
+SIGSTOP of the active past the TTL, the active cut off from the engine (a TCP proxy the test
+cuts: a network namespace would also cut the launcher off the simulated host, whose processes it
 starts itself), the engine restarted, and a server killed during a takeover.
 """
 

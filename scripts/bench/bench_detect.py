@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Detection-latency benchmark (issue 6): how fast launcher notices a dead, stalled or OOMed
-server, locally and over real SSH, next to the seeds' ``tail -1`` polling loop (docs/incidents.md).
+"""Detection-latency benchmark: how fast launcher notices a dead, stalled or OOMed server,
+locally and over real SSH, next to the seeds' ``tail -1`` polling loop (docs/incidents.md;
+figures in docs/benchmarks.md).
 
     .venv/bin/python scripts/bench/bench_detect.py [--trials 20] [--transport local|ssh|both]
 
@@ -92,7 +93,7 @@ SEEDS_POLLS = 16
 SEEDS_READY = re.compile(r"fired up|ready to roll", re.IGNORECASE)
 SEEDS_ERROR = re.compile(r"Traceback|out of memory|Killed|assert|Error:", re.IGNORECASE)
 
-# Targets of issue 6.
+# Targets (docs/benchmarks.md, "Detection latency").
 DEATH_P95_SSH_TARGET_S = 1.5
 STALL_OVER_BUDGET_TARGET_S = 2.0
 

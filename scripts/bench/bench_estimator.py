@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The estimator as a contender (issue 14's "Figures"): ``scripts/bench/bench_oom.py --estimator``.
+"""The estimator as a contender (docs/benchmarks.md): ``scripts/bench/bench_oom.py --estimator``.
 
 Usage::
 
@@ -38,24 +38,21 @@ tests/data/logs):
   + vocab x 4 (the fp32 logits buffer) + vocab / tp x 2 (the lm_head output) + at tp > 1
   vocab x 2 (the gathered logits) bytes; c family U(16, 64) (x U(1.5, 4) for MoE: expert
   workspaces), r (the replicated share: residual stream, input buffers; the rest is attention
-  heads and MLP intermediate, sharded) family U(0.1, 0.4). Until issue 14's tp round it was
-  (hidden x c + vocab x 4) at any tp, which SGLang's tensors contradict at tp > 1
-  (``ModelFacts.graph_bytes_per_token`` names them); at tp 1 only the lm_head term is new.
-  Per captured graph U(2, 12) MiB; and a
+  heads and MLP intermediate, sharded) family U(0.1, 0.4): SGLang's tensors shard most of a
+  layer's transients by tp but not the residual stream or the logits
+  (``ModelFacts.graph_bytes_per_token`` names them). Per captured graph U(2, 12) MiB; and a
   family constant of U(0.1, 2) GiB, as 0.5.23's prefill-graph pool, or on 0.5.10 spread over
   the decode graphs (per graph: the constant over the 36 graphs of a bs-256 capture, so it
   grows with the graphs captured). MLA on 0.5.23 adds U(0.75, 3) GiB of prefill graphs (SGLang
   reserves 1.5 GiB: "MLA backend overhead is much higher than expected with fa3",
   ``memory_hook.reserve_for_graph_mb``).
-  Until issue 14's last round the MoE / MLA constant was U(0.5, 12) GiB ("DeepGEMM and
-  all-to-all workspaces", and the seeds' DeepSeek-V4 verify pass). That was wrong against
-  SGLang for these scenarios: all-to-all buffers exist only with DeepEP
-  (``reserve_for_deepep_a2a_mb``: 2 GiB, + 1 GiB for breakable prefill graphs), which no
-  scenario here uses (tp only), SGLang's own graph reserve has no MoE term otherwise, and the
-  DeepSeek-V4 figure is a speculative verify pass of one attention backend on SM120 (no
-  scenario here is speculative; docs/memory.md).
+  MoE and MLA models draw the constant from the dense models' range: all-to-all buffers exist
+  only with DeepEP (``reserve_for_deepep_a2a_mb``: 2 GiB, + 1 GiB for breakable prefill
+  graphs), which no scenario here uses (tp only), SGLang's own graph reserve has no MoE term
+  otherwise, and the seeds' DeepSeek-V4 verify graphs are a speculative pass of one attention
+  backend on SM120 (no scenario here is speculative; docs/memory.md).
 - Warmup activations: chunked-prefill tokens x (hidden x family U(8, 30) x (r_w + (1 - r_w) /
-  tp) bytes, r_w family U(0.15, 0.5), the same at tp 1 as before the tp round, + for MoE the
+  tp) bytes, r_w family U(0.15, 0.5), + for MoE the
   fused_moe caches, ``ModelFacts.moe_bytes_per_token``, x family U(1.0, 1.5): block padding
   and allocator rounding).
 - Other processes: nothing (p=0.6) or U(0.5, 15%) of the GPU, seen by nvidia-smi exactly.
@@ -139,7 +136,7 @@ from launcher.sglang.outcome import Outcome
 from launcher.sim.memory import MemoryScenario, StartupTrace, simulate
 from launcher.sim.observe import observed
 
-# Targets of issue 14.
+# Targets (docs/benchmarks.md, "The estimator as a contender").
 TARGET_COLD = 0.90
 TARGET_WARM = 0.98
 TARGET_ATTEMPTS = 1.3

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What-if sweep of the OOM policy's priors on issue 9's random scenario families.
+"""What-if sweep of the OOM policy's priors on the random scenario families of ``bench_oom.py``.
 
 Usage::
 

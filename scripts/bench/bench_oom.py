@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""OOM-convergence benchmark: launcher's policy against two fixed-step rules (issue 6).
+"""OOM-convergence benchmark: launcher's policy against two fixed-step rules (docs/benchmarks.md).
 
 Usage::
 
     .venv/bin/python scripts/bench/bench_oom.py [--n 500] [--seed 1] [--max-attempts 8] [--show 3]
-    .venv/bin/python scripts/bench/bench_oom.py --families [--n 200] [--floors 0.5]  # issue 9
+    .venv/bin/python scripts/bench/bench_oom.py --families [--n 200] [--floors 0.5]
     .venv/bin/python scripts/bench/bench_oom.py --sim-families --n 200 --seeds 1,2,3 --floors 0.5
-    .venv/bin/python scripts/bench/bench_oom.py --estimator [--n 400] [--curve 100]  # issue 14
+    .venv/bin/python scripts/bench/bench_oom.py --estimator [--n 400] [--curve 100]
 
 No processes, no GPU: every attempt is the simulator's memory model (``simulate``), read the way
 the log classifier reads SGLang's log (``observed``), and handed to a strategy that picks the
@@ -49,7 +49,7 @@ Bounds: launcher's shipped ``[policy]`` defaults (fraction in [0.50, 0.95], grap
 
 Percentiles are nearest-rank.
 
-Scenario families (``--families``, issue 9): the same metrics, policy and step rules, one table
+Scenario families (``--families``): the same metrics, policy and step rules, one table
 per family, on scenarios with SGLang's multi-pass capture, speculative decoding and hybrid
 models, built from the simulator's memory model (``launcher.sim.memory``, the arithmetic the
 simulated server runs; ``scenario_for`` / ``scenario_from_argv`` build the same objects from
@@ -76,7 +76,7 @@ request cap (``--max-running-requests``) clamps the captured sizes, and on 0.5.2
 
 All families: no minimum KV pool (``min_kv_tokens`` 0; its draw is kept so the other figures do
 not move). SGLang 0.5.10 and 0.5.23 refuse a full-attention pool only at 0 tokens
-(``MemoryPoolConfig.__post_init__``); the floor the issue-6 generator draws has no counterpart
+(``MemoryPoolConfig.__post_init__``); the floor the plain generator draws has no counterpart
 for these models (a hybrid's floor is its state cache, modelled; sliding-window models, whose
 ``validate_swa_pool_size`` has one, are not in the families).
 
@@ -179,7 +179,7 @@ OOMS = frozenset({Outcome.OOM_GRAPH_CAPTURE, Outcome.OOM_RUNTIME, Outcome.OOM_KV
 TOO_SMALL = frozenset({Outcome.KV_TOO_SMALL, Outcome.HYBRID_STATE_TOO_SMALL})
 FIXABLE = OOMS | TOO_SMALL
 
-# Targets of issue 6.
+# Targets (docs/benchmarks.md, "OOM convergence").
 TARGET_ATTEMPTS_AFTER_FAILURE = 2.0
 TARGET_HEADROOM = 0.03
 
@@ -841,7 +841,7 @@ def family_table_head(title: str) -> list[str]:
 
 
 def family_summary(name: str, scored: Sequence[Scored]) -> list[str]:
-    """One line per family: the policy's figures against issue 9's three targets."""
+    """One line per family: the policy's figures against the three targets."""
     feasible = [x for x in scored if x.truth.feasible]
     converged = sum(x.ready for x in feasible)
     after = [x.attempts for x in feasible if x.truth.first in FIXABLE and x.ready]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The memory estimator against real SGLang start-ups (issue 26, item 2).
+"""The memory estimator against real SGLang start-ups (docs/benchmarks.md).
 
 Usage::
 

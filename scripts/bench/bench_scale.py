@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Scale benchmark (issue 6): one launcher supervising N simulated SGLang servers.
+"""Scale benchmark: one launcher supervising N simulated SGLang servers (docs/benchmarks.md).
 
 Usage::
 
@@ -96,7 +96,7 @@ BENCH_MARK = " bench_r="
 END_MARK = " bench_end "
 SUSTAINED_P99_S = 1.0
 DEFAULT_LADDER = "100,300,1000,3000,10000,30000,100000"
-# Targets of issue 16, per transport: (N the target is for, CPU % of one core, RSS MiB).
+# Targets per transport (docs/benchmarks.md): (N the target is for, CPU % of one core, RSS MiB).
 TARGETS = {"local": (200, 2.0, 100.0), "ssh": (1000, 10.0, 300.0)}
 TARGET_DETECT_DELTA_S = 0.5
 TARGET_READER_LINES_S = 50_000
@@ -923,10 +923,10 @@ def report_one(results: list[dict[str, Any]], args: argparse.Namespace, t: str) 
 
 
 # ---------------------------------------------------------------------------------------------
-# The log reader: today's LogFollower against the reader before issue 16 (a copy, below)
+# The log reader: today's LogFollower against an earlier reader (a copy, below)
 
-# The reader before issue 16, kept here only to report the ratio: 19 signature searches on
-# every line and unguarded start-up searches (launcher/sglang/logparse.py at a46441a).
+# The earlier reader, kept here only to report the ratio: 19 signature searches on every line
+# and unguarded start-up searches (launcher/sglang/logparse.py at a46441a).
 _OLD_SIGNATURES: tuple[tuple[lp.Signature, re.Pattern[str]], ...] = tuple(
     (sig, re.compile(pattern))
     for sig, pattern in (
@@ -1027,7 +1027,7 @@ def old_match_signatures(message: str) -> list[lp.Signature]:
 
 
 class OldReader(lp.LogFollower):
-    """LogFollower with the line, signature and start-up methods it had before issue 16."""
+    """LogFollower with the line, signature and start-up methods of a46441a (no prefilter)."""
 
     def _feed(self, line: str) -> list[lp.LogEvent]:
         line_no = self.line_count

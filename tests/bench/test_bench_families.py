@@ -1,4 +1,4 @@
-"""Issue 9's scenario families (``scripts/bench/bench_oom.py --families``), checked in CI.
+"""The OOM benchmark's scenario families (``scripts/bench/bench_oom.py --families``), checked in CI.
 
 The full figures (200 scenarios per family, three seeds) are in docs/benchmarks.md; this runs
 the first scenarios of each family, seed 1, through the same loop (simulate -> observed ->

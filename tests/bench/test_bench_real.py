@@ -1,4 +1,4 @@
-"""scripts/bench/bench_real.py: the estimator against the real start-ups (issue 26, item 2).
+"""scripts/bench/bench_real.py: the estimator against the real start-ups (docs/benchmarks.md).
 
 Runs on whatever cases the loader accepts (tests/real_startups.py), so it holds before and
 after the loader admits the older log formats."""
@@ -125,7 +125,7 @@ def test_fit_uses_only_its_half() -> None:
 def test_launchers_priors_are_the_fit_halfs_figures() -> None:
     """The shipped graph and context priors are what the fit half gives (to the rounding
     docs/memory.md states), so the held-out figure is not a fit to itself, and graph memory on
-    the held-out half is within issue 26's 30 %."""
+    the held-out half is within the benchmark's target of 30 %."""
     cases, _ = bench_real.load_all()
     fitted = bench_real.fit([c for c in cases if bench_real.split(c.id) == "fit"]).coeffs
     shipped = bench_real.DEFAULT_COEFFICIENTS

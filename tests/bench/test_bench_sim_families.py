@@ -1,10 +1,10 @@
-"""``scripts/bench/bench_oom.py --sim-families``: issue 9's families on the simulator's own models,
-checked in CI.
+"""``scripts/bench/bench_oom.py --sim-families``: the scenario families on the simulator's own
+models, checked in CI.
 
-The full figures (200 scenarios per family, seeds 1-3) are in docs/benchmarks.md (the history in
-scripts/bench/README.md, "round simfam"). Here: every drawn case is a command line the simulated
+The full figures (200 scenarios per family, seeds 1-3) are in docs/benchmarks.md, "OOM
+convergence by scenario family". Here: every drawn case is a command line the simulated
 server itself runs, in its version's dialect, and the case is exactly the scenario that server
-builds; the draws vary; the new EAGLE draft is read as a draft by the log classifier on the
+builds; the draws vary; the EAGLE draft is read as a draft by the log classifier on the
 simulated server's real output; and the policy brings up the feasible scenarios of the first draws
 of each family."""
 
@@ -140,7 +140,7 @@ def test_the_eagle_draft_is_read_as_a_draft_in_the_simulated_servers_log(
     server loads ``LlamaForCausalLMEagle``, and the classifier reads its weight line as the
     draft's (``draft_weights_gib``, 2.82 GiB / 2), not as a second target; its outcome and
     figures are the ones the benchmark reads (``observed``), a sub-GiB OOM figure included
-    (torch prints "8.00 MiB": 0.0078125 GiB, which ``observed`` used to round to 0.01)."""
+    (torch prints "8.00 MiB": 0.0078125 GiB, not rounded to 0.01)."""
     argv = ["--model-path", str(model_dir("llama-70b-sim")), "--tp", "2",
             "--speculative-algorithm", "EAGLE",
             "--speculative-draft-model-path", str(model_dir("llama-70b-eagle-sim")),

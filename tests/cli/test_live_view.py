@@ -228,8 +228,8 @@ def test_the_last_failure_in_a_few_words() -> None:
 
 
 def test_the_note_stays_on_one_line_cut_with_an_ellipsis() -> None:
-    """Issue 15: a long note folded onto up to four lines of the live table; it is one line,
-    cut with an ellipsis, and the other columns keep their text."""
+    """A long note does not fold onto several lines of the live table: it is one line, cut
+    with an ellipsis, and the other columns keep their text."""
     note = ("attempt 1: oom_graph_capture in cuda_graph: torch.OutOfMemoryError: CUDA out of "
             "memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB")
     snap = Snapshot(server="sim0", host="simhost", state="starting", phase=None, progress=None,
@@ -243,8 +243,8 @@ def test_the_note_stays_on_one_line_cut_with_an_ellipsis() -> None:
 
 
 def test_held_back_slack_messages_stay_out_of_the_live_view() -> None:
-    """Issue 15: ``notify.suppressed`` (info, no kind shown) showed in the live view; it goes
-    to up.log only, like the messages themselves."""
+    """``notify.suppressed`` (info, no kind shown) stays out of the live view; it goes to
+    up.log only, like the messages themselves."""
     assert up._event_line({"event": "notify.suppressed", "server": "sim0", "kind": "restart",
                             "suppressed": 2, "level": "info"}) is None
     assert up._event_line({"event": "notify.dropped", "server": "sim0", "level": "warning"})

@@ -37,7 +37,7 @@ def test_plan_shows_the_remembered_params_the_next_up_uses(sim: SimSetup) -> Non
     assert "  env      NOTE='two words'" in text
     assert "NOTE=two words" == f"NOTE={shlex.split(text.split('NOTE=')[1].splitlines()[0])[0]}"
     assert after["run_dir"] == f"{sim.run_dir}/{SERVER}/<attempt>"
-    # The next up starts attempt 3, not 1 (issue 15: plan showed LAUNCHER_ATTEMPT=1).
+    # The next up starts attempt 3, not 1: plan must not show LAUNCHER_ATTEMPT=1.
     assert "<attempt>" == after["env"]["LAUNCHER_ATTEMPT"]
     assert "  env      LAUNCHER_ATTEMPT=<attempt>  (set at launch: the attempt's number)" in text
     # The estimate is drawn for those params too: no "first attempt 0.990 (configured)"

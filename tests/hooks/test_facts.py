@@ -1,5 +1,5 @@
-"""One endpoint for a server, whoever shows it (issue 15: `status` said ``localhost:30123``
-while Slack and metrics said ``127.0.0.1:30123``)."""
+"""One endpoint for a server, whoever shows it: `status` names the address Slack and metrics
+name (``127.0.0.1:30123`` for a local server, not ``localhost:30123``)."""
 
 from __future__ import annotations
 

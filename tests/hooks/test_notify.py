@@ -666,8 +666,8 @@ async def test_dedupe_and_firing_alerts_survive_a_restart(
 async def test_a_message_only_logged_does_not_hold_back_a_delivered_one(
     sink: HttpSink, client: httpx.AsyncClient, tmp_path: Path
 ) -> None:
-    """Issue 15: a launcher without a webhook logs its messages; once a webhook is added, the
-    next launcher on the same ledger posts the same alert at once, not after the window."""
+    """A launcher without a webhook logs its messages; once a webhook is added, the next
+    launcher on the same ledger posts the same alert at once, not after the window."""
     clock = FakeClock()
     gave_up = {"reason": "oom_weights in weights", "attempt": 2, "attempts": 2, "history": []}
     with Ledger(tmp_path / "ledger.sqlite3") as ledger, capture_logs() as logs:
@@ -922,8 +922,8 @@ def test_the_clipping_limits_are_within_slack_sdks() -> None:
 
 
 def test_a_relaunch_after_an_unrecorded_kill_names_the_kill_not_an_access_line() -> None:
-    """Issue 15: a server killed by SIGKILL while serving leaves access lines last in its log;
-    the relaunch message's error is the kill, not ``GET /health ... 200 OK``."""
+    """A server killed by SIGKILL while serving leaves access lines last in its log; the
+    relaunch message's error is the kill, not ``GET /health ... 200 OK``."""
     log = (
         "[2026-03-02 10:01:00] The server is fired up and ready to roll!\n"
         '[2026-03-02 10:02:01] INFO:     127.0.0.1:51234 - "GET /health HTTP/1.1" 200 OK\n'

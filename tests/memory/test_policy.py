@@ -594,7 +594,7 @@ def test_relaunch_keeps_the_other_knobs() -> None:
 
 
 def test_kv_too_small_after_a_large_capture_oom_does_not_creep_a_thousandth() -> None:
-    """Issue 9's 0.001 creep, on an EAGLE scenario of ``bench_oom.py --families`` (seed 1,
+    """A 0.001 creep, on an EAGLE scenario of ``bench_oom.py --families`` (seed 1,
     eagle case 177, figures rounded): a capture OOM at 0.95 bs 160 sent the policy to bs 1 below
     a fraction the model estimate could not reach; each kv_too_small then raised the fraction
     0.001 (0.720, 0.721, ... until attempts ran out) although the weights figures imply a pool
@@ -623,7 +623,7 @@ def test_kv_too_small_after_a_large_capture_oom_does_not_creep_a_thousandth() ->
                 steps)
 
 
-# --- per-pass fits (issue 9: no FIXED_GRAPH_SHARE; 0.5.10's draft pool) -----------------------
+# --- per-pass fits (no fixed share of a multi-pass figure; 0.5.10's draft pool) ---------------
 
 
 def test_seed_capture_oom_scales_the_decode_passes_not_the_prefill_pass() -> None:

@@ -1,4 +1,4 @@
-"""Contract tests of the OOM policy (issue 18): each states one rule of ``launcher.memory.policy``
+"""Contract tests of the OOM policy: each states one rule of ``launcher.memory.policy``
 and checks it with numbers worked out by hand from the rule (the module docstring's formulas and
 SGLang's own figures), never copied from what the code returned.
 

@@ -1,4 +1,4 @@
-"""Contract tests of ``next_params``' rules outside the memory arithmetic (issue 18): the reasons
+"""Contract tests of ``next_params``' rules outside the memory arithmetic: the reasons
 given for a first attempt and a ready relaunch, a fix SGLang prescribes applied once, how an
 auto graph bs is resolved from a log, and that an OOM with the draft-extend graph on says
 nothing about settings with it off. Whole decisions are compared, reasons included.

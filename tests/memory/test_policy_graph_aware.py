@@ -1,6 +1,6 @@
 """After a pool too small, the relaunch checks SGLang's stated minimum plus the cushion against the
 estimate's graph figure for the model, and lowers the graph bs in the same relaunch when the
-graphs will not fit (issue 26, item 4). Pure: a real case's config and figures, no processes.
+graphs will not fit. Pure: a real case's config and figures, no processes.
 
 The numbers are worked by hand from the real start-up ``ext-thesis-llama31-8b-24gb-tp1``
 (tests/fixtures/real_startups/): Llama-3.1-8B-Instruct (its config.json: hidden 4096, 32 layers,

@@ -1,4 +1,4 @@
-"""Contract tests of the multi-pass capture fit (``launcher.memory.policy._pass_fit``, issue 18):
+"""Contract tests of the multi-pass capture fit (``launcher.memory.policy._pass_fit``):
 how a capture or warmup OOM in a log that names its passes is split into what stays fixed, what
 scales with the graph bs and what is a guess for passes still to come, seen through the
 decision ``next_params`` takes.

@@ -1,5 +1,5 @@
-"""Hostile and broken input (issue 17): text from servers, hosts and configs is never rich
-markup; forged run-directory files are reported and skipped; remote data is bounded."""
+"""Hostile and broken input (docs/security.md): text from servers, hosts and configs is never
+rich markup; forged run-directory files are reported and skipped; remote data is bounded."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The classifier's last-resort rules, pinned one at a time (issue 18's mutation survivors).
+"""The classifier's last-resort rules, pinned one at a time (the mutation run's survivors).
 
 The logs here are built from SGLang's own line formats (0.5.10: managers/scheduler.py's
 "Scheduler hit an exception" header, model_runner.py's "Init torch distributed begin.",
@@ -74,7 +74,7 @@ def test_non_zero_exit_with_nothing_recognised_is_other(status: int) -> None:
 def test_sigterm_and_sigkill_without_an_error_are_killed(status: int) -> None:
     """Exit 143 / -15 (SIGTERM, shell or Popen style) count as killed like 137 / -9:
     retryable, with the log's tail as evidence, then a line naming the signal (the log has
-    no error line to show; issue 15: the last evidence line is what Slack calls the error)."""
+    no error line to show; the last evidence line is what Slack calls the error)."""
     d = diagnose_text(text(CLEAN), status)
     assert (Outcome.KILLED, True, ADVICE[Outcome.KILLED]) == (d.outcome, d.retryable, d.advice)
     signal = {143: "15 (SIGTERM)", -15: "15 (SIGTERM)", 137: "9 (SIGKILL)", -9: "9 (SIGKILL)"}
@@ -86,7 +86,7 @@ def test_sigterm_and_sigkill_without_an_error_are_killed(status: int) -> None:
 
 def test_a_kill_of_a_serving_server_never_shows_an_access_line_as_its_evidence() -> None:
     """A server killed while serving ends its log with uvicorn access lines and batch
-    statistics; none of them is evidence of the kill (issue 15: Slack showed
+    statistics; none of them is evidence of the kill (Slack would show
     ``GET /health 200 OK`` as the error)."""
     serving = [
         "[2026-03-02 10:00:00 TP0] Init torch distributed begin.",

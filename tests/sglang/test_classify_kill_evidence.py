@@ -1,4 +1,5 @@
-"""The evidence of a kill the log does not record (issue 18: survivors of ``_kill_evidence``).
+"""The evidence of a kill the log does not record (the mutation run's survivors of
+``_kill_evidence``).
 
 Input is a real log, verbatim: tests/fixtures/real_logs/sgldocs_send_request_ready_tp1.log
 (provenance in its ``.toml``), a server that came up and served its first requests.

@@ -1,10 +1,11 @@
 """What the log reader takes from each start-up line: exact figures, phases and events.
 
-Issue 18 (mutation testing): these tests pin the behaviour the survivors of
-``launcher/sglang/logparse.py`` showed unpinned. Every line is either verbatim from a real log
-in tests/fixtures/real_logs (read from the file by name and line number; provenance in the
-``.toml`` beside it) or written exactly as SGLang's source prints it, cited as ``file:line``
-under ``sglang/srt/`` of 0.5.10 or 0.5.23. Rank prefixes are SGLang's ``[%(asctime)s TPn] ``.
+From the mutation run (docs/testing.md, "Mutation testing"): these tests pin the behaviour the
+surviving mutants of ``launcher/sglang/logparse.py`` showed unpinned. Every line is either
+verbatim from a real log in tests/fixtures/real_logs (read from the file by name and line
+number; provenance in the ``.toml`` beside it) or written exactly as SGLang's source prints it,
+cited as ``file:line`` under ``sglang/srt/`` of 0.5.10 or 0.5.23. Rank prefixes are SGLang's
+``[%(asctime)s TPn] ``.
 """
 
 from __future__ import annotations
@@ -624,7 +625,7 @@ def test_the_largest_batch_size_any_capture_line_lists_is_kept() -> None:
 def test_the_single_cg_draft_extend_pass_is_read_begin_to_end() -> None:
     """0.5.23's single-CG runner (multi_layer_eagle_draft_extend_cuda_graph_runner.py:1025,
     :1039) spells begin and end without "graph": its end is still an ended pass with its
-    memory (it was not read before issue 18's tests: a bug, fixed)."""
+    memory."""
     n = feed([
         "[2026-06-17 19:51:01] server_args={'model_path': '/models/MiMo', "
         "'speculative_algorithm': 'EAGLE', 'speculative_num_steps': 3}",

@@ -269,8 +269,8 @@ def test_cases_without_a_draft_count_as_exact(good_case: Path) -> None:
         load_case(good_case)
 
 
-# Line shapes SGLang prints for the model families the corpus still lacks (issue 26 asks for
-# MoE/MLA and hybrid start-ups). The cases are synthetic; the shapes follow SGLang's own format
+# Line shapes SGLang prints for the model families the corpus still lacks (MoE/MLA and hybrid
+# start-ups). The cases are synthetic; the shapes follow SGLang's own format
 # strings: MLA pools print one latent "KV size" (python/sglang/srt/mem_cache/memory_pool.py,
 # MLATokenToKVPool), hybrid GDN/Mamba models print a state-pool line before the KV line, and
 # sliding-window models print both pool sizes (the hybrid log below carries both shapes for

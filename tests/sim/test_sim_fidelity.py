@@ -62,7 +62,7 @@ def test_mla_projections_and_router_are_replicated_on_every_rank() -> None:
     assert s.weights_per_rank_gib == pytest.approx(72.33, abs=0.01)  # the seeds' figure
 
 
-# --- decode graphs and warmup per rank: SGLang's tensors (scripts/bench/README.md, tp round) -
+# --- decode graphs and warmup per rank: SGLang's tensors (docs/memory.md, "Per rank") ------
 # llama-70b-sim (hidden 8192, intermediate 28672, vocab 32000, bf16), per captured token:
 # whole on every rank: input_ids, positions, out_cache_loc (3 x 8), mrope_positions (3 x 8),
 # input_embeds (2 x 8192), next_token_logits_buffer (4 x 32000, fp32), the residual stream
@@ -167,12 +167,12 @@ def test_deepseek_v4_graphs_cost_sglangs_8_mib_per_graph_and_keep_the_seeds_tota
     """The seeds' launch (tp 4, EAGLE 1/1/2, graph bs 32): 20 verify graphs (1..8, 10..32 by
     2) at 2 tokens per request. Every graph after the first costs SGLang's 8 MiB, on the target
     and on the NextN draft (0.5.23 deepseek_v4_backend keeps no context-sized buffer per
-    graph: docs/memory.md, "Per graph (round dsgraph)"). The totals are the seed's, as the old
-    split (0.24594 GiB per token + 0.4 per graph; draft 0.116875 + 0.02) gave them:
-    verify 0.24594 x 64 + 20 x 0.4 = 15.74016 + 8 = 23.74016 GiB, now 0.36849859375 x 64 +
-    20 x 0.0078125 = 23.58391 + 0.15625 = 23.74016 GiB; the draft-extend pass's first step,
-    the seed's "Tried to allocate 7.50 GiB", 0.116875 x 64 + 0.02 = 7.48 + 0.02 = 7.50, now
-    0.1170654296875 x 64 + 0.0078125 = 7.4921875 + 0.0078125 = 7.50."""
+    graph: docs/memory.md, "The DeepSeek-V4 seed's verify graphs"). The totals are the seed's:
+    verify 0.36849859375 x 64 + 20 x 0.0078125 = 23.58391 + 0.15625 = 23.74016 GiB (a split
+    of 0.24594 GiB per token + 0.4 per graph gives the same total, 15.74016 + 8); the
+    draft-extend pass's first step, the seed's "Tried to allocate 7.50 GiB",
+    0.1170654296875 x 64 + 0.0078125 = 7.4921875 + 0.0078125 = 7.50 (0.116875 x 64 + 0.02
+    gives it too)."""
     graph_flag = "--cuda-graph-max-bs-decode" if version == "0.5.23" else "--cuda-graph-max-bs"
     s = scenario("deepseek-v4-flash-sim", 4, "--speculative-algorithm", "EAGLE",
                  "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",

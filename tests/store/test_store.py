@@ -59,7 +59,7 @@ def _raw(path: Path) -> sqlite3.Connection:
 
 def test_new_ledger_is_migrated_to_the_current_schema(tmp_path: Path) -> None:
     """Opening a new file creates the tables and sets user_version, logging one line for
-    all the steps (issue 15: one line per step was noise)."""
+    all the steps (one line per step would be noise)."""
     path = tmp_path / "ledger.sqlite3"
     with capture_logs() as logs, Ledger(path) as ledger:
         assert SCHEMA_VERSION == ledger.schema_version

@@ -1,6 +1,6 @@
 """The state machine's contract, event by event: exact actions and exact event payloads.
 
-Written from the mutation run of issue 18 (see docs/testing.md): every test states one
+Written from the mutation run (docs/testing.md, "Mutation testing"): every test states one
 behaviour a person relies on, and asserts whole action lists, whole ``Emit`` payloads (as the
 log shows them: ``Emitted``) and typed actions, so that a changed event name, key or value
 fails. Pure: no I/O, times are

@@ -1,6 +1,6 @@
 """The state machine's dispatch, its ``Unknown`` state, and payloads the contract tests leave open.
 
-Written from the mutation run of issue 18 (docs/testing.md, "Mutation testing"):
+Written from the mutation run (docs/testing.md, "Mutation testing"):
 what an ``Unknown`` event (the host's attempts could not be listed) does in each state, which
 events a terminal machine ignores, where the first attempt's params came from, start-up
 times that do not begin at 0, and the rank a stall names. Pure: no I/O, times are passed in.
