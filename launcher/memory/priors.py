@@ -137,9 +137,9 @@ class Priors:
         1.0, "a later capture pass of the same model, per captured token, as large as the "
         "failing pass (SGLang sizes every decode-like graph from max_bs x its width)")
     draft_after_target_share: float = _prior(
-        0.25, "a draft pass after a target pass, share of its first step (the Kimi-K2.5 "
-        "EAGLE-3 seed's draft/target graph memory per captured token, 0.005 / 0.02 GiB; "
-        "docs/memory.md, \"The OOM policy's guesses for a pass not yet begun\")")
+        0.25, "a draft pass after a target pass, share of its first step (the simulated "
+        "Kimi-K2.5 EAGLE-3 draft's graph cost over its target's, 0.005 / 0.02 GiB per graph "
+        "bs; docs/memory.md, \"The OOM policy's guesses for a pass not yet begun\")")
     warmup_share: float = _prior(
         0.02, "warmup need after capture, share of pre, until a warmup OOM shows it (keeps "
         "the KV a wrong guess leaves under 0.03 of pre)")
