@@ -9,7 +9,7 @@ Numbers: Python's ``int()`` refuses more than 4300 digits with a ValueError, acc
 digits, signs, underscores and spaces; ``float()`` turns a long number into ``inf``. Every number
 read from such text goes through one of these helpers, which return None (never raise) for
 anything out of bounds, so that one bad line or file is "no figure", not a crash of the
-supervision of every server (security review 2026-12-05, findings H1, M1, M2, M3, L3).
+supervision of every server (docs/security.md, findings H1, M1, M2, M3, L3).
 
 Text: ``plain`` shows control characters instead of sending them, so that both the CLI's rich
 output and the console log format apply the same rule; ``slack_escape`` escapes the characters

@@ -45,9 +45,11 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+# Pinned to scripts/constraints.txt: an upstream release (a new warning, a new lint rule) cannot
+# turn CI red on code that did not change.
+stamp=.venv/.installed-$(cat pyproject.toml scripts/constraints.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+  .venv/bin/pip install -q --disable-pip-version-check -c scripts/constraints.txt -e '.[dev]'
   touch "$stamp"
 fi
 # SGLang's own argument parser (CPU torch + the sglang wheels, cached outside the tree) for the

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -533,6 +534,95 @@ def test_a_ledger_takes_the_shared_rows_newer_last_good_and_every_notify_state(
             r.body for r in b.shared_rows() if r.kind == "notify_state"}
 
 
+def test_a_new_active_box_calibrates_from_the_observations_the_old_one_shared(
+        tmp_path: Path) -> None:
+    """The observations a ledger shares reach another box's calibration (``observations``
+    reads them beside its own), keyed by the ledger that made them: merging twice, or a
+    ledger's own rows coming back, changes nothing; a later copy replaces the earlier; the
+    receiving box passes them on under the same key; a row of the wrong shape is skipped; a
+    start-up two boxes observed counts once."""
+    import json
+
+    from launcher.memory.calibration import ObservationKey
+    from launcher.params import LaunchParams
+    from launcher.sglang.observed import Observed
+    from launcher.store.ledger import Ledger, SharedRow
+
+    key = ObservationKey("Qwen3ForCausalLM", "NVIDIA H200", "0.5.23", "")
+    seen = Observed(weights_gib=30.73, kv_tokens=1106880, kv_pool_gib=76.06,
+                    graph_mem_gib={"target_decode": 0.66}, graph_max_bs=256)
+    params = LaunchParams(0.812, 256)
+    with Ledger(tmp_path / "a.sqlite3") as a, Ledger(tmp_path / "b.sqlite3") as b, \
+            Ledger(tmp_path / "c.sqlite3") as c:
+        a.attempt_started("qwen", "fp", 1, params, 5.0)
+        a.record_observation("qwen", 1, key, seen, outcome="ready", params=params,
+                             model="/m/Qwen3-32B", tp=2, at=10.0)
+        b.attempt_started("llama", "fp2", 1, params, 6.0)
+        b.record_observation("llama", 1, key, seen, outcome="ready", params=params, at=11.0)
+        shared = [r for r in a.shared_rows() if r.kind == "observation"]
+        assert [f"{a.origin()}/{a.observations()[0].attempt_id}"] == [r.key for r in shared]
+        bad = SharedRow("observation", "ffff/9", json.dumps(
+            {**json.loads(shared[0].body), "tp": "two"}))
+        assert 1 == b.merge_shared([*shared, bad, SharedRow("observation", "no-slash", "{}")])
+        assert 0 == b.merge_shared(shared)
+        assert 0 == a.merge_shared(shared)  # its own: already there
+        got = {(r.origin, r.server, r.tp) for r in b.observations(
+            architecture=key.architecture, gpu_model=key.gpu_model)}
+        assert {(a.origin(), "qwen", 2), ("", "llama", 1)} == got
+        [theirs] = [r for r in b.observations() if r.origin]
+        assert (seen, params, "/m/Qwen3-32B", 10.0) == (
+            theirs.observed, theirs.params, theirs.model, theirs.recorded_at)
+        # a's attempt ended again (an OOM while serving): the new copy replaces the old one
+        later = Observed(weights_gib=30.73, tried_gib=4.0, free_gib=1.0)
+        a.record_observation("qwen", 1, key, later, outcome="oom_runtime", params=params,
+                             at=20.0)
+        assert 1 == b.merge_shared([r for r in a.shared_rows() if r.kind == "observation"])
+        [theirs] = [r for r in b.observations() if r.origin]
+        assert (later, "oom_runtime") == (theirs.observed, theirs.outcome)
+        # b passes both on; c gets a's under a's key, once, and b's own
+        passed = [r for r in b.shared_rows() if r.kind == "observation"]
+        assert {f"{a.origin()}/1", f"{b.origin()}/1"} == {r.key for r in passed}
+        assert 2 == c.merge_shared(passed)
+        assert {a.origin(), b.origin()} == {r.origin for r in c.observations()}
+        assert 3 == len({a.origin(), b.origin(), c.origin()})
+        # b adopts qwen's attempt 1 and records what it saw of that start-up: one start-up,
+        # one figure, b's own (on b, and on c once b shares it)
+        b.attempt_adopted("qwen", "fp", 1, params, 5.0)
+        b.record_observation("qwen", 1, key, seen, outcome="ready", params=params, at=30.0)
+        assert [("", 30.0)] == [(r.origin, r.recorded_at) for r in b.observations()
+                                if r.server == "qwen"]
+        assert 1 == c.merge_shared([r for r in b.shared_rows() if r.kind == "observation"])
+        assert [(b.origin(), 30.0)] == [(r.origin, r.recorded_at) for r in c.observations()
+                                        if r.server == "qwen"]
+
+
+async def test_the_database_keeps_the_observations_written_last(
+        postgres: Postgres, lease: str) -> None:
+    """Observations do not accumulate without bound in the database: a write drops all but
+    the ``observations_kept`` written last before it (never one it writes), only under the
+    current token, and never a row of another kind."""
+    from launcher.store.coordination import PgEngine
+    from launcher.store.ledger import SharedRow
+
+    engine = PgEngine(postgres.dsn, lease=lease, holder="h1", box="box-a", ttl=30.0,
+                      observations_kept=2)
+    try:
+        token, _ = await engine.try_acquire()
+        assert token is not None
+        good = SharedRow("last_good", "fp", '{"x": 1}')
+        assert await engine.store_shared(token, [good, *(
+            SharedRow("observation", f"o/{i}", "{}") for i in (1, 2, 3))])
+        assert await engine.store_shared(token, [SharedRow("observation", "o/4", "{}")])
+        assert await engine.store_shared(token, [SharedRow("observation", "o/5", "{}")])
+        # each write drops what lies beyond the 2 written last before it
+        assert {"fp", "o/3", "o/4", "o/5"} == {r.key for r in await engine.load_shared()}
+        # an old token neither writes nor drops
+        assert not await engine.store_shared(token - 1, [SharedRow("observation", "o/6", "{}")])
+        assert {"fp", "o/3", "o/4", "o/5"} == {r.key for r in await engine.load_shared()}
+    finally:
+        engine.drop()
+
+
 async def test_shared_rows_are_written_only_under_the_current_token(
         postgres: Postgres, lease: str) -> None:
     """store_shared writes while its token holds the lease, and nothing with an older one;
@@ -553,22 +643,58 @@ async def test_shared_rows_are_written_only_under_the_current_token(
         engine.drop()
 
 
+def _shared_keys(postgres: Postgres, lease: str, kind: str, awaited: str) -> set[str]:
+    """The keys of ``kind`` in the lease's shared rows, read with a client of the test's own
+    once ``awaited`` is among them (or after 30 s)."""
+    from launcher.store.coordination import PgEngine
+
+    async def keys() -> set[str]:
+        engine = PgEngine(postgres.dsn, lease=lease, holder="probe", box="probe", ttl=30.0)
+        try:
+            with anyio.move_on_after(30):
+                while True:
+                    found = {r.key for r in await engine.load_shared() if r.kind == kind}
+                    if awaited in found:
+                        break
+                    await anyio.sleep(0.1)
+            return found
+        finally:
+            engine.drop()
+
+    return anyio.run(keys)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_new_active_box_starts_from_the_old_ones_last_good_params(
         sim: SimSetup, postgres: Postgres, lease: str, ups: list[Up]) -> None:
-    """The active box's last good params reach the database; after a SIGKILL of it, the new
-    active box (which never ran the server) takes them into its ledger and plans its first
-    attempt as a warm start from them."""
+    """The active box's last good params and observed figures reach the database; after a
+    SIGKILL of it, the new active box (which never ran the server) takes them into its
+    ledger, plans its first attempt as a warm start from them and has the figures to
+    calibrate from."""
+    from launcher.store.ledger import Ledger, ledger_path
+
     a, b = _active_and_standby(sim, postgres, lease, ups)
-    assert 1 <= a.wait("ledger.shared_written")["rows"]
+    with Ledger(ledger_path(sim.root / "state-box-a")) as ledger:
+        for _ in range(600):  # the recorder files the ready attempt's figures
+            if ledger.observations():
+                break
+            time.sleep(0.05)
+        [observed] = ledger.observations()
+        origin = ledger.origin()
+    key = f"{origin}/{observed.attempt_id}"
+    assert key in _shared_keys(postgres, lease, "observation", key)
     a.signal(signal.SIGKILL)
     a.exit_code()
     b.wait("lease.acquired")
-    assert 1 <= b.wait("ledger.shared_loaded")["taken"]
+    assert 2 <= b.wait("ledger.shared_loaded")["taken"]
     initial = b.wait("params.initial")
     assert str(initial["reason"]).startswith("warm start from last good params"), initial
     assert 1 == b.wait("server.adopted")["attempt"]
+    # the old box's figures now calibrate the new one's estimates
+    with Ledger(ledger_path(sim.root / "state-box-b")) as ledger:
+        assert [(origin, observed.observed)] == [
+            (r.origin, r.observed) for r in ledger.observations() if r.origin]
 
 
 # --- visibility and config -----------------------------------------------------------------

@@ -83,7 +83,8 @@ def _view(snaps: list[Snapshot]) -> Table:
                 "ELAPSED"):
         table.add_column(col, no_wrap=True)
     # NOTE alone may shrink (the others are no_wrap); its text is one line cut with an
-    # ellipsis (below): the full note is in up.log (issue 15: it folded onto four lines).
+    # ellipsis (below), so a long note cannot fold a row onto several lines; the full note
+    # is in up.log.
     table.add_column("NOTE", overflow="ellipsis")
     for s in snaps:
         color = {"ready": "green", "gave_up": "red"}.get(s.state, "yellow")

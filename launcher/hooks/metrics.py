@@ -10,7 +10,7 @@ compression as its ``start_http_server``) on a server that bounds what a client 
 local user can connect to 127.0.0.1): each read and write of a connection times out after
 ``read_timeout``, and at most ``max_connections`` are open at once, a new one closing the
 oldest. Idle connections so cost neither a thread nor a descriptor for long, and a scrape is
-answered while they are open (security review 2026-12-05, finding L5).
+answered while they are open (docs/security.md, finding L5).
 
 Exported series (labels ``server`` and ``host``, the GPU host it runs on, on every per-server
 series; ``describe`` tells the host, model, version and endpoint of each server):

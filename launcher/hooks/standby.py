@@ -42,8 +42,8 @@ log = structlog.get_logger("launcher")
 
 class SharedLedger:
     """The attempt ledger's shared parts (``Ledger.shared_rows``: last good params, the
-    Slack notifier's memory) in the coordination database, so that the next active box
-    starts where this one left off (docs/ha.md).
+    Slack notifier's memory, the newest observations) in the coordination database, so that
+    the next active box starts where this one left off (docs/ha.md).
 
     ``take_over`` merges the database's rows into the local ledger when this launcher has
     just taken the lease; ``run`` then writes the rows that changed every ``every`` seconds

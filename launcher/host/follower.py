@@ -74,12 +74,12 @@ PROBE_LINGER_S = 0.01  # probes asked within this long go to the agent as one co
 
 # Starts the agent, or exits 127 when the host has no python3 (then follow falls back).
 # -I (isolated, Python 3.4+): neither the current directory nor PYTHON* variables reach
-# sys.path, so no module planted where the command runs is imported (security review
-# 2026-12-05, finding M6).
+# sys.path, so no module planted where the command runs is imported (docs/security.md,
+# finding M6).
 _START = 'command -v python3 > /dev/null 2>&1 || exit 127; exec python3 -I -c "$1"'
 
 # The agent's source reaches python3 on its stdin, not in its argv: as argv, `ps` on the host
-# showed the whole source as the agent's command line (issue 25). The stub below is all of
+# would show the whole source as the agent's command line. The stub below is all of
 # python3's argv (under 200 characters; its first words, 'launcher-agent', name it even where
 # `ps` or `systemctl status` cut the line short). It reads exactly DIGEST + len(source) bytes
 # with os.read on fd 0 in a loop (sys.stdin would buffer, and could swallow the agent's first
@@ -319,7 +319,7 @@ class HostFollower:
             reraise_lease_lost(exc)  # not a failure: the lease is gone (docs/ha.md)
             # A bug (or a frame no parser bounds) must not end the follower's task group,
             # and with it every server's supervision: the channel ends with an error its
-            # followers and probes already handle (security review 2026-12-05, finding H1).
+            # followers and probes already handle (docs/security.md, finding H1).
             log.error("follow.internal_error", host=self.host_name,
                       error=describe_exception(exc), traceback=format_traceback(exc))
             error = RemoteCommandError(

@@ -158,7 +158,7 @@ printf '%s\n' "$st" > "$d/exit_status.tmp" && mv -f "$d/exit_status.tmp" "$d/exi
 # Without a configured cwd the server starts in $HOME (where an SSH login starts, so a
 # relative path means the same on both transports), else in its attempt directory: never in
 # whatever directory launcher was started from, where another user may have planted modules
-# that ``python3 -m`` would import (security review 2026-12-05, finding M6).
+# that ``python3 -m`` would import (docs/security.md, finding M6).
 # The pid wait: $PID_TICKS ticks of 50 ms, then the launch takes the claim (see the shim) so
 # that the server never starts; if the shim took it first, $PID_LIMIT ticks in all.
 _LAUNCH = PRELUDE + _FENCE + r"""

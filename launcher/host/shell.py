@@ -20,7 +20,7 @@ from launcher.host.transport.base import CommandResult, Transport
 # TICKS × 50 ms for a dead server's status (the wrapper writes it right after reaping it).
 #
 # ``safe DIR LEVELS`` is the one check of a run directory, run by every script that reads
-# from or signals through one (security review 2026-12-05, finding H2): DIR (absolute,
+# from or signals through one (docs/security.md, finding H2): DIR (absolute,
 # symlink-free: ``pwd -P``'s answer) and the LEVELS - 1 directories above it (2: a server
 # directory and run_dir; 3: an attempt directory, its server directory and run_dir) must be
 # real directories owned by the login user and not group/other-writable; every directory

@@ -303,7 +303,7 @@ class Estimate:
                 # Draft decode: its steps run one after another on bs x topk tokens inside one
                 # graph, whose pool reuses what each step frees, so it holds one step's
                 # activations (eagle_worker.draft_forward, 0.5.10 l.652-700; 0.5.23
-                # eagle_worker_v2.py l.808-850; scripts/bench/README.md "round draftstep").
+                # eagle_worker_v2.py l.808-850; docs/memory.md, "The formulas": draft graphs).
                 total += g * top * spec.topk + per_graph
             # Draft extend: the whole tree per request from 0.5.23, steps + 1 before
             # (DRAFT_EXTEND_FULL_WIDTH_FROM).

@@ -1036,7 +1036,7 @@ def _graph_bs_for(
     warmup, by the estimate, fit the headroom ``(1 - mfs) x pre`` the relaunch leaves; the
     smallest on the ladder when none does. Returns it and the reason's words ("" when ``bs``
     fits). The figures are the estimate's for the model; no capture has run yet, so no log
-    shows them (issue 26: the gain named when the mean-attempts target was ended)."""
+    shows them."""
     headroom = (1 - mfs) * pre
     need = _graph_need(e, bs, pre)
     if need <= headroom or not ladder:
@@ -1120,7 +1120,7 @@ def _by_model(
     if est < facts.lo:
         # The graph estimate is below a fraction known to leave too small a KV pool, so it is
         # wrong and says nothing: proposing that bound alone would walk the pool up a
-        # thousandth a try (issue 9). Take what the KV figures imply (soft_lo: SGLang's
+        # thousandth a try. Take what the KV figures imply (soft_lo: SGLang's
         # minimum or the weights plus a cushion, a pool found too small times KV_GROWTH);
         # where the brackets cap that, bisect between the two brackets.
         grown = facts.soft_lo()

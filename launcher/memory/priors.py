@@ -48,7 +48,7 @@ class Coefficients:
     GiB per token per unit of hidden; the warmup per chunked-prefill token is
     ``warmup_gib_per_token_hidden x hidden + warmup_bytes_scale x``
     :meth:`~launcher.sglang.modelfacts.ModelFacts.prefill_bytes_per_token`.
-    :data:`HIDDEN_ONLY_COEFFICIENTS` is the earlier hidden-only prior (docs/memory.md)."""
+    :data:`HIDDEN_ONLY_COEFFICIENTS` is the hidden-only alternative (docs/memory.md)."""
 
     context_gib: float = _prior(
         1.07, "CUDA context + NCCL buffers before weights at tp 1: median of nvidia-smi's "
@@ -109,7 +109,7 @@ DEFAULT_COEFFICIENTS = Coefficients()
 # The default prior by its shape: the per-token graph and warmup costs as SGLang's tensors lay
 # them out (replicated + sharded / tp).
 SOURCE_SHAPED_COEFFICIENTS = DEFAULT_COEFFICIENTS
-# The earlier default, per-token costs growing with hidden only and ignoring tp: kept for
+# The hidden-only prior, per-token costs growing with hidden only and ignoring tp: kept for
 # scripts/bench/bench_oom.py --estimator --prior hidden (docs/benchmarks.md compares the two).
 HIDDEN_ONLY_COEFFICIENTS = Coefficients(
     graph_gib_per_token_hidden=4e-6, graph_bytes_scale=0.0,
@@ -127,8 +127,9 @@ class Priors:
 
     coefficients: Coefficients = DEFAULT_COEFFICIENTS
     kv_cushion: float = _prior(
-        0.02, "smallest useful KV pool, share of pre (issue 9; scripts/bench/bench_frontier.py "
-        "swept 0-0.10)")
+        0.02, "smallest useful KV pool, share of pre (a guess: SGLang 0.5.23 states its "
+        "minimum only for a pool <= 0, 0.5.6 never; scripts/bench/bench_frontier.py swept "
+        "0-0.10)")
     step_gib: float = _prior(
         0.02, "GiB per captured graph after the first until a log shows one (bench_oom "
         "families; bench_frontier swept 0.02-0.05)")
@@ -136,8 +137,9 @@ class Priors:
         1.0, "a later capture pass of the same model, per captured token, as large as the "
         "failing pass (SGLang sizes every decode-like graph from max_bs x its width)")
     draft_after_target_share: float = _prior(
-        0.25, "a draft pass after a target pass, share of its first step (the Kimi-K2.5 "
-        "EAGLE-3 start-up's ratio, scripts/bench/README.md)")
+        0.25, "a draft pass after a target pass, share of its first step (the simulated "
+        "Kimi-K2.5 EAGLE-3 draft's graph cost over its target's, 0.005 / 0.02 GiB per graph "
+        "bs; docs/memory.md, \"The OOM policy's guesses for a pass not yet begun\")")
     warmup_share: float = _prior(
         0.02, "warmup need after capture, share of pre, until a warmup OOM shows it (keeps "
         "the KV a wrong guess leaves under 0.03 of pre)")

@@ -160,7 +160,7 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
             ValueError, OverflowError, TypeError) as exc:
         # The last three: the model's files (config.json, the index) said something no
         # estimate can use; this server goes without one, the others are not concerned
-        # (security review 2026-12-05, finding M3).
+        # (docs/security.md, finding M3).
         if isinstance(exc, NoEstimate):
             why = str(exc)
         elif isinstance(exc, (TransportError, RemoteCommandError)):

@@ -4,7 +4,7 @@ serving-time pool exhaustion, ROCm/Triton GPU errors, interpreter crashes, NCCL 
 timeouts, tracebacks pasted without their header).
 
 Pure functions over lines; ``sglang.classify`` calls them. Built from the real-log corpus in
-``tests/fixtures/real_logs/`` (issue 12), where users paste excerpts that start mid-traceback,
+``tests/fixtures/real_logs/``, where users paste excerpts that start mid-traceback,
 carry docker/Ray/Kubernetes prefixes, and often show no phase line at all.
 
 - ``unwrap(lines)``: the lines with a log collector's prefix removed (docker compose

@@ -119,10 +119,10 @@ def observed(scenario: MemoryScenario, trace: StartupTrace) -> tuple[Outcome, Ph
         if scenario.spec is not None or scenario.hybrid is not None or (
             scenario.prefill_graph_gib > 0
         ):
-            # The pass names, as the classifier reads them, only for the multi-pass families
-            # (issue 9). Plain scenarios (issue 6's benchmark, the property tests) keep the
-            # older reading without them, so that their figures stay comparable across
-            # branches.
+            # The pass names, as the classifier reads them, only for scenarios with several
+            # capture passes (speculative, hybrid, 0.5.23's prefill graphs). Plain scenarios
+            # (the plain OOM convergence benchmark, the property tests) keep the reading
+            # without them, so that their figures stay comparable with docs/benchmarks.md's.
             numbers.graph_first_begin_avail_gib = _gib(trace.passes[0].begin_free_gib)
             numbers.graph_pass = last.name
             numbers.graph_passes_begun = len(trace.passes)

@@ -3,8 +3,9 @@
 One row per lease in ``launcher_lease`` (holder, box, fencing token, ``expires_at``); every
 launcher also keeps a row in ``launcher_members`` (its heartbeat), which ``status`` reads to
 name the standbys. ``launcher_shared`` holds the attempt ledger's shared parts (last good
-params, the Slack notifier's memory), written by the active launcher under its token
-(``PgEngine.store_shared``) and read by the next one at its takeover. Every time
+params, the Slack notifier's memory, the newest observed start-up figures), written by the
+active launcher under its token (``PgEngine.store_shared``) and read by the next one at its
+takeover. Every time
 comparison is the database's (``now()``), never this machine's wall clock; this process
 measures only durations, on its monotonic clock (``Fence``).
 
@@ -38,7 +39,7 @@ import structlog
 
 from launcher.errors import LeaseLost
 from launcher.store.fence import Fence, LeaseTiming
-from launcher.store.ledger import SharedRow
+from launcher.store.ledger import SHARED_OBSERVATIONS, SharedRow
 
 if TYPE_CHECKING:
     import asyncpg
@@ -218,17 +219,28 @@ _MEMBERS = """
 SELECT box, holder, pid, extract(epoch FROM now() - heartbeat_at)::float8 AS age
 FROM launcher_members WHERE name = $1 ORDER BY box, started_at
 """
-# $1 lease, $2 token, $3 kinds, $4 keys, $5 bodies. The ledger's shared rows, written only
-# while $2 is the lease's current, unexpired token (the fence, in the same statement).
+# $1 lease, $2 token, $3 kinds, $4 keys, $5 bodies, $6 observations kept. The ledger's
+# shared rows, written only while $2 is the lease's current, unexpired token (the fence, in
+# the same statement). Observations accumulate (every box passes on its newest), so the
+# same statement drops all but the $6 last written, never one it writes.
 _STORE_SHARED = """
-INSERT INTO launcher_shared AS s (name, kind, key, body, token, written_at)
-SELECT $1, r.kind, r.key, r.body, $2, now()
-FROM unnest($3::text[], $4::text[], $5::text[]) AS r(kind, key, body)
-WHERE EXISTS (SELECT 1 FROM launcher_lease
-              WHERE name = $1 AND token = $2 AND expires_at > now())
-ON CONFLICT (name, kind, key) DO UPDATE SET body = EXCLUDED.body, token = EXCLUDED.token,
-  written_at = now()
-RETURNING 1
+WITH fence AS (SELECT 1 FROM launcher_lease
+               WHERE name = $1 AND token = $2 AND expires_at > now()),
+written AS (
+  INSERT INTO launcher_shared AS s (name, kind, key, body, token, written_at)
+  SELECT $1, r.kind, r.key, r.body, $2, now()
+  FROM unnest($3::text[], $4::text[], $5::text[]) AS r(kind, key, body)
+  WHERE EXISTS (SELECT 1 FROM fence)
+  ON CONFLICT (name, kind, key) DO UPDATE SET body = EXCLUDED.body, token = EXCLUDED.token,
+    written_at = now()
+  RETURNING 1),
+pruned AS (
+  DELETE FROM launcher_shared
+  WHERE name = $1 AND kind = 'observation' AND EXISTS (SELECT 1 FROM fence)
+    AND NOT (key = ANY($4::text[]))
+    AND key IN (SELECT key FROM launcher_shared WHERE name = $1 AND kind = 'observation'
+                ORDER BY written_at DESC, key DESC OFFSET $6))
+SELECT 1 FROM written
 """
 _LOAD_SHARED = "SELECT kind, key, body FROM launcher_shared WHERE name = $1"
 
@@ -241,13 +253,15 @@ class PgEngine:
     single-box mode needs neither the engine nor the package)."""
 
     def __init__(self, dsn: str, *, lease: str, holder: str, box: str, ttl: float,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0,
+                 observations_kept: int = 2 * SHARED_OBSERVATIONS) -> None:
         self._dsn = dsn
         self._lease = lease
         self._holder = holder
         self._box = box
         self._ttl = ttl
         self._connect_timeout = connect_timeout
+        self._observations_kept = observations_kept
         self._conn: asyncpg.Connection | None = None
         self._pid = os.getpid()
 
@@ -316,12 +330,15 @@ class PgEngine:
 
     async def store_shared(self, token: int, rows: list[SharedRow]) -> bool:
         """Write ``rows`` (insert or replace) while ``token`` holds the lease; False, and
-        nothing written, when it no longer does."""
+        nothing written, when it no longer does. Of the observations, the
+        ``observations_kept`` written last stay (a ledger shares its newest
+        ``SHARED_OBSERVATIONS``: twice that leaves room for boxes that saw different ones)."""
         if not rows:
             return True
         written = await self._fetch(_STORE_SHARED, self._lease, token,
                                     [r.kind for r in rows], [r.key for r in rows],
-                                    [r.body for r in rows], many=True)
+                                    [r.body for r in rows], self._observations_kept,
+                                    many=True)
         return len(written) == len(rows)
 
     def drop(self) -> None:

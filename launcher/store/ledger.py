@@ -1,7 +1,8 @@
 """The attempt ledger (SQLite), for warm starts: ``Ledger(path)`` records every start-up attempt
 (params, outcome, phase, the log's numbers, evidence, a bounded log tail), per fingerprint the
 last params that reached ready, the Slack notifier's memory (``notify_states``) and, per
-attempt, the observed cost figures under their key (table ``observations``).
+attempt, the observed cost figures under their key (table ``observations``; those other
+boxes' ledgers shared in ``shared_observations``, docs/ha.md).
 ``fingerprint(server, host, sglang_version)`` names "the same launch" across restarts; the
 warm start (``launcher.plan.first_attempt.warm_start``) reads ``last_good_entry`` by it.
 
@@ -164,7 +165,10 @@ class SharedRow:
     body: str
 
 
-SHARED_KINDS = ("last_good", "notify_state")
+SHARED_KINDS = ("last_good", "notify_state", "observation")
+# The newest observations a ledger shares: what calibration reads (``Ledger.observations``'
+# default limit), so a new active box calibrates from what the old one would have.
+SHARED_OBSERVATIONS = 500
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,7 @@ class ObservationRow:
     observed: Observed
     estimate: CostGuess | None
     recorded_at: float
+    origin: str = ""  # "" for this box's own; else the ledger that observed it (shared)
 
     @property
     def keyed(self) -> KeyedObservation:
@@ -284,8 +289,65 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE INDEX observations_by_key ON observations
             (architecture, gpu_model, sglang_version, speculative, recorded_at)""",
     ),
+    (
+        # This ledger's name among the boxes that share a coordination database, and the
+        # observations other boxes' ledgers shared (docs/ha.md), keyed by their ledger and
+        # their attempt_id there: they have no row in this ledger's attempts.
+        "CREATE TABLE ledger_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        "INSERT INTO ledger_meta (name, value) VALUES ('origin', lower(hex(randomblob(8))))",
+        """CREATE TABLE shared_observations (
+            origin TEXT NOT NULL,
+            origin_id INTEGER NOT NULL,
+            server TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            architecture TEXT NOT NULL DEFAULT '',
+            gpu_model TEXT NOT NULL DEFAULT '',
+            sglang_version TEXT NOT NULL DEFAULT '',
+            speculative TEXT NOT NULL DEFAULT '',
+            model TEXT NOT NULL DEFAULT '',
+            tp INTEGER NOT NULL DEFAULT 1,
+            outcome TEXT,
+            mem_fraction_static REAL,
+            cuda_graph_max_bs INTEGER,
+            params_extra TEXT NOT NULL DEFAULT '{}',
+            figures TEXT NOT NULL DEFAULT '{}',
+            estimate TEXT NOT NULL DEFAULT '{}',
+            recorded_at REAL NOT NULL,
+            PRIMARY KEY (origin, origin_id)
+        )""",
+        """CREATE INDEX shared_observations_by_key ON shared_observations
+            (architecture, gpu_model, sglang_version, speculative, recorded_at)""",
+        # One start-up seen by two boxes (the new active adopted it) counts once: by attempt.
+        "CREATE INDEX shared_observations_by_attempt ON shared_observations (server, attempt)",
+        "CREATE INDEX observations_by_attempt ON observations (server, attempt)",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
+
+# An observation's columns after its id, in the order of both observation tables (and of the
+# body of a shared "observation" row).
+_OBSERVATION_COLUMNS = (
+    "server", "attempt", "architecture", "gpu_model", "sglang_version", "speculative", "model",
+    "tp", "outcome", "mem_fraction_static", "cuda_graph_max_bs", "params_extra", "figures",
+    "estimate", "recorded_at",
+)
+_JSON_COLUMNS = ("params_extra", "figures", "estimate")
+# Every observation this ledger knows, as (origin, id, *_OBSERVATION_COLUMNS); origin '' is
+# this ledger's own. A server's attempt number names one start-up across the boxes of a lease
+# (the run directory numbers them), so a start-up two boxes observed (one launched it, the
+# next adopted it) counts once: this box's own copy, else the copy recorded last.
+_ALL_OBSERVATIONS = f"""
+SELECT '' AS origin, attempt_id AS id, {", ".join(_OBSERVATION_COLUMNS)} FROM observations
+UNION ALL
+SELECT s.origin, s.origin_id, {", ".join("s." + n for n in _OBSERVATION_COLUMNS)}
+FROM shared_observations AS s
+WHERE NOT EXISTS (SELECT 1 FROM observations AS o
+                  WHERE o.server = s.server AND o.attempt = s.attempt)
+  AND NOT EXISTS (SELECT 1 FROM shared_observations AS t
+                  WHERE t.server = s.server AND t.attempt = s.attempt
+                    AND (t.recorded_at > s.recorded_at
+                         OR (t.recorded_at = s.recorded_at AND t.origin > s.origin)))
+"""
 
 _ROW_COLUMNS = (
     "id, server, fingerprint, attempt, mem_fraction_static, cuda_graph_max_bs, started_at, "
@@ -610,29 +672,44 @@ class Ledger:
         clause = f"WHERE {' AND '.join(where)} " if where else ""
         with self._reading() as conn:
             rows = conn.execute(
-                "SELECT attempt_id, server, attempt, architecture, gpu_model, sglang_version, "
-                "speculative, model, tp, outcome, mem_fraction_static, cuda_graph_max_bs, "
-                f"params_extra, figures, estimate, recorded_at FROM observations {clause}"
-                "ORDER BY recorded_at DESC, attempt_id DESC LIMIT ?",
+                f"SELECT * FROM ({_ALL_OBSERVATIONS}) {clause}"
+                "ORDER BY recorded_at DESC, origin, id DESC LIMIT ?",
                 (*args, max(0, limit)),
             ).fetchall()
         return [
             ObservationRow(
-                attempt_id=r[0], server=r[1], attempt=r[2],
-                key=ObservationKey(r[3], r[4], r[5], r[6]), model=r[7], tp=r[8], outcome=r[9],
-                params=LaunchParams.from_extras(r[10], r[11], json.loads(r[12])),
-                observed=Observed.from_dict(json.loads(r[13])),
-                estimate=CostGuess.from_dict(json.loads(r[14])), recorded_at=r[15],
+                attempt_id=r[1], server=r[2], attempt=r[3],
+                key=ObservationKey(r[4], r[5], r[6], r[7]), model=r[8], tp=r[9], outcome=r[10],
+                params=LaunchParams.from_extras(r[11], r[12], json.loads(r[13])),
+                observed=Observed.from_dict(json.loads(r[14])),
+                estimate=CostGuess.from_dict(json.loads(r[15])), recorded_at=r[16],
+                origin=r[0],
             )
             for r in rows
         ]
 
+    def origin(self) -> str:
+        """This ledger's name in the keys of the observations it shares (random, made with
+        the ledger)."""
+        with self._reading() as conn:
+            return str(conn.execute(
+                "SELECT value FROM ledger_meta WHERE name = 'origin'").fetchone()[0])
+
     # -- the shared parts (docs/ha.md) ---------------------------------------------------
 
     def shared_rows(self) -> list[SharedRow]:
-        """Every ``last_good`` and ``notify_state`` row, as ``SharedRow``: what the active
-        box mirrors into the coordination database."""
+        """Every ``last_good`` and ``notify_state`` row and the newest
+        ``SHARED_OBSERVATIONS`` observations (this box's and those it was given), as
+        ``SharedRow``: what the active box mirrors into the coordination database. An
+        observation's key is ``<ledger origin>/<attempt_id there>``, so it stays one row
+        however many boxes pass it on."""
+        origin = self.origin()
         with self._reading() as conn:
+            observed = [
+                (r[0] or origin, *r[1:]) for r in conn.execute(
+                    f"SELECT * FROM ({_ALL_OBSERVATIONS}) "
+                    "ORDER BY recorded_at DESC, origin, id DESC LIMIT ?",
+                    (SHARED_OBSERVATIONS,)).fetchall()]
             good = conn.execute(
                 """SELECT fingerprint, server, mem_fraction_static, cuda_graph_max_bs,
                           updated_at, attempts, params_extra FROM last_good""").fetchall()
@@ -647,21 +724,35 @@ class Ledger:
             "server": r[0], "kind": r[1], "last_sent": r[2], "suppressed": r[3],
             "firing_since": r[4], "announced": bool(r[5]), "payload": json.loads(r[6])}))
             for r in notify]
+        rows += [SharedRow("observation", f"{r[0]}/{r[1]}", _to_json({
+            name: json.loads(value) if name in _JSON_COLUMNS else value
+            for name, value in zip(_OBSERVATION_COLUMNS, r[2:], strict=True)}))
+            for r in observed]
         return rows
 
     def merge_shared(self, rows: Sequence[SharedRow]) -> int:
         """Take ``rows`` (read from the coordination database at a takeover) into this
         ledger, in one transaction: a ``last_good`` row replaces this ledger's when it is
         newer (``updated_at``), a ``notify_state`` row replaces this ledger's (the last active
-        box's memory is the newest). Rows that cannot be read (another launcher's newer
-        format) are skipped. Returns how many rows changed this ledger."""
+        box's memory is the newest), an ``observation`` of another ledger is added (or
+        replaces that ledger's earlier copy of it; this ledger's own come back unchanged and
+        are left alone). Rows that cannot be read (another launcher's newer format) are
+        skipped. Returns how many rows changed this ledger."""
         taken = 0
+        origin = self.origin()
         with self._writing("merge_shared") as conn:
             for row in rows:
                 try:
                     body = json.loads(row.body)
-                    if row.kind == "last_good":
+                    if row.kind == "observation":
+                        source, _, number = row.key.rpartition("/")
+                        if not source or source == origin:
+                            continue
                         args: tuple[Any, ...] = (
+                            source, int(number), *_shared_observation(body))
+                        statement = _MERGE_OBSERVATION
+                    elif row.kind == "last_good":
+                        args = (
                             row.key, str(body["server"]), body["mem_fraction_static"],
                             body["cuda_graph_max_bs"], float(body["updated_at"]),
                             int(body["attempts"]), _to_json(dict(body["params_extra"])))
@@ -798,6 +889,54 @@ class Ledger:
             remedy="check the disk space and permissions of the state directory; move the "
             "file aside to start a new ledger",
         )
+
+
+_MERGE_OBSERVATION = (
+    f"INSERT INTO shared_observations (origin, origin_id, {', '.join(_OBSERVATION_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * (len(_OBSERVATION_COLUMNS) + 2))}) "
+    "ON CONFLICT (origin, origin_id) DO UPDATE SET "
+    + ", ".join(f"{n} = excluded.{n}" for n in _OBSERVATION_COLUMNS)
+    + " WHERE "
+    + " OR ".join(f"excluded.{n} IS NOT shared_observations.{n}" for n in _OBSERVATION_COLUMNS)
+)
+
+
+def _number(value: object, *, whole: bool = False, none: bool = False) -> object:
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            whole and not isinstance(value, int)):
+        raise TypeError(f"not a {'whole ' if whole else ''}number: {value!r}")
+    return value
+
+
+def _shared_observation(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """An ``observation`` row's body as the values of ``_OBSERVATION_COLUMNS``, each checked
+    for the type the ledger stores (another box's row feeds calibration's arithmetic).
+    Raises ValueError, KeyError or TypeError for a body that is not one."""
+    text = {n: body[n] for n in ("server", "architecture", "gpu_model", "sglang_version",
+                                 "speculative", "model")}
+    if not all(isinstance(v, str) for v in text.values()) or not isinstance(
+            body["outcome"], str | None):
+        raise TypeError("a text column is not text")
+    extra, figures, estimate = (dict(body[n]) for n in _JSON_COLUMNS)
+    for name, value in figures.items():
+        if name == "graph_mem_gib":
+            for passed in dict(value).values():
+                _number(passed)
+        else:
+            _number(value, none=True)
+    LaunchParams.from_extras(body["mem_fraction_static"], body["cuda_graph_max_bs"], extra)
+    CostGuess.from_dict(estimate)
+    return (
+        text["server"], _number(body["attempt"], whole=True), text["architecture"],
+        text["gpu_model"], text["sglang_version"], text["speculative"], text["model"],
+        _number(body["tp"], whole=True), body["outcome"],
+        _number(body["mem_fraction_static"], none=True),
+        _number(body["cuda_graph_max_bs"], whole=True, none=True),
+        _to_json(extra), _to_json(figures), _to_json(estimate),
+        _number(body["recorded_at"]),
+    )
 
 
 def _to_json(value: object) -> str:

@@ -27,7 +27,7 @@ def make_private_dir(directory: Path) -> None:
     with ``lstat``: a real directory (not a symlink) owned by us and writable by nobody else.
 
     A state directory (or one below it) that another user created first would let him plant
-    symlinks that we then write through, or swap our files (security review 2026-12-05,
+    symlinks that we then write through, or swap our files (docs/security.md,
     finding M8). Error handling: StateError naming the path and the fix.
     """
     try:

@@ -478,7 +478,7 @@ class RouterSupervisor:
         except Exception as exc:  # never cancellation (BaseException), handled above
             reraise_lease_lost(exc)  # the lease is lost: no failure, end it all
             # A bug in the router's supervision: give the router up, keep the servers
-            # (security review 2026-12-05, finding H1). The router keeps running, unsupervised.
+            # (docs/security.md, finding H1). The router keeps running, unsupervised.
             self.state = "gave_up"
             self._emit(events.RouterInternalError(
                 error=describe_exception(exc), traceback=format_traceback(exc),

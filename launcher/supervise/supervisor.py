@@ -988,7 +988,7 @@ class ServerSupervisor:
             except LauncherError as exc:
                 # The agent's channel ended (the agent died, e.g. on a forged attempt file):
                 # not this server's failure. Ask the server the plain way this once; the
-                # next probe starts a new agent (security review 2026-12-05, finding L3).
+                # next probe starts a new agent (docs/security.md, finding L3).
                 self.log.info("probe.agent_lost", error=str(exc)[:200])
                 answer = None
             if answer is not None:
@@ -1130,7 +1130,7 @@ class ServerSupervisor:
     def _save_tail(self, attempt: int, tail: str) -> Path | None:
         """Save the attempt's log tail as ``state_dir/logs/<server>/attempt-N.log``: each
         directory on the way checked to be ours alone, the file replaced by a rename, never
-        written through a symlink (security review 2026-12-05, finding M8). None (and a
+        written through a symlink (docs/security.md, finding M8). None (and a
         warning) when it cannot be saved."""
         try:
             folder = self.config.state_dir
@@ -1233,7 +1233,7 @@ async def supervise_all(
                 except Exception as exc:  # never cancellation (BaseException): that one ends
                     reraise_lease_lost(exc)  # the lease is lost: no failure, end it all
                     # One server's supervision failed (a bug): give that one up and keep
-                    # the others (security review 2026-12-05, finding H1).
+                    # the others (docs/security.md, finding H1).
                     await sup.internal_error(exc)
                     results[sup.server.name] = sup.state
                 on_change()

@@ -67,7 +67,8 @@ def test_new_ledger_is_migrated_to_the_current_schema(tmp_path: Path) -> None:
     assert [(0, SCHEMA_VERSION)] == [(e["from_version"], e["to_version"]) for e in migrated]
     conn = _raw(path)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"attempts", "last_good", "notify_state", "observations"} == tables
+    assert {"attempts", "last_good", "notify_state", "observations", "ledger_meta",
+            "shared_observations"} == tables
     assert SCHEMA_VERSION == conn.execute("PRAGMA user_version").fetchone()[0]
     assert "wal" == conn.execute("PRAGMA journal_mode").fetchone()[0]
 
@@ -82,6 +83,18 @@ def test_reopening_runs_no_migration_and_keeps_rows(tmp_path: Path) -> None:
             assert SCHEMA_VERSION == ledger.schema_version
             assert [1] == [row.attempt for row in ledger.history()]
         assert [] == [e for e in logs if e["event"] == "ledger.migrated"]
+
+
+def test_a_ledger_keeps_its_origin_across_opens(tmp_path: Path) -> None:
+    """The name a ledger shares its observations under (docs/ha.md) is made once, with the
+    file: reopening keeps it, another file gets another."""
+    with Ledger(tmp_path / "a.sqlite3") as ledger:
+        origin = ledger.origin()
+    with Ledger(tmp_path / "a.sqlite3") as ledger:
+        assert origin == ledger.origin()
+    with Ledger(tmp_path / "b.sqlite3") as other:
+        assert origin != other.origin()
+    assert 16 == len(origin)
 
 
 def test_a_version_2_ledger_opens_and_gains_the_notify_state(tmp_path: Path) -> None:

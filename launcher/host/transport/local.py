@@ -125,7 +125,7 @@ class LocalTransport:
     def _cwd(self, env: Mapping[str, str]) -> str:
         """Where every command runs: the user's home (an SSH login's cwd), else /; never
         launcher's own cwd, where another user may have planted modules that ``python3 -c``
-        or ``-m`` would import first (security review 2026-12-05, finding M6)."""
+        or ``-m`` would import first (docs/security.md, finding M6)."""
         home = env.get("HOME", "")
         return home if home.startswith("/") and os.path.isdir(home) else "/"
 
