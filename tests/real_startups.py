@@ -1,4 +1,4 @@
-"""Real SGLang start-ups (tests/fixtures/real_startups/, issue 26): one directory per start-up.
+"""Real SGLang start-ups (tests/fixtures/real_startups/): one directory per start-up.
 
 A case directory holds ``log.txt`` (verbatim log lines of one start-up), ``config.json`` (the
 model's official Hugging Face config), ``draft_config.json`` when a separate speculative draft
@@ -298,7 +298,8 @@ def load_case(directory: Path) -> Case:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise _fail(toml_path, f"unreadable ({exc})") from exc
     if "held_out" in raw:
-        raise _fail(toml_path, "held_out is decided by the lead's split rule: remove the key")
+        raise _fail(toml_path, "held_out is decided by bench_real's split (sha256 of the id): "
+                    "remove the key")
     values: dict[str, Any] = {key: _get(raw, key, str, toml_path) for key in REQUIRED_STR}
     values |= {key: _get(raw, key, int, toml_path) for key in REQUIRED_INT}
     case_id = values["id"]

@@ -1204,7 +1204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--families",
         action="store_true",
-        help="issue 9's scenario families (multi-pass, EAGLE, EAGLE-3, MTP, hybrid)",
+        help="the scenario families (multi-pass, EAGLE, EAGLE-3, MTP, hybrid)",
     )
     parser.add_argument(
         "--family", default=None, help=f"with --families: a comma list of {', '.join(FAMILIES)}"
@@ -1220,7 +1220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--estimator", action="store_true",
-        help="issue 14: the estimator (cold / with the ledger) as a contender "
+        help="the estimator (cold / with the ledger) as a contender "
         "(scripts/bench/bench_estimator.py)",
     )
     import bench_estimator  # beside this script; imports it back (no cycle at load time)

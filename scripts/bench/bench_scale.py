@@ -1516,7 +1516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"load={os.getloadavg()[0]:.1f}", flush=True)
         if args.reader_lines:
             reader = reader_bench(args.reader_lines)
-            print(f"log reader: {reader['new_lines_s']:.0f} lines/s, before issue 16 "
+            print(f"log reader: {reader['new_lines_s']:.0f} lines/s, the old reader (a46441a) "
                   f"{reader['old_lines_s']:.0f} lines/s (x{reader['ratio']:.1f})", flush=True)
         for transport, ns in plan:
             args.transport = transport
@@ -1555,7 +1555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if reader is not None:
         text += (f"\n\n### Log reader (one core, {reader['lines']:.0f} lines: a real start-up, "
                  "then decode / prefill statistics and access lines)\n\n"
-                 f"- today's reader: {reader['new_lines_s']:.0f} lines/s; before issue 16: "
+                 f"- today's reader: {reader['new_lines_s']:.0f} lines/s; a46441a's reader: "
                  f"{reader['old_lines_s']:.0f} lines/s; ratio x{reader['ratio']:.2f}; same "
                  f"events: {'yes' if reader['same_events'] else 'NO'}\n"
                  f"- target >= {TARGET_READER_LINES_S} lines/s: "

@@ -1,4 +1,4 @@
-"""Every real start-up case (tests/fixtures/real_startups/, issue 26) follows the schema.
+"""Every real start-up case (tests/fixtures/real_startups/) follows the schema.
 
 A malformed case fails here, not in the benchmark that reads it: the loader checks keys, units,
 the id against the directory and the figures against each other, and each figure must be a number
