@@ -35,11 +35,13 @@ from launcher.errors import (
 )
 from launcher.host import preflight, run
 from launcher.host.transport.base import Transport
+from launcher.plan.first_attempt import plan_first_attempt, warm_start
+from launcher.store.ledger import Ledger, ledger_path
 
 
 def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
-    """Validate the config (the Slack webhook's URL included) and preflight every server's
-    host; launch nothing."""
+    """Validate the config (the Slack webhook's URL included), preflight every server's host
+    and ask the memory estimate whether `up` would refuse it; launch nothing."""
     config = guard(lambda: open_config(config_path))
     servers = guard(lambda: select_servers(config, server))
     guard(lambda: [resolve_secret_env(s) for s in servers])
@@ -62,10 +64,23 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         if running is not None:  # a running server of ours holds its GPUs and port: fine
             target = replace(target, gpus=(), port=None)
         problems += [str(p) for p in await preflight.check(t, target)]
+        if running is None and version != "?":
+            # what `up` would start from: the ledger's last good params win, as there
+            warm = warm_start(ledger, config, s, [version], fresh=False).warm
+            first = await plan_first_attempt(config, s, t, version, s.launch_params(),
+                                             warm=warm)
+            if first.refused:
+                problems.append(f"nothing fits (`up` would exit 5): {first.reason}")
         note = f" (running, pid {running.pid})" if running else ""
         return [f"SGLang {version}{note}", *problems]
 
-    results = anyio.run(partial(per_server, one_try=True), config, servers, one)
+    path = ledger_path(config.state_dir)
+    ledger = Ledger(path) if path.exists() else None  # never made by a check
+    try:
+        results = anyio.run(partial(per_server, one_try=True), config, servers, one)
+    finally:
+        if ledger is not None:
+            ledger.close()
     code = 0
     for s, r in zip(servers, results, strict=True):
         if isinstance(r, LauncherError):

@@ -203,10 +203,15 @@ def test_nothing_fits_refuses_configured_params_too_unless_initial_is_configured
         sim: SimSetup) -> None:
     """Both params configured (the demo's 0.99 / 256) on one GPU the weights alone exceed:
     no setting can fit, so `up` refuses as it does for the estimate's own choice (exit 5,
-    nothing launched) instead of loading 128 GiB of weights to fail. ``[policy] initial =
-    "configured"`` opts out of the estimate, and so of the refusal."""
+    nothing launched) instead of loading 128 GiB of weights to fail, and `check` says so
+    beforehand. ``[policy] initial = "configured"`` opts out of the estimate, and so of the
+    refusal."""
     data = sim.data(model="llama-70b-sim", tp=1, mem_fraction_static=0.99,
                     cuda_graph_max_bs=256)
+    check = run_cli("check", str(sim.write_toml(data)))
+    assert 1 == check.returncode, check.stdout + check.stderr
+    assert ("  - nothing fits (`up` would exit 5): weights alone need 128.40 GiB per GPU"
+            in check.stdout), check.stdout
     up = run_cli("up", str(sim.write_toml(data)), "--log-format", "json")
     assert EXIT_WONT_FIT == up.returncode, up.stderr + up.stdout[-2000:]
     assert "weights alone need 128.40 GiB per GPU" in up.stderr
