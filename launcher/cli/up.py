@@ -74,29 +74,58 @@ def _progress_text(s: Snapshot) -> str:
     return "" if s.progress is None else f"{s.progress * 100:.0f}%"
 
 
-def _view(snaps: list[Snapshot]) -> Table:
+_COLUMNS = ("SERVER", "HOST", "STATE", "PROGRESS", "STALL LEFT", "ATTEMPT", "PARAMS",
+            "ELAPSED")
+# Left out, first to last, when the terminal is too narrow for the whole table (an empty
+# column goes before a filled one): the last screen is the one the operator keeps, and a
+# cut STATE ("stopped (left runni…") says less than no STALL LEFT column at all.
+_NARROW_DROPS = ("STALL LEFT", "PROGRESS", "ELAPSED", "HOST", "PARAMS")
+_NOTE_MIN = 12  # what the NOTE column keeps before the others go
+
+
+def _view(snaps: list[Snapshot], width: int | None = None) -> Table:
     """`up`'s live table: per server its state and time in it, progress in numbers, the stall
     budget left, the attempt, params, the server's own elapsed time, and a note (the last
-    failure; why it gave up; how long its host has been unreachable)."""
-    table = Table(box=None, pad_edge=False)
-    for col in ("SERVER", "HOST", "STATE", "PROGRESS", "STALL LEFT", "ATTEMPT", "PARAMS",
-                "ELAPSED"):
-        table.add_column(col, no_wrap=True)
-    # NOTE alone may shrink (the others are no_wrap); its text is one line cut with an
-    # ellipsis (below), so a long note cannot fold a row onto several lines; the full note
-    # is in up.log.
-    table.add_column("NOTE", overflow="ellipsis")
+    failure; why it gave up; how long its host has been unreachable). ``width``: the
+    terminal's; columns are left out (``_NARROW_DROPS``) until the others fit it whole."""
+    rows: list[dict[str, str]] = []
     for s in snaps:
-        color = {"ready": "green", "gave_up": "red"}.get(s.state, "yellow")
         state = s.state.replace("_", " ")
         if s.phase_s is not None and s.state not in ("gave_up", "stopped"):
             state += f" {dur(s.phase_s)}"
         if s.state == "stopped" and s.pid is not None:
             state += " (left running)"  # supervision stopped; the server did not
-        note = "; ".join(n for n in (s.last_failure, s.reason) if n)
-        row(table, s.server, s.host, Text(plain(state), style=color), _progress_text(s),
-             dur(s.stall_left_s), str(s.attempt), labelled(s.params), dur(s.elapsed_s),
-             Text(plain(note), no_wrap=True, overflow="ellipsis"))
+        rows.append({
+            "SERVER": s.server, "HOST": s.host, "STATE": plain(state),
+            "PROGRESS": _progress_text(s), "STALL LEFT": dur(s.stall_left_s),
+            "ATTEMPT": str(s.attempt), "PARAMS": labelled(s.params),
+            "ELAPSED": dur(s.elapsed_s),
+            "NOTE": plain("; ".join(n for n in (s.last_failure, s.reason) if n)),
+        })
+    kept = list(_COLUMNS)
+    if width is not None:
+        def need(columns: list[str]) -> int:  # two spaces between columns (rich's padding)
+            return sum(max(len(c), *(len(r[c]) for r in rows)) + 2
+                       for c in columns) + _NOTE_MIN
+
+        empty = [c for c in _NARROW_DROPS if not any(r[c] for r in rows)]
+        for column in [*empty, *_NARROW_DROPS]:
+            if need(kept) <= width:
+                break
+            if column in kept:
+                kept.remove(column)
+    table = Table(box=None, pad_edge=False)
+    for col in kept:
+        table.add_column(col, no_wrap=True)
+    # NOTE alone may shrink (the others are no_wrap); its text is one line cut with an
+    # ellipsis (below), so a long note cannot fold a row onto several lines; the full note
+    # is in up.log.
+    table.add_column("NOTE", overflow="ellipsis")
+    for s, r in zip(snaps, rows, strict=True):
+        color = {"ready": "green", "gave_up": "red"}.get(s.state, "yellow")
+        cells: list[str | Text] = [Text(r[c], style=color) if c == "STATE" else r[c]
+                                   for c in kept]
+        row(table, *cells, Text(r["NOTE"], no_wrap=True, overflow="ellipsis"))
     return table
 
 
@@ -125,7 +154,7 @@ class _LiveView:
     def _render(self) -> Group:
         foot = Text(plain(f"events in full: {self.log_path}  ·  Ctrl-C stops supervising "
                            "(servers keep running)"), style="dim")
-        return Group(_view(self._snaps), foot)
+        return Group(_view(self._snaps, out.size.width), foot)
 
 
 _EVENT_KEYS = ("attempt", "outcome", "phase", "params", "reason", "error", "delay_s",

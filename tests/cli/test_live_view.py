@@ -242,6 +242,30 @@ def test_the_note_stays_on_one_line_cut_with_an_ellipsis() -> None:
     assert row.rstrip().endswith("…") and "attempt 1: oom_graph_capture" in row
 
 
+def test_a_narrow_terminal_leaves_columns_out_rather_than_cut_the_state() -> None:
+    """At 80 columns the last screen (supervision ended, the server left running) shows the
+    state whole: columns go, empty ones first, until the rest fits; at 160 all are there."""
+    snap = Snapshot(server="demo", host="sim", state="stopped", phase="ready", progress=None,
+                    attempt=2, params="mem_fraction_static=0.95 cuda_graph_max_bs=256",
+                    elapsed_s=75.0, pid=4242,
+                    last_failure="#1 OOM in target decode capture, bs 256 → 0.95")
+
+    def screen(width: int) -> list[str]:
+        console = Console(record=True, width=width, file=io.StringIO())
+        console.print(up._view([snap], width))
+        return console.export_text().splitlines()
+
+    header, line = screen(80)
+    assert len(line.rstrip()) <= 80 and "…" not in line.split("#1")[0], line
+    assert line.split()[:4] == ["demo", "sim", "stopped", "(left"], line
+    assert "stopped (left running)" in line and "mfs=0.95 bs=256" in line, line
+    assert "STALL LEFT" not in header and "PROGRESS" not in header, header
+    header, line = screen(160)
+    assert header.split() == ["SERVER", "HOST", "STATE", "PROGRESS", "STALL", "LEFT",
+                              "ATTEMPT", "PARAMS", "ELAPSED", "NOTE"], header
+    assert line.rstrip().endswith("#1 OOM in target decode capture, bs 256 → 0.95"), line
+
+
 def test_held_back_slack_messages_stay_out_of_the_live_view() -> None:
     """``notify.suppressed`` (info, no kind shown) stays out of the live view; it goes to
     up.log only, like the messages themselves."""
