@@ -318,13 +318,19 @@ def _duplicate_names(section: str, entries: Sequence[object]) -> Iterator[tuple[
 
 def _partial(model: type[_M], raw: object) -> tuple[_M, frozenset[str]] | None:
     """``raw`` validated as ``model`` after dropping the top-level keys that fail, with the set
-    of dropped keys; None when it is not a table or a required key fails."""
+    of dropped keys; None when it is not a table or a required key fails. An unknown key
+    counts its closest known key as bad too (``tpp`` for ``tp``): the default that stands in
+    for what was meant would only raise follow-on problems."""
     if not isinstance(raw, dict):
         return None
     try:
         return model.model_validate(raw), frozenset()
     except ValidationError as exc:
-        bad = frozenset(str(error["loc"][0]) for error in exc.errors() if error["loc"])
+        errors = [error for error in exc.errors() if error["loc"]]
+        meant = {close for error in errors if error["type"] == "extra_forbidden"
+                 for close in difflib.get_close_matches(str(error["loc"][0]),
+                                                        list(model.model_fields), n=1)}
+        bad = frozenset(str(error["loc"][0]) for error in errors) | meant
     try:
         return model.model_validate({k: v for k, v in raw.items() if k not in bad}), bad
     except ValidationError:

@@ -185,6 +185,11 @@ RULES = [
         id="did-you-mean-server",
     ),
     pytest.param(
+        BASE.replace("tp = 2", "tpp = 2"),  # not also "gpus lists 2 but tp*dp = 1*1"
+        "servers[0].tpp: unknown key; did you mean 'tp'?",
+        id="did-you-mean-no-follow-on",
+    ),
+    pytest.param(
         "sever = 1\n" + BASE,
         "sever: unknown key; did you mean 'servers'?",
         id="did-you-mean-top",
