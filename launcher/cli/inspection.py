@@ -70,10 +70,12 @@ class ServerStatus:
     """One row of `launcher status`.
 
     ``state``: "not started" (no attempt on the host), "starting", "ready", "unhealthy"
-    (ready once, failing /health now), "exited (N)" / "exited" (status not recorded),
-    "gave up" (supervision gave up on its newest attempt), "unreachable" or "unknown" (the
-    host could not be asked; ``error`` says why). ``restarts``: failed attempts before the
-    newest one, from the ledger (None without one).
+    (ready once, failing /health now), "stopped" (the ledger says it was stopped on request:
+    `launcher down`, `up --stop-on-exit`; ``ended_at`` says when, and ``age_s`` stays how
+    long it ran), "exited (N)" / "exited" (status not recorded), "gave up" (supervision gave
+    up on its newest attempt), "unreachable" or "unknown" (the host could not be asked;
+    ``error`` says why). ``restarts``: failed attempts before the newest one, from the
+    ledger (None without one).
     """
 
     server: str
@@ -89,6 +91,7 @@ class ServerStatus:
     ready: bool = False
     healthy: bool | None = None
     started_at: float | None = None
+    ended_at: float | None = None
     age_s: float | None = None
     uptime_s: float | None = None
     exit_status: int | None = None
@@ -103,7 +106,8 @@ class ServerStatus:
             "state": self.state, "running": self.running, "pid": self.pid,
             "attempt": self.attempt, "restarts": self.restarts, "params": self.params,
             "phase": self.phase, "ready": self.ready, "healthy": self.healthy,
-            "started_at": iso(self.started_at), "age_s": self.age_s,
+            "started_at": iso(self.started_at), "ended_at": iso(self.ended_at),
+            "age_s": self.age_s,
             "uptime_s": self.uptime_s, "exit_status": self.exit_status,
             "gave_up": self.gave_up, "run_dir": self.run_dir, "error": self.error,
         }
@@ -202,11 +206,18 @@ async def _look(config: Config, s: ServerConfig, t: Transport,
         st.age_s = round(max(0.0, now - st.started_at), 1)
         st.uptime_s = st.age_s if running else None
     st.gave_up = files.get("gave_up") or None
+    row = next((r for r in rows or [] if r.attempt == handle.attempt), None)
     if running:
         st.healthy = await _healthy(t, s.port) if st.ready else None
         st.state = ("ready" if st.healthy else "unhealthy") if st.ready else "starting"
     elif st.gave_up is not None:
         st.state = "gave up"
+    elif row is not None and row.outcome == "stopped":
+        # stopped on request (`down`, `up --stop-on-exit`): not a crash, whatever its status
+        st.state = "stopped"
+        st.ended_at = row.ended_at
+        if st.started_at is not None and row.ended_at is not None:
+            st.age_s = round(max(0.0, row.ended_at - st.started_at), 1)  # how long it ran
     else:
         st.state = "exited" if st.exit_status is None else f"exited ({st.exit_status})"
     return _Look(st, handle, files, follower)
@@ -264,6 +275,8 @@ def events_of(rows: list[AttemptRow], limit: int) -> list[tuple[float, str]]:
         if r.outcome == "ready" and r.ended_at is not None:
             took = "" if r.seconds_to_ready is None else f" in {r.seconds_to_ready:.0f}s"
             out.append((r.ended_at, f"attempt {r.attempt} ready{took}"))
+        elif r.outcome == "stopped" and r.ended_at is not None:
+            out.append((r.ended_at, f"attempt {r.attempt} stopped"))
         elif r.outcome is not None and r.ended_at is not None:
             where = f" in {r.phase}" if r.phase else ""
             out.append((r.ended_at, f"attempt {r.attempt} ended: {r.outcome}{where}"))

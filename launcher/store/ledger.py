@@ -520,6 +520,18 @@ class Ledger:
                  _to_json(p.extras())),
             )
 
+    def attempt_stopped(self, server: str, attempt: int, *, ended_at: float) -> bool:
+        """Record that ``attempt`` of ``server`` was stopped on request (`launcher down`):
+        its row's outcome becomes ``stopped`` (the word ``up --stop-on-exit`` records), ended
+        at ``ended_at``; what the row knew of the attempt (phase, numbers, evidence, time to
+        ready) stays. Returns False, recording nothing, when the ledger has no such row."""
+        with self._writing("attempt_stopped") as conn:
+            return conn.execute(
+                """UPDATE attempts SET outcome = 'stopped', ended_at = ?
+                   WHERE server = ? AND attempt = ?""",
+                (ended_at, server, attempt),
+            ).rowcount > 0
+
     def server_ready(
         self, server: str, fingerprint: str, params: LaunchParams, seconds: float | None,
         attempt: int, *, at: float | None = None, attempts: int | None = None,

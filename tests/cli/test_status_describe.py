@@ -101,9 +101,11 @@ def test_status_wide_is_not_cut_when_piped(sim: SimSetup) -> None:
     run_cli("down", str(config))
 
 
-def test_status_shows_gave_up_and_exited(sim: SimSetup) -> None:
+def test_status_shows_gave_up_and_stopped(sim: SimSetup) -> None:
     """A server launcher gave up on reads "gave up" (the reason under the table), not
-    "exited"; one stopped by `down` reads "exited (137)". Both exit 3."""
+    "exited"; one stopped by `down` reads "stopped" (not the "exited (137)" of its shutdown):
+    the ledger closes its row as stopped, describe says when, and its age stays how long it
+    ran. Both exit 3."""
     config = sim.write_toml(capture_oom(sim, max_attempts=1))
     up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
     assert 4 == up.returncode, up.stderr
@@ -119,9 +121,29 @@ def test_status_shows_gave_up_and_exited(sim: SimSetup) -> None:
     (sim.run_dir / SERVER / "1" / "gave_up").unlink()  # the next `up` starts attempt 2
     assert 0 == run_cli("up", str(other), "--until-ready", "--log-format", "json").returncode
     assert 0 == run_cli("down", str(other)).returncode
+    assert 137 == int((sim.attempt_dir(2) / "exit_status").read_text())  # SGLang's own exit
     stopped = run_cli("status", str(other))
     assert 3 == stopped.returncode
-    assert ["exited (137)", "127.0.0.1:" + str(sim.port), "2"] == table(stopped.stdout)[1][2:5]
+    # RESTARTS: attempt 1 failed; the stop of attempt 2 is not a failure
+    assert ["stopped", "127.0.0.1:" + str(sim.port), "2", "1"] == table(stopped.stdout)[1][2:6]
+    [data] = json.loads(run_cli("status", str(other), "--json").stdout)
+    assert ("stopped", 2) == (data["state"], data["attempt"])
+    assert data["ended_at"].endswith("Z") and data["ended_at"] >= data["started_at"]
+    ran = data["age_s"]
+    history = run_cli("history", str(other), SERVER, "--json")
+    assert "stopped" == json.loads(history.stdout)[0]["outcome"], history.stdout
+
+    time.sleep(1.5)
+    described = run_cli("describe", str(other), SERVER)
+    text = described.stdout
+    fields = {line.split(":", 1)[0]: line.split(":", 1)[1].strip()
+              for line in text.splitlines() if not line.startswith(" ") and ": " in line}
+    assert ("stopped", "ready (when stopped)", data["ended_at"]) == (
+        fields["State"], fields["Phase"], fields["Stopped"]), text
+    assert "Age" not in fields and fields["Ran for"], text
+    assert "attempt 2 stopped" in text
+    [again] = json.loads(run_cli("status", str(other), "--json").stdout)
+    assert ran == again["age_s"]  # frozen: not growing as if it still ran
 
 
 def test_unreachable_host_error_goes_under_the_table(sim: SimSetup) -> None:
@@ -292,13 +314,14 @@ def test_status_watch_prints_each_change(sim: SimSetup) -> None:
         assert " ready " in lines[1], lines
         assert 0 == run_cli("down", str(config)).returncode
         lines = []
-        while not lines or " exited (137) " not in lines[-1]:
+        while not lines or " stopped " not in lines[-1]:
             lines.append(watch.stdout.readline())
             assert lines[-1], lines  # not EOF
         time.sleep(1.0)  # some more looks, all alike
         # Each change is one table (header, row, blank): a stopping server may pass through
-        # "unhealthy" on its way to "exited (137)", and nothing else is printed.
-        assert lines[-2].startswith("NAME ") and len(lines) <= 3 * 2 - 1, lines
+        # "unhealthy" and "exited (137)" (down records the stop once it is done) on its way
+        # to "stopped", and nothing else is printed.
+        assert lines[-2].startswith("NAME ") and len(lines) <= 3 * 3 - 1, lines
         watch.send_signal(signal.SIGINT)
         assert 3 == watch.wait(30)
         assert "" == watch.stdout.read().strip()  # nothing printed for the looks alike

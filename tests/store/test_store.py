@@ -295,6 +295,18 @@ def test_failure_after_ready_keeps_time_to_ready(ledger: Ledger) -> None:
     assert ("oom_runtime", 60.0, 900.0) == (row.outcome, row.seconds_to_ready, row.ended_at)
 
 
+def test_a_stop_closes_the_row_as_stopped_and_keeps_what_it_knew(ledger: Ledger) -> None:
+    """attempt_stopped (`launcher down`) closes a ready attempt as "stopped", ended at the
+    stop, with its phase and time to ready kept; an attempt the ledger never saw is left."""
+    ledger.attempt_started("llama", "fp1", 1, P1, 0.0)
+    ledger.server_ready("llama", "fp1", P1, 60.0, 1, at=60.0)
+    assert ledger.attempt_stopped("llama", 1, ended_at=500.0)
+    assert not ledger.attempt_stopped("llama", 9, ended_at=500.0)
+    [row] = ledger.history()
+    assert ("stopped", "ready", 60.0, 500.0) == (
+        row.outcome, row.phase, row.seconds_to_ready, row.ended_at)
+
+
 # --- fingerprint -------------------------------------------------------------------------
 
 
