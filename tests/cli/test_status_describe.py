@@ -19,11 +19,21 @@ import pytest
 from launcher.cli import app, inspection
 from launcher.host import run
 from launcher.host.transport.local import LocalTransport
+from tests.cli.test_cli import read_until, start_up
 from tests.cli.test_live_view import capture_oom
 from tests.simhost import free_port
 from tests.sshd import Sshd
 from tests.sshsim import FAST_POLICY, Site, kill_leftovers, server_entry
-from tests.supervise import REPO, SERVER, SimSetup, _toml, cli_argv, cli_env, run_cli
+from tests.supervise import (
+    REPO,
+    SERVER,
+    SimSetup,
+    _toml,
+    cli_argv,
+    cli_env,
+    json_lines,
+    run_cli,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -398,4 +408,46 @@ def test_status_of_a_ready_server_failing_health_is_unhealthy(sim: SimSetup) -> 
     assert 3 == result.returncode, result.stderr
     assert ("unhealthy", True, True, False) == (
         row["state"], row["running"], row["ready"], row["healthy"])
+    run_cli("down", str(config))
+
+
+def test_up_closes_an_attempt_that_ended_unsupervised(sim: SimSetup) -> None:
+    """`up` stopped while attempt 1 loads leaves it running and its ledger row open; the
+    attempt then fails alone (a capture OOM). The next `up` closes that row with the verdict
+    on its log (not "running" forever), so `history` says what happened and RESTARTS counts
+    it."""
+    data = capture_oom(sim)
+    slow = [{"kind": "slow", "phase": "weights", "factor": 4}]
+    data["servers"][0]["env"]["SGLANG_SIM_FAULTS"] = str(sim.host.write_faults(slow))
+    config = sim.write_toml(data)
+    proc = start_up(config)
+    try:
+        read_until(proc, '"phase": "weights"')
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert 0 == proc.returncode and "left running: sim0" in stderr, stderr
+    deadline = time.monotonic() + 60
+    while not (sim.attempt_dir(1) / "exit_status").exists():  # it dies on its own
+        assert time.monotonic() < deadline, sim.log(1)[-2000:]
+        time.sleep(0.2)
+    [open_row] = json.loads(run_cli("history", str(config), SERVER, "--json").stdout)
+    assert (1, None) == (open_row["attempt"], open_row["outcome"])
+
+    again = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+
+    assert 0 == again.returncode, again.stderr
+    closed = [e for e in json_lines(again.stdout) if e.get("event") == "ledger.attempt_closed"]
+    assert [(1, "oom_graph_capture")] == [(e["attempt"], e["outcome"]) for e in closed]
+    rows = {r["attempt"]: r for r in json.loads(
+        run_cli("history", str(config), SERVER, "--json").stdout)}
+    assert ("oom_graph_capture", "cuda_graph") == (rows[1]["outcome"], rows[1]["phase"])
+    assert rows[1]["ended_at"] is not None
+    assert "ready" == rows[max(rows)]["outcome"]
+    [status] = json.loads(run_cli("status", str(config), "--json").stdout)
+    # every attempt before the newest failed: attempt 1 (unsupervised) and 2
+    assert (max(rows), max(rows) - 1) == (status["attempt"], status["restarts"])
     run_cli("down", str(config))
