@@ -107,8 +107,8 @@ def _status_errors(console: Console, rows: list[inspection.ServerStatus]) -> Non
             say(console, (f"{r.server}", "bold"), f" on {r.host}: ", (r.state, "red"),
                  f": {r.error}")
         elif r.gave_up is not None:
-            say(console, (f"{r.server}", "bold"), f" gave up at attempt {r.attempt}: "
-                 f"{r.gave_up}")
+            when = "before launching" if r.gave_up_before_launch else f"at attempt {r.attempt}"
+            say(console, (f"{r.server}", "bold"), f" gave up {when}: {r.gave_up}")
 
 
 def status(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -450,4 +451,37 @@ def test_up_closes_an_attempt_that_ended_unsupervised(sim: SimSetup) -> None:
     [status] = json.loads(run_cli("status", str(config), "--json").stdout)
     # every attempt before the newest failed: attempt 1 (unsupervised) and 2
     assert (max(rows), max(rows) - 1) == (status["attempt"], status["restarts"])
+    run_cli("down", str(config))
+
+
+def test_a_give_up_in_preflight_reads_gave_up_before_launching(sim: SimSetup) -> None:
+    """`up` refused in preflight (its port held by launcher's own user) launches nothing:
+    status still reads "gave up" (not the previous attempt's "stopped"), the reason under the
+    table says it gave up before launching, and the Slack text names no earlier attempt as
+    its last. Once an attempt runs again the give-up is old news."""
+    config = sim.write_toml(quick(sim))
+    assert 0 == run_cli("up", str(config), "--until-ready", "--log-format", "json").returncode
+    assert 0 == run_cli("down", str(config)).returncode
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the server's TIME_WAIT
+        holder.bind(("127.0.0.1", sim.port))
+        holder.listen()
+        up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+        assert 4 == up.returncode, up.stderr
+        result = run_cli("status", str(config))
+    assert [1] == sim.attempts()
+
+    assert 3 == result.returncode
+    assert ["gave up", f"127.0.0.1:{sim.port}", "1"] == table(result.stdout)[1][2:5]
+    assert result.stderr.startswith(
+        f"{SERVER} gave up before launching: preflight: port {sim.port} is already in use"), (
+        result.stderr)
+    [data] = json.loads(run_cli("status", str(config), "--json").stdout)
+    assert ("gave up", True) == (data["state"], data["gave_up_before_launch"])
+    assert "before launching" in up.stdout + up.stderr
+    assert "attempt(s) (last #1)" not in up.stdout + up.stderr
+
+    assert 0 == run_cli("up", str(config), "--until-ready", "--log-format", "json").returncode
+    [again] = json.loads(run_cli("status", str(config), "--json").stdout)
+    assert ("ready", 2, None) == (again["state"], again["attempt"], again["gave_up"])
     run_cli("down", str(config))
