@@ -10,6 +10,7 @@ view, if any, is a :class:`View` the CLI supplies.
 from __future__ import annotations
 
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,6 +35,8 @@ from launcher.memory.estimate import Estimate
 from launcher.params import LaunchParams
 from launcher.plan.first_attempt import Planned, plan_first_attempt, warm_start
 from launcher.plan.fleet import context_of
+from launcher.sglang.classify import classify
+from launcher.sglang.outcome import Outcome
 from launcher.store.ledger import (
     Ledger,
     ObservationContext,
@@ -46,11 +49,13 @@ from launcher.supervise.lifecycle import State
 from launcher.supervise.ranks import MultiNodeSupervisor
 from launcher.supervise.router import routers_for, wire
 from launcher.supervise.supervisor import ServerSupervisor, Snapshot, supervise_all
+from launcher.untrusted import Redactor
 
 __all__ = [
     "Options",
     "Result",
     "View",
+    "close_ended",
     "close_transports",
     "run",
     "sglang_version_of",
@@ -204,6 +209,9 @@ async def _run_active(config: Config, servers: list[ServerConfig],
         with anyio.CancelScope(shield=True):
             await notifier.aclose(10.0)
         raise
+    for s, version, _, _, _ in plans:
+        await close_ended(ledger, s, transports[s.host], config.run_dir_of(s), version,
+                          secrets.get(s.name, {}))
     recorder = LedgerRecorder(ledger, fingerprints, contexts=keys.contexts)
     async with anyio.create_task_group() as tg:
         await tg.start(notifier.run)
@@ -219,6 +227,51 @@ async def _run_active(config: Config, servers: list[ServerConfig],
                 await notifier.aclose(10.0)
             tg.cancel_scope.cancel()
     return result
+
+
+# What an attempt that ended while no launcher supervised it is closed as when its log gives
+# no verdict of a failure (it reads as ready, or cannot be read).
+ENDED_UNSUPERVISED = "ended_unsupervised"
+CLOSED_TAIL = 64 * 1024  # bytes of such an attempt's log end read for the verdict
+
+
+async def close_ended(ledger: Ledger, s: ServerConfig, transport: Transport, run_dir: str,
+                      version: str, secret_env: dict[str, str]) -> int:
+    """Close the ledger's open rows of ``s`` (an attempt it holds as running: the launcher
+    that supervised it left it running, or died) whose server has ended since, as the host's
+    run directory shows (a recorded exit status): with the classifier's verdict on the end of
+    its log, else ``ENDED_UNSUPERVISED``. RESTARTS and `history` then count them as what they
+    were. One listing, only when the ledger has such rows; what cannot be asked now is left
+    for the next `up` (logged). Returns how many rows were closed."""
+    log = structlog.get_logger("launcher").bind(server=s.name, host=s.host)
+    open_rows = {r.attempt for r in ledger.history(s.name) if r.outcome is None}
+    if not open_rows or s.nnodes > 1:  # a multi-node server's ranks run under other names
+        return 0
+    try:
+        ended = await remote.ended_attempts(transport, run_dir, s.name, open_rows)
+    except LauncherError as exc:
+        log.warning("ledger.open_attempts_unchecked", error=str(exc)[:200])
+        return 0
+    redact = Redactor(list(secret_env.values()))
+    for handle, status in ended:
+        try:
+            raw = await remote.tail_log(transport, handle, CLOSED_TAIL)
+        except LauncherError:
+            raw = b""
+        tail = redact.text(raw.decode("utf-8", errors="replace"))
+        lines = tail.splitlines()[1 if len(raw) >= CLOSED_TAIL else 0:]  # a cut first line
+        diag = classify(lines, status, sglang_version=version) if lines else None
+        outcome = (diag.outcome.value if diag is not None and diag.outcome is not Outcome.READY
+                   else ENDED_UNSUPERVISED)
+        ledger.attempt_finished(
+            s.name, handle.attempt, outcome=outcome,
+            phase=diag.phase.value if diag is not None else None,
+            numbers=diag.numbers.as_dict() if diag is not None else {},
+            evidence=redact(list(diag.evidence)) if diag is not None else [],
+            log_tail=tail, ended_at=time.time())
+        log.info("ledger.attempt_closed", attempt=handle.attempt, outcome=outcome,
+                 exit_status=status)
+    return len(ended)
 
 
 # (server, version, first params, why, the first attempt's memory estimate)

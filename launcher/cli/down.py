@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import typer
 import typer.core
@@ -26,11 +28,13 @@ from launcher.config.schema import (
 from launcher.errors import (
     LauncherError,
     RemoteCommandError,
+    StateError,
 )
 from launcher.host import run
 from launcher.host.gpus import check_gpus
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
+from launcher.store.ledger import Ledger, ledger_path
 from launcher.supervise.ranks import stop_other_ranks
 from launcher.supervise.router import stop_router
 
@@ -53,6 +57,7 @@ def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         if handle is None:
             return "not running"
         report = await run.stop(t, handle)
+        unrecorded = _record_stopped(config, s, handle.attempt)
         if report.leftover_pids:
             raise RemoteCommandError(
                 f"processes left after SIGKILL: {report.leftover_pids}", host=s.host,
@@ -65,8 +70,9 @@ def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
             await anyio.sleep(1.0)
         signals = "+".join(report.signals_sent) or "none needed"
         if problems:
-            return f"stopped (pid {handle.pid}, {signals}) but GPUs not free: {'; '.join(problems)}"
-        return f"stopped (pid {handle.pid}, {signals}); GPUs {s.gpus} free"
+            return (f"stopped (pid {handle.pid}, {signals}) but GPUs not free: "
+                    f"{'; '.join(problems)}{unrecorded}")
+        return f"stopped (pid {handle.pid}, {signals}); GPUs {s.gpus} free{unrecorded}"
 
     results = anyio.run(per_server, config, servers, stop_one)
     code = 0
@@ -84,6 +90,21 @@ def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         else:
             say(out, f"{name}: {line}")
     raise typer.Exit(code)
+
+
+def _record_stopped(config: Config, s: ServerConfig, attempt: int) -> str:
+    """Close the ledger's row of ``attempt`` as ``stopped`` (a stop asked for, not a crash:
+    `status` then reads "stopped" and RESTARTS does not count it). ``""``, or a note for the
+    operator when the ledger cannot be written; no ledger yet: nothing to record."""
+    path = ledger_path(config.state_dir)
+    if not path.exists():
+        return ""
+    try:
+        with Ledger(path) as ledger:
+            ledger.attempt_stopped(s.name, attempt, ended_at=time.time())
+    except StateError as exc:
+        return f" (not recorded in the ledger: {exc})"
+    return ""
 
 
 def _stop_routers(config: Config) -> list[tuple[str, str | LauncherError]]:

@@ -22,7 +22,7 @@ from launcher.host import health, run
 from launcher.host.transport.base import Transport
 from launcher.sglang.flags import mask_secret_flags_text
 from launcher.sglang.logparse import LineSplitter, LogFollower
-from launcher.store.ledger import AttemptRow, Ledger, ledger_path
+from launcher.store.ledger import AttemptRow, GiveUp, Ledger, ledger_path
 from launcher.untrusted import parse_stamp
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "describe",
     "endpoint",
     "host_now",
+    "ledger_give_up",
     "ledger_rows",
     "restarts",
     "server_status",
@@ -70,10 +71,12 @@ class ServerStatus:
     """One row of `launcher status`.
 
     ``state``: "not started" (no attempt on the host), "starting", "ready", "unhealthy"
-    (ready once, failing /health now), "exited (N)" / "exited" (status not recorded),
-    "gave up" (supervision gave up on its newest attempt), "unreachable" or "unknown" (the
-    host could not be asked; ``error`` says why). ``restarts``: failed attempts before the
-    newest one, from the ledger (None without one).
+    (ready once, failing /health now), "stopped" (the ledger says it was stopped on request:
+    `launcher down`, `up --stop-on-exit`; ``ended_at`` says when, and ``age_s`` stays how
+    long it ran), "exited (N)" / "exited" (status not recorded), "gave up" (supervision gave
+    up on its newest attempt), "unreachable" or "unknown" (the host could not be asked;
+    ``error`` says why). ``restarts``: failed attempts before the newest one, from the
+    ledger (None without one).
     """
 
     server: str
@@ -89,10 +92,12 @@ class ServerStatus:
     ready: bool = False
     healthy: bool | None = None
     started_at: float | None = None
+    ended_at: float | None = None
     age_s: float | None = None
     uptime_s: float | None = None
     exit_status: int | None = None
     gave_up: str | None = None
+    gave_up_before_launch: bool = False  # the give-up came in preflight: nothing launched
     run_dir: str | None = None
     error: str | None = None
 
@@ -103,9 +108,11 @@ class ServerStatus:
             "state": self.state, "running": self.running, "pid": self.pid,
             "attempt": self.attempt, "restarts": self.restarts, "params": self.params,
             "phase": self.phase, "ready": self.ready, "healthy": self.healthy,
-            "started_at": iso(self.started_at), "age_s": self.age_s,
+            "started_at": iso(self.started_at), "ended_at": iso(self.ended_at),
+            "age_s": self.age_s,
             "uptime_s": self.uptime_s, "exit_status": self.exit_status,
-            "gave_up": self.gave_up, "run_dir": self.run_dir, "error": self.error,
+            "gave_up": self.gave_up, "gave_up_before_launch": self.gave_up_before_launch,
+            "run_dir": self.run_dir, "error": self.error,
         }
 
 
@@ -123,6 +130,15 @@ def ledger_rows(config: Config, server: str) -> list[AttemptRow] | None:
         return None
     with Ledger(path) as ledger:
         return ledger.history(server, limit=LEDGER_ROWS)
+
+
+def ledger_give_up(config: Config, server: str) -> GiveUp | None:
+    """The server's last give-up in the ledger; None when there is none (or no ledger)."""
+    path = ledger_path(config.state_dir)
+    if not path.exists():
+        return None
+    with Ledger(path) as ledger:
+        return ledger.last_give_up(server)
 
 
 def restarts(rows: list[AttemptRow] | None, newest: int | None) -> int | None:
@@ -174,8 +190,20 @@ class _Look:
     follower: LogFollower | None = None
 
 
+def _gave_up(st: ServerStatus, give_up: GiveUp | None, newest: int) -> bool:
+    """Take the ledger's last give-up into ``st`` when it is the news about a server that
+    does not run: none of its attempts on the host is newer (one in preflight launched
+    none). The newest give-up wins over an attempt's ``gave_up`` file."""
+    if give_up is None or give_up.attempt < newest:
+        return False
+    st.state, st.gave_up = "gave up", give_up.reason
+    st.gave_up_before_launch = give_up.attempts == 0
+    return True
+
+
 async def _look(config: Config, s: ServerConfig, t: Transport,
-                rows: list[AttemptRow] | None, *, now: float) -> _Look:
+                rows: list[AttemptRow] | None, *, now: float,
+                give_up: GiveUp | None = None) -> _Look:
     rd = config.run_dir_of(s)
     handle = await run.find_running(t, rd, s.name)
     running = handle is not None
@@ -184,6 +212,7 @@ async def _look(config: Config, s: ServerConfig, t: Transport,
     st = ServerStatus(s.name, s.host, endpoint(config, s), "not started",
                       restarts=restarts(rows, None))
     if handle is None:
+        _gave_up(st, give_up, 0)
         return _Look(st)
     files = await run.attempt_files(t, handle)
     probe = await run.probe(t, handle)
@@ -202,11 +231,20 @@ async def _look(config: Config, s: ServerConfig, t: Transport,
         st.age_s = round(max(0.0, now - st.started_at), 1)
         st.uptime_s = st.age_s if running else None
     st.gave_up = files.get("gave_up") or None
+    row = next((r for r in rows or [] if r.attempt == handle.attempt), None)
     if running:
         st.healthy = await _healthy(t, s.port) if st.ready else None
         st.state = ("ready" if st.healthy else "unhealthy") if st.ready else "starting"
+    elif _gave_up(st, give_up, handle.attempt):
+        pass
     elif st.gave_up is not None:
         st.state = "gave up"
+    elif row is not None and row.outcome == "stopped":
+        # stopped on request (`down`, `up --stop-on-exit`): not a crash, whatever its status
+        st.state = "stopped"
+        st.ended_at = row.ended_at
+        if st.started_at is not None and row.ended_at is not None:
+            st.age_s = round(max(0.0, row.ended_at - st.started_at), 1)  # how long it ran
     else:
         st.state = "exited" if st.exit_status is None else f"exited ({st.exit_status})"
     return _Look(st, handle, files, follower)
@@ -215,7 +253,8 @@ async def _look(config: Config, s: ServerConfig, t: Transport,
 async def server_status(config: Config, s: ServerConfig, t: Transport, *,
                         now: float) -> ServerStatus:
     """``s``'s row of `launcher status` (``now``: seconds since the epoch, for AGE)."""
-    return (await _look(config, s, t, ledger_rows(config, s.name), now=now)).status
+    return (await _look(config, s, t, ledger_rows(config, s.name), now=now,
+                        give_up=ledger_give_up(config, s.name))).status
 
 
 @dataclass
@@ -264,6 +303,8 @@ def events_of(rows: list[AttemptRow], limit: int) -> list[tuple[float, str]]:
         if r.outcome == "ready" and r.ended_at is not None:
             took = "" if r.seconds_to_ready is None else f" in {r.seconds_to_ready:.0f}s"
             out.append((r.ended_at, f"attempt {r.attempt} ready{took}"))
+        elif r.outcome == "stopped" and r.ended_at is not None:
+            out.append((r.ended_at, f"attempt {r.attempt} stopped"))
         elif r.outcome is not None and r.ended_at is not None:
             where = f" in {r.phase}" if r.phase else ""
             out.append((r.ended_at, f"attempt {r.attempt} ended: {r.outcome}{where}"))
@@ -277,7 +318,7 @@ async def describe(config: Config, config_path: Path, s: ServerConfig, t: Transp
     command line and memory figures (from its log), and the ledger's last ``attempts``
     attempts and ``events`` events."""
     rows = ledger_rows(config, s.name) or []
-    look = await _look(config, s, t, rows, now=now)
+    look = await _look(config, s, t, rows, now=now, give_up=ledger_give_up(config, s.name))
     st = look.status
     newest = next((r for r in rows if r.attempt == st.attempt), None)
     numbers: dict[str, Any] = {}

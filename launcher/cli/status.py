@@ -107,8 +107,8 @@ def _status_errors(console: Console, rows: list[inspection.ServerStatus]) -> Non
             say(console, (f"{r.server}", "bold"), f" on {r.host}: ", (r.state, "red"),
                  f": {r.error}")
         elif r.gave_up is not None:
-            say(console, (f"{r.server}", "bold"), f" gave up at attempt {r.attempt}: "
-                 f"{r.gave_up}")
+            when = "before launching" if r.gave_up_before_launch else f"at attempt {r.attempt}"
+            say(console, (f"{r.server}", "bold"), f" gave up {when}: {r.gave_up}")
 
 
 def status(
@@ -124,7 +124,8 @@ def status(
 ) -> None:
     """Per server: state, endpoint, attempt, restarts, params and age (like `kubectl get`).
 
-    STATE is starting, ready, unhealthy, exited (N), gave up, not started or unreachable; an
+    STATE is starting, ready, unhealthy, stopped (on request: `down`, `up --stop-on-exit`;
+    AGE is then how long it ran), exited (N), gave up, not started or unreachable; an
     unreachable host's error is printed under the table. RESTARTS counts the failed attempts
     before the newest one (from the attempt ledger).
 
@@ -294,9 +295,11 @@ def _print_description(d: inspection.Description) -> None:
     field("Attempt", st.attempt)
     field("Restarts", st.restarts)
     field("PID", st.pid)
-    field("Phase", st.phase)
+    stopped = st.state == "stopped"
+    field("Phase", f"{st.phase} (when stopped)" if stopped and st.phase else st.phase)
     field("Started", inspection.iso(st.started_at))
-    field("Age", dur(st.age_s))
+    field("Stopped", inspection.iso(st.ended_at))
+    field("Ran for" if stopped else "Age", dur(st.age_s))
     field("Ready after", None if d.ready_s is None else to_ready(d.ready_s))
     field("Params", short_params(st.params))
     field("Run dir", st.run_dir)

@@ -262,9 +262,13 @@ def gave_up_message(
     # The params of the last attempt in the history, "auto" filled from its failure's numbers.
     params = _params(event.history[-1].params if event.history else None,
                      last.numbers if last is not None else None)
-    last_no = _attempt_no(event.attempt)
-    text = f"[FIRING] {title} on {info.host} ({info.model}) after {event.attempts} attempt(s)"
-    text += f" (last {last_no})"
+    text = f"[FIRING] {title} on {info.host} ({info.model})"
+    if event.attempts:
+        last_no = _attempt_no(event.attempt)
+        text += f" after {event.attempts} attempt(s) (last {last_no})"
+    else:  # in preflight: ``attempt`` is an earlier run's, not one this give-up launched
+        last_no = "none (gave up before launching)"
+        text += " before launching"
     text += f": {reason}"
     if evidence:
         text += f". Last evidence: {evidence[-1]}"
@@ -285,7 +289,8 @@ def gave_up_message(
         if snippet:
             code = slack_escape(snippet).replace("```", "'''")
             blocks.append(_section(f"*Config change*\n```{code}```"))
-    return _message(server, Kind.GAVE_UP, text, blocks, origin, event.attempt)
+    return _message(server, Kind.GAVE_UP, text, blocks, origin,
+                    event.attempt if event.attempts else None)  # no log of its own: none
 
 
 _CONFIG_CHANGE = " Config change:\n"  # sglang.classify puts a prescribed fix's TOML after it

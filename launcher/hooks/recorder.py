@@ -28,7 +28,7 @@ from launcher.errors import StateError
 from launcher.memory.calibration import CostGuess, ObservationKey, guess_of
 from launcher.params import LaunchParams
 from launcher.sglang.observed import Observed, speculative_key
-from launcher.store.ledger import Ledger, ObservationContext
+from launcher.store.ledger import GiveUp, Ledger, ObservationContext
 from launcher.supervise import events
 
 __all__ = ["LedgerRecorder"]
@@ -42,7 +42,7 @@ _Write = Callable[[Ledger], None]
 _Item = tuple[str, str, _Write] | anyio.Event  # (server, hook event, write), or a flush mark
 _RECORDED = (
     events.AttemptStarted, events.AttemptFailed, events.AttemptEnded, events.ServerReady,
-    events.ServerAdopted,
+    events.ServerAdopted, events.ServerGaveUp,
 )
 
 
@@ -53,7 +53,8 @@ class LedgerRecorder:
     ``attempt_adopted``; ``attempt.failed`` → ``attempt_finished`` at once (so a daemon that
     dies while cleaning up still has the outcome); ``attempt.ended`` → ``attempt_finished``
     with the log tail (evidence from the event, else from its ``attempt.failed``);
-    ``server.ready`` → ``server_ready`` (its ``attempt``, its ``attempt_seconds``). Other
+    ``server.ready`` → ``server_ready`` (its ``attempt``, its ``attempt_seconds``);
+    ``server.gave_up`` → ``server_gave_up`` (`status` shows a give-up in preflight). Other
     events are ignored. Timestamps the events do not carry come from ``clock`` at the call.
 
     Observations: an ``attempt.ended`` whose ``numbers`` show any cost figure also records
@@ -216,6 +217,9 @@ class LedgerRecorder:
                 return lambda ledger: ledger.server_ready(
                     server, fp, params, seconds, attempt, at=now, attempts=count,
                 )
+            case events.ServerGaveUp(attempt=attempt, attempts=count, reason=reason):
+                give_up = GiveUp(server, attempt, count, reason, now)
+                return lambda ledger: ledger.server_gave_up(give_up)
             case events.AttemptStarted(attempt=attempt, params=params):
                 if event.estimate is not None:
                     self._estimates[(server, attempt)] = event.estimate

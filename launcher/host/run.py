@@ -48,7 +48,7 @@ import math
 import re
 import secrets
 import shlex
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Collection
 from dataclasses import dataclass, field
 
 import anyio
@@ -891,6 +891,28 @@ async def latest_attempt(transport: Transport, run_dir: str, server: str) -> int
     """The highest attempt number on the host for ``server`` (0 if none)."""
     _, attempts = await _list_attempts(transport, run_dir, server)
     return max((a for a, _, _ in attempts), default=0)
+
+
+async def ended_attempts(
+    transport: Transport, run_dir: str, server: str, attempts: Collection[int],
+) -> list[tuple[RunHandle, int]]:
+    """Those of ``attempts`` of ``server`` whose server has ended and whose wrapper recorded
+    its exit status, as (handle, exit status), oldest first: one listing, then one read of
+    each such attempt's small files. An attempt still running, one without a recorded status
+    (its wrapper died too, the host rebooted) and one not on the host are left out."""
+    wanted = set(attempts)
+    if not wanted:
+        return []
+    directory, listed = await _list_attempts(transport, run_dir, server)
+    found = []
+    for number, alive, pid in sorted(listed):
+        if number not in wanted or alive:
+            continue
+        handle = RunHandle(server, number, f"{directory}/{number}", pid or 0)
+        status = bounded_int((await attempt_files(transport, handle)).get("exit_status", ""))
+        if status is not None:
+            found.append((handle, status))
+    return found
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,19 @@ class NotifyState:
 
 
 @dataclass(frozen=True)
+class GiveUp:
+    """A server's last give-up: the newest attempt number it had then (``attempt``; a later
+    attempt makes it old news), how many attempts that supervision made (0: it gave up
+    before launching, in preflight), why, and when."""
+
+    server: str
+    attempt: int
+    attempts: int
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True)
 class SharedRow:
     """One row of the ledger's shared parts (``Ledger.shared_rows``): what a new active box
     needs of the old one's ledger (docs/ha.md). ``kind`` is ``last_good`` (``key``: the
@@ -320,6 +333,17 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # One start-up seen by two boxes (the new active adopted it) counts once: by attempt.
         "CREATE INDEX shared_observations_by_attempt ON shared_observations (server, attempt)",
         "CREATE INDEX observations_by_attempt ON observations (server, attempt)",
+    ),
+    (
+        # Each server's last give-up (GiveUp): one in preflight leaves no attempt behind, so
+        # `launcher status` reads it here.
+        """CREATE TABLE give_ups (
+            server TEXT PRIMARY KEY,
+            attempt INTEGER NOT NULL,
+            attempts INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            at REAL NOT NULL
+        )""",
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -520,6 +544,18 @@ class Ledger:
                  _to_json(p.extras())),
             )
 
+    def attempt_stopped(self, server: str, attempt: int, *, ended_at: float) -> bool:
+        """Record that ``attempt`` of ``server`` was stopped on request (`launcher down`):
+        its row's outcome becomes ``stopped`` (the word ``up --stop-on-exit`` records), ended
+        at ``ended_at``; what the row knew of the attempt (phase, numbers, evidence, time to
+        ready) stays. Returns False, recording nothing, when the ledger has no such row."""
+        with self._writing("attempt_stopped") as conn:
+            return conn.execute(
+                """UPDATE attempts SET outcome = 'stopped', ended_at = ?
+                   WHERE server = ? AND attempt = ?""",
+                (ended_at, server, attempt),
+            ).rowcount > 0
+
     def server_ready(
         self, server: str, fingerprint: str, params: LaunchParams, seconds: float | None,
         attempt: int, *, at: float | None = None, attempts: int | None = None,
@@ -567,6 +603,27 @@ class Ledger:
                 (fingerprint, server, params.mem_fraction_static, params.cuda_graph_max_bs,
                  now, attempt if attempts is None else attempts, _to_json(params.extras())),
             )
+
+    def server_gave_up(self, give_up: GiveUp) -> None:
+        """Record ``give_up`` as its server's last give-up (replacing the one before)."""
+        with self._writing("server_gave_up") as conn:
+            conn.execute(
+                """INSERT INTO give_ups (server, attempt, attempts, reason, at)
+                   VALUES (?, ?, ?, ?, ?)
+                   ON CONFLICT (server) DO UPDATE SET attempt = excluded.attempt,
+                       attempts = excluded.attempts, reason = excluded.reason,
+                       at = excluded.at""",
+                (give_up.server, give_up.attempt, give_up.attempts, give_up.reason,
+                 give_up.at),
+            )
+
+    def last_give_up(self, server: str) -> GiveUp | None:
+        """``server``'s last give-up, or None."""
+        with self._reading() as conn:
+            row = conn.execute(
+                "SELECT server, attempt, attempts, reason, at FROM give_ups WHERE server = ?",
+                (server,)).fetchone()
+        return None if row is None else GiveUp(*row)
 
     def save_notify_state(self, state: NotifyState) -> None:
         """Insert or replace the notifier's state of (``state.server``, ``state.kind``)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,11 +20,21 @@ import pytest
 from launcher.cli import app, inspection
 from launcher.host import run
 from launcher.host.transport.local import LocalTransport
+from tests.cli.test_cli import read_until, start_up
 from tests.cli.test_live_view import capture_oom
 from tests.simhost import free_port
 from tests.sshd import Sshd
 from tests.sshsim import FAST_POLICY, Site, kill_leftovers, server_entry
-from tests.supervise import REPO, SERVER, SimSetup, _toml, cli_argv, cli_env, run_cli
+from tests.supervise import (
+    REPO,
+    SERVER,
+    SimSetup,
+    _toml,
+    cli_argv,
+    cli_env,
+    json_lines,
+    run_cli,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -101,9 +112,11 @@ def test_status_wide_is_not_cut_when_piped(sim: SimSetup) -> None:
     run_cli("down", str(config))
 
 
-def test_status_shows_gave_up_and_exited(sim: SimSetup) -> None:
+def test_status_shows_gave_up_and_stopped(sim: SimSetup) -> None:
     """A server launcher gave up on reads "gave up" (the reason under the table), not
-    "exited"; one stopped by `down` reads "exited (137)". Both exit 3."""
+    "exited"; one stopped by `down` reads "stopped" (not the "exited (137)" of its shutdown):
+    the ledger closes its row as stopped, describe says when, and its age stays how long it
+    ran. Both exit 3."""
     config = sim.write_toml(capture_oom(sim, max_attempts=1))
     up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
     assert 4 == up.returncode, up.stderr
@@ -119,9 +132,29 @@ def test_status_shows_gave_up_and_exited(sim: SimSetup) -> None:
     (sim.run_dir / SERVER / "1" / "gave_up").unlink()  # the next `up` starts attempt 2
     assert 0 == run_cli("up", str(other), "--until-ready", "--log-format", "json").returncode
     assert 0 == run_cli("down", str(other)).returncode
+    assert 137 == int((sim.attempt_dir(2) / "exit_status").read_text())  # SGLang's own exit
     stopped = run_cli("status", str(other))
     assert 3 == stopped.returncode
-    assert ["exited (137)", "127.0.0.1:" + str(sim.port), "2"] == table(stopped.stdout)[1][2:5]
+    # RESTARTS: attempt 1 failed; the stop of attempt 2 is not a failure
+    assert ["stopped", "127.0.0.1:" + str(sim.port), "2", "1"] == table(stopped.stdout)[1][2:6]
+    [data] = json.loads(run_cli("status", str(other), "--json").stdout)
+    assert ("stopped", 2) == (data["state"], data["attempt"])
+    assert data["ended_at"].endswith("Z") and data["ended_at"] >= data["started_at"]
+    ran = data["age_s"]
+    history = run_cli("history", str(other), SERVER, "--json")
+    assert "stopped" == json.loads(history.stdout)[0]["outcome"], history.stdout
+
+    time.sleep(1.5)
+    described = run_cli("describe", str(other), SERVER)
+    text = described.stdout
+    fields = {line.split(":", 1)[0]: line.split(":", 1)[1].strip()
+              for line in text.splitlines() if not line.startswith(" ") and ": " in line}
+    assert ("stopped", "ready (when stopped)", data["ended_at"]) == (
+        fields["State"], fields["Phase"], fields["Stopped"]), text
+    assert "Age" not in fields and fields["Ran for"], text
+    assert "attempt 2 stopped" in text
+    [again] = json.loads(run_cli("status", str(other), "--json").stdout)
+    assert ran == again["age_s"]  # frozen: not growing as if it still ran
 
 
 def test_unreachable_host_error_goes_under_the_table(sim: SimSetup) -> None:
@@ -292,13 +325,14 @@ def test_status_watch_prints_each_change(sim: SimSetup) -> None:
         assert " ready " in lines[1], lines
         assert 0 == run_cli("down", str(config)).returncode
         lines = []
-        while not lines or " exited (137) " not in lines[-1]:
+        while not lines or " stopped " not in lines[-1]:
             lines.append(watch.stdout.readline())
             assert lines[-1], lines  # not EOF
         time.sleep(1.0)  # some more looks, all alike
         # Each change is one table (header, row, blank): a stopping server may pass through
-        # "unhealthy" on its way to "exited (137)", and nothing else is printed.
-        assert lines[-2].startswith("NAME ") and len(lines) <= 3 * 2 - 1, lines
+        # "unhealthy" and "exited (137)" (down records the stop once it is done) on its way
+        # to "stopped", and nothing else is printed.
+        assert lines[-2].startswith("NAME ") and len(lines) <= 3 * 3 - 1, lines
         watch.send_signal(signal.SIGINT)
         assert 3 == watch.wait(30)
         assert "" == watch.stdout.read().strip()  # nothing printed for the looks alike
@@ -375,4 +409,79 @@ def test_status_of_a_ready_server_failing_health_is_unhealthy(sim: SimSetup) -> 
     assert 3 == result.returncode, result.stderr
     assert ("unhealthy", True, True, False) == (
         row["state"], row["running"], row["ready"], row["healthy"])
+    run_cli("down", str(config))
+
+
+def test_up_closes_an_attempt_that_ended_unsupervised(sim: SimSetup) -> None:
+    """`up` stopped while attempt 1 loads leaves it running and its ledger row open; the
+    attempt then fails alone (a capture OOM). The next `up` closes that row with the verdict
+    on its log (not "running" forever), so `history` says what happened and RESTARTS counts
+    it."""
+    data = capture_oom(sim)
+    slow = [{"kind": "slow", "phase": "weights", "factor": 4}]
+    data["servers"][0]["env"]["SGLANG_SIM_FAULTS"] = str(sim.host.write_faults(slow))
+    config = sim.write_toml(data)
+    proc = start_up(config)
+    try:
+        read_until(proc, '"phase": "weights"')
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert 0 == proc.returncode and "left running: sim0" in stderr, stderr
+    deadline = time.monotonic() + 60
+    while not (sim.attempt_dir(1) / "exit_status").exists():  # it dies on its own
+        assert time.monotonic() < deadline, sim.log(1)[-2000:]
+        time.sleep(0.2)
+    [open_row] = json.loads(run_cli("history", str(config), SERVER, "--json").stdout)
+    assert (1, None) == (open_row["attempt"], open_row["outcome"])
+
+    again = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+
+    assert 0 == again.returncode, again.stderr
+    closed = [e for e in json_lines(again.stdout) if e.get("event") == "ledger.attempt_closed"]
+    assert [(1, "oom_graph_capture")] == [(e["attempt"], e["outcome"]) for e in closed]
+    rows = {r["attempt"]: r for r in json.loads(
+        run_cli("history", str(config), SERVER, "--json").stdout)}
+    assert ("oom_graph_capture", "cuda_graph") == (rows[1]["outcome"], rows[1]["phase"])
+    assert rows[1]["ended_at"] is not None
+    assert "ready" == rows[max(rows)]["outcome"]
+    [status] = json.loads(run_cli("status", str(config), "--json").stdout)
+    # every attempt before the newest failed: attempt 1 (unsupervised) and 2
+    assert (max(rows), max(rows) - 1) == (status["attempt"], status["restarts"])
+    run_cli("down", str(config))
+
+
+def test_a_give_up_in_preflight_reads_gave_up_before_launching(sim: SimSetup) -> None:
+    """`up` refused in preflight (its port held by launcher's own user) launches nothing:
+    status still reads "gave up" (not the previous attempt's "stopped"), the reason under the
+    table says it gave up before launching, and the Slack text names no earlier attempt as
+    its last. Once an attempt runs again the give-up is old news."""
+    config = sim.write_toml(quick(sim))
+    assert 0 == run_cli("up", str(config), "--until-ready", "--log-format", "json").returncode
+    assert 0 == run_cli("down", str(config)).returncode
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the server's TIME_WAIT
+        holder.bind(("127.0.0.1", sim.port))
+        holder.listen()
+        up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+        assert 4 == up.returncode, up.stderr
+        result = run_cli("status", str(config))
+    assert [1] == sim.attempts()
+
+    assert 3 == result.returncode
+    assert ["gave up", f"127.0.0.1:{sim.port}", "1"] == table(result.stdout)[1][2:5]
+    assert result.stderr.startswith(
+        f"{SERVER} gave up before launching: preflight: port {sim.port} is already in use"), (
+        result.stderr)
+    [data] = json.loads(run_cli("status", str(config), "--json").stdout)
+    assert ("gave up", True) == (data["state"], data["gave_up_before_launch"])
+    assert "before launching" in up.stdout + up.stderr
+    assert "attempt(s) (last #1)" not in up.stdout + up.stderr
+
+    assert 0 == run_cli("up", str(config), "--until-ready", "--log-format", "json").returncode
+    [again] = json.loads(run_cli("status", str(config), "--json").stdout)
+    assert ("ready", 2, None) == (again["state"], again["attempt"], again["gave_up"])
     run_cli("down", str(config))

@@ -268,6 +268,21 @@ async def test_gave_up_message_has_reason_ledger_evidence_and_advice(
     assert "*Params*\n`mem_fraction_static=0.500 cuda_graph_max_bs=1`" in fields
 
 
+async def test_a_give_up_before_launching_names_no_earlier_attempt(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """A give-up in preflight (no attempt launched; ``attempt`` is an earlier run's) says
+    "before launching", not "after 0 attempt(s) (last #7)", and points at no log."""
+    reason = "preflight: port 30000 is already in use on gpu1 (uid 0 (root), pid 10 (python3))"
+    gave_up = {"reason": reason, "attempt": 7, "attempts": 0, "history": []}
+    await deliver(make(sink, client, FakeClock()), [("llama", "server.gave_up", gave_up)])
+    body = sink.wait_for(1)[0].json()
+    assert (
+        "[FIRING] llama gave up on gpu1 (meta-llama/Llama-3.1-70B-Instruct) before launching: "
+        + reason) == body["text"]
+    assert "#7" not in json.dumps(body) and "*Logs*" not in json.dumps(body)
+
+
 async def test_gave_up_shows_a_prescribed_fix_as_a_config_block(
     sink: HttpSink, client: httpx.AsyncClient
 ) -> None:

@@ -30,6 +30,7 @@ from launcher.store.ledger import (
     LOG_TAIL_LIMIT,
     SCHEMA_VERSION,
     AttemptRow,
+    GiveUp,
     Ledger,
     NotifyState,
     fingerprint,
@@ -68,7 +69,7 @@ def test_new_ledger_is_migrated_to_the_current_schema(tmp_path: Path) -> None:
     conn = _raw(path)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"attempts", "last_good", "notify_state", "observations", "ledger_meta",
-            "shared_observations"} == tables
+            "shared_observations", "give_ups"} == tables
     assert SCHEMA_VERSION == conn.execute("PRAGMA user_version").fetchone()[0]
     assert "wal" == conn.execute("PRAGMA journal_mode").fetchone()[0]
 
@@ -293,6 +294,39 @@ def test_failure_after_ready_keeps_time_to_ready(ledger: Ledger) -> None:
                             evidence=["OOM"], log_tail="", ended_at=900.0)
     [row] = ledger.history()
     assert ("oom_runtime", 60.0, 900.0) == (row.outcome, row.seconds_to_ready, row.ended_at)
+
+
+def test_a_stop_closes_the_row_as_stopped_and_keeps_what_it_knew(ledger: Ledger) -> None:
+    """attempt_stopped (`launcher down`) closes a ready attempt as "stopped", ended at the
+    stop, with its phase and time to ready kept; an attempt the ledger never saw is left."""
+    ledger.attempt_started("llama", "fp1", 1, P1, 0.0)
+    ledger.server_ready("llama", "fp1", P1, 60.0, 1, at=60.0)
+    assert ledger.attempt_stopped("llama", 1, ended_at=500.0)
+    assert not ledger.attempt_stopped("llama", 9, ended_at=500.0)
+    [row] = ledger.history()
+    assert ("stopped", "ready", 60.0, 500.0) == (
+        row.outcome, row.phase, row.seconds_to_ready, row.ended_at)
+
+
+def test_a_give_up_is_kept_per_server_the_newest_winning(tmp_path: Path) -> None:
+    """server_gave_up keeps each server's last give-up (a later one replaces it), across a
+    reopen; a server that never gave up has none. The recorder files ``server.gave_up``."""
+    path = tmp_path / "ledger.sqlite3"
+    with Ledger(path) as ledger:
+        ledger.server_gave_up(GiveUp("llama", 3, 3, "gave up after 3 attempts", 10.0))
+        ledger.server_gave_up(GiveUp("llama", 3, 0, "preflight: port 30000 taken", 20.0))
+
+        async def record() -> None:
+            async with LedgerRecorder(ledger, {"qwen": "fp"}, clock=lambda: 30.0) as recorder:
+                recorder("qwen", ev.ServerGaveUp(reason="why", attempt=7, attempts=0,
+                                                 history=()))
+
+        anyio.run(record)
+    with Ledger(path) as ledger:
+        assert GiveUp("llama", 3, 0, "preflight: port 30000 taken", 20.0) == (
+            ledger.last_give_up("llama"))
+        assert GiveUp("qwen", 7, 0, "why", 30.0) == ledger.last_give_up("qwen")
+        assert None is ledger.last_give_up("other")
 
 
 # --- fingerprint -------------------------------------------------------------------------
