@@ -7,7 +7,7 @@ Exit codes (the README's table; systemd/launcher@.service relies on them):
 - 0 (EXIT_OK): done. `up`: stopped by SIGTERM/SIGINT, whether or not some server gave up,
   or `--until-ready` with every server ready. `status`: every server running and ready.
 - 1 (EXIT_ERROR): an unexpected error (a bug, an unusable state directory, another `up` on
-  the same state directory). `check`, `down` and `diagnose` also use it for "problems found",
+  the same state directory, which `up` and `down` refuse; a `down` still on it, for `up`). `check`, `down` and `diagnose` also use it for "problems found",
   `describe` for a host that could not be asked.
 - 2 (EXIT_USAGE): a config or command-line error found before anything started (bad values,
   no servers configured, a malformed Slack webhook URL, an unreadable log for `diagnose`).

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from launcher.store.lock import DOWN, StateLock
 from tests.simhost import free_port, model_dir
 from tests.supervise import (
     SERVER,
@@ -366,3 +367,40 @@ def test_diagnose_advises_the_seed_oom_from_the_failing_pass() -> None:
     nxt = data["next_params"]
     assert nxt["mem_fraction_static"] <= 0.70 - 5.2 / 93.4 and 32 == nxt["cuda_graph_max_bs"]
     assert "draft_extend" == data["numbers"]["graph_pass"]
+
+
+def test_down_refuses_while_up_supervises_and_force_stops_anyway(sim: SimSetup) -> None:
+    """`down` while a `launcher up` holds the state lock: exit 1, nothing stopped, one error
+    naming that `up`'s pid and both fixes; `down --force` stops the server anyway."""
+    config = sim.write_toml(quick_server(sim))
+    with start_up(config) as holder:
+        try:
+            read_until(holder, '"server.ready"')
+            refused = run_cli("down", str(config))
+            assert sim.alive(1)
+            forced = run_cli("down", str(config), "--force")
+        finally:
+            holder.send_signal(signal.SIGTERM)
+            holder.wait(timeout=30)
+
+    assert 1 == refused.returncode, refused.stdout + refused.stderr
+    assert f"another `launcher up` (pid {holder.pid}) supervises" in refused.stderr
+    assert "stop that `launcher up` first" in refused.stderr
+    assert "launcher down --force" in refused.stderr
+    assert "stopped" not in refused.stdout
+    assert 0 == forced.returncode, forced.stdout + forced.stderr
+    assert f"{SERVER}: stopped (pid {sim.pid(1)}" in forced.stdout
+
+
+def test_up_while_down_runs_names_the_down(sim: SimSetup) -> None:
+    """`down` holds the state lock while it stops servers: an `up` started meanwhile is
+    refused, and its error says a `launcher down` holds the directory, not another `up`."""
+    config = sim.write_toml(quick_server(sim))
+    with StateLock(sim.state_dir, DOWN):
+        up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+
+    assert [] == sim.attempts()
+    assert 1 == up.returncode, up.stdout + up.stderr
+    assert f"another `launcher down` is running on this state directory (pid {os.getpid()})" in (
+        up.stderr)
+    assert "wait for it to finish" in up.stderr

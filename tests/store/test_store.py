@@ -385,7 +385,7 @@ def test_state_lock_creates_a_private_dir_and_writes_our_pid(tmp_path: Path) -> 
     with StateLock(state) as lock:
         assert lock.held
         assert 0o700 == stat.S_IMODE(state.stat().st_mode)
-        assert f"{os.getpid()}\n" == (state / LOCK_FILENAME).read_text()
+        assert f"{os.getpid()}\nlauncher up\n" == (state / LOCK_FILENAME).read_text()
     assert not lock.held
     assert "" == (state / LOCK_FILENAME).read_text()
 
@@ -418,7 +418,7 @@ def test_state_lock_is_freed_when_its_holder_is_killed(tmp_path: Path) -> None:
     child.communicate(timeout=10)
     assert -signal.SIGKILL == child.returncode
     with StateLock(state):
-        assert f"{os.getpid()}\n" == (state / LOCK_FILENAME).read_text()
+        assert f"{os.getpid()}\nlauncher up\n" == (state / LOCK_FILENAME).read_text()
 
 
 def test_state_lock_refuses_a_second_holder_in_the_same_process(tmp_path: Path) -> None:
