@@ -7,8 +7,9 @@ Exit codes (the README's table; systemd/launcher@.service relies on them):
 - 0 (EXIT_OK): done. `up`: stopped by SIGTERM/SIGINT, whether or not some server gave up,
   or `--until-ready` with every server ready. `status`: every server running and ready.
 - 1 (EXIT_ERROR): an unexpected error (a bug, an unusable state directory, another `up` on
-  the same state directory, which `up` and `down` refuse; a `down` still on it, for `up`). `check`, `down` and `diagnose` also use it for "problems found",
-  `describe` for a host that could not be asked.
+  the same state directory, which `up` and `down` refuse; a `down` still on it, for `up`).
+  `check`, `down` and `diagnose` also use it for "problems found", `describe` for a host
+  that could not be asked.
 - 2 (EXIT_USAGE): a config or command-line error found before anything started (bad values,
   no servers configured, a malformed Slack webhook URL, an unreadable log for `diagnose`).
 - 3 (EXIT_NOT_READY): `status`: some configured server is not running and ready.
@@ -187,8 +188,11 @@ def _setup(
         "--version", is_eager=True, callback=_print_version,
         help="Print launcher's version and exit.")] = False,
 ) -> None:
-    """Commands other than `up` log warnings only, to stderr; `up` reconfigures."""
-    configure("console", stream=sys.stderr, level=logging.WARNING)
+    """Commands other than `up` log warnings only, to stderr; `up` reconfigures. An SSH
+    connection's retries are not shown: the command reports the host unreachable itself
+    once they are spent (a raw event line is for `up`'s log, not a person's terminal)."""
+    configure("console", stream=sys.stderr, level=logging.WARNING,
+              drop=frozenset({"ssh.connect_retry"}))
 
 
 def say(console: Console, *parts: str | tuple[str, str]) -> None:
