@@ -47,6 +47,7 @@ from launcher.config.schema import (
     Config,
     ServerConfig,
     SlackConfig,
+    resolve_secret_env,
 )
 from launcher.errors import (
     ConfigError,
@@ -278,6 +279,26 @@ def select_servers(config: Config, names: list[str] | None) -> list[ServerConfig
     if not names:
         return list(config.servers)
     return [config.server(n) for n in names]
+
+
+def secrets_of(config_path: Path | None, config: Config,
+               servers: list[ServerConfig]) -> dict[str, dict[str, str]]:
+    """Each server's ``secret_env`` values by server name (``resolve_secret_env``). Error
+    handling: one ConfigError for every secret that cannot be read, headed with the config
+    file and naming servers by their index (``servers[0].secret_env.HF_TOKEN``), as the
+    config's other errors are; values never appear."""
+    values: dict[str, dict[str, str]] = {}
+    problems: list[str] = []
+    for s in servers:
+        try:
+            values[s.name] = resolve_secret_env(s)
+        except ConfigError as exc:
+            i = next(i for i, c in enumerate(config.servers) if c.name == s.name)
+            problems += [p.replace(f"servers[{s.name}].", f"servers[{i}].", 1)
+                         for p in exc.problems]
+    if problems:
+        raise ConfigError(problems, source=str(config_path or "config"))
+    return values
 
 
 def labelled(params: str) -> str:

@@ -404,3 +404,23 @@ def test_up_while_down_runs_names_the_down(sim: SimSetup) -> None:
     assert f"another `launcher down` is running on this state directory (pid {os.getpid()})" in (
         up.stderr)
     assert "wait for it to finish" in up.stderr
+
+
+@pytest.mark.parametrize("command", ["plan", "check", "up"])
+def test_an_unreadable_secret_is_the_same_config_error_everywhere(
+    sim: SimSetup, command: str
+) -> None:
+    """A secret_env reference that cannot be read: `plan` (the dry run), `check` and `up` all
+    exit 2 with one config error headed with the config file and naming the server by its
+    index, as the config's other errors are; nothing is launched."""
+    data = quick_server(sim, server={"secret_env": {"HF_TOKEN": "env:NO_SUCH_VAR_XYZ"}})
+    config = sim.write_toml(data)
+
+    result = run_cli(command, str(config))
+
+    assert 2 == result.returncode, result.stdout + result.stderr
+    assert result.stderr.startswith(f"ConfigError: {config}: 1 problem(s):\n"
+                                    "  servers[0].secret_env.HF_TOKEN: environment variable "
+                                    "NO_SUCH_VAR_XYZ is not set on this machine"), result.stderr
+    assert "***" not in result.stdout
+    assert [] == sim.attempts()
