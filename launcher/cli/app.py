@@ -11,7 +11,8 @@ Exit codes (the README's table; systemd/launcher@.service relies on them):
   `check`, `down` and `diagnose` also use it for "problems found", `describe` for a host
   that could not be asked.
 - 2 (EXIT_USAGE): a config or command-line error found before anything started (bad values,
-  no servers configured, a malformed Slack webhook URL, an unreadable log for `diagnose`).
+  no servers configured, a malformed Slack webhook URL, an unreadable or binary log for
+  `diagnose`).
 - 3 (EXIT_NOT_READY): `status`: some configured server is not running and ready.
 - 4 (EXIT_GAVE_UP): `up`: every server gave up, so nothing is left to supervise
   (`--until-ready`: some server gave up). systemd does not restart on it.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -244,7 +245,39 @@ def test_diagnose_prints_the_failure_of_a_sim_log_as_json(sim: SimSetup) -> None
         numbers["total_gib"], numbers["mem_fraction_static"], numbers["cuda_graph_max_bs"])
     assert any("Capture cuda graph failed" in line for line in data["evidence"])
     assert data["next_params"]["mem_fraction_static"] < 0.99
-    assert "Next attempt:" in data["advice"]
+    assert re.search(r"\w\. Next attempt: mem_fraction_static=", data["advice"]), data["advice"]
+
+    piped = subprocess.run(cli_argv("diagnose", "-", "--json", "--exit-status", "137"),
+                           input=output, env=cli_env(), capture_output=True, text=True,
+                           timeout=60)
+    assert 1 == piped.returncode, piped.stderr
+    assert data == json.loads(piped.stdout)
+
+
+def test_diagnose_of_an_empty_or_binary_log(tmp_path: Path) -> None:
+    """An empty log says so, with no guess (exit 1, as for a problem found); a file of random
+    bytes is refused as not a text log (exit 2); a log with a few bytes that are not UTF-8
+    shows them as \\xNN, so nothing raw reaches the terminal."""
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"\n \n")
+    binary = tmp_path / "binary.log"
+    binary.write_bytes(bytes(range(256)) * 16)
+    mixed = tmp_path / "mixed.log"
+    mixed.write_bytes(b"[2026-12-01 17:02:03] Load weight begin\n"
+                      b"RuntimeError: CUDA error: out of memory \xff\xfe\x1b[2J\n")
+
+    nothing = run_cli("diagnose", str(empty))
+    refused = run_cli("diagnose", str(binary))
+    shown = run_cli("diagnose", str(mixed))
+
+    assert 1 == nothing.returncode
+    assert f"{empty}: the log is empty: nothing to diagnose" in nothing.stderr
+    assert "" == nothing.stdout
+    assert 2 == refused.returncode
+    assert refused.stderr.startswith(f"UsageError: {binary}: not a text log"), refused.stderr
+    assert "" == refused.stdout
+    assert "\\xff\\xfe\\x1b[2J" in shown.stdout, shown.stdout
+    assert "\ufffd" not in shown.stdout and "\x1b" not in shown.stdout
 
 
 def test_plan_json_masks_secrets(sim: SimSetup) -> None:
