@@ -147,7 +147,11 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
     policy = config.policy_for(server.name)
     mode = policy.initial
     choosing = warm is None and wants_estimate(mode, configured)
-    if not choosing and not always_estimate:
+    # Both params configured: the estimate chooses nothing, but still refuses a server that no
+    # setting can fit (weights alone beyond the GPUs), which would load its weights and fail.
+    # initial = "configured" opts out of the estimate altogether.
+    checking = warm is None and mode != "configured"
+    if not (choosing or checking or always_estimate):
         if warm is not None:
             return Planned(warm[0], warm[1], "ledger")
         return Planned(configured, configured_reason, "configured")
@@ -192,23 +196,32 @@ async def plan_first_attempt(config: Config, server: ServerConfig, transport: Tr
 
     if warm is not None:
         return learnt(Planned(warm[0], warm[1], "ledger", est, choice, facts=facts))
+    if not choice.feasible and mode != "configured":
+        # Refuse only what no wait can fix: with the GPUs empty, does a setting fit? If so,
+        # the preflight waits for the other processes as it always did. Configured params
+        # are the operator's: they get no margin, only what must fit at all.
+        empty = replace(facts, gpus=[replace(g, other_used_gib=0.0) for g in facts.gpus])
+        if choosing and not any(g.other_used_gib > 0 for g in facts.gpus):
+            fits_empty = False
+        else:
+            fits_empty = choose(
+                empty.estimate(coeffs), configured,
+                margin=policy.estimate_margin if choosing else 0.0,
+                override=mode == "estimate").feasible
+        if not fits_empty:
+            return learnt(Planned(configured, choice.reason, "estimate", est, choice,
+                                  refused=True, facts=facts))
+        if choosing:
+            why = ("configured params (the estimate fits only once other processes free "
+                   f"their GPU memory: {choice.reason})")
+            return learnt(Planned(configured, why, "configured", est, choice, facts=facts))
     if not choosing:  # [policy] initial = "configured", or both params set
-        why = choice.reason  # it starts "configured ... kept"
+        why = choice.reason  # it starts "configured ... kept", unless nothing fits
+        if not choice.feasible:
+            why = f"configured params kept ({why})"
         if configured_reason != _CONFIGURED:
             why = f"{configured_reason}; {why}"
         return learnt(Planned(configured, why, "configured", est, choice, facts=facts))
-    if not choice.feasible:
-        if any(g.other_used_gib > 0 for g in facts.gpus):
-            # Refuse only what no wait can fix: with the GPUs empty, does a setting fit? If so,
-            # the preflight waits for the other processes as it always did.
-            empty = replace(facts, gpus=[replace(g, other_used_gib=0.0) for g in facts.gpus])
-            if choose(empty.estimate(coeffs), configured, margin=policy.estimate_margin,
-                      override=mode == "estimate").feasible:
-                why = ("configured params (the estimate fits only once other processes free "
-                       f"their GPU memory: {choice.reason})")
-                return learnt(Planned(configured, why, "configured", est, choice, facts=facts))
-        return learnt(Planned(configured, choice.reason, "estimate", est, choice,
-                              refused=True, facts=facts))
     return learnt(Planned(choice.params, choice.reason, "estimate", est, choice, facts=facts))
 
 

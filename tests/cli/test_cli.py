@@ -330,7 +330,9 @@ def test_history_warm_start_and_state_lock(sim: SimSetup) -> None:
     run_cli("down", str(config))
     fresh = run_cli("up", str(config), "--until-ready", "--log-format", "json", "--fresh")
     initial = next(e for e in events(fresh.stdout) if e["event"] == "params.initial")
-    assert "fresh start requested: configured params" == initial["reason"]
+    assert initial["reason"].startswith(
+        "fresh start requested: configured params; configured mem_fraction_static=0.800 "
+        "cuda_graph_max_bs=8 kept (expected to fit"), initial["reason"]
 
 
 REAL_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "real_logs"

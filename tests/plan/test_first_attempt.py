@@ -199,6 +199,54 @@ def test_nothing_fits_refuses_to_launch_unless_forced(sim: SimSetup) -> None:
     assert sim.attempts() and "estimate.forced" in forced.stdout
 
 
+def test_nothing_fits_refuses_configured_params_too_unless_initial_is_configured(
+        sim: SimSetup) -> None:
+    """Both params configured (the demo's 0.99 / 256) on one GPU the weights alone exceed:
+    no setting can fit, so `up` refuses as it does for the estimate's own choice (exit 5,
+    nothing launched) instead of loading 128 GiB of weights to fail. ``[policy] initial =
+    "configured"`` opts out of the estimate, and so of the refusal."""
+    data = sim.data(model="llama-70b-sim", tp=1, mem_fraction_static=0.99,
+                    cuda_graph_max_bs=256)
+    up = run_cli("up", str(sim.write_toml(data)), "--log-format", "json")
+    assert EXIT_WONT_FIT == up.returncode, up.stderr + up.stdout[-2000:]
+    assert "weights alone need 128.40 GiB per GPU" in up.stderr
+    assert sim.attempts() == []
+
+    opted_out = sim.write_toml({**data, "policy": {"initial": "configured"}}, "optout.toml")
+    up = run_cli("up", str(opted_out), "--log-format", "json", timeout=90)
+    assert EXIT_GAVE_UP == up.returncode, up.stderr
+    assert sim.attempts() == [1] and "estimate.refused" not in up.stdout
+
+
+@pytest.mark.parametrize(("total_gib", "refused"), [(70.0, False), (66.0, True)])
+def test_configured_params_get_no_margin_only_what_must_fit(
+        tmp_path: Path, total_gib: float, refused: bool) -> None:
+    """llama-70b at tp2 with 0.95 / 256 configured and a 200 % margin. On 70 GiB GPUs no
+    fraction leaves that margin, but a setting fits without it: the operator's params are
+    launched, the reason giving the estimate's view. On 66 GiB GPUs weights + the minimum KV
+    pool + graphs at bs 1 exceed the memory: refused like the estimate's own choice."""
+    host = make_sim_host(tmp_path, gpu_count=2, gpu_total_gib=total_gib)
+    smi = [sys.executable, "-m", "launcher.sim.nvidia_smi"]
+    cfg = config_from_dict({
+        "state_dir": str(tmp_path / "state"),
+        "hosts": [{"name": "h", "transport": "local", "nvidia_smi": smi, "env": host.env}],
+        "policy": {"estimate_margin": 2.0},
+        "servers": [{"name": "s", "host": "h", "tp": 2, "gpus": [0, 1], "port": 30000,
+                     "model_path": str(model_dir("llama-70b-sim")), "sglang_version": "0.5.23",
+                     "mem_fraction_static": 0.95, "cuda_graph_max_bs": 256}],
+    }, environ={})
+    [s] = cfg.servers
+    planned = anyio.run(lambda: plan_first_attempt(
+        cfg, s, LocalTransport("h", host.env), "0.5.23", s.launch_params()))
+    assert planned.choice is not None and not planned.choice.feasible, planned.reason
+    assert (planned.refused, planned.params) == (refused, LaunchParams(0.95, 256))
+    if refused:
+        assert planned.reason.startswith("no setting fits: weights 64.20 GiB"), planned.reason
+    else:
+        assert planned.reason.startswith(
+            "configured params kept (no setting fits with the 200% margin"), planned.reason
+
+
 def test_plan_draws_a_bar_per_gpu_and_carries_memory_in_json(sim: SimSetup) -> None:
     config = sim.write_toml(_llama(sim))
     js = run_cli("plan", str(config), "--json")
