@@ -7,10 +7,12 @@ Exit codes (the README's table; systemd/launcher@.service relies on them):
 - 0 (EXIT_OK): done. `up`: stopped by SIGTERM/SIGINT, whether or not some server gave up,
   or `--until-ready` with every server ready. `status`: every server running and ready.
 - 1 (EXIT_ERROR): an unexpected error (a bug, an unusable state directory, another `up` on
-  the same state directory). `check`, `down` and `diagnose` also use it for "problems found",
-  `describe` for a host that could not be asked.
+  the same state directory, which `up` and `down` refuse; a `down` still on it, for `up`).
+  `check`, `down` and `diagnose` also use it for "problems found", `describe` for a host
+  that could not be asked.
 - 2 (EXIT_USAGE): a config or command-line error found before anything started (bad values,
-  no servers configured, a malformed Slack webhook URL, an unreadable log for `diagnose`).
+  no servers configured, a malformed Slack webhook URL, an unreadable or binary log for
+  `diagnose`).
 - 3 (EXIT_NOT_READY): `status`: some configured server is not running and ready.
 - 4 (EXIT_GAVE_UP): `up`: every server gave up, so nothing is left to supervise
   (`--until-ready`: some server gave up). systemd does not restart on it.
@@ -46,6 +48,7 @@ from launcher.config.schema import (
     Config,
     ServerConfig,
     SlackConfig,
+    resolve_secret_env,
 )
 from launcher.errors import (
     ConfigError,
@@ -187,8 +190,11 @@ def _setup(
         "--version", is_eager=True, callback=_print_version,
         help="Print launcher's version and exit.")] = False,
 ) -> None:
-    """Commands other than `up` log warnings only, to stderr; `up` reconfigures."""
-    configure("console", stream=sys.stderr, level=logging.WARNING)
+    """Commands other than `up` log warnings only, to stderr; `up` reconfigures. An SSH
+    connection's retries are not shown: the command reports the host unreachable itself
+    once they are spent (a raw event line is for `up`'s log, not a person's terminal)."""
+    configure("console", stream=sys.stderr, level=logging.WARNING,
+              drop=frozenset({"ssh.connect_retry"}))
 
 
 def say(console: Console, *parts: str | tuple[str, str]) -> None:
@@ -274,6 +280,26 @@ def select_servers(config: Config, names: list[str] | None) -> list[ServerConfig
     if not names:
         return list(config.servers)
     return [config.server(n) for n in names]
+
+
+def secrets_of(config_path: Path | None, config: Config,
+               servers: list[ServerConfig]) -> dict[str, dict[str, str]]:
+    """Each server's ``secret_env`` values by server name (``resolve_secret_env``). Error
+    handling: one ConfigError for every secret that cannot be read, headed with the config
+    file and naming servers by their index (``servers[0].secret_env.HF_TOKEN``), as the
+    config's other errors are; values never appear."""
+    values: dict[str, dict[str, str]] = {}
+    problems: list[str] = []
+    for s in servers:
+        try:
+            values[s.name] = resolve_secret_env(s)
+        except ConfigError as exc:
+            i = next(i for i, c in enumerate(config.servers) if c.name == s.name)
+            problems += [p.replace(f"servers[{s.name}].", f"servers[{i}].", 1)
+                         for p in exc.problems]
+    if problems:
+        raise ConfigError(problems, source=str(config_path or "config"))
+    return values
 
 
 def labelled(params: str) -> str:

@@ -21,13 +21,13 @@ from launcher.cli.app import (
     out,
     per_server,
     say,
+    secrets_of,
     select_servers,
     webhook_source,
 )
 from launcher.config.schema import (
     ServerConfig,
     SlackConfig,
-    resolve_secret_env,
 )
 from launcher.errors import (
     HostUnreachable,
@@ -44,7 +44,7 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     and ask the memory estimate whether `up` would refuse it; launch nothing."""
     config = guard(lambda: open_config(config_path))
     servers = guard(lambda: select_servers(config, server))
-    guard(lambda: [resolve_secret_env(s) for s in servers])
+    guard(lambda: secrets_of(config_path, config, servers))
     slack = config.slack or SlackConfig()
     webhook = guard(lambda: slack.webhook_url())
     check_webhook(slack, webhook)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +13,7 @@ import typer.core
 
 from launcher.cli.app import (
     JsonOpt,
+    err,
     fail,
     guard,
     out,
@@ -100,9 +103,26 @@ def _log_version(text: str) -> str:
     return "0.5.10" if any(mark in text for mark in _OLD_LOG_MARKS) else DEFAULT_VERSION
 
 
+def _sentence(text: str) -> str:
+    """``text`` ending with a full stop (or the stop it has), so that another sentence can
+    follow it."""
+    text = text.rstrip()
+    return text if not text or text[-1] in ".!?" else f"{text}."
+
+
+_NOT_TEXT = re.compile(r"[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _mostly_binary(raw: bytes) -> bool:
+    """More than a third of ``raw``'s characters are not text (not UTF-8, or control
+    characters other than tab, newline and carriage return): not a log."""
+    text = raw.decode("utf-8", errors="replace")
+    return len(_NOT_TEXT.findall(text)) * 3 > len(text)
+
+
 def diagnose(
-    logfile: Annotated[Path, typer.Argument(metavar="LOGFILE",
-                                            help="An SGLang log (or its tail).")],
+    logfile: Annotated[Path, typer.Argument(
+        metavar="LOGFILE", help="An SGLang log (or its tail); - reads it from stdin.")],
     as_json: JsonOpt = False,
     exit_status: Annotated[
         int | None, typer.Option("--exit-status", help="The process's exit status, if known.")
@@ -124,14 +144,25 @@ def diagnose(
     """Classify an SGLang start-up log: outcome, confidence, phase, evidence, advice."""
     given = guard(lambda: _parse_params(params))
     try:
-        text = logfile.read_bytes().decode("utf-8", errors="replace")
+        raw = sys.stdin.buffer.read() if str(logfile) == "-" else logfile.read_bytes()
     except OSError as exc:
         fail(
             UsageError(
                 f"{logfile}: cannot read: {exc.strerror}",
-                remedy="pass the path of an SGLang log file",
+                remedy="pass the path of an SGLang log file, or - to read it from stdin",
             )
         )
+    name = "stdin" if str(logfile) == "-" else str(logfile)
+    if not raw.strip():
+        say(err, f"{name}: the log is empty: nothing to diagnose (the server wrote nothing "
+            "yet, or this is not its log)")
+        raise typer.Exit(1)
+    if _mostly_binary(raw):
+        fail(UsageError(f"{name}: not a text log (most of its bytes are not text)",
+                        remedy="pass an SGLang log file"))
+    # Bytes that are not UTF-8 read as \xNN, as control characters are shown: the evidence
+    # quotes lines of the log, and nothing of them reaches the terminal raw.
+    text = raw.decode("utf-8", errors="backslashreplace")
     version = sglang_version or _log_version(text)
     diag = diagnose_text(text, exit_status, sglang_version=version)
     data = diag.as_dict()
@@ -142,17 +173,17 @@ def diagnose(
         if unknown:  # never invent them from assumed defaults
             data["next_params"] = None
             data["advice"] = (
-                f"{diag.advice} Next attempt: not computed, the log does not show "
+                f"{_sentence(diag.advice)} Next attempt: not computed, the log does not show "
                 f"{' and '.join(unknown)}; pass --params {unknown[0]}=..."
             )
         else:
             nxt = _policy_next(diag, launched, version)
             if isinstance(nxt, LaunchParams):
                 data["next_params"] = nxt.as_dict()
-                data["advice"] = f"{diag.advice} Next attempt: {nxt.describe()}."
+                data["advice"] = f"{_sentence(diag.advice)} Next attempt: {nxt.describe()}."
             else:
                 data["next_params"] = None
-                data["advice"] = f"{diag.advice} Policy: {nxt}"
+                data["advice"] = f"{_sentence(diag.advice)} Policy: {nxt}"
     observed = observed_bar(diag.numbers, diag.phase.value) if diag.outcome.is_memory else None
     data["memory"] = None
     if observed is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
 import anyio
 import typer
@@ -14,6 +15,7 @@ from launcher.cli.app import (
     ServerOpt,
     err,
     error,
+    fail,
     guard,
     open_config,
     out,
@@ -35,16 +37,44 @@ from launcher.host.gpus import check_gpus
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.store.ledger import Ledger, ledger_path
+from launcher.store.lock import DOWN, StateLock, StateLockHeld
 from launcher.supervise.ranks import stop_other_ranks
 from launcher.supervise.router import stop_router
 
 
-def down(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
+def down(
+    config_path: ConfigArg = None, server: ServerOpt = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Stop them even while a `launcher up` supervises this state directory "
+        "(it relaunches what it sees die).")] = False,
+) -> None:
     """Stop servers cleanly (TERM, bounded wait, KILL) and check their GPUs were freed; then
-    the routers (without --server)."""
+    the routers (without --server). Refused while a `launcher up` holds the state directory
+    (unless --force); holds it meanwhile, so that no `up` starts."""
     config = guard(lambda: open_config(config_path))
     servers = guard(lambda: select_servers(config, server))
+    lock = StateLock(config.state_dir, DOWN)
+    try:
+        lock.acquire()
+    except StateLockHeld as exc:
+        if exc.holder == DOWN:
+            fail(exc)
+        if not force:
+            who = f"pid {exc.pid}" if exc.pid is not None else "pid unknown"
+            fail(StateError(
+                f"another `launcher up` ({who}) supervises this state directory: "
+                f"{config.state_dir}", remedy="stop that `launcher up` first (systemctl stop "
+                "<its unit>, or Ctrl-C): it relaunches what it sees die; or `launcher down "
+                "--force` to stop them anyway and let it relaunch"))
+    except StateError as exc:  # an unusable state directory must not keep a stop from running
+        error(err, exc, "warning: not locking the state directory: ")
+    try:
+        _down(config, servers, server)
+    finally:
+        lock.release()
 
+
+def _down(config: Config, servers: list[ServerConfig], server: list[str] | None) -> None:
     async def stop_one(s: ServerConfig, t: Transport) -> str:
         said = await stop_first(s, t)
         if s.nnodes > 1:  # node 0 first (0.5.23's nodes >= 1 wait for its shutdown)

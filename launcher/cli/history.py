@@ -69,9 +69,12 @@ def history(
 ) -> None:
     """Show the attempt ledger: every attempt with params, outcome, phase and timings."""
     config_path, server_name = _history_args(first, second, config_opt)
+    config = (guard(lambda: open_config(config_path))
+              if config_path and (state_dir is None or server_name is not None) else None)
+    if config is not None and server_name is not None:  # a typo is an error, not an empty table
+        guard(lambda: config.server(server_name))
     if state_dir is None:
-        state_dir = (guard(lambda: open_config(config_path)).state_dir if config_path
-                     else default_state_dir(os.environ))
+        state_dir = config.state_dir if config is not None else default_state_dir(os.environ)
     path = ledger_path(state_dir)
     if not path.exists():
         fail(UsageError(f"no attempt ledger at {path}",

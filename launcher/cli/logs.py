@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from datetime import datetime
+from functools import partial
 from typing import Annotated
 
 import anyio
@@ -68,6 +70,18 @@ async def _tail_offset(t: Transport, handle: run.RunHandle, lines: int) -> int:
     return 0
 
 
+_ANY_NOW = datetime(2000, 1, 1)  # a stand-in for the host's time, to check --since's form
+
+
+def _cutoff(since: str, now: datetime) -> datetime:
+    """``inspection.since_cutoff``; a usage error naming the flag when WHEN is malformed."""
+    try:
+        return inspection.since_cutoff(since, now)
+    except (ValueError, OverflowError) as exc:
+        raise UsageError(f"--since {since!r}: {exc}", remedy="e.g. --since 10m or "
+                         "--since '2026-12-01 17:02:03' (the host's local time)") from None
+
+
 def logs(
     config_path: ConfigArg = None,
     server_name: Annotated[str | None, typer.Argument(
@@ -91,18 +105,14 @@ def logs(
     config_path, name = config_and_server(config_path, server_name)
     config = guard(lambda: open_config(config_path))
     s = guard(lambda: config.server(name))
+    if since is not None:  # its form is checked before anything is contacted
+        guard(lambda: _cutoff(since, _ANY_NOW))
 
     async def show(s: ServerConfig, t: Transport) -> None:
         handle = await _attempt_handle(t, config.run_dir_of(s), s, attempt)
         offset = 0 if tail is None else await _tail_offset(t, handle, tail)
         if since is not None:
-            now = await inspection.host_now(t)
-            try:
-                cutoff = inspection.since_cutoff(since, now)
-            except ValueError as exc:
-                raise UsageError(f"--since {since!r}: {exc}", remedy="e.g. --since 10m or "
-                                 "--since '2026-12-01 17:02:03' (the host's local time)"
-                                 ) from None
+            cutoff = _cutoff(since, await inspection.host_now(t))
             offset = max(offset, await inspection.since_offset(t, handle, cutoff))
         if not follow:
             while data := await run.read_log(t, handle, offset, run.READ_CHUNK):
@@ -115,7 +125,9 @@ def logs(
                 sys.stdout.buffer.flush()
 
     try:
-        results = anyio.run(per_server, config, [s], show)
+        # One connection attempt, as `status` makes: an unreachable host is reported at once.
+        # `--follow` keeps the retries, which carry it over a dropped connection.
+        results = anyio.run(partial(per_server, one_try=not follow), config, [s], show)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
     if isinstance(results[0], LauncherError):

@@ -21,6 +21,7 @@ from launcher.cli.app import (
     open_config,
     out,
     say,
+    secrets_of,
     select_servers,
     short_params,
 )
@@ -68,6 +69,8 @@ def plan(
     config = guard(lambda: open_config(config_path))
     rows: list[dict[str, Any]] = []
     selected = guard(lambda: select_servers(config, server))
+    # A secret `up` could not read is the config error `check` and `up` report (exit 2).
+    guard(lambda: secrets_of(config_path, config, selected))
     # The remembered params win in `up` (not in `up --fresh`); the estimate below is drawn
     # for them too.
     warm = {} if fresh else {

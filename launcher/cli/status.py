@@ -132,6 +132,9 @@ def status(
     Exits 0 only when every server is running and ready, else 3."""
     if output not in (None, "wide", "json"):
         fail(UsageError(f"--output {output!r}", remedy="use -o wide or -o json"))
+    if as_json and output == "wide":
+        fail(UsageError("--output wide and --json ask for two formats",
+                        remedy="give one: -o wide (the table with more columns) or --json"))
     as_json = as_json or output == "json"
     config = guard(lambda: open_config(config_path))
     servers = guard(lambda: select_servers(config, server))

@@ -36,13 +36,13 @@ from launcher.cli.app import (
     out,
     row,
     say_err,
+    secrets_of,
     select_servers,
     short_params,
 )
 from launcher.config.schema import (
     SlackConfig,
     resolve_router_api_key,
-    resolve_secret_env,
 )
 from launcher.errors import (
     LauncherException,
@@ -251,7 +251,7 @@ def up(
         fail(UsageError(f"--log-format {log_format!r}", remedy="use auto, json or console"))
     config = guard(lambda: open_config(config_path))
     servers = guard(lambda: select_servers(config, server))
-    secrets = guard(lambda: {s.name: resolve_secret_env(s) for s in servers})
+    secrets = guard(lambda: secrets_of(config_path, config, servers))
     router_keys = guard(lambda: {r.name: resolve_router_api_key(r)
                                   for r in routers_for(config, servers)})
     slack = config.slack or SlackConfig()

@@ -91,6 +91,18 @@ def _plain_strings(logger: WrappedLogger, method_name: str, event_dict: EventDic
             for k, v in event_dict.items()}
 
 
+class _Drop:
+    """Drops the events whose name is in ``names``."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self._names = names
+
+    def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+        if event_dict.get("event") in self._names:
+            raise structlog.DropEvent
+        return event_dict
+
+
 class _ToStructlog(logging.Handler):
     """Forwards stdlib ``logging`` records to structlog as ``log.record`` at their level."""
 
@@ -118,9 +130,11 @@ def configure(
     stream: TextIO | None = None,
     level: int = logging.INFO,
     environ: Mapping[str, str] | None = None,
+    drop: frozenset[str] = frozenset(),
 ) -> None:
     """Route every launcher event to ``stream`` (default stderr) in ``fmt``; with the
-    sd-daemon priority prefix on each line when ``stream`` is journald's (``on_journal``)."""
+    sd-daemon priority prefix on each line when ``stream`` is journald's (``on_journal``).
+    Events named in ``drop`` are not written (a command that reports their outcome itself)."""
     out = stream or sys.stderr
     renderer: Processor
     escape: list[Processor] = []
@@ -131,8 +145,10 @@ def configure(
         escape = [_plain_strings]
     if on_journal(out, environ):
         renderer = _PriorityPrefix(renderer)
+    dropping: list[Processor] = [_Drop(drop)] if drop else []
     structlog.configure(
         processors=[
+            *dropping,
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -905,7 +905,9 @@ class Ledger:
             if version < SCHEMA_VERSION and migrated_from is None:
                 migrated_from = version
             found = conn.execute("PRAGMA user_version").fetchone()[0]
-        if migrated_from is not None:  # one line for all the steps, not one per step
+        if migrated_from == 0:  # a new file: created, nothing was migrated
+            log.info("ledger.created", path=str(self.path), schema_version=found)
+        elif migrated_from is not None:  # one line for all the steps, not one per step
             log.info("ledger.migrated", path=str(self.path), from_version=migrated_from,
                      to_version=found)
 

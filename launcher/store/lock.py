@@ -1,6 +1,7 @@
 """The state-directory lock: ``StateLock(state_dir)`` makes sure one ``launcher up`` at a time
 works on a state directory (an exclusive ``flock`` on ``state_dir/launcher.lock`` holding the
-owner's pid). ``store`` re-exports it.
+owner's pid and what it is). ``launcher down`` takes it too while it stops servers, so that no
+``up`` starts meanwhile (and refuses to run while an ``up`` holds it). ``store`` re-exports it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import structlog
 from launcher.errors import StateError
 
 LOCK_FILENAME = "launcher.lock"
+
+UP = "launcher up"  # what holds the lock unless told otherwise
+DOWN = "launcher down"
 
 log = structlog.get_logger("launcher")
 
@@ -73,8 +77,19 @@ def write_private_file(path: Path, data: bytes) -> None:
         raise
 
 
+class StateLockHeld(StateError):
+    """Another process holds the state lock: ``pid`` (None when unknown) and ``holder``, what
+    it is (``launcher up`` or ``launcher down``)."""
+
+    def __init__(self, message: str, *, pid: int | None, holder: str, remedy: str) -> None:
+        super().__init__(message, remedy=remedy)
+        self.pid = pid
+        self.holder = holder
+
+
 class StateLock:
-    """An exclusive, non-blocking ``flock`` on ``state_dir/launcher.lock`` holding our pid.
+    """An exclusive, non-blocking ``flock`` on ``state_dir/launcher.lock`` holding our pid
+    (first line) and ``holder``, what we are (second line: ``launcher up`` by default).
 
     Entering creates ``state_dir`` (mode 0700) if needed and refuses one that is not ours
     alone (see :func:`make_private_dir`), takes the lock and writes this
@@ -82,12 +97,14 @@ class StateLock:
     never deleted: unlinking a lock file lets a waiter lock an inode nobody else sees.
     The lock dies with the process (flock), so a crashed ``launcher up`` leaves nothing stale.
 
-    Error handling: StateError when another process (or another StateLock in this one) holds
-    the lock, naming the pid written in the file; StateError when the file cannot be opened.
+    Error handling: StateLockHeld when another process (or another StateLock in this one)
+    holds the lock, naming the pid and the holder written in the file; StateError when the
+    file cannot be opened.
     """
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, holder: str = UP) -> None:
         self.state_dir = state_dir
+        self.holder = holder
         self.path = state_dir / LOCK_FILENAME
         self._fd: int | None = None
 
@@ -114,21 +131,23 @@ class StateLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            holder = _read_pid(fd)
+            pid, holder = _read_holder(fd)
             os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise StateError(
                     f"cannot lock {self.path}: {exc.strerror or exc}",
                     remedy="use a state_dir on a local file system",
                 ) from exc
-            who = f"pid {holder}" if holder is not None else "pid unknown"
-            raise StateError(
-                f"another `launcher up` is running on this state directory ({who}): "
+            who = f"pid {pid}" if pid is not None else "pid unknown"
+            raise StateLockHeld(
+                f"another `{holder}` is running on this state directory ({who}): "
                 f"{self.state_dir}",
-                remedy="stop it or use another state_dir",
+                pid=pid, holder=holder,
+                remedy="stop it or use another state_dir" if holder == UP
+                else "wait for it to finish, then try again",
             ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()}\n{self.holder}\n".encode(), 0)
         self._fd = fd
         log.debug("state.locked", path=str(self.path), pid=os.getpid())
 
@@ -155,9 +174,13 @@ class StateLock:
         self.release()
 
 
-def _read_pid(fd: int) -> int | None:
+def _read_holder(fd: int) -> tuple[int | None, str]:
+    """The pid and the holder written in the lock file (``launcher up`` when the file names
+    none); the pid is None when the file holds no number."""
     try:
-        text = os.pread(fd, 64, 0).decode("ascii", errors="replace").strip()
+        text = os.pread(fd, 128, 0).decode("ascii", errors="replace")
     except OSError:
-        return None
-    return int(text) if text.isdigit() else None
+        return None, UP
+    first, _, rest = text.partition("\n")
+    holder = rest.strip() if rest.strip() in (UP, DOWN) else UP
+    return (int(first.strip()) if first.strip().isdigit() else None), holder

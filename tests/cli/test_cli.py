@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from launcher.store.lock import DOWN, StateLock
 from tests.simhost import free_port, model_dir
 from tests.supervise import (
     SERVER,
@@ -243,7 +245,39 @@ def test_diagnose_prints_the_failure_of_a_sim_log_as_json(sim: SimSetup) -> None
         numbers["total_gib"], numbers["mem_fraction_static"], numbers["cuda_graph_max_bs"])
     assert any("Capture cuda graph failed" in line for line in data["evidence"])
     assert data["next_params"]["mem_fraction_static"] < 0.99
-    assert "Next attempt:" in data["advice"]
+    assert re.search(r"\w\. Next attempt: mem_fraction_static=", data["advice"]), data["advice"]
+
+    piped = subprocess.run(cli_argv("diagnose", "-", "--json", "--exit-status", "137"),
+                           input=output, env=cli_env(), capture_output=True, text=True,
+                           timeout=60)
+    assert 1 == piped.returncode, piped.stderr
+    assert data == json.loads(piped.stdout)
+
+
+def test_diagnose_of_an_empty_or_binary_log(tmp_path: Path) -> None:
+    """An empty log says so, with no guess (exit 1, as for a problem found); a file of random
+    bytes is refused as not a text log (exit 2); a log with a few bytes that are not UTF-8
+    shows them as \\xNN, so nothing raw reaches the terminal."""
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"\n \n")
+    binary = tmp_path / "binary.log"
+    binary.write_bytes(bytes(range(256)) * 16)
+    mixed = tmp_path / "mixed.log"
+    mixed.write_bytes(b"[2026-12-01 17:02:03] Load weight begin\n"
+                      b"RuntimeError: CUDA error: out of memory \xff\xfe\x1b[2J\n")
+
+    nothing = run_cli("diagnose", str(empty))
+    refused = run_cli("diagnose", str(binary))
+    shown = run_cli("diagnose", str(mixed))
+
+    assert 1 == nothing.returncode
+    assert f"{empty}: the log is empty: nothing to diagnose" in nothing.stderr
+    assert "" == nothing.stdout
+    assert 2 == refused.returncode
+    assert refused.stderr.startswith(f"UsageError: {binary}: not a text log"), refused.stderr
+    assert "" == refused.stdout
+    assert "\\xff\\xfe\\x1b[2J" in shown.stdout, shown.stdout
+    assert "\ufffd" not in shown.stdout and "\x1b" not in shown.stdout
 
 
 def test_plan_json_masks_secrets(sim: SimSetup) -> None:
@@ -368,3 +402,60 @@ def test_diagnose_advises_the_seed_oom_from_the_failing_pass() -> None:
     nxt = data["next_params"]
     assert nxt["mem_fraction_static"] <= 0.70 - 5.2 / 93.4 and 32 == nxt["cuda_graph_max_bs"]
     assert "draft_extend" == data["numbers"]["graph_pass"]
+
+
+def test_down_refuses_while_up_supervises_and_force_stops_anyway(sim: SimSetup) -> None:
+    """`down` while a `launcher up` holds the state lock: exit 1, nothing stopped, one error
+    naming that `up`'s pid and both fixes; `down --force` stops the server anyway."""
+    config = sim.write_toml(quick_server(sim))
+    with start_up(config) as holder:
+        try:
+            read_until(holder, '"server.ready"')
+            refused = run_cli("down", str(config))
+            assert sim.alive(1)
+            forced = run_cli("down", str(config), "--force")
+        finally:
+            holder.send_signal(signal.SIGTERM)
+            holder.wait(timeout=30)
+
+    assert 1 == refused.returncode, refused.stdout + refused.stderr
+    assert f"another `launcher up` (pid {holder.pid}) supervises" in refused.stderr
+    assert "stop that `launcher up` first" in refused.stderr
+    assert "launcher down --force" in refused.stderr
+    assert "stopped" not in refused.stdout
+    assert 0 == forced.returncode, forced.stdout + forced.stderr
+    assert f"{SERVER}: stopped (pid {sim.pid(1)}" in forced.stdout
+
+
+def test_up_while_down_runs_names_the_down(sim: SimSetup) -> None:
+    """`down` holds the state lock while it stops servers: an `up` started meanwhile is
+    refused, and its error says a `launcher down` holds the directory, not another `up`."""
+    config = sim.write_toml(quick_server(sim))
+    with StateLock(sim.state_dir, DOWN):
+        up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
+
+    assert [] == sim.attempts()
+    assert 1 == up.returncode, up.stdout + up.stderr
+    assert f"another `launcher down` is running on this state directory (pid {os.getpid()})" in (
+        up.stderr)
+    assert "wait for it to finish" in up.stderr
+
+
+@pytest.mark.parametrize("command", ["plan", "check", "up"])
+def test_an_unreadable_secret_is_the_same_config_error_everywhere(
+    sim: SimSetup, command: str
+) -> None:
+    """A secret_env reference that cannot be read: `plan` (the dry run), `check` and `up` all
+    exit 2 with one config error headed with the config file and naming the server by its
+    index, as the config's other errors are; nothing is launched."""
+    data = quick_server(sim, server={"secret_env": {"HF_TOKEN": "env:NO_SUCH_VAR_XYZ"}})
+    config = sim.write_toml(data)
+
+    result = run_cli(command, str(config))
+
+    assert 2 == result.returncode, result.stdout + result.stderr
+    assert result.stderr.startswith(f"ConfigError: {config}: 1 problem(s):\n"
+                                    "  servers[0].secret_env.HF_TOKEN: environment variable "
+                                    "NO_SUCH_VAR_XYZ is not set on this machine"), result.stderr
+    assert "***" not in result.stdout
+    assert [] == sim.attempts()

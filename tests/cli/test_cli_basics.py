@@ -138,8 +138,9 @@ def test_a_launcher_config_naming_no_file_says_it_came_from_there(
 
 
 def test_history_takes_the_config_as_an_argument(sim: SimSetup) -> None:
-    """`history CONFIG [SERVER]` like every other command; the older `history SERVER -c CONFIG`
-    still works, and `history SERVER` reads the config from LAUNCHER_CONFIG."""
+    """`history CONFIG [SERVER]` like every other command (a server the config does not name is
+    the usage error the others give, exit 2); the older `history SERVER -c CONFIG` still
+    works, and `history SERVER` reads the config from LAUNCHER_CONFIG."""
     config = sim.write_toml(quick(sim))
     up = run_cli("up", str(config), "--until-ready", "--log-format", "json")
     assert up.returncode == 0, up.stderr + up.stdout
@@ -151,7 +152,10 @@ def test_history_takes_the_config_as_an_argument(sim: SimSetup) -> None:
 
     assert [(SERVER, 1)] == attempts(str(config))
     assert [(SERVER, 1)] == attempts(str(config), SERVER)
-    assert [] == attempts(str(config), "nosuch")
+    nosuch = run_cli("history", str(config), "nosuch")
+    assert 2 == nosuch.returncode, nosuch.stdout + nosuch.stderr
+    assert f"servers: no server named 'nosuch'; known: {SERVER}" in nosuch.stderr
+    assert "" == nosuch.stdout
     assert [(SERVER, 1)] == attempts(SERVER, "-c", str(config))
     assert [(SERVER, 1)] == attempts(SERVER, env={"LAUNCHER_CONFIG": str(config)})
     assert [(SERVER, 1)] == attempts(env={"LAUNCHER_CONFIG": str(config)})
@@ -159,6 +163,21 @@ def test_history_takes_the_config_as_an_argument(sim: SimSetup) -> None:
     both = run_cli("history", str(config), SERVER, "-c", str(config))
     assert both.returncode == 2 and "CONFIG given twice" in both.stderr, both.stderr
     run_cli("down", str(config))
+
+
+def test_status_wide_and_json_together_is_a_usage_error(sim: SimSetup) -> None:
+    """`status -o wide --json` asks for two formats: exit 2 naming both, before any host is
+    asked; `-o json --json` asks for one."""
+    config = sim.write_toml(quick(sim))
+
+    both = run_cli("status", str(config), "-o", "wide", "--json")
+    same = run_cli("status", str(config), "-o", "json", "--json")
+
+    assert 2 == both.returncode, both.stdout + both.stderr
+    assert both.stderr.startswith("UsageError: --output wide and --json"), both.stderr
+    assert "" == both.stdout
+    assert 3 == same.returncode, same.stderr  # not started
+    assert "not started" == json.loads(same.stdout)[0]["state"]
 
 
 def test_logs_tail_and_attempt_read_a_failed_attempts_log(sim: SimSetup) -> None:

@@ -485,3 +485,28 @@ def test_a_give_up_in_preflight_reads_gave_up_before_launching(sim: SimSetup) ->
     [again] = json.loads(run_cli("status", str(config), "--json").stdout)
     assert ("ready", 2, None) == (again["state"], again["attempt"], again["gave_up"])
     run_cli("down", str(config))
+
+
+def test_logs_and_down_on_an_unreachable_host(sim: SimSetup) -> None:
+    """A host that refuses connections: `logs --since` with a malformed WHEN is a usage error
+    (exit 2) found before the host is contacted, in either form; `logs` makes one connection
+    attempt, as `status` does (exit 1); `down` keeps its retries; neither prints a raw
+    event line (ssh.connect_retry) to the terminal."""
+    config = sim.write_toml(with_dead_host(sim, quick(sim)))
+
+    for when in ("yesterday", "10x", "2026-13-01 17:02:03", "99999999999d"):
+        bad = run_cli("logs", str(config), "far0", "--since", when)
+        assert 2 == bad.returncode, bad.stderr
+        assert bad.stderr.startswith(f"UsageError: --since {when!r}: "), bad.stderr
+        assert "cannot reach" not in bad.stderr
+    logs = run_cli("logs", str(config), "far0", "-n", "2")
+    assert 1 == logs.returncode
+    assert logs.stderr.startswith("HostUnreachable: cannot reach host deadhost"), logs.stderr
+    assert "ssh.connect_retry" not in logs.stderr
+
+    down = run_cli("down", str(config), "--server", "far0")
+
+    assert 1 == down.returncode
+    assert down.stderr.startswith("far0: HostUnreachable: cannot reach host deadhost"), (
+        down.stderr)
+    assert "ssh.connect_retry" not in down.stderr + down.stdout

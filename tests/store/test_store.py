@@ -58,14 +58,15 @@ def _raw(path: Path) -> sqlite3.Connection:
 # --- schema ------------------------------------------------------------------------------
 
 
-def test_new_ledger_is_migrated_to_the_current_schema(tmp_path: Path) -> None:
-    """Opening a new file creates the tables and sets user_version, logging one line for
-    all the steps (one line per step would be noise)."""
+def test_new_ledger_is_created_at_the_current_schema(tmp_path: Path) -> None:
+    """Opening a new file creates the tables and sets user_version, logging one
+    ``ledger.created`` line (not ``ledger.migrated``: nothing was migrated)."""
     path = tmp_path / "ledger.sqlite3"
     with capture_logs() as logs, Ledger(path) as ledger:
         assert SCHEMA_VERSION == ledger.schema_version
-    migrated = [e for e in logs if e["event"] == "ledger.migrated"]
-    assert [(0, SCHEMA_VERSION)] == [(e["from_version"], e["to_version"]) for e in migrated]
+    created = [e for e in logs if e["event"] == "ledger.created"]
+    assert [SCHEMA_VERSION] == [e["schema_version"] for e in created]
+    assert [] == [e for e in logs if e["event"] == "ledger.migrated"]
     conn = _raw(path)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"attempts", "last_good", "notify_state", "observations", "ledger_meta",
@@ -111,13 +112,16 @@ def test_a_version_2_ledger_opens_and_gains_the_notify_state(tmp_path: Path) -> 
     conn.close()
     state = NotifyState("llama", "gave_up", last_sent=5.0, suppressed=2, firing_since=4.0,
                         announced=True, payload={"text": "x", "blocks": [{"type": "header"}]})
-    with Ledger(path) as ledger:
+    with capture_logs() as logs, Ledger(path) as ledger:
         assert 3 <= ledger.schema_version
         assert [(1, 0.8)] == [(r.attempt, r.params.mem_fraction_static)
                               for r in ledger.history()]
         assert [] == ledger.notify_states()
         ledger.save_notify_state(state)
         ledger.save_notify_state(NotifyState("llama", "ready", last_sent=6.0))
+    migrated = [e for e in logs if e["event"] in ("ledger.migrated", "ledger.created")]
+    assert [("ledger.migrated", 2, SCHEMA_VERSION)] == [
+        (e["event"], e["from_version"], e["to_version"]) for e in migrated]
     with Ledger(path) as ledger:
         assert [state, NotifyState("llama", "ready", last_sent=6.0)] == ledger.notify_states()
         ledger.save_notify_state(NotifyState("llama", "gave_up", last_sent=9.0))  # replaces
@@ -419,7 +423,7 @@ def test_state_lock_creates_a_private_dir_and_writes_our_pid(tmp_path: Path) -> 
     with StateLock(state) as lock:
         assert lock.held
         assert 0o700 == stat.S_IMODE(state.stat().st_mode)
-        assert f"{os.getpid()}\n" == (state / LOCK_FILENAME).read_text()
+        assert f"{os.getpid()}\nlauncher up\n" == (state / LOCK_FILENAME).read_text()
     assert not lock.held
     assert "" == (state / LOCK_FILENAME).read_text()
 
@@ -452,7 +456,7 @@ def test_state_lock_is_freed_when_its_holder_is_killed(tmp_path: Path) -> None:
     child.communicate(timeout=10)
     assert -signal.SIGKILL == child.returncode
     with StateLock(state):
-        assert f"{os.getpid()}\n" == (state / LOCK_FILENAME).read_text()
+        assert f"{os.getpid()}\nlauncher up\n" == (state / LOCK_FILENAME).read_text()
 
 
 def test_state_lock_refuses_a_second_holder_in_the_same_process(tmp_path: Path) -> None:
