@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 import shlex
 from functools import partial
 from typing import Annotated, Any
@@ -17,6 +18,8 @@ from launcher.cli.app import (
     ConfigArg,
     JsonOpt,
     ServerOpt,
+    err,
+    error,
     guard,
     open_config,
     out,
@@ -31,6 +34,7 @@ from launcher.config.schema import (
     ServerConfig,
     secret_arg_env,
 )
+from launcher.errors import ConfigError
 from launcher.memory.policy import capture_oom_ladder
 from launcher.params import LaunchParams
 from launcher.plan.first_attempt import Planned, estimate_servers, warm_start
@@ -69,8 +73,18 @@ def plan(
     config = guard(lambda: open_config(config_path))
     rows: list[dict[str, Any]] = []
     selected = guard(lambda: select_servers(config, server))
-    # A secret `up` could not read is the config error `check` and `up` report (exit 2).
-    guard(lambda: secrets_of(config_path, config, selected))
+    # A secret that cannot be read here: plan, the dry run, is often run where the secrets
+    # are not (a laptop, CI), so it still shows the launch, names the secret <unreadable>
+    # and warns with the config error `check` and `up` would stop at (exit 2).
+    unreadable: set[tuple[str, str]] = set()
+    try:
+        secrets_of(config_path, config, selected)
+    except ConfigError as exc:
+        error(err, exc, "warning: `up` would refuse this here: ")
+        for problem in exc.problems:
+            where = re.match(r"servers\[(\d+)\]\.secret_env\.([^:]+):", problem)
+            if where:
+                unreadable.add((config.servers[int(where[1])].name, where[2]))
     # The remembered params win in `up` (not in `up --fresh`); the estimate below is drawn
     # for them too.
     warm = {} if fresh else {
@@ -103,7 +117,8 @@ def plan(
                 else "detected on the host at launch",
                 "argv": mask_secret_flags(cmd.argv),
                 "command": shlex.join(mask_secret_flags(cmd.argv)),
-                "env": _planned_env(cmd.masked_env()),
+                "env": {k: "<unreadable>" if (s.name, k) in unreadable else v
+                        for k, v in _planned_env(cmd.masked_env()).items()},
                 "params": params.as_dict(),
                 "params_source": params_source,
                 "run_dir": posixpath.normpath(f"{config.run_dir_of(s)}/{s.name}")
@@ -139,6 +154,8 @@ def plan(
         for k, v in r["env"].items():
             if k == _ATTEMPT_ENV:  # a placeholder, not a value: shown unquoted, explained
                 say(out, f"  env      {k}={v}  (set at launch: the attempt's number)")
+            elif v == "<unreadable>":
+                say(out, f"  env      {k}={v}  (this secret cannot be read here: see above)")
             else:
                 say(out, f"  env      {k}={shlex.quote(v)}")
         say(out, f"  run dir  {r['run_dir']}")
