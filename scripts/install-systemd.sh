@@ -14,7 +14,8 @@ usage: install-systemd.sh [options] NAME [CONFIG.toml]
 
 Installs launcher for /etc/launcher/NAME.toml as the systemd service launcher@NAME:
   1. a system user `launcher` with home /var/lib/launcher-home and ~/.ssh (0700)
-  2. a venv in /opt/launcher/.venv with launcher installed from --source
+  2. a venv in /opt/launcher/.venv with launcher and its `ha` extra (asyncpg, for
+     [coordination]) installed from --source
   3. /etc/launcher/NAME.toml (root:launcher 0640) from CONFIG; kept as is when CONFIG is omitted
   4. /etc/launcher/NAME.env (root:root 0600) from --env; the commented example when missing;
      /etc/launcher/NAME.slack-webhook (root:root 0600, the unit's LoadCredential=) from
@@ -125,13 +126,15 @@ step install -d -m 0700 -o "$user" -g "$user" "$home/.ssh"
 if [ ! -x "$venv/bin/python" ]; then
   step "$python" -m venv "$venv"
 fi
-step "$venv/bin/pip" install --quiet --disable-pip-version-check "$source_dir"
+# With the `ha` extra (the PostgreSQL client asyncpg): a config with [coordination] needs it,
+# and without it `up` refuses to start (exit 2; docs/ha.md).
+step "$venv/bin/pip" install --quiet --disable-pip-version-check "$source_dir[ha]"
 # The same version number may carry new code (a checkout between releases): replace ours.
 step "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
   "$source_dir"
 # A venv whose interpreter lives somewhere the service user cannot read (a pyenv under /root)
 # would only fail at `systemctl start`; fail here instead.
-step runuser -u "$user" -- "$venv/bin/python" -I -c "import launcher.cli.main" ||
+step runuser -u "$user" -- "$venv/bin/python" -I -c "import launcher.cli.main, asyncpg" ||
   die "user $user cannot run $venv/bin/python; remove $venv and rerun with --python PATH"
 step install -D -m 0644 "$here/docs/systemd.md" "$prefix/docs/systemd.md"
 

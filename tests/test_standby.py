@@ -31,7 +31,7 @@ from tests import procs
 from tests.faketime import FakeTime
 from tests.pg import CutProxy, Postgres
 from tests.simhost import free_port
-from tests.standby import Up, stamp
+from tests.standby import Up, coordinated_config, stamp
 from tests.supervise import Recorded, Recorder, SimSetup, run_cli
 
 # --- the timing rule and the fence (pure) --------------------------------------------------
@@ -747,3 +747,34 @@ def test_coordination_config_refuses_a_literal_dsn_and_a_short_ttl() -> None:
     assert config.coordination is not None and 9.0 == config.coordination.ttl
     with pytest.raises(ConfigError, match=r"coordination\.dsn: environment variable PG"):
         config.coordination.resolve_dsn({})
+
+
+def _without_asyncpg(tmp_path: Path) -> str:
+    """A PYTHONPATH entry whose ``asyncpg`` package fails to import, as on a box where the
+    ``ha`` extra was never installed."""
+    stub = tmp_path / "noapg" / "asyncpg"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'asyncpg'\", name='asyncpg')\n")
+    return str(stub.parent)
+
+
+@pytest.mark.parametrize("command", ["up", "check"])
+def test_coordination_without_the_postgresql_client_is_a_config_error(
+        sim: SimSetup, tmp_path: Path, command: str) -> None:
+    """`[coordination]` on a box without asyncpg: `up` and `check` exit 2 (the unit does not
+    restart it) with one error naming the fix, no traceback, nothing started."""
+    config = coordinated_config(sim, "box-a", "lease-a")
+    args = ["--log-format", "json"] if command == "up" else []
+
+    result = run_cli(command, str(config), *args,
+                     env={"PG_DSN": "postgresql://launcher@127.0.0.1:1/postgres",
+                          "PYTHONPATH": _without_asyncpg(tmp_path)})
+
+    assert 2 == result.returncode, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"{config}: 1 problem(s)" in result.stderr
+    assert "needs the PostgreSQL client asyncpg" in result.stderr
+    assert "pip install 'launcher[ha]'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 4, result.stderr
+    assert not sim.run_dir.exists() and "lease.joining" not in result.stdout

@@ -63,6 +63,7 @@ from launcher.hooks.logging import configure, on_journal
 from launcher.hooks.slack import webhook_url_ok
 from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
+from launcher.store.coordination import CLIENT_REMEDY, client_missing
 from launcher.untrusted import plain
 
 EXIT_OK = 0
@@ -300,6 +301,22 @@ def secrets_of(config_path: Path | None, config: Config,
     if problems:
         raise ConfigError(problems, source=str(config_path or "config"))
     return values
+
+
+def coordination_ready(config_path: Path | None, config: Config) -> None:
+    """With ``[coordination]``: a ConfigError (exit 2, which the systemd unit does not
+    restart), headed with the config file, when the PostgreSQL client cannot be imported
+    here, its remedy ``pip install 'launcher[ha]'``; `up` and `check` ask before anything
+    starts. Nothing without ``[coordination]``."""
+    if config.coordination is None:
+        return
+    why = client_missing()
+    if why is not None:
+        problem = ConfigError([f"coordination: [coordination] needs the PostgreSQL client "
+                               f"asyncpg, which cannot be imported here ({why})"],
+                              source=str(config_path or "config"))
+        problem.remedy = CLIENT_REMEDY
+        raise problem
 
 
 def labelled(params: str) -> str:

@@ -14,6 +14,7 @@ from launcher.cli.app import (
     ConfigArg,
     ServerOpt,
     check_webhook,
+    coordination_ready,
     err,
     guard,
     one_line,
@@ -45,6 +46,7 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     config = guard(lambda: open_config(config_path))
     servers = guard(lambda: select_servers(config, server))
     guard(lambda: secrets_of(config_path, config, servers))
+    guard(lambda: coordination_ready(config_path, config))
     slack = config.slack or SlackConfig()
     webhook = guard(lambda: slack.webhook_url())
     check_webhook(slack, webhook)

@@ -55,7 +55,13 @@ from launcher.errors import (
     UsageError,
 )
 from launcher.host.transport import make_transport
-from launcher.store.coordination import EngineUnavailable, Membership, PgEngine
+from launcher.store.coordination import (
+    CLIENT_REMEDY,
+    EngineUnavailable,
+    Membership,
+    PgEngine,
+    client_missing,
+)
 from launcher.supervise.router import router_status
 from launcher.untrusted import plain
 
@@ -162,6 +168,10 @@ def _coordination(config: Config) -> dict[str, Any] | None:
     c = config.coordination
     if c is None:
         return None
+    missing = client_missing()
+    if missing is not None:
+        return {"lease": c.lease, "error": f"the PostgreSQL client cannot be imported "
+                f"({missing}); fix: {CLIENT_REMEDY}"}
     engine = PgEngine(c.resolve_dsn(), lease=c.lease, holder="status", box=c.box, ttl=c.ttl)
 
     async def ask() -> Membership:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     import asyncpg
 
 __all__ = [
+    "CLIENT_REMEDY",
     "Acquired",
     "Coordinator",
     "Engine",
@@ -53,6 +54,7 @@ __all__ = [
     "Member",
     "Membership",
     "PgEngine",
+    "client_missing",
 ]
 
 log = structlog.get_logger(__name__)
@@ -63,6 +65,21 @@ Sleep = Callable[[float], Awaitable[None]]
 
 class EngineUnavailable(Exception):
     """The database could not be asked (refused, restarting, timed out); ``cause`` says how."""
+
+
+CLIENT_REMEDY = ("pip install 'launcher[ha]' in launcher's environment (the `ha` extra: the "
+                 "PostgreSQL client asyncpg)")
+
+
+def client_missing() -> str | None:
+    """Why the PostgreSQL client (asyncpg, the ``ha`` extra) cannot be imported here (the
+    import's own error); None when it can. ``PgEngine`` imports it at first use, so a
+    ``[coordination]`` config asks this before anything starts."""
+    try:
+        import asyncpg  # noqa: F401
+    except ImportError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -653,9 +653,12 @@ def test_install_dry_run_prints_the_steps_and_changes_nothing(tmp_path: Path) ->
             if not Path("/opt/launcher/.venv/bin/python").exists()
             else []
         ),
-        f"/opt/launcher/.venv/bin/pip install --quiet --disable-pip-version-check {ROOT}",
+        # with the `ha` extra: [coordination] needs asyncpg
+        f"/opt/launcher/.venv/bin/pip install --quiet --disable-pip-version-check "
+        f"{ROOT}\\[ha\\]",
         "/opt/launcher/.venv/bin/pip install --quiet --disable-pip-version-check --no-deps",
-        "runuser -u launcher -- /opt/launcher/.venv/bin/python -I -c",
+        "runuser -u launcher -- /opt/launcher/.venv/bin/python -I -c "
+        "import\\ launcher.cli.main\\,\\ asyncpg",
         "install -D -m 0644",
         "install -d -m 0750 -o root -g launcher /etc/launcher",
         f"install -m 0640 -o root -g launcher {config} /etc/launcher/prod.toml",
