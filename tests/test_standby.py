@@ -778,3 +778,44 @@ def test_coordination_without_the_postgresql_client_is_a_config_error(
     assert "pip install 'launcher[ha]'" in result.stderr
     assert len(result.stderr.strip().splitlines()) <= 4, result.stderr
     assert not sim.run_dir.exists() and "lease.joining" not in result.stdout
+
+
+@pytest.mark.parametrize("command", ["up", "check", "status"])
+def test_an_unset_dsn_variable_is_a_config_error_headed_with_the_config_file(
+        sim: SimSetup, command: str) -> None:
+    """`dsn = "env:VAR"` with VAR unset: exit 2 before anything starts, the error headed with
+    the config file as other config errors are (not "secret_env")."""
+    data = sim.data()
+    data["coordination"] = {"dsn": "env:PG_DSN_NOT_SET_HERE", "box": "box-a"}
+    config = sim.write_toml(data)
+    args = ["--log-format", "json"] if command == "up" else []
+
+    result = run_cli(command, str(config), *args)
+
+    assert 2 == result.returncode, result.stdout + result.stderr
+    assert f"ConfigError: {config}: 1 problem(s):" in result.stderr
+    assert ("coordination.dsn: environment variable PG_DSN_NOT_SET_HERE is not set"
+            in result.stderr)
+    assert "secret_env" not in result.stderr and "Traceback" not in result.stderr
+    assert not sim.run_dir.exists() and "lease.joining" not in result.stdout
+
+
+def test_check_connects_to_the_coordination_database_once(
+        sim: SimSetup, postgres: Postgres, lease: str) -> None:
+    """`check` of a `[coordination]` box reports the database like a host: ok with its
+    version, exit 0; unreachable with the reason, exit 1, after one bounded try."""
+    config = coordinated_config(sim, "box-a", lease)
+
+    ok = run_cli("check", str(config), env={"PG_DSN": postgres.dsn})
+    dead = free_port()
+    started = time.monotonic()
+    down = run_cli("check", str(config), env={"PG_DSN": Postgres.dsn_at(dead)})
+    took = time.monotonic() - started
+
+    assert 0 == ok.returncode, ok.stdout + ok.stderr
+    assert f"coordination (lease {lease}, box box-a): ok  PostgreSQL " in ok.stdout
+    assert 1 == down.returncode, down.stdout + down.stderr
+    assert f"coordination (lease {lease}, box box-a): unreachable: " in down.stderr
+    assert str(dead) in down.stderr  # the reason: where it was refused
+    assert took < 30, took
+    assert "sim0 on " in down.stdout  # the hosts are still checked

@@ -303,20 +303,33 @@ def secrets_of(config_path: Path | None, config: Config,
     return values
 
 
-def coordination_ready(config_path: Path | None, config: Config) -> None:
-    """With ``[coordination]``: a ConfigError (exit 2, which the systemd unit does not
-    restart), headed with the config file, when the PostgreSQL client cannot be imported
-    here, its remedy ``pip install 'launcher[ha]'``; `up` and `check` ask before anything
-    starts. Nothing without ``[coordination]``."""
-    if config.coordination is None:
-        return
+def coordination_dsn(config_path: Path | None, config: Config) -> str | None:
+    """With ``[coordination]``: the DSN its reference names (None without it). `up` and
+    `check` ask before anything starts.
+
+    Error handling: one ConfigError (exit 2, which the systemd unit does not restart),
+    headed with the config file as ``secrets_of``'s is, for a DSN reference that cannot be
+    read (``coordination.dsn: environment variable ... is not set``) and for a PostgreSQL
+    client that cannot be imported here (its remedy ``pip install 'launcher[ha]'``)."""
+    c = config.coordination
+    if c is None:
+        return None
+    problems: list[str] = []
     why = client_missing()
     if why is not None:
-        problem = ConfigError([f"coordination: [coordination] needs the PostgreSQL client "
-                               f"asyncpg, which cannot be imported here ({why})"],
-                              source=str(config_path or "config"))
-        problem.remedy = CLIENT_REMEDY
+        problems.append(f"coordination: [coordination] needs the PostgreSQL client asyncpg, "
+                        f"which cannot be imported here ({why})")
+    dsn = None
+    try:
+        dsn = c.resolve_dsn()
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        problem = ConfigError(problems, source=str(config_path or "config"))
+        if why is not None:
+            problem.remedy = CLIENT_REMEDY
         raise problem
+    return dsn
 
 
 def labelled(params: str) -> str:

@@ -14,7 +14,7 @@ from launcher.cli.app import (
     ConfigArg,
     ServerOpt,
     check_webhook,
-    coordination_ready,
+    coordination_dsn,
     err,
     guard,
     one_line,
@@ -27,6 +27,7 @@ from launcher.cli.app import (
     webhook_source,
 )
 from launcher.config.schema import (
+    CoordinationConfig,
     ServerConfig,
     SlackConfig,
 )
@@ -37,7 +38,10 @@ from launcher.errors import (
 from launcher.host import preflight, run
 from launcher.host.transport.base import Transport
 from launcher.plan.first_attempt import plan_first_attempt, warm_start
+from launcher.store.coordination import EngineUnavailable, ping
 from launcher.store.ledger import Ledger, ledger_path
+
+COORDINATION_TIMEOUT_S = 5.0  # one connection try to the coordination database
 
 
 def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
@@ -46,12 +50,15 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     config = guard(lambda: open_config(config_path))
     servers = guard(lambda: select_servers(config, server))
     guard(lambda: secrets_of(config_path, config, servers))
-    guard(lambda: coordination_ready(config_path, config))
+    dsn = guard(lambda: coordination_dsn(config_path, config))
     slack = config.slack or SlackConfig()
     webhook = guard(lambda: slack.webhook_url())
     check_webhook(slack, webhook)
     say(out, "slack: ", ("ok", "green"), f"  webhook from {webhook_source(slack)}"
          if webhook is not None else "  no webhook: messages are logged instead")
+    code = 0
+    if config.coordination is not None and dsn is not None:
+        code = _check_coordination(config.coordination, dsn)
 
     async def one(s: ServerConfig, t: Transport) -> list[str]:
         problems = []
@@ -83,7 +90,6 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     finally:
         if ledger is not None:
             ledger.close()
-    code = 0
     for s, r in zip(servers, results, strict=True):
         if isinstance(r, LauncherError):
             say(err, f"{s.name} on {s.host}: ", ("unreachable", "red") if isinstance(
@@ -97,3 +103,17 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
             say(out, f"  - {p}")
         code = code or (1 if problems else 0)
     raise typer.Exit(code)
+
+
+def _check_coordination(c: CoordinationConfig, dsn: str) -> int:
+    """One connection to the coordination database (one try, bounded: ``ping``), reported
+    as a host is: ``coordination (lease L): ok  PostgreSQL 15.8`` or, on stderr,
+    ``... unreachable: why``; 1 when it could not be reached, else 0."""
+    head = f"coordination (lease {c.lease}, box {c.box}): "
+    try:
+        version = anyio.run(ping, dsn, COORDINATION_TIMEOUT_S)
+    except EngineUnavailable as exc:
+        say(err, head, ("unreachable", "red"), f": {exc}")
+        return 1
+    say(out, head, ("ok", "green"), f"  {version}")
+    return 0

@@ -31,6 +31,7 @@ from launcher.cli.app import (
     JsonOpt,
     ServerOpt,
     config_and_server,
+    coordination_dsn,
     dur,
     err,
     fail,
@@ -148,7 +149,7 @@ def status(
         _watch_status(config, servers, output == "wide", as_json, interval)
     rows = _status_rows(config, servers)
     router_rows = guard(lambda: _router_rows(config, server))
-    coordination = guard(lambda: _coordination(config))
+    coordination = guard(lambda: _coordination(config_path, config))
     if as_json:
         out.print_json(json.dumps([r.as_dict() for r in rows] + router_rows
                                   + ([{"coordination": coordination}] if coordination else [])))
@@ -162,7 +163,7 @@ def status(
     raise typer.Exit(_status_code(rows))
 
 
-def _coordination(config: Config) -> dict[str, Any] | None:
+def _coordination(config_path: Path | None, config: Config) -> dict[str, Any] | None:
     """With ``[coordination]``: the lease's active box and the standbys, as the database
     sees them (``error`` instead when it cannot be asked); None without it."""
     c = config.coordination
@@ -172,7 +173,9 @@ def _coordination(config: Config) -> dict[str, Any] | None:
     if missing is not None:
         return {"lease": c.lease, "error": f"the PostgreSQL client cannot be imported "
                 f"({missing}); fix: {CLIENT_REMEDY}"}
-    engine = PgEngine(c.resolve_dsn(), lease=c.lease, holder="status", box=c.box, ttl=c.ttl)
+    dsn = coordination_dsn(config_path, config)  # a config error: headed with the file
+    assert dsn is not None
+    engine = PgEngine(dsn, lease=c.lease, holder="status", box=c.box, ttl=c.ttl)
 
     async def ask() -> Membership:
         try:

@@ -25,7 +25,7 @@ from launcher.cli.app import (
     ConfigArg,
     ServerOpt,
     check_webhook,
-    coordination_ready,
+    coordination_dsn,
     dur,
     err,
     error,
@@ -253,7 +253,7 @@ def up(
     config = guard(lambda: open_config(config_path))
     servers = guard(lambda: select_servers(config, server))
     secrets = guard(lambda: secrets_of(config_path, config, servers))
-    guard(lambda: coordination_ready(config_path, config))
+    guard(lambda: coordination_dsn(config_path, config))
     router_keys = guard(lambda: {r.name: resolve_router_api_key(r)
                                   for r in routers_for(config, servers)})
     slack = config.slack or SlackConfig()

@@ -25,9 +25,11 @@ until its deadline. Only LeaseLost leaves ``keep``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ import structlog
 from launcher.errors import LeaseLost
 from launcher.store.fence import Fence, LeaseTiming
 from launcher.store.ledger import SHARED_OBSERVATIONS, SharedRow
+from launcher.untrusted import Redactor
 
 if TYPE_CHECKING:
     import asyncpg
@@ -55,6 +58,7 @@ __all__ = [
     "Membership",
     "PgEngine",
     "client_missing",
+    "ping",
 ]
 
 log = structlog.get_logger(__name__)
@@ -80,6 +84,36 @@ def client_missing() -> str | None:
     except ImportError as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+async def ping(dsn: str, timeout: float = 5.0) -> str:
+    """Connect to ``dsn`` once and ask the server's version, all within ``timeout``; creates
+    nothing (no table, no member row). Returns ``PostgreSQL 15.8``-like text.
+
+    Error handling: EngineUnavailable naming the cause (refused, timed out, a bad login, a
+    malformed DSN) when the one try fails; its text never holds the DSN or its password."""
+    import asyncpg
+
+    secrets = [dsn]
+    with contextlib.suppress(ValueError):
+        password = urllib.parse.urlsplit(dsn).password
+        if password:
+            secrets.append(urllib.parse.unquote(password))
+            secrets.append(password)
+    redact = Redactor(secrets)
+    conn = None
+    try:
+        with anyio.fail_after(timeout):
+            conn = await asyncpg.connect(dsn, timeout=timeout)
+            version = await conn.fetchval("SHOW server_version")
+    except (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError,
+            asyncpg.InternalClientError) as exc:
+        why = str(exc) or f"no answer within {timeout:g}s"
+        raise EngineUnavailable(redact.text(f"{type(exc).__name__}: {why}")) from None
+    finally:
+        if conn is not None:
+            conn.terminate()
+    return f"PostgreSQL {version}"
 
 
 @dataclass(frozen=True)
