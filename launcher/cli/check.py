@@ -27,26 +27,33 @@ from launcher.cli.app import (
     webhook_source,
 )
 from launcher.config.schema import (
+    Config,
     CoordinationConfig,
+    RouterConfig,
     ServerConfig,
     SlackConfig,
+    resolve_router_api_key,
 )
 from launcher.errors import (
     HostUnreachable,
     LauncherError,
 )
 from launcher.host import preflight, run
+from launcher.host.transport import make_transport
 from launcher.host.transport.base import Transport
 from launcher.plan.first_attempt import plan_first_attempt, warm_start
 from launcher.store.coordination import EngineUnavailable, ping
 from launcher.store.ledger import Ledger, ledger_path
+from launcher.supervise.router import routers_for
 
 COORDINATION_TIMEOUT_S = 5.0  # one connection try to the coordination database
 
 
 def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     """Validate the config (the Slack webhook's URL included), preflight every server's host
-    and ask the memory estimate whether `up` would refuse it; launch nothing."""
+    and ask the memory estimate whether `up` would refuse it, look at each router's host
+    (port, program) and, with [coordination], connect to the database once; launch
+    nothing."""
     config = guard(lambda: open_config(config_path))
     servers = guard(lambda: select_servers(config, server))
     guard(lambda: secrets_of(config_path, config, servers))
@@ -83,6 +90,12 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         note = f" (running, pid {running.pid})" if running else ""
         return [f"SGLang {version}{note}", *problems]
 
+    routers = routers_for(config, servers)
+    guard(lambda: [resolve_router_api_key(r) for r in routers])  # as `up` reads them
+
+    routers = routers_for(config, servers)
+    guard(lambda: [resolve_router_api_key(r) for r in routers])  # read as `up` reads them
+
     path = ledger_path(config.state_dir)
     ledger = Ledger(path) if path.exists() else None  # never made by a check
     try:
@@ -102,6 +115,19 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         for p in problems:
             say(out, f"  - {p}")
         code = code or (1 if problems else 0)
+    for r, found in zip(routers, anyio.run(_check_routers, config, routers), strict=True):
+        head = f"router {r.name} on {r.host}: "
+        if isinstance(found, LauncherError):
+            say(err, head, ("unreachable", "red") if isinstance(
+                found, HostUnreachable) else (type(found).__name__, "red"),
+                f": {one_line(found)}")
+            code = 1
+            continue
+        note, *problems = found
+        say(out, head, ("problems", "red") if problems else ("ok", "green"), f"  {note}")
+        for p in problems:
+            say(out, f"  - {p}")
+        code = code or (1 if problems else 0)
     raise typer.Exit(code)
 
 
@@ -117,3 +143,47 @@ def _check_coordination(c: CoordinationConfig, dsn: str) -> int:
         return 1
     say(out, head, ("ok", "green"), f"  {version}")
     return 0
+
+
+async def _check_routers(config: Config, routers: list[RouterConfig],
+                         ) -> list[list[str] | LauncherError]:
+    """Per router, what a look at its host finds cheaply (one connection try per host): a
+    note (``running, pid N`` or ``port P free``, and the program), then its problems (the
+    port taken while it is not running, its command's program missing); or the error that
+    kept the host from answering. Not asked: whether that program can run the router
+    (importing sglang_router means starting a Python on the host)."""
+    transports = {r.host: make_transport(config.host(r.host), connect_attempts=1)
+                  for r in routers}
+
+    async def one(r: RouterConfig) -> list[str]:
+        t = transports[r.host]
+        running = await run.find_running(t, config.run_dir_of(r), r.name)
+        problems: list[str] = []
+        if running is not None:
+            note = f"running, pid {running.pid}"
+        else:
+            taken = await preflight.port_taken(t, r.host, r.port)
+            note = f"port {r.port} free"
+            if taken is not None:
+                note = f"port {r.port}"
+                problems.append(str(taken))
+        program = r.command[0]
+        if await preflight.program_found(t, program, r.env):
+            note += f", {program} found"
+        else:
+            problems.append(f"{program} (the router's command) not found on {r.host}")
+        return [note, *problems]
+
+    results: list[list[str] | LauncherError] = [[] for _ in routers]
+    try:
+        async with anyio.create_task_group() as tg:
+            for i, r in enumerate(routers):
+                async def task(i: int = i, r: RouterConfig = r) -> None:
+                    try:
+                        results[i] = await one(r)
+                    except LauncherError as exc:
+                        results[i] = exc
+                tg.start_soon(task)
+    finally:
+        await daemon.close_transports(transports)
+    return results

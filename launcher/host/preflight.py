@@ -15,7 +15,7 @@ import enum
 import json
 import re
 import shlex
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -189,6 +189,14 @@ expand "$1"; test -e "$x"
 """
 
 
+_PROGRAM_FOUND = r"""
+case $1 in
+  */*) test -f "$1" && test -x "$1" ;;
+  *) command -v "$1" > /dev/null 2>&1 ;;
+esac
+"""
+
+
 _VERSION_PY = "import importlib.metadata as m; print(m.version('sglang'))"
 _SIM_MODULE = "launcher.sim.server"
 
@@ -203,6 +211,14 @@ async def port_in_use(transport: Transport, port: int) -> bool:
 async def path_exists(transport: Transport, path: str) -> bool:
     """Whether ``path`` (``~`` expanded on the host) exists there."""
     result = await transport.run(sh(_PATH_EXISTS, path))
+    return result.ok
+
+
+async def program_found(transport: Transport, program: str,
+                        env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``program`` (a path, or a name looked up on ``PATH``, with ``env`` applied as
+    the launch applies it) names an executable on the host (``command -v``)."""
+    result = await transport.run(sh(_PROGRAM_FOUND, program), env=env or None)
     return result.ok
 
 

@@ -11,6 +11,8 @@ the legacy one (/add_worker, /remove_worker, /list_workers; /workers 404).
 from __future__ import annotations
 
 import json
+import socket
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -35,6 +37,7 @@ from launcher.params import LaunchParams
 from launcher.supervise import events as ev
 from launcher.supervise.router import Registrar, RouterSupervisor, plan_rows
 from tests.faketime import FakeTime
+from tests.simhost import free_port
 from tests.supervise import SimSetup, run_cli
 
 
@@ -124,6 +127,35 @@ def test_plan_shows_the_routers_command_line(sim: SimSetup) -> None:
     assert ("  command  python3 -m sglang_router.launch_router --host 127.0.0.1 --port 31999 "
             "--policy round_robin") in result.stdout
     assert f"  worker   {server['name']} = http://127.0.0.1:{server['port']}" in result.stdout
+
+
+def test_check_lists_each_router_its_port_and_its_program(sim: SimSetup) -> None:
+    """`check` gives each router a line like a server's: ok with its port free and its
+    command's program found; problems (exit 1) for a port something else holds and a
+    program the host does not have."""
+    data = sim.data()
+    server = data["servers"][0]
+    free, taken = free_port(), free_port()
+    data["routers"] = [
+        {"name": "front", "host": server["host"], "port": free, "servers": [server["name"]],
+         "command": [sys.executable, "-m", "sglang_router.launch_router"]},
+        {"name": "back", "host": server["host"], "port": taken, "servers": [server["name"]],
+         "command": ["no-such-router-program", "--flag"],
+         "args": ["--prometheus-port", str(free_port())]},
+    ]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        result = run_cli("check", str(sim.write_toml(data)))
+
+    assert 1 == result.returncode, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    host = server["host"]
+    assert f"router front on {host}: ok  port {free} free, {sys.executable} found" in lines
+    at = lines.index(f"router back on {host}: problems  port {taken}")
+    assert lines[at + 1].startswith(f"  - port {taken} is already in use on {host}")
+    assert (f"  - no-such-router-program (the router's command) not found on {host}"
+            == lines[at + 2])
 
 
 # -- a fake router over real HTTP ------------------------------------------------------------
