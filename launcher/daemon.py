@@ -77,14 +77,15 @@ class Options:
 class Result:
     """How supervision ended. ``gave_up`` holds (server, reason) for each server that gave up;
     ``left_running`` the servers still running that launcher leaves behind (a stop was asked
-    for, or ``until_ready``, without ``stop_on_exit``); ``ready`` one flag per server: it
-    reached ready at some point."""
+    for, or ``until_ready``, without ``stop_on_exit``), ``routers_left_running`` the routers
+    likewise; ``ready`` one flag per server: it reached ready at some point."""
 
     interrupted: bool
     until_ready: bool
     gave_up: list[tuple[str, str]]
     left_running: list[str]
     ready: list[bool]
+    routers_left_running: list[str] = field(default_factory=list)
 
 
 class View(Protocol):
@@ -491,12 +492,16 @@ async def _supervise(config: Config, plans: list[_Plan], recorder: LedgerRecorde
             sd.close()
     gave_up = [sup for sup in sups if sup.state is State.GAVE_UP]
     left: list[str] = []
+    routers_left: list[str] = []
     if interrupted or opts.until_ready:
         left = [sup.server.name for sup in sups if sup.machine.pid and not opts.stop_on_exit
                 and sup.state is not State.GAVE_UP]
+        routers_left = [r.router.name for r in routing.supervisors
+                        if r.handle is not None and not opts.stop_on_exit]
     return Result(
         interrupted=interrupted, until_ready=opts.until_ready,
         gave_up=[(sup.server.name, sup.snapshot().reason) for sup in gave_up],
         left_running=left,
+        routers_left_running=routers_left,
         ready=[sup.machine.ready_at is not None for sup in sups],
     )

@@ -32,7 +32,7 @@ from tests.faketime import FakeTime
 from tests.pg import CutProxy, Postgres
 from tests.simhost import free_port
 from tests.standby import Up, coordinated_config, stamp
-from tests.supervise import Recorded, Recorder, SimSetup, run_cli
+from tests.supervise import SERVER, Recorded, Recorder, SimSetup, run_cli
 
 # --- the timing rule and the fence (pure) --------------------------------------------------
 
@@ -695,6 +695,24 @@ def test_the_new_active_box_starts_from_the_old_ones_last_good_params(
     with Ledger(ledger_path(sim.root / "state-box-b")) as ledger:
         assert [(origin, observed.observed)] == [
             (r.origin, r.observed) for r in ledger.observations() if r.origin]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_stopped_active_box_says_a_standby_takes_over_not_to_stop_the_servers(
+        sim: SimSetup, postgres: Postgres, lease: str, ups: list[Up]) -> None:
+    """SIGTERM of the active box: its exit line says it released the lease and that a
+    standby takes the server over; it does not tell the operator to `launcher down` what the
+    standby is about to supervise."""
+    a, b = _active_and_standby(sim, postgres, lease, ups)
+    a.signal(signal.SIGTERM)
+    assert 0 == a.exit_code()
+    assert 1 == b.wait("server.adopted")["attempt"]
+    text = a.log_path.read_text(errors="replace")
+    assert (f"launcher exited and released the lease; left running: {SERVER} (a standby box "
+            "takes them over; only if none stands by, stop them with `launcher down`)"
+            in text), a.tail()
+    assert "(stop them with `launcher down`)" not in text
 
 
 # --- visibility and config -----------------------------------------------------------------

@@ -289,13 +289,25 @@ def up(
     for name, reason in result.gave_up:
         # The reason is SGLang's and the policy's text (a TOML snippet's [[servers]]): no markup.
         say_err(3, (f"{name} gave up", "red"), f": {reason}")
-    if result.left_running:
-        say_err(5, f"launcher exited; left running: {', '.join(result.left_running)} "
-                 "(stop them with `launcher down`)")  # 5: notice
+    left = [*result.left_running, *(f"router {r}" for r in result.routers_left_running)]
+    if left:
+        say_err(5, left_running_line(left, coordinated=config.coordination is not None))
     raise typer.Exit(_up_exit_code(interrupted=result.interrupted, until_ready=until_ready,
                                    gave_up=[True] * len(result.gave_up)
                                    + [False] * (len(result.ready) - len(result.gave_up)),
                                    ready=result.ready))
+
+
+def left_running_line(left: list[str], *, coordinated: bool) -> str:
+    """`up`'s last line (a notice) when it leaves servers or routers running. With
+    ``[coordination]`` the lease was released on the way out: a standby box takes them over
+    at its next poll, so `launcher down` is the fix only where no box stands by (it would
+    stop what the new active box supervises, which relaunches it)."""
+    names = ", ".join(left)
+    if coordinated:
+        return (f"launcher exited and released the lease; left running: {names} (a standby "
+                "box takes them over; only if none stands by, stop them with `launcher down`)")
+    return f"launcher exited; left running: {names} (stop them with `launcher down`)"
 
 
 def _open_log(path: Path) -> TextIO:

@@ -288,6 +288,9 @@ def test_up_until_ready_registers_status_shows_it_and_down_stops_the_router(
     try:
         up = run_cli("up", str(config), "--until-ready", "--log-format", "json", timeout=120)
         assert 0 == up.returncode, up.stderr[-2000:]
+        # the router is left running too, and its exit line says so
+        assert ("launcher exited; left running: sim0, router front (stop them with "
+                "`launcher down`)") in up.stderr, up.stderr[-2000:]
         names = [e["event"] for e in json_lines(up.stdout + up.stderr) if "event" in e]
         assert names.index("server.ready") < names.index("router.worker_registered")
         assert "router.ready" in names
