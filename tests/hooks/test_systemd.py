@@ -571,7 +571,11 @@ def test_unit_leaves_servers_running_and_uses_notify_and_watchdog() -> None:
     assert ["launcher/%i"] == s["StateDirectory"]
     assert (["launcher"], ["launcher"]) == (s["User"], s["Group"])
     assert (["strict"], ["tmpfs"]) == (s["ProtectSystem"], s["ProtectHome"])
-    assert (["-%h/.ssh"], ["invisible"]) == (s["BindReadOnlyPaths"], s["ProtectProc"])
+    # the service user's real ~/.ssh, the home the install script creates: %h would be the
+    # system manager's home (/root), not User='s (systemd.unit(5), "Specifiers")
+    [home] = re.findall(r"^home=(\S+)$", INSTALL.read_text(), re.MULTILINE)
+    assert ([f"-{home}/.ssh"], ["invisible"]) == (s["BindReadOnlyPaths"], s["ProtectProc"])
+    assert not [v for values in s.values() for v in values if "%h" in v]
     assert ["4G"] == s["MemoryMax"]
 
 
