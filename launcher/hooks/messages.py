@@ -322,6 +322,9 @@ def unhealthy_message(
     return _message(server, Kind.UNHEALTHY, text, blocks, origin, attempt)
 
 
+_NODE = re.compile(r"(node \d+ \([^)]*\)): ")
+
+
 def restart_message(
     server: str,
     info: ServerInfo,
@@ -343,6 +346,10 @@ def restart_message(
     error = ""
     if last_failure is not None:
         why = f"{last_failure.outcome.value} in {last_failure.phase.value}"
+        # A multi-node server's cause names its node ("node 1 (gpu-b): ..."): the host to
+        # look at, where info.host is node 0's.
+        node = _NODE.match(last_failure.advice)
+        why += f" on {node[1]}" if node else ""
         lines = _evidence(last_failure)
         error = lines[-1] if lines else ""
     text = f"[FIRING] {title} on {info.host} ({info.model})"
