@@ -534,6 +534,32 @@ def _fields(*pairs: tuple[str, str]) -> dict[str, Any]:
     }
 
 
+_BOLD_LINE = re.compile(r"^\*([^*\n]+)\*$", re.MULTILINE)
+
+
+def blocks_text(blocks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``blocks`` as plain lines (``Name: value`` for fields, Slack's escapes and markup
+    undone): what a message says beyond its one-line ``text``, for the log when there is no
+    webhook (``notify.message``'s ``details``)."""
+    lines: list[str] = []
+
+    def plain(mrkdwn: str) -> str:
+        # the markup these messages use: *Name* on a line of its own, `params`, ```code```
+        # (never a bare "*": a masked secret reads "***")
+        text = _BOLD_LINE.sub(r"\1", mrkdwn.replace("```", "").replace("`", ""))
+        return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+    for block in blocks:
+        text = block.get("text")
+        if isinstance(text, Mapping) and isinstance(text.get("text"), str):
+            lines += plain(text["text"]).splitlines()
+        for part in [*block.get("fields", ()), *block.get("elements", ())]:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                name, _, value = plain(part["text"]).partition("\n")
+                lines.append(f"{name}: {value}" if value else name)
+    return [line for line in lines if line.strip()]
+
+
 def checked_blocks(blocks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``blocks`` as slack_sdk's Block Kit models render them, after their checks of Slack's
     limits (header ≤ 150 characters, section text ≤ 3000, ≤ 10 fields, known block types).

@@ -837,7 +837,9 @@ async def test_the_webhook_url_stays_out_of_httpx_logs(
 
 
 async def test_without_a_webhook_messages_go_to_the_log_only() -> None:
-    """webhook_url None logs notify.message with the text and makes no HTTP request."""
+    """webhook_url None logs notify.message with the text and, as ``details``, everything
+    else the message says (the facts every message names, the secret still masked), and makes
+    no HTTP request."""
     calls: list[httpx.Request] = []
 
     def record_call(request: httpx.Request) -> httpx.Response:
@@ -860,6 +862,13 @@ async def test_without_a_webhook_messages_go_to_the_log_only() -> None:
             "kind": "unhealthy",
             "text": "[FIRING] llama is unhealthy on gpu1 (meta-llama/Llama-3.1-70B-Instruct): "
             "3 failed health probes in a row (last: ***)",
+            "details": [
+                ":warning: [FIRING] llama is unhealthy", "Host: gpu1",
+                "Endpoint: 10.0.0.5:30000", "GPUs: 0,1",
+                "Model: meta-llama/Llama-3.1-70B-Instruct", "SGLang: 0.5.10", "Attempt: ?",
+                "Params: unknown params", "3 failed health probes in a row (last: ***)",
+                "sent by launcher on vm · config CONFIG",
+            ],
         }
     ] == logs
 
