@@ -473,6 +473,12 @@ class ServerConfig(_Model):
     def nnodes(self) -> int:
         return len(self.node_hosts)
 
+    @property
+    def probe_address(self) -> str:
+        """The address on its host (node 0's for a multi-node server) that the probes dial,
+        through the transport or the host's agent (see probe_address)."""
+        return probe_address(self.listen)
+
     @field_validator("gpus")
     @classmethod
     def _unique_gpus(cls, gpus: list[int]) -> list[int]:
@@ -759,6 +765,11 @@ class RouterConfig(_Model):
         """Whether ``listen`` binds every interface (``0.0.0.0``, ``::``, ``[::]``)."""
         return self.listen.strip("[]") in ("0.0.0.0", "::")
 
+    @property
+    def probe_address(self) -> str:
+        """The address on its host that the router's probes dial (see probe_address)."""
+        return probe_address(self.listen)
+
     @field_validator("args")
     @classmethod
     def _no_owned_router_flags(cls, args: list[str]) -> list[str]:
@@ -1029,6 +1040,23 @@ def did_you_mean(names: Sequence[str], wanted: str) -> str:
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")  # listen addresses only the host itself reaches
+
+
+def probe_address(listen: str) -> str:
+    """The address on its host that reaches a server or router listening on ``listen``: what
+    the probes (through the transport) and the host's agent dial.
+
+    A specific address is dialled as it is (``10.0.4.22``, ``::1``, a name the host
+    resolves; brackets dropped). A wildcard is dialled on the loopback of its family:
+    ``0.0.0.0`` at ``127.0.0.1``, ``::`` at ``::1`` (uvicorn binds ``::`` IPv6-only, as
+    asyncio's ``create_server`` does). ``localhost`` is dialled at ``127.0.0.1``.
+    """
+    address = listen.strip().strip("[]")
+    if address in ("0.0.0.0", "localhost", ""):
+        return "127.0.0.1"
+    if address == "::":
+        return "::1"
+    return address
 
 
 def worker_url(router: RouterConfig, server: str, server_host: str, server_port: int,
