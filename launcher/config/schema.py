@@ -711,7 +711,8 @@ class RouterConfig(_Model):
     server as a worker once it is ready and deregisters it before it stops or relaunches it.
 
     ``worker_urls`` maps a server name to the URL the router reaches it at; by default
-    ``http://127.0.0.1:PORT`` when the server runs on the router's host, else
+    ``http://ADDRESS:PORT`` with the address the probes dial (``probe_address``: the server's
+    ``listen``, or the loopback for a wildcard) when the server runs on the router's host, else
     ``http://ADDRESS:PORT`` with the server host's ``address`` (its ``listen`` must then accept
     connections from other hosts).
 
@@ -1065,7 +1066,7 @@ def worker_url(router: RouterConfig, server: str, server_host: str, server_port:
     if server in router.worker_urls:
         return router.worker_urls[server]
     if server_host == router.host:
-        address = "127.0.0.1" if server_listen in ("0.0.0.0", "::") else server_listen
+        address = probe_address(server_listen)  # dialled on that host, as the probes do
     elif server_listen not in ("0.0.0.0", "::", *LOOPBACK):
         address = server_listen
     else:
