@@ -322,6 +322,9 @@ def unhealthy_message(
     return _message(server, Kind.UNHEALTHY, text, blocks, origin, attempt)
 
 
+_NODE = re.compile(r"(node \d+ \([^)]*\)): ")
+
+
 def restart_message(
     server: str,
     info: ServerInfo,
@@ -343,6 +346,10 @@ def restart_message(
     error = ""
     if last_failure is not None:
         why = f"{last_failure.outcome.value} in {last_failure.phase.value}"
+        # A multi-node server's cause names its node ("node 1 (gpu-b): ..."): the host to
+        # look at, where info.host is node 0's.
+        node = _NODE.match(last_failure.advice)
+        why += f" on {node[1]}" if node else ""
         lines = _evidence(last_failure)
         error = lines[-1] if lines else ""
     text = f"[FIRING] {title} on {info.host} ({info.model})"
@@ -525,6 +532,32 @@ def _fields(*pairs: tuple[str, str]) -> dict[str, Any]:
             for name, value in pairs
         ],
     }
+
+
+_BOLD_LINE = re.compile(r"^\*([^*\n]+)\*$", re.MULTILINE)
+
+
+def blocks_text(blocks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``blocks`` as plain lines (``Name: value`` for fields, Slack's escapes and markup
+    undone): what a message says beyond its one-line ``text``, for the log when there is no
+    webhook (``notify.message``'s ``details``)."""
+    lines: list[str] = []
+
+    def plain(mrkdwn: str) -> str:
+        # the markup these messages use: *Name* on a line of its own, `params`, ```code```
+        # (never a bare "*": a masked secret reads "***")
+        text = _BOLD_LINE.sub(r"\1", mrkdwn.replace("```", "").replace("`", ""))
+        return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+    for block in blocks:
+        text = block.get("text")
+        if isinstance(text, Mapping) and isinstance(text.get("text"), str):
+            lines += plain(text["text"]).splitlines()
+        for part in [*block.get("fields", ()), *block.get("elements", ())]:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                name, _, value = plain(part["text"]).partition("\n")
+                lines.append(f"{name}: {value}" if value else name)
+    return [line for line in lines if line.strip()]
 
 
 def checked_blocks(blocks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -483,13 +483,19 @@ class Metrics:
                 self._set_state(server, State.GAVE_UP.value)
             case events.ServerStopped():
                 self._set_state(server, State.STOPPED.value)
+            # A multi-node server's event names the node that is out of reach: that host is
+            # the one to page (node 0's host may be fine). A node's series are born at 0 when
+            # its first outage begins, so its seconds' first increase is seen.
             case events.HostLost():
-                self.host_unreachable.labels(server, host).set(1)
+                where = event.node or host
+                self.host_unreachable.labels(server, where).set(1)
+                self.host_unreachable_seconds.labels(server, where)
             case events.HostReachable():
-                self.host_unreachable.labels(server, host).set(0)
+                where = event.node or host
+                self.host_unreachable.labels(server, where).set(0)
                 seconds = _number(event.unreachable_s)
                 if seconds is not None and seconds >= 0:
-                    self.host_unreachable_seconds.labels(server, host).inc(seconds)
+                    self.host_unreachable_seconds.labels(server, where).inc(seconds)
             # The router's events (``server`` is the router's name).
             case events.RouterReady():
                 self.router_up.labels(server).set(1)

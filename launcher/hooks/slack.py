@@ -93,6 +93,7 @@ from launcher.hooks.messages import (
     Origin,
     ServerInfo,
     adopted_message,
+    blocks_text,
     checked_blocks,
     clip,
     gave_up_message,
@@ -463,6 +464,7 @@ class SlackNotifier:
                 server=message.server,
                 kind=message.kind.value,
                 text=message.text,
+                details=blocks_text(message.blocks),
             )
             return
         if len(self._queue) >= self.max_queue:

@@ -240,6 +240,23 @@ async def test_host_outages_are_a_gauge_and_their_seconds_a_counter(
     assert 14.5 == after["launcher_host_unreachable_seconds_total", S("llama")]
 
 
+async def test_a_nodes_outage_is_labelled_with_that_nodes_host(
+    metrics: Metrics, served: MetricsServer
+) -> None:
+    """A multi-node server whose node 1 (gpu3) is out of reach: the gauge and the seconds are
+    gpu3's, so LauncherHostUnreachable (max by host) pages gpu3, not node 0's healthy gpu1."""
+    metrics("llama", ev.HostLost(error="down", node="gpu3", unreachable_s=0.0))
+    during = await scrape(served)
+    metrics("llama", ev.HostReachable(node="gpu3", unreachable_s=7.0))
+    after = await scrape(served)
+    gpu3 = frozenset({("server", "llama"), ("host", "gpu3")})
+    assert (1, 0) == (during["launcher_host_unreachable", gpu3],
+                      after["launcher_host_unreachable", gpu3])
+    assert 0 == during["launcher_host_unreachable_seconds_total", gpu3]  # born at 0
+    assert 7.0 == after["launcher_host_unreachable_seconds_total", gpu3]
+    assert ("launcher_host_unreachable", S("llama")) not in during  # gpu1 never paged
+
+
 async def test_build_and_server_info_and_a_host_label_everywhere(
     metrics: Metrics, served: MetricsServer
 ) -> None:

@@ -383,6 +383,24 @@ async def test_a_relaunch_shows_the_restart_budget_left_and_the_error_line_once(
     assert 1 == json.dumps(blocks).count("illegal memory access")
 
 
+async def test_a_relaunch_of_a_multi_node_server_names_the_node_that_failed(
+    sink: HttpSink, client: httpx.AsyncClient
+) -> None:
+    """The cause of a multi-node server's relaunch is on node 1 (gpu-b): the message names that
+    node and host, not only node 0's gpu1."""
+    died = failed(4, 0.78, 96, "killed", "ready") | {
+        "after_ready": True, "evidence": ["killed by signal 9 (SIGKILL); no error in the log"],
+        "advice": "node 1 (gpu-b): killed by SIGKILL (the OOM killer, or someone)"}
+    await deliver(make(sink, client, FakeClock()),
+                  [("llama", "attempt.failed", died), ("llama", "restart.scheduled", RESTART)])
+    body = sink.wait_for(1)[0].json()
+    assert " after killed in ready on node 1 (gpu-b): relaunching in 10s" in body["text"], (
+        body["text"])
+    sections = [b["text"]["text"] for b in body["blocks"] if b["type"] == "section"
+                and "text" in b]
+    assert "*Failure*\nkilled in ready on node 1 (gpu-b)" in sections
+
+
 async def test_a_firing_alert_is_reminded_until_resolved(
     sink: HttpSink, client: httpx.AsyncClient
 ) -> None:
@@ -819,7 +837,9 @@ async def test_the_webhook_url_stays_out_of_httpx_logs(
 
 
 async def test_without_a_webhook_messages_go_to_the_log_only() -> None:
-    """webhook_url None logs notify.message with the text and makes no HTTP request."""
+    """webhook_url None logs notify.message with the text and, as ``details``, everything
+    else the message says (the facts every message names, the secret still masked), and makes
+    no HTTP request."""
     calls: list[httpx.Request] = []
 
     def record_call(request: httpx.Request) -> httpx.Response:
@@ -842,6 +862,13 @@ async def test_without_a_webhook_messages_go_to_the_log_only() -> None:
             "kind": "unhealthy",
             "text": "[FIRING] llama is unhealthy on gpu1 (meta-llama/Llama-3.1-70B-Instruct): "
             "3 failed health probes in a row (last: ***)",
+            "details": [
+                ":warning: [FIRING] llama is unhealthy", "Host: gpu1",
+                "Endpoint: 10.0.0.5:30000", "GPUs: 0,1",
+                "Model: meta-llama/Llama-3.1-70B-Instruct", "SGLang: 0.5.10", "Attempt: ?",
+                "Params: unknown params", "3 failed health probes in a row (last: ***)",
+                "sent by launcher on vm · config CONFIG",
+            ],
         }
     ] == logs
 

@@ -90,6 +90,7 @@ KEEPALIVE_COUNT_MAX = 3
 SESSIONS_PER_CONNECTION = 8
 _OPEN_TRIES = 6
 STREAM_CHUNK = 64 * 1024
+_LOST_WHAT_MAX = 120  # characters of "while running <command>" in a lost connection's error
 STDERR_TAIL = 2000
 # Backoff between connection attempts: 0.5 s, 1 s, 2 s, ... plus up to JITTER_S of random jitter,
 # never more than MAX_WAIT_S (and never past the total budget, see _RetryBudget).
@@ -670,6 +671,10 @@ class SSHTransport:
         return sum(1 for c in self._pool if not c.closed)
 
     def _lost(self, exc: BaseException, what: str) -> HostUnreachable:
+        # ``what`` may quote a command (a follower's whole script): its start says which
+        # one; the rest would fill every log line and hook that carries the error.
+        if len(what) > _LOST_WHAT_MAX:
+            what = what[:_LOST_WHAT_MAX - 1] + "…"
         return HostUnreachable(
             f"connection to {self.name} lost {what}: {exc}",
             host=self.name,
