@@ -23,14 +23,16 @@ from types import TracebackType
 
 class HostileHttp:
     """Serves ``mode`` ("huge", "trickle" or "gzip") until closed; ``sent`` counts body bytes
-    (for "gzip": compressed bytes sent; ``body_len`` is then the inflated size)."""
+    (for "gzip": compressed bytes sent; ``body_len`` is then the inflated size). ``host`` is
+    the address it listens on (an IPv6 one too)."""
 
     def __init__(self, mode: str, body_len: int, every_s: float = 5.0, port: int = 0,
-                 status: int = 200) -> None:
+                 status: int = 200, host: str = "127.0.0.1") -> None:
         self.mode, self.body_len, self.every_s, self.status = mode, body_len, every_s, status
         self.sent = 0
         self.bomb = gzip_bomb(body_len) if mode == "gzip" else b""
-        self.listener = socket.create_server(("127.0.0.1", port))
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.listener = socket.create_server((host, port), family=family)
         self.listener.settimeout(0.1)  # so that closing is noticed (accept is not woken)
         self.port = int(self.listener.getsockname()[1])
         self._stop = threading.Event()

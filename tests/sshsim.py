@@ -171,27 +171,33 @@ def ssh_config(
 
 class RecordingSSHTransport(SSHTransport):
     """The real SSH transport; also records every port forward as (remote port, local port
-    or Unix socket path, or "channel" for a direct channel without a local end)."""
+    or Unix socket path, or "channel" for a direct channel without a local end), and in
+    ``dialled`` the (address, port) each one had the host dial."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.forwards: list[tuple[int, int | str]] = []
+        self.dialled: list[tuple[str, int]] = []  # (address, port) the host was asked to dial
 
     @asynccontextmanager
-    async def forward_port(self, remote_port: int) -> AsyncIterator[int]:
-        async with super().forward_port(remote_port) as local_port:
-            self.forwards.append((remote_port, local_port))
-            yield local_port
+    async def forward_port(self, remote_port: int, address: str,
+                           ) -> AsyncIterator[tuple[str, int]]:
+        async with super().forward_port(remote_port, address) as here:
+            self.forwards.append((remote_port, here[1]))
+            self.dialled.append((address, remote_port))
+            yield here
 
     @asynccontextmanager
-    async def forward_unix(self, remote_port: int) -> AsyncIterator[str]:
-        async with super().forward_unix(remote_port) as path:
+    async def forward_unix(self, remote_port: int, address: str) -> AsyncIterator[str]:
+        async with super().forward_unix(remote_port, address) as path:
             self.forwards.append((remote_port, path))
+            self.dialled.append((address, remote_port))
             yield path
 
-    async def connect_port(self, remote_port: int) -> anyio.abc.ByteStream:
-        stream = await super().connect_port(remote_port)
+    async def connect_port(self, remote_port: int, address: str) -> anyio.abc.ByteStream:
+        stream = await super().connect_port(remote_port, address)
         self.forwards.append((remote_port, "channel"))
+        self.dialled.append((address, remote_port))
         return stream
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -22,6 +23,7 @@ import pytest
 
 from launcher.config.schema import Config
 from launcher.errors import HostUnreachable
+from launcher.host import health
 from launcher.host import run as remote
 from launcher.host.transport.base import CommandResult, Transport
 from launcher.sglang.logparse import LineSplitter
@@ -183,6 +185,62 @@ async def test_capture_oom_backs_off_to_ready_over_ssh(
     assert [port] == sorted({remote for remote, _ in forwarded})
     assert all(local != port for _, local in forwarded)
     assert any(p.data["ok"] for p in probes)
+
+
+class SecondHostSshd(Sshd):
+    """A real sshd on 127.0.0.2: a host whose own address is not 127.0.0.1."""
+
+    host = "127.0.0.2"
+
+
+@pytest.mark.parametrize("agent", [True, False], ids=["agent", "channel"])
+async def test_a_server_listening_on_its_hosts_own_address_is_probed_there(
+    tmp_path_factory: pytest.TempPathFactory, sites: Callable[..., Site], tmp_path: Path,
+    agent: bool,
+) -> None:
+    """A server on a host reached at 127.0.0.2 with listen = "127.0.0.2" (the host's own
+    address, as docs/router.md advises for a server that a router on another host reaches)
+    binds only that address. The probes dial it there: made by the host's agent (as
+    ``launcher up`` does) or through a direct channel. The server is ready at its first
+    attempt, never a "hang in warmup", and ``status``'s check (a Unix-socket forward)
+    reaches it too."""
+    sshd = SecondHostSshd(tmp_path_factory.mktemp("sshd-b"))
+    sshd.start()
+    try:
+        site = sites("gpu-b", sshd)
+        port = free_port()
+        config = ssh_config(tmp_path, [site.host_entry()], [
+            server_entry("llm", site, port=port, listen="127.0.0.2")])
+        events = EventRecorder()
+        async with ssh_transports(config) as transports:
+            sup = supervisor(config, "llm", transports, events)
+
+            def settled() -> bool:
+                return sup.state in READY_OR_DONE or bool(events.named("attempt.failed"))
+
+            if agent:
+                with anyio.fail_after(90):
+                    await supervise_all([sup], until_ready=True)  # then stops supervising
+            else:
+                async with supervising(sup):
+                    await wait_until(settled, 90, events, "ready or a failed attempt")
+            address = config.server("llm").probe_address
+            async with health.client_for(transports["gpu-b"], port, address, 5.0) as (
+                    client, url):
+                checked = await health.check(client, url, 5.0)
+            dialled = transports["gpu-b"].dialled
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        sshd.stop()
+    assert [] == events.named("attempt.failed")
+    assert 1 == len(events.named("server.ready"))
+    assert (True, "HTTP 200") == checked
+    assert any(p.data["ok"] for p in events.named("probe.result"))
+    # Every forward and channel had the host dial the listen address, never 127.0.0.1; with
+    # the agent, the probes took none (status's check is the one forward).
+    assert {("127.0.0.2", port)} == set(dialled)
+    assert (1 == len(dialled)) == agent
 
 
 # -- SSH drops -------------------------------------------------------------------------------
@@ -506,8 +564,9 @@ class DropsTheLaunch:
                ) -> AsyncIterator[bytes]:
         return self.inner.stream(argv, env=env)
 
-    def forward_port(self, remote_port: int) -> AbstractAsyncContextManager[int]:
-        return self.inner.forward_port(remote_port)
+    def forward_port(self, remote_port: int, address: str,
+                     ) -> AbstractAsyncContextManager[tuple[str, int]]:
+        return self.inner.forward_port(remote_port, address)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

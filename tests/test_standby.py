@@ -236,7 +236,7 @@ async def test_a_router_request_over_a_long_lived_client_checks_the_fence() -> N
     from tests.simhost import free_port
 
     transport = _fenced(4)
-    async with health.client_for(transport, free_port(), 5.0) as (client, url):
+    async with health.client_for(transport, free_port(), "127.0.0.1", 5.0) as (client, url):
         with pytest.raises(httpx.ConnectError):  # valid: the request is sent (nobody listens)
             await client.post(url.removesuffix("/health") + "/workers")
         transport.fence.revoke()

@@ -173,9 +173,9 @@ async def _log_follower(t: Transport, handle: run.RunHandle, size: int) -> LogFo
     return follower
 
 
-async def _healthy(t: Transport, port: int) -> bool:
+async def _healthy(t: Transport, port: int, address: str) -> bool:
     try:
-        async with health.client_for(t, port, HEALTH_DEADLINE_S) as (client, url):
+        async with health.client_for(t, port, address, HEALTH_DEADLINE_S) as (client, url):
             ok, _ = await health.check(client, url, HEALTH_DEADLINE_S)
             return ok
     except LauncherError:
@@ -233,7 +233,7 @@ async def _look(config: Config, s: ServerConfig, t: Transport,
     st.gave_up = files.get("gave_up") or None
     row = next((r for r in rows or [] if r.attempt == handle.attempt), None)
     if running:
-        st.healthy = await _healthy(t, s.port) if st.ready else None
+        st.healthy = await _healthy(t, s.port, s.probe_address) if st.ready else None
         st.state = ("ready" if st.healthy else "unhealthy") if st.ready else "starting"
     elif _gave_up(st, give_up, handle.attempt):
         pass

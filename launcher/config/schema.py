@@ -473,6 +473,12 @@ class ServerConfig(_Model):
     def nnodes(self) -> int:
         return len(self.node_hosts)
 
+    @property
+    def probe_address(self) -> str:
+        """The address on its host (node 0's for a multi-node server) that the probes dial,
+        through the transport or the host's agent (see probe_address)."""
+        return probe_address(self.listen)
+
     @field_validator("gpus")
     @classmethod
     def _unique_gpus(cls, gpus: list[int]) -> list[int]:
@@ -705,7 +711,8 @@ class RouterConfig(_Model):
     server as a worker once it is ready and deregisters it before it stops or relaunches it.
 
     ``worker_urls`` maps a server name to the URL the router reaches it at; by default
-    ``http://127.0.0.1:PORT`` when the server runs on the router's host, else
+    ``http://ADDRESS:PORT`` with the address the probes dial (``probe_address``: the server's
+    ``listen``, or the loopback for a wildcard) when the server runs on the router's host, else
     ``http://ADDRESS:PORT`` with the server host's ``address`` (its ``listen`` must then accept
     connections from other hosts).
 
@@ -758,6 +765,11 @@ class RouterConfig(_Model):
     def listen_is_wildcard(self) -> bool:
         """Whether ``listen`` binds every interface (``0.0.0.0``, ``::``, ``[::]``)."""
         return self.listen.strip("[]") in ("0.0.0.0", "::")
+
+    @property
+    def probe_address(self) -> str:
+        """The address on its host that the router's probes dial (see probe_address)."""
+        return probe_address(self.listen)
 
     @field_validator("args")
     @classmethod
@@ -1031,13 +1043,30 @@ def did_you_mean(names: Sequence[str], wanted: str) -> str:
 LOOPBACK = ("127.0.0.1", "localhost", "::1")  # listen addresses only the host itself reaches
 
 
+def probe_address(listen: str) -> str:
+    """The address on its host that reaches a server or router listening on ``listen``: what
+    the probes (through the transport) and the host's agent dial.
+
+    A specific address is dialled as it is (``10.0.4.22``, ``::1``, a name the host
+    resolves; brackets dropped). A wildcard is dialled on the loopback of its family:
+    ``0.0.0.0`` at ``127.0.0.1``, ``::`` at ``::1`` (uvicorn binds ``::`` IPv6-only, as
+    asyncio's ``create_server`` does). ``localhost`` is dialled at ``127.0.0.1``.
+    """
+    address = listen.strip().strip("[]")
+    if address in ("0.0.0.0", "localhost", ""):
+        return "127.0.0.1"
+    if address == "::":
+        return "::1"
+    return address
+
+
 def worker_url(router: RouterConfig, server: str, server_host: str, server_port: int,
                server_listen: str, host_address: str | None) -> str:
     """The URL ``router`` reaches ``server`` at (see ``RouterConfig``)."""
     if server in router.worker_urls:
         return router.worker_urls[server]
     if server_host == router.host:
-        address = "127.0.0.1" if server_listen in ("0.0.0.0", "::") else server_listen
+        address = probe_address(server_listen)  # dialled on that host, as the probes do
     elif server_listen not in ("0.0.0.0", "::", *LOOPBACK):
         address = server_listen
     else:

@@ -13,9 +13,10 @@ bytes the stub read: the stub reads exactly those, with ``os.read``, so none is 
   directory D (see launcher.host.run) from log byte O; its server's pid is P. K is a number the
   launcher never reuses in one agent's life.
 - ``{"op": "del", "key": K}``: stop following K (unknown keys are ignored).
-- ``{"op": "probes", "key": K, "items": [[K1, P1, T1], [K2, P2, T2], ...]}``: ``GET
-  /health`` on 127.0.0.1:P1, P2... (one plain HTTP/1.1 request each, only the status line
-  read), all at once in one thread of their own (non-blocking sockets, one ``poll``), Kn
+- ``{"op": "probes", "key": K, "items": [[K1, P1, T1, A1], [K2, P2, T2, A2], ...]}``: ``GET
+  /health`` on A1:P1, A2:P2... (An: the address the server listens on, or the loopback for a
+  wildcard one; one plain HTTP/1.1 request each, only the status line read), all at once in
+  one thread of their own (non-blocking sockets, one ``poll``), Kn
   answered within about Tn seconds, by ``P`` frames that each carry every answer ready at
   that moment (one frame for the whole batch when the servers answer promptly). K names
   the batch and is otherwise unused.
@@ -72,7 +73,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-VERSION = 2
+VERSION = 3
 MAGIC = 0xA5
 HEADER = struct.Struct(">BBIQI")
 CHUNK = 256 * 1024  # log bytes per D frame (and per log per round)
@@ -119,12 +120,27 @@ def _status(head: bytes) -> bytes:
     return ("RemoteProtocolError: not an HTTP answer: %r" % head[:60]).encode("utf-8")
 
 
-def probe_many(items: List[Tuple[int, int, float]],
+def _connect(address: str, port: int) -> socket.socket:
+    """A non-blocking socket connecting to ``address``:``port`` (an IPv4 or IPv6 literal, or
+    a name this host resolves: its first address); OSError when it cannot even start."""
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(address, port, 0,
+                                                          socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setblocking(False)
+    err = sock.connect_ex(sockaddr)
+    if err not in (0, errno.EINPROGRESS):
+        sock.close()
+        raise OSError(err, os.strerror(err))
+    return sock
+
+
+def probe_many(items: List[Tuple[int, int, float, str]],
                emit: Callable[[List[Tuple[int, bytes]]], object]) -> None:
-    """``GET /health`` on 127.0.0.1:port for every (key, port, timeout) of ``items``, all at
-    once in the calling thread: ``emit`` gets each wave of (key, answer) as they come, every
-    key exactly once, within about its ``timeout`` seconds. An answer is the status code,
-    ``timeout``, or the error's type and message (as launcher.host.health.probe_health words it).
+    """``GET /health`` on address:port for every (key, port, timeout, address) of ``items``,
+    all at once in the calling thread: ``emit`` gets each wave of (key, answer) as they come,
+    every key exactly once, within about its ``timeout`` seconds. An answer is the status
+    code, ``timeout``, or the error's type and message (as launcher.host.health.probe_health
+    words it).
     """
     start = time.monotonic()
     poller = select.poll()
@@ -138,13 +154,11 @@ def probe_many(items: List[Tuple[int, int, float]],
         state[1].close()
         done.append((state[0], answer))
 
-    for key, port, timeout in items:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        err = sock.connect_ex(("127.0.0.1", port))
-        if err not in (0, errno.EINPROGRESS):
-            sock.close()
-            done.append((key, _error(OSError(err, os.strerror(err)))))
+    for key, port, timeout, address in items:
+        try:
+            sock = _connect(address, port)
+        except OSError as exc:  # socket.gaierror too: a name the host cannot resolve
+            done.append((key, _error(exc)))
             continue
         pending[sock.fileno()] = [key, sock, b"", False, start + timeout]
         poller.register(sock.fileno(), select.POLLOUT)
@@ -318,7 +332,7 @@ class Agent(object):
             return
         if op == "probes":
             try:
-                items = [(int(k), int(p), float(t)) for k, p, t in cmd["items"]]
+                items = [(int(k), int(p), float(t), str(a)) for k, p, t, a in cmd["items"]]
             except (ValueError, KeyError, TypeError):
                 return  # the launcher's bug: its probes time out
             thread = threading.Thread(target=probe_many, args=(items, self._answers))

@@ -335,8 +335,9 @@ class GpuReadsOnce:
                env: Mapping[str, str] | None = None) -> AsyncIterator[bytes]:
         return self.inner.stream(argv, env=env)
 
-    def forward_port(self, remote_port: int) -> AbstractAsyncContextManager[int]:
-        return self.inner.forward_port(remote_port)
+    def forward_port(self, remote_port: int, address: str,
+                     ) -> AbstractAsyncContextManager[tuple[str, int]]:
+        return self.inner.forward_port(remote_port, address)
 
     async def aclose(self) -> None:
         """Nothing: ``inner`` belongs to the caller."""

@@ -207,7 +207,8 @@ class _Channel:
         self.duplex = duplex
         self.subs: dict[int, _Sub] = {}
         self.probes: dict[int, _Probe] = {}
-        self.batch: list[tuple[int, int, float]] = []  # probes not sent yet: key, port, timeout
+        # probes not sent yet: key, port, timeout, address
+        self.batch: list[tuple[int, int, float, str]] = []
         self.lock = anyio.Lock()  # one writer at a time on the agent's stdin
         self.closed = False
 
@@ -502,8 +503,10 @@ class HostFollower:
         one round of the agent."""
         return interval - anyio.current_time() % interval
 
-    async def probe(self, port: int, deadline_s: float) -> tuple[bool, str] | None:
-        """``GET /health`` on the host's 127.0.0.1:``port``, made by the agent: (whether it
+    async def probe(self, port: int, deadline_s: float,
+                    address: str) -> tuple[bool, str] | None:
+        """``GET /health`` on ``address``:``port`` as the host dials it (the server's listen
+        address, or the loopback for a wildcard one), made by the agent: (whether it
         answered 200, a detail as launcher.host.health.probe_health gives it). No channel and no
         socket per probe: the probes asked within PROBE_LINGER_S of each other go as one
         command and their answers come back together. None when the host has no agent
@@ -521,7 +524,7 @@ class HostFollower:
         channel.probes[key] = waiter
         if not channel.batch and self._tg is not None:
             self._tg.start_soon(self._send_probes, channel)
-        channel.batch.append((key, port, deadline_s))
+        channel.batch.append((key, port, deadline_s, address))
         try:
             with anyio.move_on_after(PROBE_LINGER_S + deadline_s + _PROBE_SLACK_S):
                 await waiter.done.wait()
@@ -549,7 +552,7 @@ class HostFollower:
             await channel.command(op="probes", key=next(self._keys),
                                   items=[list(item) for item in batch])
         except LauncherError as exc:
-            for key, _, _ in batch:
+            for key, *_ in batch:
                 waiter = channel.probes.pop(key, None)
                 if waiter is not None:
                     waiter.error = exc

@@ -51,13 +51,15 @@ async def check(client: httpx.AsyncClient, url: str, deadline_s: float) -> tuple
 
 @asynccontextmanager
 async def client_for(
-    transport: Transport, remote_port: int, timeout_s: float,
+    transport: Transport, remote_port: int, address: str, timeout_s: float,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
-    """An HTTP client reaching ``remote_port`` on the host's loopback, and its /health URL.
+    """An HTTP client reaching ``address``:``remote_port`` on the host, and its /health URL.
+    ``address`` is the one the server listens on, or the loopback for a wildcard
+    (launcher.config.schema.probe_address).
 
     A transport that can forward to a Unix socket (SSH: ``forward_unix``, in a 0700
     directory) is used that way, so no local TCP port exposes the server to the other users
-    of this machine; otherwise ``forward_port`` (the local transport: the port itself).
+    of this machine; otherwise ``forward_port`` (the local transport: the address itself).
     """
     # Behind a fence ([coordination]), every request checks it: a router's worker
     # registration over this long-lived client is a host action too (docs/ha.md).
@@ -69,16 +71,17 @@ async def client_for(
         hooks["request"] = [fenced]
     forward_unix = getattr(transport, "forward_unix", None)
     if forward_unix is not None:
-        async with forward_unix(remote_port) as path, httpx.AsyncClient(
+        async with forward_unix(remote_port, address) as path, httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=path), timeout=timeout_s, trust_env=False,
             event_hooks=hooks,
         ) as client:
             yield client, "http://localhost/health"
         return
-    async with transport.forward_port(remote_port) as port, httpx.AsyncClient(
+    async with transport.forward_port(remote_port, address) as (here, port), httpx.AsyncClient(
         timeout=timeout_s, trust_env=False, event_hooks=hooks,
     ) as client:
-        yield client, f"http://127.0.0.1:{port}/health"
+        host = f"[{here}]" if ":" in here else here
+        yield client, f"http://{host}:{port}/health"
 
 
 _REQUEST = (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: launcher\r\n"
@@ -131,12 +134,12 @@ async def probe_health(connect: Connect, deadline_s: float) -> tuple[bool, str]:
     return code == 200, f"HTTP {code}"
 
 
-def prober_for(transport: Transport, remote_port: int) -> Connect:
-    """How to reach ``remote_port`` on the host's loopback for one probe: a direct channel
-    on the transport's connection when it has them (SSH ``connect_port``), else TCP to
-    127.0.0.1 (the local transport)."""
+def prober_for(transport: Transport, remote_port: int, address: str) -> Connect:
+    """How to reach ``address``:``remote_port`` on the host for one probe (``address`` as in
+    client_for): a direct channel on the transport's connection when it has them (SSH
+    ``connect_port``: the host dials it), else TCP to it from here (the local transport)."""
     connect_port = getattr(transport, "connect_port", None)
     if connect_port is not None:
-        port_connect: Callable[[int], Awaitable[anyio.abc.ByteStream]] = connect_port
-        return lambda: port_connect(remote_port)
-    return lambda: anyio.connect_tcp("127.0.0.1", remote_port)
+        port_connect: Callable[[int, str], Awaitable[anyio.abc.ByteStream]] = connect_port
+        return lambda: port_connect(remote_port, address)
+    return lambda: anyio.connect_tcp(address, remote_port)

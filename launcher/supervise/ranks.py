@@ -495,7 +495,9 @@ class MultiNodeSupervisor(ServerSupervisor):
         try:
             async for attempt in retrying:
                 with attempt:
-                    async with health.client_for(self.transport, port, 10.0) as (client, url):
+                    async with health.client_for(self.transport, port,
+                                                 self.server.probe_address, 10.0,
+                                                 ) as (client, url):
                         resp = await client.post(url.removesuffix("/health") + "/gate/activate")
                     if resp.status_code != 200:
                         raise _GateShut(f"HTTP {resp.status_code}")

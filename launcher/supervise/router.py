@@ -575,7 +575,8 @@ class RouterSupervisor:
         started = self.clock()
         ready = False
         failures = 0
-        async with health.client_for(self.transport, self.router.port, p.probe_timeout) as (
+        async with health.client_for(self.transport, self.router.port,
+                                     self.router.probe_address, p.probe_timeout) as (
             client, url,
         ), anyio.create_task_group() as tg:
             while True:
@@ -641,7 +642,8 @@ async def router_status(config: Config, router: RouterConfig, transport: Transpo
     if handle is None:
         return row
     timeout = config.policy.probe_timeout
-    async with health.client_for(transport, router.port, timeout) as (client, url):
+    async with health.client_for(transport, router.port, router.probe_address,
+                                 timeout) as (client, url):
         row["healthy"], _ = await health.check(client, url, timeout)
         if not row["healthy"]:
             return row

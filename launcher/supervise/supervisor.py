@@ -943,7 +943,8 @@ class ServerSupervisor:
 
     async def _probe_forever(self, att: RunningAttempt) -> None:
         p = self.policy
-        connect = health.prober_for(self.transport, self.server.port)
+        connect = health.prober_for(self.transport, self.server.port,
+                                    self.server.probe_address)
         while True:
             started = self.clock()
             outages = self._outages if self._unreachable_since is None else -1
@@ -980,7 +981,8 @@ class ServerSupervisor:
         hf = self.host_follower
         if hf is not None:
             try:
-                answer = await hf.probe(self.server.port, deadline_s)
+                answer = await hf.probe(self.server.port, deadline_s,
+                                        self.server.probe_address)
             except HostKeyError:
                 raise
             except HostUnreachable as exc:

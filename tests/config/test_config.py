@@ -22,6 +22,7 @@ from launcher.config.schema import (
     SlackConfig,
     StallBudgets,
     default_state_dir,
+    probe_address,
     resolve_secret_env,
 )
 from launcher.durations import format_duration, parse_duration
@@ -785,6 +786,32 @@ def test_metrics_listen_splits_host_and_port() -> None:
     assert ("127.0.0.1", 9400) == (MetricsConfig().host, MetricsConfig().port)
     ipv6 = MetricsConfig(listen="[::1]:9500")
     assert ("::1", 9500) == (ipv6.host, ipv6.port)
+
+
+@pytest.mark.parametrize(("listen", "dialled"), [
+    ("127.0.0.1", "127.0.0.1"),  # the default
+    ("localhost", "127.0.0.1"),
+    ("0.0.0.0", "127.0.0.1"),  # every IPv4 interface: its loopback
+    ("::", "::1"),  # uvicorn binds :: IPv6-only: 127.0.0.1 would be refused
+    ("[::]", "::1"),
+    ("::1", "::1"),
+    ("[::1]", "::1"),
+    ("10.0.4.22", "10.0.4.22"),  # one interface: only that address reaches the server
+    ("127.0.0.2", "127.0.0.2"),
+    ("fd00::7", "fd00::7"),
+    ("gpu-b.internal", "gpu-b.internal"),  # a name: the host resolves it
+])
+def test_the_probes_dial_the_address_a_server_listens_on(tmp_path: Path, listen: str,
+                                                         dialled: str) -> None:
+    """probe_address: a specific listen address as it is, a wildcard at its family's
+    loopback; the same for a server's and a router's probes."""
+    assert dialled == probe_address(listen)
+    router = (f'[[routers]]\nname = "front"\nhost = "gpu1"\nport = 31000\n'
+              f'servers = ["llama"]\nlisten = "{listen}"\napi_key = "env:KEY"\n')
+    config = load(tmp_path, BASE.replace('gpus = [0, 1]', f'gpus = [0, 1]\nlisten = "{listen}"')
+                  + router)
+    assert dialled == config.server("llama").probe_address
+    assert dialled == config.routers[0].probe_address
 
 
 def test_models_are_frozen() -> None:

@@ -593,9 +593,9 @@ async def test_the_agent_probes_health_on_the_host() -> None:
     try:
         async with running(LocalTransport("local")) as follower:
             with HostileHttp("huge", body_len=800 << 20) as srv:
-                healthy = await follower.probe(srv.port, 5.0)
-            quiet = await follower.probe(int(silent.getsockname()[1]), 0.3)
-            refused = await follower.probe(closed, 5.0)
+                healthy = await follower.probe(srv.port, 5.0, "127.0.0.1")
+            quiet = await follower.probe(int(silent.getsockname()[1]), 0.3, "127.0.0.1")
+            refused = await follower.probe(closed, 5.0, "127.0.0.1")
             assert 1 == follower.channels_opened
     finally:
         silent.close()
@@ -650,11 +650,12 @@ async def test_probes_asked_together_go_to_the_agent_as_one_command() -> None:
             ports = {"a": (a.port, 5.0), "b": (b.port, 5.0), "c": (c.port, 5.0),
                      "refused": (closed, 5.0), "silent": (int(silent.getsockname()[1]), 0.3)}
             async with running(transport) as follower:
-                await follower.probe(a.port, 5.0)  # the agent is up: only the batch counts
+                # the agent is up: only the batch counts
+                await follower.probe(a.port, 5.0, "127.0.0.1")
                 before = len(transport.sent)
 
                 async def one(name: str) -> None:
-                    got[name] = await follower.probe(*ports[name])
+                    got[name] = await follower.probe(*ports[name], "127.0.0.1")
 
                 async with anyio.create_task_group() as tg:
                     for name in ports:
@@ -676,12 +677,41 @@ def test_a_batch_answers_every_probe_once() -> None:
         s.bind(("127.0.0.1", 0))
         closed = int(s.getsockname()[1])
     with HostileHttp("huge", body_len=5) as ok:
-        follow_agent.probe_many([(1, ok.port, 5.0), (2, closed, 5.0), (3, ok.port, 5.0)],
+        follow_agent.probe_many([(1, ok.port, 5.0, "127.0.0.1"), (2, closed, 5.0, "127.0.0.1"),
+                                 (3, ok.port, 5.0, "127.0.0.1")],
                                 waves.append)
     answers = [a for wave in waves for a in wave]
     assert [1, 2, 3] == sorted(k for k, _ in answers)
     assert {1: b"200", 2: b"ConnectionRefusedError: [Errno 111] Connection refused",
             3: b"200"} == dict(answers)
+
+
+def test_the_agent_dials_each_server_at_its_listen_address() -> None:
+    """probe_many dials the address each probe names: a server bound to 127.0.0.2 or to ::1
+    answers there, and refuses at 127.0.0.1; a name the host cannot resolve is that probe's
+    error."""
+    waves: list[list[tuple[int, bytes]]] = []
+    with HostileHttp("huge", body_len=5, host="127.0.0.2") as v4, \
+            HostileHttp("huge", body_len=5, host="::1") as v6:
+        follow_agent.probe_many([(1, v4.port, 5.0, "127.0.0.2"), (2, v6.port, 5.0, "::1"),
+                                 (3, v4.port, 5.0, "127.0.0.1"), (4, v6.port, 5.0, "127.0.0.1"),
+                                 (5, v4.port, 5.0, "no-such-host.invalid")], waves.append)
+    answers = dict(a for wave in waves for a in wave)
+    assert [1, 2, 3, 4, 5] == sorted(answers)
+    assert (b"200", b"200") == (answers[1], answers[2])
+    refused = b"ConnectionRefusedError: [Errno 111] Connection refused"
+    assert (refused, refused) == (answers[3], answers[4])
+    assert answers[5].startswith(b"gaierror: "), answers[5]
+
+
+async def test_the_host_followers_probe_names_the_address_to_the_agent() -> None:
+    """HostFollower.probe sends the address with the port: a server bound to 127.0.0.2 is
+    healthy through the agent."""
+    with HostileHttp("huge", body_len=5, host="127.0.0.2") as srv:
+        async with running(LocalTransport("local")) as follower:
+            assert (True, "HTTP 200") == await follower.probe(srv.port, 5.0, "127.0.0.2")
+            refused = await follower.probe(srv.port, 5.0, "127.0.0.1")
+    assert (False, "ConnectionRefusedError: [Errno 111] Connection refused") == refused
 
 
 async def test_the_probe_tick_is_shared_by_a_host_and_never_later_than_the_interval() -> None:

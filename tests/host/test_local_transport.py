@@ -156,10 +156,10 @@ async def test_cancelling_a_stream_kills_the_command(tmp_path: Path) -> None:
     assert not pid_alive(pid)
 
 
-async def test_forward_port_yields_the_same_port() -> None:
-    """On the local host a remote port is already local."""
-    async with LocalTransport("here").forward_port(30000) as port:
-        assert 30000 == port
+async def test_forward_port_yields_the_same_address_and_port() -> None:
+    """On the local host a remote address and port are already local."""
+    async with LocalTransport("here").forward_port(30000, "127.0.0.2") as here:
+        assert ("127.0.0.2", 30000) == here
 
 
 async def test_with_the_pidfd_watcher_children_cost_no_threads() -> None:

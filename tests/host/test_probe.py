@@ -47,7 +47,8 @@ def answering(reply: bytes) -> Iterator[int]:
 
 
 async def probe(port: int, deadline: float = 5.0) -> tuple[bool, str]:
-    return await health.probe_health(health.prober_for(LocalTransport("here"), port), deadline)
+    connect = health.prober_for(LocalTransport("here"), port, "127.0.0.1")
+    return await health.probe_health(connect, deadline)
 
 
 async def test_a_200_is_healthy_and_a_huge_body_is_not_read() -> None:
@@ -93,6 +94,18 @@ async def test_nothing_listening_is_a_connection_error() -> None:
     assert detail.startswith("OSError: "), detail
 
 
+@pytest.mark.parametrize("address", ["127.0.0.2", "::1"])
+async def test_a_local_probe_dials_the_address_the_server_listens_on(address: str) -> None:
+    """The local transport probes ``address`` itself: a server bound only there is healthy,
+    and would be refused at 127.0.0.1."""
+    with HostileHttp("huge", body_len=2, host=address) as srv:
+        connect = health.prober_for(LocalTransport("here"), srv.port, address)
+        at_listen = await health.probe_health(connect, 5.0)
+        at_loopback = await probe(srv.port)
+    assert (True, "HTTP 200") == at_listen
+    assert (False, "OSError: All connection attempts failed") == at_loopback
+
+
 @pytest.mark.ssh
 async def test_over_ssh_the_probe_rides_a_channel_without_any_local_socket(
     sshd_host: Sshd,
@@ -100,17 +113,21 @@ async def test_over_ssh_the_probe_rides_a_channel_without_any_local_socket(
     t = SSHTransport("gpu1", **sshd_host.transport_kwargs())  # type: ignore[arg-type]
     try:
         with HostileHttp("huge", body_len=2) as srv:
-            connect = health.prober_for(t, srv.port)
+            connect = health.prober_for(t, srv.port, "127.0.0.1")
             first = await health.probe_health(connect, 10.0)
             second = await health.probe_health(connect, 10.0)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             closed = int(s.getsockname()[1])
-        refused = await health.probe_health(health.prober_for(t, closed), 10.0)
+        refused = await health.probe_health(health.prober_for(t, closed, "127.0.0.1"), 10.0)
+        with HostileHttp("huge", body_len=2, host="127.0.0.2") as srv:
+            specific = await health.probe_health(health.prober_for(t, srv.port, "127.0.0.2"),
+                                                 10.0)
         connections = t.connections_open
     finally:
         await t.aclose()
     assert [(True, "HTTP 200")] * 2 == [first, second]
     assert not refused[0]
     assert refused[1].startswith("TransportError: gpu1 refused a channel to port"), refused
+    assert (True, "HTTP 200") == specific  # sshd dialled the address the server listens on
     assert 1 == connections

@@ -358,8 +358,9 @@ class FlakyTransport:
                 if count >= self.chunks:
                     raise HostUnreachable("connection lost", host=self.host_name)
 
-    def forward_port(self, remote_port: int) -> AbstractAsyncContextManager[int]:
-        return self.inner.forward_port(remote_port)
+    def forward_port(self, remote_port: int, address: str,
+                     ) -> AbstractAsyncContextManager[tuple[str, int]]:
+        return self.inner.forward_port(remote_port, address)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -470,9 +470,12 @@ async def test_leaving_a_stream_closes_its_channel(sshd_host: Sshd, tmp_path: Pa
 
 
 @ssh
-async def test_forward_port_reaches_loopback_server(sshd_host: Sshd) -> None:
-    """forward_port makes a server on the host's 127.0.0.1 reachable through a local port."""
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.0.0.2"])
+async def test_forward_port_reaches_the_server_at_its_address(sshd_host: Sshd,
+                                                              address: str) -> None:
+    """forward_port makes a server listening on ``address`` of the host (its loopback, or a
+    specific address) reachable through a local port: the host dials that address."""
+    listener = await anyio.create_tcp_listener(local_host=address, local_port=0)
     remote_port = listener.extra(anyio.abc.SocketAttribute.local_port)
 
     async def serve(stream: anyio.abc.SocketStream) -> None:
@@ -485,8 +488,8 @@ async def test_forward_port_reaches_loopback_server(sshd_host: Sshd) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(listener.serve, serve)
             async with (
-                t.forward_port(remote_port) as local_port,
-                await anyio.connect_tcp("127.0.0.1", local_port) as client,
+                t.forward_port(remote_port, address) as (here, local_port),
+                await anyio.connect_tcp(here, local_port) as client,
             ):
                 await client.send(b"ping")
                 with anyio.fail_after(5):

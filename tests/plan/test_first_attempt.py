@@ -428,8 +428,9 @@ class _Recording:
     def stream(self, argv: Sequence[str], **kw: Any) -> AsyncIterator[bytes]:
         return self.inner.stream(argv, **kw)
 
-    def forward_port(self, remote_port: int) -> AbstractAsyncContextManager[int]:
-        return self.inner.forward_port(remote_port)
+    def forward_port(self, remote_port: int, address: str,
+                     ) -> AbstractAsyncContextManager[tuple[str, int]]:
+        return self.inner.forward_port(remote_port, address)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

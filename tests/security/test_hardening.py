@@ -433,7 +433,7 @@ async def test_ssh_probes_use_a_private_unix_socket_not_a_loopback_port(
     try:
         with HostileHttp("huge", body_len=2) as srv:
             before = _listening_tcp_ports()
-            async with health.client_for(t, srv.port, 10.0) as (client, url):
+            async with health.client_for(t, srv.port, "127.0.0.1", 10.0) as (client, url):
                 during = _listening_tcp_ports()
                 ok = await health.check(client, url, 10.0)
                 transport = client._transport

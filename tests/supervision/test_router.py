@@ -97,6 +97,19 @@ def test_bad_router_entries_are_named_by_their_field(change: dict[str, Any],
     assert any(expected in p for p in found), found
 
 
+@pytest.mark.parametrize(("listen", "url"), [
+    ("0.0.0.0", "http://127.0.0.1:30001"),
+    ("::", "http://[::1]:30001"),  # uvicorn binds :: IPv6-only
+    ("10.0.0.1", "http://10.0.0.1:30001"),  # one interface: not on 127.0.0.1
+])
+def test_a_server_on_the_routers_host_is_registered_where_it_listens(listen: str,
+                                                                      url: str) -> None:
+    data = base_config()
+    data["servers"][0]["listen"] = listen
+    config = config_from_dict(data, environ={})
+    assert url == plan_rows(config)[0]["workers"]["r1"]
+
+
 def test_a_loopback_server_on_another_host_is_refused_unless_its_url_is_given() -> None:
     data = base_config()
     data["servers"][1]["listen"] = "127.0.0.1"

@@ -79,10 +79,15 @@ class Transport(Protocol):
         """
         ...
 
-    def forward_port(self, remote_port: int) -> AbstractAsyncContextManager[int]:
-        """Make ``remote_port`` on the host's loopback reachable here; yields the local port.
+    def forward_port(self, remote_port: int, address: str,
+                     ) -> AbstractAsyncContextManager[tuple[str, int]]:
+        """Make ``address``:``remote_port`` on the host reachable here; yields the (address,
+        port) to connect to here.
 
-        The local transport yields ``remote_port`` itself.
+        ``address`` is what the host dials: the server's listen address, or the loopback for
+        a wildcard one (launcher.config.schema.probe_address). The SSH transport yields a
+        port of its own on 127.0.0.1; the local transport yields ``(address, remote_port)``
+        (the host is this machine: it is reachable as it is).
         """
         ...
 

@@ -53,8 +53,10 @@ class FencedTransport:
             if aclose is not None:
                 await aclose()
 
-    def forward_port(self, remote_port: int) -> AbstractAsyncContextManager[int]:
-        return self._checked_context(self.inner.forward_port, "a port forward")(remote_port)
+    def forward_port(self, remote_port: int, address: str,
+                     ) -> AbstractAsyncContextManager[tuple[str, int]]:
+        return self._checked_context(self.inner.forward_port, "a port forward")(remote_port,
+                                                                                 address)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -282,9 +282,10 @@ class LocalTransport:
             )
         return process
 
-    def forward_port(self, remote_port: int) -> AbstractAsyncContextManager[int]:
-        """The host *is* this machine: the port is reachable as it is."""
-        return _same_port(remote_port)
+    def forward_port(self, remote_port: int, address: str,
+                     ) -> AbstractAsyncContextManager[tuple[str, int]]:
+        """The host *is* this machine: ``address``:``remote_port`` is reachable as it is."""
+        return _same_address(address, remote_port)
 
     async def aclose(self) -> None:
         """Nothing to close; never touches running commands."""
@@ -324,8 +325,8 @@ class _Ended:
 
 
 @asynccontextmanager
-async def _same_port(port: int) -> AsyncIterator[int]:
-    yield port
+async def _same_address(address: str, port: int) -> AsyncIterator[tuple[str, int]]:
+    yield address, port
 
 
 async def _reap(process: Process) -> None:

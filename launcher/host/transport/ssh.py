@@ -886,8 +886,11 @@ class SSHTransport:
             self._release(current)
 
     @asynccontextmanager
-    async def forward_port(self, remote_port: int) -> AsyncIterator[int]:
-        """Forward 127.0.0.1:<local> here to 127.0.0.1:``remote_port`` on the host; yield local.
+    async def forward_port(self, remote_port: int, address: str,
+                           ) -> AsyncIterator[tuple[str, int]]:
+        """Forward 127.0.0.1:<local> here to ``address``:``remote_port`` on the host (the host
+        dials it: its listen address, or its loopback for a wildcard one); yield
+        ("127.0.0.1", local).
 
         The local port stays the same for the whole ``async with``, across dropped and
         reopened connections: each accepted local connection is carried by its own channel on
@@ -905,13 +908,13 @@ class SSHTransport:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             listener.bind(("127.0.0.1", 0))
-            async with self._serve_forward(listener, remote_port):
-                yield int(listener.getsockname()[1])
+            async with self._serve_forward(listener, remote_port, address):
+                yield "127.0.0.1", int(listener.getsockname()[1])
         finally:
             listener.close()
 
     @asynccontextmanager
-    async def forward_unix(self, remote_port: int) -> AsyncIterator[str]:
+    async def forward_unix(self, remote_port: int, address: str) -> AsyncIterator[str]:
         """Like forward_port, but listening on a Unix socket in a fresh 0700 directory; yields
         its path. Unlike a loopback port, no other local user can reach the server through it
         (the probes use this: SGLang's admin endpoints are on the same port)."""
@@ -920,7 +923,7 @@ class SSHTransport:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(path)
-            async with self._serve_forward(listener, remote_port):
+            async with self._serve_forward(listener, remote_port, address):
                 yield path
         finally:
             listener.close()
@@ -931,7 +934,7 @@ class SSHTransport:
 
     @asynccontextmanager
     async def _serve_forward(
-        self, listener: socket.socket, remote_port: int
+        self, listener: socket.socket, remote_port: int, address: str
     ) -> AsyncIterator[None]:
         """Accept on the bound ``listener`` and relay each connection (see forward_port)."""
         accepted: set[socket.socket] = set()
@@ -949,7 +952,7 @@ class SSHTransport:
                             continue  # another wake-up took it, or the client gave up
                         accepted.add(conn)
                         conn.setblocking(False)
-                        tg.start_soon(self._relay, remote_port, conn, accepted)
+                        tg.start_soon(self._relay, remote_port, address, conn, accepted)
 
                 tg.start_soon(accept_loop)
                 try:
@@ -961,14 +964,17 @@ class SSHTransport:
                 conn.close()
 
     async def _relay(
-        self, remote_port: int, conn: socket.socket, accepted: set[socket.socket]
+        self, remote_port: int, address: str, conn: socket.socket,
+        accepted: set[socket.socket],
     ) -> None:
-        """Carry one local connection over a new channel to ``remote_port`` on the host."""
+        """Carry one local connection over a new channel to ``address``:``remote_port`` on the
+        host."""
         try:
             try:
-                reader, writer = await self._open_tunnel(remote_port)
+                reader, writer = await self._open_tunnel(remote_port, address)
             except (TransportError, OSError, asyncssh.Error) as exc:
-                log.info("ssh.forward_failed", host=self.name, port=remote_port, error=str(exc))
+                log.info("ssh.forward_failed", host=self.name, address=address,
+                         port=remote_port, error=str(exc))
                 return
             try:
                 async with anyio.create_task_group() as tg:
@@ -981,26 +987,28 @@ class SSHTransport:
             accepted.discard(conn)
             conn.close()
 
-    async def connect_port(self, remote_port: int) -> anyio.abc.ByteStream:
-        """A byte stream to 127.0.0.1:``remote_port`` on the host over a direct-tcpip channel
-        of the pool's connection (no local socket). HostUnreachable when the host cannot be
-        reached; OSError or asyncssh.ChannelOpenError (as TransportError) when it refuses."""
+    async def connect_port(self, remote_port: int, address: str) -> anyio.abc.ByteStream:
+        """A byte stream to ``address``:``remote_port`` on the host (the host dials it) over a
+        direct-tcpip channel of the pool's connection (no local socket). HostUnreachable when
+        the host cannot be reached; OSError or asyncssh.ChannelOpenError (as TransportError)
+        when it refuses."""
         try:
-            reader, writer = await self._open_tunnel(remote_port)
+            reader, writer = await self._open_tunnel(remote_port, address)
         except asyncssh.ChannelOpenError as exc:
-            raise TransportError(f"{self.name} refused a channel to port {remote_port}: "
-                                 f"{exc.reason}", host=self.name) from exc
+            raise TransportError(f"{self.name} refused a channel to port {remote_port} on "
+                                 f"{address}: {exc.reason}", host=self.name) from exc
         return _ChannelStream(reader, writer)
 
     async def _open_tunnel(
-        self, remote_port: int
+        self, remote_port: int, address: str
     ) -> tuple[asyncssh.SSHReader[bytes], asyncssh.SSHWriter[bytes]]:
-        """A direct-tcpip channel to 127.0.0.1:``remote_port``; a stale connection is replaced
-        once (as in _open_process: a channel that never opened carried nothing)."""
+        """A direct-tcpip channel to ``address``:``remote_port`` (sshd on the host dials it);
+        a stale connection is replaced once (as in _open_process: a channel that never
+        opened carried nothing)."""
         for _ in range(2):
             current, fresh = await self._connection(session=False)
             try:
-                return await current.conn.open_connection("127.0.0.1", remote_port)
+                return await current.conn.open_connection(address, remote_port)
             except (OSError, asyncssh.DisconnectError, asyncssh.ChannelOpenError) as exc:
                 if not current.closed:
                     raise  # the host refused this channel; the connection is fine
