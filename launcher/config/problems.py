@@ -258,20 +258,6 @@ def _check_servers(
                     f"GPU {gpu} on host {node!r} is also used by "
                     f"servers[{other[0]}] ({other[1]!r})",
                 )
-        host = hosts.get(server.host)
-        if (
-            server.probe == "direct"
-            and host is not None
-            and host.transport == "ssh"
-            and server.listen in ("127.0.0.1", "localhost", "::1")
-            and not bad & {"probe", "listen"}
-        ):
-            yield (
-                (*at, "probe"),
-                f"'direct' probes connect from this machine, but listen = {server.listen!r} "
-                "only accepts connections on the host itself; use probe = 'tunnel' or a "
-                "reachable listen address",
-            )
         if policy is not None and "policy" not in bad:
             merged = server.policy.applied_to(policy[0])
             for loc, message in _policy_problems(merged, policy[1]):

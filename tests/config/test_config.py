@@ -342,13 +342,6 @@ RULES = [
         id="metrics-listen",
     ),
     pytest.param(
-        BASE + 'probe = "direct"\n',
-        "servers[0].probe: 'direct' probes connect from this machine, but listen = '127.0.0.1' "
-        "only accepts connections on the host itself; use probe = 'tunnel' or a reachable "
-        "listen address",
-        id="direct-probe-loopback",
-    ),
-    pytest.param(
         "policy = 3\n" + BASE,
         "policy: expected a table, got 3",
         id="table-type",
