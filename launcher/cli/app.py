@@ -31,7 +31,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, Protocol, TypeVar
 
 import anyio
 import typer
@@ -358,6 +358,14 @@ def check_webhook(slack: SlackConfig, webhook: str | None) -> None:
     fail(problem)
 
 
+class _OnAHost(Protocol):
+    @property
+    def host(self) -> str: ...
+
+
+_Placed = TypeVar("_Placed", bound=_OnAHost)
+
+
 async def per_server(config: Config, servers: list[ServerConfig],
                       fn: Callable[[ServerConfig, Transport], Any], *,
                       one_try: bool = False) -> list[Any]:
@@ -366,13 +374,21 @@ async def per_server(config: Config, servers: list[ServerConfig],
     (a look such as `status` or `check` reports it rather than retrying for a minute)."""
     transports = ({s.host: make_transport(config.host(s.host), connect_attempts=1)
                    for s in servers} if one_try else daemon.transports_for(config, servers))
-    results: list[Any] = [None] * len(servers)
+    return await per_host(servers, fn, transports)
+
+
+async def per_host(items: list[_Placed], fn: Callable[[_Placed, Transport], Any],
+                   transports: dict[str, Transport]) -> list[Any]:
+    """``fn(item, transports[item.host])`` for every item (a server, a router) concurrently:
+    its result, or the LauncherError it raised, in ``items`` order. The transports are closed
+    at the end."""
+    results: list[Any] = [None] * len(items)
     try:
         async with anyio.create_task_group() as tg:
-            for i, s in enumerate(servers):
-                async def one(i: int = i, s: ServerConfig = s) -> None:
+            for i, item in enumerate(items):
+                async def one(i: int = i, item: _Placed = item) -> None:
                     try:
-                        results[i] = await fn(s, transports[s.host])
+                        results[i] = await fn(item, transports[item.host])
                     except LauncherError as exc:
                         results[i] = exc
                 tg.start_soon(one)

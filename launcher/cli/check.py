@@ -20,6 +20,7 @@ from launcher.cli.app import (
     one_line,
     open_config,
     out,
+    per_host,
     per_server,
     say,
     secrets_of,
@@ -155,8 +156,7 @@ async def _check_routers(config: Config, routers: list[RouterConfig],
     transports = {r.host: make_transport(config.host(r.host), connect_attempts=1)
                   for r in routers}
 
-    async def one(r: RouterConfig) -> list[str]:
-        t = transports[r.host]
+    async def one(r: RouterConfig, t: Transport) -> list[str]:
         running = await run.find_running(t, config.run_dir_of(r), r.name)
         problems: list[str] = []
         if running is not None:
@@ -174,16 +174,4 @@ async def _check_routers(config: Config, routers: list[RouterConfig],
             problems.append(f"{program} (the router's command) not found on {r.host}")
         return [note, *problems]
 
-    results: list[list[str] | LauncherError] = [[] for _ in routers]
-    try:
-        async with anyio.create_task_group() as tg:
-            for i, r in enumerate(routers):
-                async def task(i: int = i, r: RouterConfig = r) -> None:
-                    try:
-                        results[i] = await one(r)
-                    except LauncherError as exc:
-                        results[i] = exc
-                tg.start_soon(task)
-    finally:
-        await daemon.close_transports(transports)
-    return results
+    return await per_host(routers, one, transports)
