@@ -275,12 +275,20 @@ def open_config(path: Path | None) -> Config:
     return config
 
 
-def select_servers(config: Config, names: list[str] | None) -> list[ServerConfig]:
+def select_servers(config: Config, names: list[str] | None,
+                   config_path: Path | None = None) -> list[ServerConfig]:
+    """The servers ``--server`` names (all without it); a name the config lacks is a
+    ConfigError headed with ``config_path``, as the config's other errors are."""
+    source = str(config_path or "config")
     if not config.servers:
-        raise ConfigError(["servers: no servers configured; add a [[servers]] table"])
+        raise ConfigError(["servers: no servers configured; add a [[servers]] table"],
+                          source=source)
     if not names:
         return list(config.servers)
-    return [config.server(n) for n in names]
+    try:
+        return [config.server(n) for n in names]
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, source=source) from None
 
 
 def secrets_of(config_path: Path | None, config: Config,

@@ -56,7 +56,7 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
     (port, program) and, with [coordination], connect to the database once; launch
     nothing."""
     config = guard(lambda: open_config(config_path))
-    servers = guard(lambda: select_servers(config, server))
+    servers = guard(lambda: select_servers(config, server, config_path))
     guard(lambda: secrets_of(config_path, config, servers))
     dsn = guard(lambda: coordination_dsn(config_path, config))
     slack = config.slack or SlackConfig()

@@ -52,7 +52,7 @@ def down(
     the routers (without --server). Refused while a `launcher up` holds the state directory
     (unless --force); holds it meanwhile, so that no `up` starts."""
     config = guard(lambda: open_config(config_path))
-    servers = guard(lambda: select_servers(config, server))
+    servers = guard(lambda: select_servers(config, server, config_path))
     lock = StateLock(config.state_dir, DOWN)
     try:
         lock.acquire()

@@ -72,7 +72,7 @@ def plan(
     with: the remembered good params when the ledger has them (unless --fresh)."""
     config = guard(lambda: open_config(config_path))
     rows: list[dict[str, Any]] = []
-    selected = guard(lambda: select_servers(config, server))
+    selected = guard(lambda: select_servers(config, server, config_path))
     # A secret that cannot be read here: plan, the dry run, is often run where the secrets
     # are not (a laptop, CI), so it still shows the launch, names the secret <unreadable>
     # and warns with the config error `check` and `up` would stop at (exit 2).

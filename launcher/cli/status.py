@@ -144,7 +144,7 @@ def status(
                         remedy="give one: -o wide (the table with more columns) or --json"))
     as_json = as_json or output == "json"
     config = guard(lambda: open_config(config_path))
-    servers = guard(lambda: select_servers(config, server))
+    servers = guard(lambda: select_servers(config, server, config_path))
     if watch:
         _watch_status(config, servers, output == "wide", as_json, interval)
     rows = _status_rows(config, servers)

@@ -251,7 +251,7 @@ def up(
     if log_format not in ("auto", "json", "console"):
         fail(UsageError(f"--log-format {log_format!r}", remedy="use auto, json or console"))
     config = guard(lambda: open_config(config_path))
-    servers = guard(lambda: select_servers(config, server))
+    servers = guard(lambda: select_servers(config, server, config_path))
     secrets = guard(lambda: secrets_of(config_path, config, servers))
     guard(lambda: coordination_dsn(config_path, config))
     router_keys = guard(lambda: {r.name: resolve_router_api_key(r)

@@ -233,3 +233,18 @@ def test_tail_offset_reads_backwards_across_chunks(
     for n, offset in enumerate(anyio.run(offsets)):
         lines = text.splitlines(keepends=True)
         assert "".join(lines[max(0, len(lines) - n):] if n else []) == text[offset:], n
+
+
+@pytest.mark.parametrize("command", ["up", "down", "status", "check", "plan"])
+def test_a_server_option_naming_nothing_is_headed_with_the_config_file(
+    sim: SimSetup, command: str
+) -> None:
+    """`--server nosuch`: exit 2, one config error headed with the config file (as the
+    config's other errors are, not "config:"), the known names listed, nothing started."""
+    config = sim.write_toml(quick(sim))
+    result = run_cli(command, str(config), "--server", "nosuch")
+    assert 2 == result.returncode, result.stdout + result.stderr
+    assert result.stderr.startswith(
+        f"ConfigError: {config}: 1 problem(s):\n  servers: no server named 'nosuch'; "
+        f"known: {SERVER}"), result.stderr
+    assert [] == sim.attempts()
