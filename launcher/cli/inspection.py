@@ -116,11 +116,23 @@ class ServerStatus:
         }
 
 
-def unreachable_status(config: Config, s: ServerConfig, exc: LauncherError) -> ServerStatus:
-    """The row of a server whose host could not be asked."""
+def unreachable_status(config: Config, s: ServerConfig, exc: LauncherError, *,
+                       now: float | None = None) -> ServerStatus:
+    """The row of a server whose host could not be asked: its newest attempt, params and age
+    as the ledger last knew them (the host may still run it), with the error."""
     unreachable = isinstance(exc, HostUnreachable | AuthenticationFailed)
-    return ServerStatus(s.name, s.host, endpoint(config, s),
-                        "unreachable" if unreachable else "unknown", error=str(exc))
+    st = ServerStatus(s.name, s.host, endpoint(config, s),
+                      "unreachable" if unreachable else "unknown", error=str(exc))
+    rows = ledger_rows(config, s.name)
+    if rows:
+        newest = max(rows, key=lambda r: r.attempt)
+        st.attempt, st.restarts = newest.attempt, restarts(rows, newest.attempt)
+        st.params = {"mem_fraction_static": newest.params.mem_fraction_static,
+                     "cuda_graph_max_bs": newest.params.cuda_graph_max_bs}
+        st.started_at = newest.started_at
+        if now is not None:
+            st.age_s = round(max(0.0, now - newest.started_at), 1)
+    return st
 
 
 def ledger_rows(config: Config, server: str) -> list[AttemptRow] | None:

@@ -97,7 +97,8 @@ def _status_rows(config: Config, servers: list[ServerConfig]) -> list[inspection
     now = datetime.now(UTC).timestamp()
     results = anyio.run(partial(per_server, one_try=True), config, servers,
                         lambda s, t: inspection.server_status(config, s, t, now=now))
-    return [inspection.unreachable_status(config, s, r) if isinstance(r, LauncherError) else r
+    return [inspection.unreachable_status(config, s, r, now=now)
+            if isinstance(r, LauncherError) else r
             for s, r in zip(servers, results, strict=True)]
 
 
@@ -279,7 +280,7 @@ def describe(
                         lambda s, t: inspection.describe(config, path, s, t, now=now))
     d = results[0]
     if isinstance(d, LauncherError):
-        st = inspection.unreachable_status(config, s, d)
+        st = inspection.unreachable_status(config, s, d, now=now)
         rows = inspection.ledger_rows(config, s.name) or []
         d = inspection.Description(str(path), s, st, None, {}, None, rows[:5],
                                    inspection.events_of(rows, 12))

@@ -180,6 +180,31 @@ def test_unreachable_host_error_goes_under_the_table(sim: SimSetup) -> None:
     assert "ssh.connect_retry" not in check.stderr + check.stdout
 
 
+def test_an_unreachable_hosts_row_keeps_what_the_ledger_knows(sim: SimSetup) -> None:
+    """The host cannot be asked, but the ledger knows its server's newest attempt: the row
+    shows that attempt, its params, the restarts before it and its age (the server may still
+    run there), beside "unreachable"."""
+    from launcher.params import LaunchParams
+    from launcher.store.ledger import Ledger, ledger_path
+
+    config = sim.write_toml(with_dead_host(sim, quick(sim)))
+    now = time.time()
+    with Ledger(ledger_path(sim.state_dir)) as ledger:
+        ledger.attempt_started("far0", "fp", 2, LaunchParams(0.9, 128), now - 300)
+        ledger.attempt_finished("far0", 2, outcome="oom_graph_capture", phase="cuda_graph",
+                                numbers={}, evidence=[], log_tail="", ended_at=now - 200)
+        ledger.attempt_started("far0", "fp", 3, LaunchParams(0.85, 64), now - 120)
+
+    result = run_cli("status", str(config), "--json")
+
+    assert 3 == result.returncode, result.stderr
+    far = next(r for r in json.loads(result.stdout) if r["server"] == "far0")
+    assert ("unreachable", 3, 1) == (far["state"], far["attempt"], far["restarts"]), far
+    assert {"mem_fraction_static": 0.85, "cuda_graph_max_bs": 64} == far["params"]
+    assert 119 <= far["age_s"] < 200, far
+    assert far["error"].startswith("cannot reach host deadhost"), far
+
+
 def test_describe_shows_attempts_evidence_and_memory(sim: SimSetup) -> None:
     """After a capture OOM and a relaunch to ready: the config, command line, run directory,
     both attempts with the failed one's evidence, the events, the memory figures and the time
