@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 import shlex
 from functools import partial
 from typing import Annotated, Any
@@ -33,6 +32,7 @@ from launcher.config.schema import (
     Config,
     ServerConfig,
     secret_arg_env,
+    unreadable_secrets,
 )
 from launcher.errors import ConfigError
 from launcher.memory.policy import capture_oom_ladder
@@ -76,15 +76,11 @@ def plan(
     # A secret that cannot be read here: plan, the dry run, is often run where the secrets
     # are not (a laptop, CI), so it still shows the launch, names the secret <unreadable>
     # and warns with the config error `check` and `up` would stop at (exit 2).
-    unreadable: set[tuple[str, str]] = set()
     try:
         secrets_of(config_path, config, selected)
     except ConfigError as exc:
         error(err, exc, "warning: `up` would refuse this here: ")
-        for problem in exc.problems:
-            where = re.match(r"servers\[(\d+)\]\.secret_env\.([^:]+):", problem)
-            if where:
-                unreadable.add((config.servers[int(where[1])].name, where[2]))
+    unreadable = {(s.name, name) for s in selected for name in unreadable_secrets(s)}
     # The remembered params win in `up` (not in `up --fresh`); the estimate below is drawn
     # for them too.
     warm = {} if fresh else {

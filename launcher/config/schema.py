@@ -91,6 +91,7 @@ __all__ = [
     "resolve_router_api_key",
     "resolve_secret_env",
     "secret_arg_env",
+    "unreadable_secrets",
 ]
 
 ENV_PREFIX = "LAUNCHER_"
@@ -975,6 +976,24 @@ def resolve_secret_env(
     for flag, name in secret_arg_env(server).items():
         values[name] = args[flag]
     return values
+
+
+def unreadable_secrets(server: ServerConfig,
+                       environ: Mapping[str, str] | None = None) -> set[str]:
+    """The names of the env variables of ``server`` (its ``secret_env`` keys and those its
+    ``secret_args`` reach it by) whose reference cannot be read here, each read as
+    ``resolve_secret_env`` reads it."""
+    env = os.environ if environ is None else environ
+    names = {**{key: (key, ref) for key, ref in server.secret_env.items()},
+             **{name: (flag, server.secret_args[flag])
+                for flag, name in secret_arg_env(server).items()}}
+    missing = set()
+    for name, (key, ref) in names.items():
+        try:
+            _resolve_refs({key: ref}, "secret", env, server.name)
+        except ConfigError:
+            missing.add(name)
+    return missing
 
 
 def _resolve_refs(refs: Mapping[str, str], at: str, env: Mapping[str, str],
