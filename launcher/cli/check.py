@@ -92,9 +92,6 @@ def check(config_path: ConfigArg = None, server: ServerOpt = None) -> None:
         return [f"SGLang {version}{note}", *problems]
 
     routers = routers_for(config, servers)
-    guard(lambda: [resolve_router_api_key(r) for r in routers])  # as `up` reads them
-
-    routers = routers_for(config, servers)
     guard(lambda: [resolve_router_api_key(r) for r in routers])  # read as `up` reads them
 
     path = ledger_path(config.state_dir)
